@@ -32,3 +32,28 @@ for _m in _OP_MODULES:
         globals()[_n] = getattr(_mod, _n)
         __all__.append(_n)
 del _m
+
+
+def _register_models_from_source() -> None:
+    """Make ``pcops.models`` importable from a source checkout (``PYTHONPATH=.``).
+
+    An installed pcops maps the top-level ``models/`` folder to ``pcops.models`` (pyproject);
+    a plain checkout has no such package, so register the folder under that name here
+    (``models/__init__.py`` is import-light, so this costs nothing).
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "pcops.models" in sys.modules:
+        return
+    src = Path(__file__).resolve().parent.parent / "models"
+    if not (src / "__init__.py").exists() or importlib.util.find_spec("pcops.models") is not None:
+        return
+    spec = importlib.util.spec_from_file_location("pcops.models", src / "__init__.py", submodule_search_locations=[str(src)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pcops.models"] = module
+    spec.loader.exec_module(module)
+
+
+_register_models_from_source()

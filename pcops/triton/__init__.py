@@ -1,0 +1,1 @@
+"""Triton kernels and their launchers (the GPU path of most ops)."""

@@ -1,0 +1,174 @@
+"""Triton kernels for pillar scatter (PointPillars' BEV pseudo-image) and its adjoint.
+
+Three launches in the forward: fill the winner map with −1, one atomic_max per pillar into
+the winner map (highest pillar index wins a cell: deterministic), then one pass over the
+canvas that writes every element exactly once (zeros included), so the canvas needs no
+separate memset. The canvas write (B·C·H·W elements) is the memory floor; the winner map
+(B·H·W int32) is 1/C of it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# pixels per program in the canvas pass: 4 KB of float32 per channel row, coalesced stores
+_CANVAS_BLOCK_HW = 512
+# channels per inner step of the canvas pass (a 2-D [C, HW] tile)
+_CANVAS_BLOCK_C = 16
+# pillars per program in the winner and gather passes
+_PILLAR_BLOCK = 256
+
+
+@triton.jit
+def _pillar_winner_kernel(
+    coords_ptr,  # (P, 4) int32 (batch, z, y, x), contiguous
+    winner_ptr,  # (B*H*W,) int32, pre-filled with -1
+    num_pillars,  # P
+    batch_size,  # B
+    grid_h,  # H
+    grid_w,  # W
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    p = pid * BLOCK + tl.arange(0, BLOCK)
+    live = p < num_pillars
+    b = tl.load(coords_ptr + p * 4 + 0, mask=live, other=-1)
+    y = tl.load(coords_ptr + p * 4 + 2, mask=live, other=-1)
+    x = tl.load(coords_ptr + p * 4 + 3, mask=live, other=-1)
+    # pillars outside the grid are skipped: nothing is ever written out of bounds
+    inside = live & (b >= 0) & (b < batch_size) & (y >= 0) & (y < grid_h) & (x >= 0) & (x < grid_w)
+    cell = (b * grid_h + y) * grid_w + x
+    # the highest pillar index wins a shared cell, whatever the order of the atomics
+    tl.atomic_max(winner_ptr + cell, p, mask=inside)
+
+
+@triton.jit
+def _pillar_canvas_kernel(
+    features_ptr,  # (P, C) contiguous
+    winner_ptr,  # (B*H*W,) int32, -1 = empty cell
+    canvas_ptr,  # (B, C, H, W) contiguous output
+    num_channels,  # C
+    hw,  # H*W
+    BLOCK_C: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+):
+    pid_hw = tl.program_id(0)
+    b = tl.program_id(1)
+    offs = pid_hw * BLOCK_HW + tl.arange(0, BLOCK_HW)
+    in_hw = offs < hw
+    owner = tl.load(winner_ptr + b * hw + offs, mask=in_hw, other=-1).to(tl.int64)
+    has = owner >= 0
+    canvas_base = canvas_ptr + b.to(tl.int64) * num_channels * hw
+    # every canvas element is written once: the owner's feature or zero
+    for c0 in range(0, num_channels, BLOCK_C):
+        ch = c0 + tl.arange(0, BLOCK_C)
+        in_c = ch < num_channels
+        vals = tl.load(
+            features_ptr + owner[None, :] * num_channels + ch[:, None],
+            mask=in_c[:, None] & has[None, :],
+            other=0.0,
+        )
+        tl.store(
+            canvas_base + ch[:, None].to(tl.int64) * hw + offs[None, :],
+            vals,
+            mask=in_c[:, None] & in_hw[None, :],
+        )
+
+
+@triton.jit
+def _pillar_gather_kernel(
+    canvas_ptr,  # (B, C, H, W) contiguous
+    coords_ptr,  # (P, 4) int32
+    winner_ptr,  # (B*H*W,) int32
+    out_ptr,  # (P, C) output
+    num_pillars,  # P
+    num_channels,  # C
+    batch_size,  # B
+    grid_h,  # H
+    grid_w,  # W
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    live = p < num_pillars
+    b = tl.load(coords_ptr + p * 4 + 0, mask=live, other=-1)
+    y = tl.load(coords_ptr + p * 4 + 2, mask=live, other=-1)
+    x = tl.load(coords_ptr + p * 4 + 3, mask=live, other=-1)
+    inside = live & (b >= 0) & (b < batch_size) & (y >= 0) & (y < grid_h) & (x >= 0) & (x < grid_w)
+    cell = (y * grid_w + x).to(tl.int64)
+    hw = grid_h * grid_w
+    owner = tl.load(winner_ptr + b * hw + cell, mask=inside, other=-1)
+    # only the pillar that owns its cell receives the cell's value (duplicates that lost get 0)
+    owns = inside & (owner == p)
+    base = b.to(tl.int64) * num_channels * hw + cell
+    for c0 in range(0, num_channels, BLOCK_C):
+        ch = c0 + tl.arange(0, BLOCK_C)
+        in_c = ch < num_channels
+        vals = tl.load(
+            canvas_ptr + base[:, None] + ch[None, :].to(tl.int64) * hw,
+            mask=owns[:, None] & in_c[None, :],
+            other=0.0,
+        )
+        tl.store(out_ptr + p[:, None].to(tl.int64) * num_channels + ch[None, :], vals,
+                 mask=live[:, None] & in_c[None, :])
+
+
+def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int) -> torch.Tensor:
+    """Winner map ``(B*H*W,)`` int32: the highest index of the pillars landing in each cell, −1 if none.
+
+    Args:
+        coords: ``(P, 4)`` int32 contiguous ``(batch, z, y, x)``; rows outside the grid are skipped.
+    """
+    winner = torch.full((batch_size * grid_h * grid_w,), -1, dtype=torch.int32, device=coords.device)
+    num_pillars = coords.shape[0]
+    if num_pillars:
+        grid = (triton.cdiv(num_pillars, _PILLAR_BLOCK),)
+        _pillar_winner_kernel[grid](coords, winner, num_pillars, batch_size, grid_h, grid_w, BLOCK=_PILLAR_BLOCK)
+    return winner
+
+
+def pillar_scatter(
+    features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scatter pillar features into a BEV canvas.
+
+    Args:
+        features: ``(P, C)`` float tensor, contiguous.
+        coords: ``(P, 4)`` int32 ``(batch, z, y, x)``, contiguous.
+    Returns:
+        ``(canvas (B, C, H, W), winner (B*H*W,) int32)``; no host synchronisation.
+    """
+    num_channels = features.shape[1]
+    winner = pillar_winner_map(coords, batch_size, grid_h, grid_w)
+    canvas = torch.empty(
+        (batch_size, num_channels, grid_h, grid_w), dtype=features.dtype, device=features.device
+    )
+    hw = grid_h * grid_w
+    if canvas.numel():
+        grid = (triton.cdiv(hw, _CANVAS_BLOCK_HW), batch_size)
+        _pillar_canvas_kernel[grid](
+            features, winner, canvas, num_channels, hw, BLOCK_C=_CANVAS_BLOCK_C, BLOCK_HW=_CANVAS_BLOCK_HW
+        )
+    return canvas, winner
+
+
+def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor) -> torch.Tensor:
+    """Adjoint of ``pillar_scatter``: ``(P, C)`` rows read at each pillar's cell (0 where it does not own it).
+
+    Args:
+        canvas: ``(B, C, H, W)`` contiguous (e.g. the gradient of the canvas).
+        coords: ``(P, 4)`` int32; winner: ``(B*H*W,)`` int32 from the forward.
+    """
+    batch_size, num_channels, grid_h, grid_w = canvas.shape
+    num_pillars = coords.shape[0]
+    out = torch.empty((num_pillars, num_channels), dtype=canvas.dtype, device=canvas.device)
+    if out.numel():
+        block_c = min(64, triton.next_power_of_2(num_channels))
+        grid = (triton.cdiv(num_pillars, 64),)
+        _pillar_gather_kernel[grid](
+            canvas, coords, winner, out, num_pillars, num_channels, batch_size, grid_h, grid_w,
+            BLOCK_P=64, BLOCK_C=block_c,
+        )
+    return out

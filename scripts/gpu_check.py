@@ -1,0 +1,65 @@
+"""One-call GPU check: the GPU tests and every benchmark, results as JSON in one folder.
+
+    python scripts/gpu_check.py OUT_DIR [--tests PATTERN] [--bench NAME ...] [--skip-tests]
+
+Writes ``OUT_DIR/pytest.log``, ``OUT_DIR/<benchmark>.json`` (device, torch/triton versions,
+commit, date in each) and ``OUT_DIR/summary.json``. Meant for a short rented GPU slot: run it
+from the repository root on the GPU machine (``PYTHONPATH=.`` or an editable install).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("out")
+    p.add_argument("--tests", default="tests", help="pytest target(s), space separated")
+    p.add_argument("--pytest-args", default="", help="extra pytest arguments")
+    p.add_argument("--bench", nargs="*", default=None, help="benchmark names (bench_<name>.py); default all")
+    p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--bench-timeout", type=int, default=180)
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    summary = {"tests": None, "benchmarks": {}}
+    if not a.skip_tests:
+        t0 = time.time()
+        cmd = [sys.executable, "-m", "pytest", *a.tests.split(), "-q", "-rfEs", "-p", "no:cacheprovider", *a.pytest_args.split()]
+        with open(out / "pytest.log", "w") as log:
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        tail = (out / "pytest.log").read_text().splitlines()[-40:]
+        summary["tests"] = {"returncode": rc, "seconds": round(time.time() - t0, 1), "tail": tail}
+        print("\n".join(tail[-25:]))
+    if not a.skip_bench:
+        names = a.bench or sorted(p.stem[len("bench_"):] for p in (ROOT / "benchmarks").glob("bench_*.py"))
+        for name in names:
+            t0 = time.time()
+            cmd = [sys.executable, str(ROOT / "benchmarks" / f"bench_{name}.py"), "--out", str(out)] + (["--quick"] if a.quick else [])
+            try:
+                r = subprocess.run(cmd, cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=a.bench_timeout)
+                rc, text = r.returncode, r.stdout + r.stderr
+            except subprocess.TimeoutExpired as e:
+                rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            (out / f"bench_{name}.log").write_text(text) if rc != 0 else None
+            summary["benchmarks"][name] = {"returncode": rc, "seconds": round(time.time() - t0, 1)}
+            print(f"--- bench_{name}: rc={rc} ({time.time() - t0:.1f} s)")
+            print("\n".join(text.splitlines()[-30:]))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""pcops.pillar_scatter: reference vs Triton/CUDA, gradients, registration, bad input."""
+import pytest
+import torch
+
+import pcops
+from pcops.reference import pillar_scatter as ref
+from _util import generator, gpu, interpret, requires_cuda
+
+
+def make_pillars(num_pillars, channels, batch_size, grid_h, grid_w, seed, dtype=torch.float32, unique=True, device="cpu"):
+    g = generator(seed)
+    cells = batch_size * grid_h * grid_w
+    if unique:
+        lin = torch.randperm(cells, generator=g)[:num_pillars]
+    else:
+        lin = torch.randint(0, cells, (num_pillars,), generator=g)
+    b, rest = lin // (grid_h * grid_w), lin % (grid_h * grid_w)
+    coords = torch.stack([b, torch.zeros_like(b), rest // grid_w, rest % grid_w], 1).to(torch.int32)
+    features = torch.randn(num_pillars, channels, generator=g).to(dtype)
+    return features.to(device), coords.to(device)
+
+
+def dense_oracle(features, coords, batch_size, grid_h, grid_w):
+    """Sequential assignment in pillar order: the last pillar written to a cell wins."""
+    canvas = features.new_zeros(batch_size, features.shape[1], grid_h, grid_w)
+    for p in range(features.shape[0]):
+        b, _, y, x = coords[p].tolist()
+        canvas[b, :, y, x] = features[p]
+    return canvas
+
+
+@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [
+    (0, 4, 1, (3, 5)), (1, 1, 1, (1, 1)), (7, 3, 2, (5, 3)), (31, 64, 3, (13, 17)),
+])
+def test_reference_matches_sequential_assignment(num_pillars, channels, batch_size, hw):
+    for unique in (True, False):
+        f, c = make_pillars(num_pillars, channels, batch_size, *hw, seed=num_pillars, unique=unique)
+        out = pcops.pillar_scatter(f, c, batch_size, hw)
+        torch.testing.assert_close(out, dense_oracle(f, c, batch_size, *hw), rtol=0, atol=0)
+
+
+def test_duplicates_highest_index_wins_and_gets_gradient():
+    f = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    c = torch.tensor([[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.int32)
+    out = pcops.pillar_scatter(f, c, 1, (2, 2))
+    assert torch.equal(out[0, :, 1, 1], f[1].detach())
+    out.sum().backward()
+    assert torch.equal(f.grad, torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]], dtype=torch.float64))
+
+
+def test_gradcheck_reference():
+    f, c = make_pillars(9, 3, 2, 4, 5, seed=3, dtype=torch.float64, unique=False)
+    f.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: pcops.pillar_scatter(x, c, 2, (4, 5)), (f,))
+    assert torch.autograd.gradgradcheck(lambda x: pcops.pillar_scatter(x, c, 2, (4, 5)), (f,))
+
+
+def test_opcheck():
+    f, c = make_pillars(11, 5, 2, 6, 7, seed=4, unique=False)
+    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 6, 7, "triton"))
+    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f.double().requires_grad_(), c, 2, 6, 7, "triton"))
+    canvas = torch.randn(2, 5, 6, 7)
+    winner = ref.pillar_winner_map(c, 2, 6, 7)
+    torch.library.opcheck(torch.ops.pcops.pillar_gather, (canvas, c, winner))
+
+
+def test_torch_compile_fullgraph():
+    f, c = make_pillars(13, 4, 2, 6, 5, seed=5)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def net(features, coords):
+        return pcops.pillar_scatter(features * 2, coords, 2, (6, 5)).relu().sum(1)
+
+    torch.testing.assert_close(net(f, c), pcops.pillar_scatter(f * 2, c, 2, (6, 5)).relu().sum(1))
+
+
+@pytest.mark.parametrize("bad,exc,name", [
+    (dict(features=torch.zeros(3, 2, dtype=torch.int32)), TypeError, "features"),
+    (dict(features=torch.zeros(3)), ValueError, "features"),
+    (dict(coords=torch.zeros(3, 4)), TypeError, "coords"),
+    (dict(coords=torch.zeros(3, 3, dtype=torch.int32)), ValueError, "coords"),
+    (dict(coords=torch.zeros(2, 4, dtype=torch.int32)), ValueError, "coords"),
+    (dict(batch_size=0), ValueError, "batch_size"),
+    (dict(batch_size=1.0), TypeError, "batch_size"),
+    (dict(grid_hw=(0, 4)), ValueError, "grid_hw"),
+    (dict(grid_hw=(-2, 4)), ValueError, "grid_hw"),
+    (dict(grid_hw=4), TypeError, "grid_hw"),
+    (dict(coords=torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
+    (dict(coords=torch.tensor([[0, 0, 4, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
+    (dict(backend="cpp"), ValueError, "backend"),
+])
+def test_bad_input(bad, exc, name):
+    args = dict(features=torch.zeros(3, 2), coords=torch.zeros(3, 4, dtype=torch.int32), batch_size=1, grid_hw=(4, 4))
+    args.update(bad)
+    with pytest.raises(exc, match=name):
+        pcops.pillar_scatter(**args)
+
+
+# --- Triton kernels under the CPU interpreter ----------------------------------------------
+
+
+@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [(0, 3, 1, (2, 3)), (1, 1, 1, (1, 1)), (23, 5, 2, (7, 11)), (40, 17, 1, (9, 8))])
+@pytest.mark.parametrize("unique", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@interpret
+def test_triton_interpreter(num_pillars, channels, batch_size, hw, unique, dtype):
+    from pcops.triton import pillar_scatter as tri
+
+    f, c = make_pillars(num_pillars, channels, batch_size, *hw, seed=num_pillars + channels, dtype=dtype, unique=unique)
+    canvas, winner = tri.pillar_scatter(f, c, batch_size, *hw)
+    ref_canvas, ref_winner = ref.pillar_scatter(f, c, batch_size, *hw)
+    assert torch.equal(winner, ref_winner)
+    assert torch.equal(canvas, ref_canvas)
+    grad = torch.randn(canvas.shape, generator=generator(1)).to(dtype)
+    assert torch.equal(tri.pillar_gather(grad, c, winner), ref.pillar_gather(grad, c, winner))
+
+
+@interpret
+def test_triton_interpreter_skips_out_of_grid():
+    from pcops.triton import pillar_scatter as tri
+
+    f = torch.arange(8.0).view(4, 2)
+    c = torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 2, 0], [0, 0, 1, -1]], dtype=torch.int32)
+    canvas, winner = tri.pillar_scatter(f, c, 1, 2, 2)
+    assert winner.tolist() == [0, -1, -1, -1]
+    assert canvas.abs().sum() == f[0].sum()
+    assert tri.pillar_gather(canvas, c, winner)[1:].abs().sum() == 0
+
+
+# --- the GPU paths --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [(0, 64, 1, (496, 432)), (1, 3, 1, (5, 7)), (16000, 64, 1, (496, 432)), (997, 13, 3, (37, 41))])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_matches_reference(backend, dtype, num_pillars, channels, batch_size, hw):
+    for unique in (True, False):
+        f, c = make_pillars(num_pillars, channels, batch_size, *hw, seed=7, dtype=dtype, unique=unique)
+        expected = pcops.pillar_scatter(f, c, batch_size, hw)
+        fg = f.cuda().requires_grad_(True)
+        out = pcops.pillar_scatter(fg, c.cuda(), batch_size, hw, backend=backend)
+        assert torch.equal(out.cpu(), expected)
+        grad = torch.randn(out.shape, generator=generator(2)).to(dtype)
+        out.backward(grad.cuda())
+        fr = f.clone().requires_grad_(True)
+        pcops.pillar_scatter(fr, c, batch_size, hw).backward(grad)
+        assert torch.equal(fg.grad.cpu(), fr.grad)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_out_of_grid_is_skipped_and_cuda_graph_capture():
+    f, c = make_pillars(500, 8, 2, 20, 30, seed=8, device="cuda")
+    c_bad = c.clone()
+    c_bad[::7, 2] += 100  # out of the grid: skipped, never written
+    for backend in ("triton", "cuda"):
+        out = pcops.pillar_scatter(f, c_bad, 2, (20, 30), backend=backend)
+        keep = torch.ones(500, dtype=torch.bool, device="cuda")
+        keep[::7] = False
+        torch.testing.assert_close(out, pcops.pillar_scatter(f[keep], c[keep], 2, (20, 30), backend=backend), rtol=0, atol=0)
+        static_f = f.clone()
+        pcops.pillar_scatter(static_f, c, 2, (20, 30), backend=backend)  # warm-up / compile outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = pcops.pillar_scatter(static_f, c, 2, (20, 30), backend=backend)
+        static_f.copy_(torch.randn_like(f))
+        graph.replay()
+        torch.testing.assert_close(static_out, pcops.pillar_scatter(static_f, c, 2, (20, 30)), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_opcheck():
+    f, c = make_pillars(50, 6, 2, 8, 9, seed=9, device="cuda", unique=False)
+    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 8, 9, "triton"))
+    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 8, 9, "cuda"))
