@@ -71,10 +71,10 @@ def _pfn_scatter_kernel(
     pr = tl.load(base + 3, mask=in_t & live, other=0.0).to(tl.float32)
 
     # point mean over all T slots (the padding is zero) divided by the valid count, as OpenPCDet
-    inv_n = 1.0 / tl.maximum(n, 1).to(tl.float32)
-    mx = tl.sum(px, axis=0) * inv_n
-    my = tl.sum(py, axis=0) * inv_n
-    mz = tl.sum(pz, axis=0) * inv_n
+    n_f = tl.maximum(n, 1).to(tl.float32)
+    mx = tl.sum(px, axis=0) / n_f
+    my = tl.sum(py, axis=0) / n_f
+    mz = tl.sum(pz, axis=0) / n_f
     # pillar centre: coord * voxel + (voxel / 2 + range min), in float32 as OpenPCDet computes it
     ctr_x = cx.to(tl.float32) * voxel_x + x_offset
     ctr_y = cy.to(tl.float32) * voxel_y + y_offset
