@@ -32,7 +32,10 @@ def pillar_scatter(
              ctypes.c_int(grid_h), ctypes.c_int(grid_w)],
         )
     if canvas.numel():
-        kernel = get_kernel("pillar_scatter.cu", f"pillar_canvas_b{features.element_size()}", features.device)
+        name = f"pillar_canvas_b{features.element_size()}"
+        if features.element_size() == 4 and num_channels % 4 == 0:
+            name += "v"  # 16-byte row loads
+        kernel = get_kernel("pillar_scatter.cu", name, features.device)
         kernel(
             ((hw + _THREADS - 1) // _THREADS, batch_size), (_THREADS,),
             [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(batch_size)],

@@ -130,13 +130,16 @@ def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w
 
 
 def pillar_scatter(
-    features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int
+    features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int,
+    *, block_hw: int = _CANVAS_BLOCK_HW, block_c: int = _CANVAS_BLOCK_C, num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scatter pillar features into a BEV canvas.
 
     Args:
         features: ``(P, C)`` float tensor, contiguous.
         coords: ``(P, 4)`` int32 ``(batch, z, y, x)``, contiguous.
+        block_hw, block_c, num_warps: the canvas-pass tile (cells × channels) and warps; the
+            defaults were picked by the sweep in ``benchmarks/bench_pillar_scatter.py`` on the H200.
     Returns:
         ``(canvas (B, C, H, W), winner (B*H*W,) int32)``; no host synchronisation.
     """
@@ -147,9 +150,9 @@ def pillar_scatter(
     )
     hw = grid_h * grid_w
     if canvas.numel():
-        grid = (triton.cdiv(hw, _CANVAS_BLOCK_HW), batch_size)
+        grid = (triton.cdiv(hw, block_hw), batch_size)
         _pillar_canvas_kernel[grid](
-            features, winner, canvas, num_channels, hw, BLOCK_C=_CANVAS_BLOCK_C, BLOCK_HW=_CANVAS_BLOCK_HW
+            features, winner, canvas, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw, num_warps=num_warps
         )
     return canvas, winner
 
