@@ -735,13 +735,124 @@ class PointPillars(nn.Module):
         return Detections(boxes, scores, labels, count)
 
     # ----- CUDA graph
-    def capture(self, example_points: torch.Tensor, max_points: int | None = None, batch_size: int = 1) -> "GraphedPointPillars":
+    def capture(self, example_points: torch.Tensor, example_lengths=None, max_points: int | None = None) -> "GraphedPointPillars":
         """Capture the fast path in one CUDA graph; see :class:`GraphedPointPillars`."""
-        return GraphedPointPillars(self, example_points, max_points=max_points, batch_size=batch_size)
+        return GraphedPointPillars(self, example_points, example_lengths, max_points=max_points)
 
 
 class GraphedPointPillars:
-    """Placeholder: written once the fixed-capacity voxelizer lands."""
+    """The fast path captured in one CUDA graph: points on the GPU → fixed-size padded detections.
 
-    def __init__(self, model, example_points, max_points=None, batch_size=1):
-        raise NotImplementedError
+    Captures fixed-capacity voxelization (``config.max_voxels_test`` pillars per scan), the fused
+    pillar feature net, the folded backbone, the fused head, top-k decoding and padded NMS; a call
+    copies the points into a static buffer and replays the graph, with no host synchronisation.
+
+    Args:
+        model: a :class:`PointPillars` on a CUDA device (any ``impl``: the fast path is captured).
+        example_points: ``(N, C)`` float32 CUDA points used for the warm-up runs before capture.
+        example_lengths: for a batch, the per-scan point counts of ``example_points`` on the host
+            (list or CPU tensor); their number fixes the captured batch size (default: one scan).
+        max_points: capacity in points per scan (default: twice the largest example scan rounded up
+            to 1,024, at least 150,000); a call with a larger scan raises ``ValueError``.
+
+    Unused capacity is filled with points far outside the range (``pad_value``), which the voxelizer
+    drops. The outputs are static tensors overwritten by the next call (``clone()`` to keep them).
+    The weights are folded at capture time: after changing them, capture again.
+    ``dropped_voxels`` holds the device-side count of pillars that did not fit (``max_voxels_test``
+    per scan), as OpenPCDet's voxelizer drops them; read it to check (it costs a sync).
+    """
+
+    PAD_VALUE = -1.0e4
+
+    def __init__(self, model: PointPillars, example_points: torch.Tensor, example_lengths=None,
+                 max_points: int | None = None):
+        if not isinstance(model, PointPillars):
+            raise TypeError(f"model: expected a PointPillars, got {type(model).__name__}")
+        model._check_points(example_points, None)
+        if example_points.device.type != "cuda":
+            raise ValueError(f"example_points: CUDA graphs need a CUDA tensor, got {example_points.device}")
+        self.model = model
+        self.device = example_points.device
+        self.batch_size = 1 if example_lengths is None else len(example_lengths)
+        if self.batch_size < 1:
+            raise ValueError("example_lengths: expected at least one scan")
+        cfg = model.config
+        c = cfg.num_point_features
+        if max_points is None:
+            largest = example_points.shape[0] if example_lengths is None else max(int(v) for v in example_lengths)
+            max_points = max(150_000, -(-2 * largest // 1024) * 1024)
+        self.max_points = int(max_points)
+        self.static_points = torch.full((self.batch_size * self.max_points, c), self.PAD_VALUE, device=self.device)
+        self.static_lengths = torch.full((self.batch_size,), self.max_points, dtype=torch.int32, device=self.device)
+        self._fp = model._fast_params(self.device)
+        self._copy_in(example_points, example_lengths)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(3):
+                self._run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.outputs = self._run()
+
+    def _run(self) -> Detections:
+        m, cfg, fp = self.model, self.model.config, self._fp
+        vox = _fixed_voxelize(self.static_points, cfg, self.static_lengths)
+        self.dropped_voxels = vox.dropped_voxels
+        canvas = m._pfn_scatter(vox.voxels, vox.num_points, vox.coords, self.batch_size, fp, count=vox.count)
+        x = m._backbone_fast(canvas, fp)
+        out = F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1)
+        return m._post_fast(out)
+
+    def _copy_in(self, points: torch.Tensor, lengths) -> None:
+        c = self.model.config.num_point_features
+        if lengths is None:
+            segments = [points.shape[0]]
+        else:
+            if isinstance(lengths, torch.Tensor):
+                if lengths.device.type != "cpu":
+                    raise ValueError("lengths: give the per-scan counts on the CPU (a list or CPU tensor): "
+                                     "copying into the graph's buffer needs them on the host")
+                lengths = lengths.tolist()
+            segments = [int(v) for v in lengths]
+        if len(segments) != self.batch_size:
+            raise ValueError(f"lengths: expected {self.batch_size} scans (the captured batch size), got {len(segments)}")
+        if sum(segments) != points.shape[0]:
+            raise ValueError(f"lengths: expected counts summing to {points.shape[0]}, got {sum(segments)}")
+        start = 0
+        for b, n in enumerate(segments):
+            if n > self.max_points:
+                raise ValueError(f"points: scan {b} has {n} points, more than the captured capacity "
+                                 f"max_points={self.max_points}; capture again with a larger max_points")
+            dst = self.static_points[b * self.max_points : (b + 1) * self.max_points]
+            dst[:n].copy_(points[start : start + n, :c])
+            dst[n:].fill_(self.PAD_VALUE)
+            start += n
+
+    def __call__(self, points: torch.Tensor, lengths=None) -> Detections:
+        """Replay on ``points (N, C)`` (CUDA float32); ``lengths``: per-scan counts on the host when
+        ``batch_size > 1``. Returns the static :class:`Detections` (overwritten by the next call)."""
+        self.model._check_points(points, None)
+        if points.device != self.device:
+            raise ValueError(f"points: expected a tensor on {self.device}, got {points.device}")
+        if self.batch_size > 1 and lengths is None:
+            raise ValueError(f"lengths: required for a captured batch of {self.batch_size} scans")
+        self._copy_in(points, lengths)
+        self.graph.replay()
+        return self.outputs
+
+
+class _FixedVoxels(NamedTuple):
+    voxels: torch.Tensor
+    coords: torch.Tensor
+    num_points: torch.Tensor
+    count: torch.Tensor
+    dropped_voxels: torch.Tensor | None
+
+
+def _fixed_voxelize(points: torch.Tensor, cfg: PointPillarsConfig, lengths: torch.Tensor) -> _FixedVoxels:
+    """Fixed-capacity voxelization (no host sync): capacity ``max_voxels_test`` per scan."""
+    out = pcops.voxelize_fixed(points, cfg.voxel_size, cfg.point_cloud_range, cfg.max_points_per_voxel,
+                               cfg.max_voxels_test, lengths=lengths)
+    return _FixedVoxels(out.voxels, out.coords, out.num_points, out.count, getattr(out, "dropped_voxels", None))

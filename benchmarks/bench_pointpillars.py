@@ -1,0 +1,100 @@
+"""E1/E2: PointPillars end to end (OpenPCDet KITTI pointpillar.yaml), points on the GPU → final boxes.
+
+E1: SCAN, batch 1. Implementations, all in this run: the plain-torch reference path (pcops'
+reference ops, OpenPCDet's module structure: the baseline), and the pcops fast path (fused PFN
+kernel, folded BatchNorm, fused head, sync-free post-processing), eager and CUDA-graph captured,
+fp32 (TF32 convolutions, PyTorch's default) and fp16; per-stage medians (CUDA events around each
+stage of an eager run) and the total (CUDA events around the whole call, median of ≥ 50 runs).
+E2: 8 scans (the KITTI samples repeated) packed as one batch of 8; scans per second.
+
+Weights are random (seeded, BatchNorm statistics from SCAN, see ``PointPillars.randomize_``):
+the time does not depend on them except through the number of boxes reaching NMS (always the
+4,096 top-scoring anchors in the fast path; the reference path's count is in the notes).
+Goals (issue 8): E1 ≤ 1.5 ms fp32 and ≤ 1.0 ms fp16 graph-captured; E2 ≥ 2,000 scans/s fp16.
+"""
+from __future__ import annotations
+
+import torch
+
+from common import bench, load_scan, parse_args, report, row
+
+from pcops.models.pointpillars import PointPillars
+from pcops.models.timing import StageTimer, null_timer
+
+
+def stage_rows(model, pts, lengths, workload, impl, rep, base_stages):
+    timer = StageTimer(pts.device)
+    model.stage_timer = timer
+    try:
+        for _ in range(5):
+            model(pts, lengths)
+        timer.reset()
+        for _ in range(rep):
+            timer.new_run()
+            model(pts, lengths)
+        torch.cuda.synchronize()
+    finally:
+        model.stage_timer = null_timer
+    rows = []
+    for name, s in timer.summary().items():
+        base = base_stages.get(name) if base_stages else None
+        rows.append(row(f"{workload} stage {name}", impl, {**s, "runs": rep}, baseline=base))
+    return rows, timer.summary()
+
+
+def main():
+    args = parse_args(__doc__)
+    rep = 30 if args.quick else 100
+    scan, source = load_scan("000001")
+    other, _ = load_scan("000000")
+    pts = scan.cuda()
+    model = PointPillars(impl="reference").randomize_(seed=0, points=scan).cuda()
+    rows, notes = [], {"scan": source, "points": int(scan.shape[0]), "weights": "random (seed 0)"}
+
+    # ---- E1: batch 1
+    model.impl, model.dtype = "reference", torch.float32
+    notes["E1 detections reference"] = int(model(pts).count[0])
+    base = bench(lambda: model(pts), rep=max(rep // 2, 50))
+    rows.append(row("E1 total", "reference eager fp32", base, items=1, unit="scans/s", baseline=base))
+    srows, base_stages = stage_rows(model, pts, None, "E1", "reference eager fp32", 50, None)
+    rows += srows
+    model.dtype = torch.float16
+    t = bench(lambda: model(pts), rep=50)
+    rows.append(row("E1 total", "reference eager fp16 (autocast)", t, items=1, unit="scans/s", baseline=base))
+    for dtype, tag in ((torch.float32, "fp32"), (torch.float16, "fp16")):
+        model.impl, model.dtype = "fast", dtype
+        notes[f"E1 detections fast {tag}"] = int(model(pts).count[0])
+        t = bench(lambda: model(pts), rep=rep)
+        rows.append(row("E1 total", f"pcops eager {tag}", t, items=1, unit="scans/s", baseline=base))
+        srows, _ = stage_rows(model, pts, None, "E1", f"pcops eager {tag}", 50, base_stages if tag == "fp32" else None)
+        rows += srows
+        graphed = model.capture(pts)
+        t = bench(lambda: graphed(pts), rep=rep)
+        rows.append(row("E1 total", f"pcops graph {tag}", t, items=1, unit="scans/s", baseline=base))
+        # replay only (points already in the graph's buffer): the pipeline without the copy-in
+        t = bench(graphed.graph.replay, rep=rep)
+        rows.append(row("E1 total", f"pcops graph {tag} (replay only)", t, items=1, unit="scans/s", baseline=base))
+        del graphed
+
+    # ---- E2: 8 scans, batch 8
+    scans = [scan, other] * 4
+    lengths = [s.shape[0] for s in scans]
+    batch = torch.cat(scans).cuda()
+    lengths_dev = torch.tensor(lengths, device="cuda")
+    model.impl, model.dtype = "reference", torch.float32
+    base8 = bench(lambda: model(batch, lengths_dev), rep=20)
+    rows.append(row("E2 B=8", "reference eager fp32", base8, items=8, unit="scans/s", baseline=base8))
+    for dtype, tag in ((torch.float32, "fp32"), (torch.float16, "fp16")):
+        model.impl, model.dtype = "fast", dtype
+        t = bench(lambda: model(batch, lengths_dev), rep=rep // 2)
+        rows.append(row("E2 B=8", f"pcops eager {tag}", t, items=8, unit="scans/s", baseline=base8))
+        graphed = model.capture(batch, lengths)
+        t = bench(lambda: graphed(batch, lengths), rep=rep)
+        rows.append(row("E2 B=8", f"pcops graph {tag}", t, items=8, unit="scans/s", baseline=base8))
+        del graphed
+    model.impl, model.dtype = "reference", torch.float32
+    report(rows, "bench_pointpillars", args.out, notes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""PointPillars (models/pointpillars.py): config, anchors, checkpoints, fast path vs reference,
+the fused PFN Triton kernel, CUDA graph vs eager, and the demo.
+
+The CPU tests run one full-size forward per implementation (a few seconds each) through
+module-scoped fixtures; everything else uses tiny inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from _util import gpu, interpret
+from conftest import KITTI
+
+from pcops.models import box_coder
+from pcops.models.config import PointPillarsConfig
+from pcops.models.pointpillars import PointPillars
+
+CFG = PointPillarsConfig()
+
+
+def _scan(frame: str = "000001") -> torch.Tensor:
+    path = KITTI / "velodyne" / f"{frame}.bin"
+    if path.exists():
+        return torch.from_numpy(np.fromfile(path, dtype=np.float32).reshape(-1, 4))
+    from pcops.sim import simulate_scan
+
+    return simulate_scan(seed=int(frame)).points[:, :4].contiguous()
+
+
+# --- config and anchors ------------------------------------------------------------------------
+
+
+def test_config_matches_openpcdet_kitti():
+    assert CFG.grid_size == (432, 496, 1)
+    assert CFG.bev_hw == (496, 432)
+    assert CFG.feature_map_hw == (248, 216)
+    assert CFG.num_pfn_inputs == 10
+    assert CFG.num_anchors_per_location == 6
+    assert CFG.class_names == ("Car", "Pedestrian", "Cyclist")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CFG.score_thresh = 0.5  # type: ignore[misc]
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="voxel_size"):
+        PointPillarsConfig(voxel_size=(0.16, 0.16))
+    with pytest.raises(ValueError, match="point_cloud_range"):
+        PointPillarsConfig(point_cloud_range=(0, -39.68, -3, 69.0, 39.68, 1))
+    with pytest.raises(ValueError, match="upsample_strides"):
+        PointPillarsConfig(upsample_strides=(1, 2))
+
+
+def test_anchors_count_and_first():
+    anchors = box_coder.generate_anchors(CFG)
+    assert anchors.shape == (248, 216, 6, 7)
+    flat = anchors.view(-1, 7)
+    assert flat.shape[0] == 321_408 == CFG.num_anchors
+    torch.testing.assert_close(flat[0], torch.tensor([0.0, -39.68, -1.0, 3.9, 1.6, 1.56, 0.0]))
+    torch.testing.assert_close(flat[1], torch.tensor([0.0, -39.68, -1.0, 3.9, 1.6, 1.56, 1.57]))
+    # class-major then rotation within a cell; pedestrian bottom -0.6 + 1.73 / 2
+    torch.testing.assert_close(flat[2], torch.tensor([0.0, -39.68, 0.265, 0.8, 0.6, 1.73, 0.0]))
+    torch.testing.assert_close(flat[5], torch.tensor([0.0, -39.68, 0.265, 1.76, 0.6, 1.73, 1.57]))
+    # next cell along x: step 69.12 / 215 (align_center=False spans the range inclusively)
+    torch.testing.assert_close(flat[6, 0], torch.tensor(69.12 / 215))
+    torch.testing.assert_close(flat[-1, :2], torch.tensor([69.12, 39.68]))
+    torch.testing.assert_close(anchors[1, 0, 0, 1], torch.tensor(-39.68 + 79.36 / 247))
+
+
+def test_limit_period_and_direction():
+    v = torch.tensor([-4.0, -0.1, 0.0, 1.0, 3.2, 7.0])
+    got = box_coder.limit_period(v, 0.0, math.pi)
+    assert bool(((got >= 0) & (got < math.pi)).all())
+    torch.testing.assert_close(torch.remainder(got - v, math.pi), torch.zeros(6), atol=1e-5, rtol=0)
+    # direction bin 1 adds π; heading - offset wrapped to [0, π)
+    h = torch.tensor([0.0, 0.0, 2.0])
+    logits = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    out = box_coder.apply_direction(h, logits, 0.78539, 0.0, 2)
+    expect = torch.tensor([math.pi, 2 * math.pi, 2.0 + math.pi])
+    torch.testing.assert_close(out, expect)
+
+
+def test_decode_residual_coder():
+    anchors = torch.tensor([[1.0, 2.0, -1.0, 3.9, 1.6, 1.56, 1.57]])
+    deltas = torch.tensor([[0.1, -0.2, 0.3, 0.05, -0.1, 0.2, 0.4]])
+    d = math.hypot(3.9, 1.6)
+    expect = torch.tensor([[1 + 0.1 * d, 2 - 0.2 * d, -1 + 0.3 * 1.56, 3.9 * math.exp(0.05),
+                            1.6 * math.exp(-0.1), 1.56 * math.exp(0.2), 1.97]])
+    torch.testing.assert_close(box_coder.decode_boxes(deltas, anchors), expect)
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+_OPENPCDET_KEYS = [
+    "global_step",
+    "vfe.pfn_layers.0.linear.weight",
+    "vfe.pfn_layers.0.norm.weight",
+    "vfe.pfn_layers.0.norm.running_var",
+    "backbone_2d.blocks.0.1.weight",
+    "backbone_2d.blocks.0.2.running_mean",
+    "backbone_2d.blocks.0.4.weight",
+    "backbone_2d.blocks.2.16.weight",
+    "backbone_2d.blocks.2.17.num_batches_tracked",
+    "backbone_2d.deblocks.0.0.weight",
+    "backbone_2d.deblocks.2.1.bias",
+    "dense_head.conv_cls.weight",
+    "dense_head.conv_box.bias",
+    "dense_head.conv_dir_cls.weight",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_state():
+    return PointPillars().randomize_(seed=3).state_dict()
+
+
+def test_state_dict_names_and_shapes(tiny_state):
+    for k in _OPENPCDET_KEYS:
+        assert k in tiny_state, k
+    assert tiny_state["vfe.pfn_layers.0.linear.weight"].shape == (64, 10)
+    assert tiny_state["backbone_2d.blocks.1.1.weight"].shape == (128, 64, 3, 3)
+    assert tiny_state["backbone_2d.deblocks.2.0.weight"].shape == (256, 128, 4, 4)
+    assert tiny_state["dense_head.conv_cls.weight"].shape == (18, 384, 1, 1)
+    assert tiny_state["dense_head.conv_box.weight"].shape == (42, 384, 1, 1)
+    assert tiny_state["dense_head.conv_dir_cls.weight"].shape == (12, 384, 1, 1)
+    # 1 + VFE (1 linear + 5 BN) + 16 conv/BN + 3 deconv/BN (6 tensors per conv+BN) + 6 head
+    assert len(tiny_state) == 1 + 6 + (16 + 3) * 6 + 6
+
+
+def test_checkpoint_round_trip(tiny_state, tmp_path):
+    ckpt = {"epoch": 80, "it": 1, "model_state": tiny_state, "optimizer_state": None, "version": "pcdet+0.6.0"}
+    path = tmp_path / "pointpillar.pth"
+    torch.save(ckpt, path)
+    for source in (path, str(path), ckpt, tiny_state, {f"module.{k}": v for k, v in tiny_state.items()}):
+        m = PointPillars().load_openpcdet(source)
+        for k, v in m.state_dict().items():
+            torch.testing.assert_close(v, tiny_state[k], rtol=0, atol=0, msg=k)
+    no_step = {k: v for k, v in tiny_state.items() if k != "global_step"}
+    PointPillars().load_openpcdet(no_step)  # global_step is optional
+    # state_dict() also loads as is (same names)
+    PointPillars().load_state_dict(tiny_state)
+
+
+def test_checkpoint_wrong_keys(tiny_state):
+    m = PointPillars()
+    before = m.vfe.pfn_layers[0].linear.weight.clone()
+    missing = {k: v for k, v in tiny_state.items() if k != "dense_head.conv_box.weight"}
+    with pytest.raises(KeyError, match="missing keys.*conv_box.weight"):
+        m.load_openpcdet(missing)
+    extra = {**tiny_state, "dense_head.conv_extra.weight": torch.zeros(1)}
+    with pytest.raises(KeyError, match="unexpected keys.*conv_extra"):
+        m.load_openpcdet(extra)
+    shaped = {**tiny_state, "dense_head.conv_cls.weight": torch.zeros(9, 384, 1, 1)}
+    with pytest.raises(ValueError, match="(?s)mis-shaped.*conv_cls.weight"):
+        m.load_openpcdet(shaped)
+    with pytest.raises(TypeError, match="path_or_state_dict"):
+        m.load_openpcdet(42)
+    # nothing was loaded by the failed calls
+    torch.testing.assert_close(m.vfe.pfn_layers[0].linear.weight, before, rtol=0, atol=0)
+
+
+def test_bad_points():
+    m = PointPillars()
+    with pytest.raises(ValueError, match="points"):
+        m(torch.zeros(10, 3))
+    with pytest.raises(TypeError, match="points"):
+        m(torch.zeros(10, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="lengths"):
+        m(torch.zeros(10, 4), lengths=torch.zeros(2, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="impl"):
+        PointPillars(impl="fastest")
+
+
+# --- fused pillar feature net (Triton) ---------------------------------------------------------
+
+
+def _pillars(num: int, seed: int, device="cpu"):
+    """A few random pillars inside the KITTI grid: voxels (P, 32, 4), num_points, coords."""
+    g = torch.Generator().manual_seed(seed)
+    n = torch.randint(1, 33, (num,), generator=g).to(torch.int32)
+    n[0] = 1
+    if num > 1:
+        n[1] = 32
+    cells = torch.randperm(2 * 496 * 432, generator=g)[:num]
+    b, yx = cells // (496 * 432), cells % (496 * 432)
+    y, x = yx // 432, yx % 432
+    coords = torch.stack([b, torch.zeros_like(b), y, x], 1).to(torch.int32)
+    vox = torch.zeros(num, 32, 4)
+    for i in range(num):
+        k = int(n[i])
+        vox[i, :k, 0] = x[i] * 0.16 + torch.rand(k, generator=g) * 0.16
+        vox[i, :k, 1] = y[i] * 0.16 - 39.68 + torch.rand(k, generator=g) * 0.16
+        vox[i, :k, 2] = torch.rand(k, generator=g) * 4 - 3
+        vox[i, :k, 3] = torch.rand(k, generator=g)
+    return vox.to(device), n.to(device), coords.to(device)
+
+
+def _vfe_with_stats(seed: int = 0) -> PointPillars:
+    m = PointPillars()
+    g = torch.Generator().manual_seed(seed)
+    norm = m.vfe.pfn_layers[0].norm
+    with torch.no_grad():
+        norm.running_mean.copy_(torch.randn(64, generator=g))
+        norm.running_var.copy_(torch.rand(64, generator=g) + 0.5)
+        norm.weight.copy_(torch.rand(64, generator=g) + 0.5)
+        norm.bias.copy_(torch.randn(64, generator=g))  # negative shifts: padding slots matter
+    return m
+
+
+def _check_pfn_kernel(device, num, canvas_dtype=torch.float32, channels_last=False, atol=1e-4):
+    from pcops.triton.pfn import fold_batchnorm, pfn_scatter
+
+    m = _vfe_with_stats().to(device)
+    vox, n, coords = _pillars(num, seed=num, device=device)
+    with torch.no_grad():
+        ref = m.vfe(vox, n, coords)
+    layer = m.vfe.pfn_layers[0]
+    w, b = fold_batchnorm(layer.linear.weight, layer.norm.weight, layer.norm.bias, layer.norm.running_mean,
+                          layer.norm.running_var, layer.norm.eps)
+    if channels_last:
+        canvas = torch.zeros(2, 496, 432, 64, device=device, dtype=canvas_dtype).permute(0, 3, 1, 2)
+    else:
+        canvas = torch.zeros(2, 64, 496, 432, device=device, dtype=canvas_dtype)
+    pfn_scatter(vox, n, coords, w, b, canvas, CFG.voxel_size, CFG.point_cloud_range[:3])
+    bl, yl, xl = coords[:, 0].long(), coords[:, 2].long(), coords[:, 3].long()
+    got = canvas[bl, :, yl, xl].float()
+    torch.testing.assert_close(got, ref, atol=atol, rtol=1e-3 if canvas_dtype != torch.float32 else 1e-5)
+    # nothing else written
+    assert float(canvas.float().abs().sum() - got.abs().sum()) == pytest.approx(0.0, abs=1e-2 * num)
+    # count: only the first rows are read
+    canvas.zero_()
+    k = max(1, num // 2)
+    pfn_scatter(vox, n, coords, w, b, canvas, CFG.voxel_size, CFG.point_cloud_range[:3],
+                count=torch.tensor([k], dtype=torch.int32, device=device))
+    got = canvas[bl, :, yl, xl].float()
+    torch.testing.assert_close(got[:k], ref[:k], atol=atol, rtol=1e-3 if canvas_dtype != torch.float32 else 1e-5)
+    assert float(got[k:].abs().sum()) == 0.0
+
+
+@interpret
+@pytest.mark.parametrize("num", [1, 7])
+def test_pfn_kernel_interpreter(num):
+    _check_pfn_kernel("cpu", num)
+
+
+@interpret
+def test_pfn_kernel_interpreter_channels_last_fp16():
+    _check_pfn_kernel("cpu", 5, canvas_dtype=torch.float16, channels_last=True, atol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu[1]
+@pytest.mark.parametrize("num", [1, 13, 4099])
+@pytest.mark.parametrize("fmt", ["nchw", "nhwc-fp16"])
+def test_pfn_kernel_gpu(num, fmt):
+    if fmt == "nchw":
+        _check_pfn_kernel("cuda", num)
+    else:
+        _check_pfn_kernel("cuda", num, canvas_dtype=torch.float16, channels_last=True, atol=2e-2)
+
+
+# --- full model on a real scan (CPU) -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scan():
+    return _scan("000001")
+
+
+@pytest.fixture(scope="module")
+def model(scan):
+    torch.manual_seed(0)
+    return PointPillars(impl="reference").randomize_(seed=0, points=scan)
+
+
+@pytest.fixture(scope="module")
+def cpu_results(model, scan):
+    """One dense pass and one detection pass per implementation on the CPU."""
+    out = {}
+    for impl in ("reference", "fast"):
+        model.impl = impl
+        out[impl] = (model.dense_outputs(scan), model(scan))
+    model.impl = "reference"
+    return out
+
+
+def test_dense_output_shapes(cpu_results):
+    cls, box, dirc = cpu_results["fast"][0]
+    assert cls.shape == (1, 248, 216, 18) and box.shape == (1, 248, 216, 42) and dirc.shape == (1, 248, 216, 12)
+    assert cls.dtype == box.dtype == dirc.dtype == torch.float32
+    for a in cpu_results["reference"][0]:
+        assert a.shape[:3] == (1, 248, 216)
+
+
+def test_fast_dense_equals_reference(cpu_results):
+    for ref, fast in zip(cpu_results["reference"][0], cpu_results["fast"][0]):
+        torch.testing.assert_close(fast, ref, atol=1e-4, rtol=1e-4)
+
+
+def _assert_same_detections(a, b, box_atol=1e-4):
+    assert a.boxes.shape == b.boxes.shape
+    assert a.count.tolist() == b.count.tolist()
+    torch.testing.assert_close(a.labels, b.labels, rtol=0, atol=0)
+    torch.testing.assert_close(a.scores, b.scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.boxes, b.boxes, atol=box_atol, rtol=1e-5)
+
+
+def test_fast_detections_equal_reference(cpu_results):
+    ref, fast = cpu_results["reference"][1], cpu_results["fast"][1]
+    assert ref.boxes.shape == (1, 500, 7) and ref.labels.dtype == torch.int64
+    n = int(ref.count[0])
+    assert n > 0, "random weights should give detections (randomize_ sets the classifier bias)"
+    assert bool((ref.scores[0, :n] >= CFG.score_thresh).all())
+    assert bool((ref.scores[0, :n][:-1] >= ref.scores[0, :n][1:]).all()), "scores in descending order"
+    assert set(ref.labels[0, :n].tolist()) <= {1, 2, 3}
+    assert float(ref.boxes[0, n:].abs().sum()) == 0.0 and int(ref.labels[0, n:].abs().sum()) == 0
+    _assert_same_detections(fast, ref)
+
+
+def test_batch_equals_single_scans(model, scan, cpu_results):
+    """Two scans packed with lengths give each scan's own detections (fast path)."""
+    other = _scan("000000")
+    model.impl = "fast"
+    try:
+        both = model(torch.cat([other, scan]), lengths=torch.tensor([other.shape[0], scan.shape[0]]))
+        first = model(other)
+    finally:
+        model.impl = "reference"
+    single = cpu_results["fast"][1]
+    assert both.count.shape == (2,)
+    _assert_same_detections(type(single)(*(t[1:] for t in both)), single)
+    _assert_same_detections(type(single)(*(t[:1] for t in both)), first)
+
+
+# --- GPU: fast vs reference, graph vs eager, fp16 ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_model(scan):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    m = PointPillars(impl="reference").randomize_(seed=0, points=scan)
+    return m.cuda()
+
+
+@pytest.fixture
+def no_tf32():
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
+@gpu[1]
+@pytest.mark.parametrize("frame", ["000000", "000001"])
+def test_gpu_fast_equals_reference(gpu_model, frame, no_tf32):
+    pts = _scan(frame).cuda()
+    gpu_model.impl = "reference"
+    ref_dense, ref_det = gpu_model.dense_outputs(pts), gpu_model(pts)
+    gpu_model.impl = "fast"
+    fast_dense, fast_det = gpu_model.dense_outputs(pts), gpu_model(pts)
+    gpu_model.impl = "reference"
+    for r, f in zip(ref_dense, fast_dense):
+        torch.testing.assert_close(f, r, atol=1e-4, rtol=1e-4)
+    _assert_same_detections(fast_det, ref_det)
+
+
+@pytest.mark.gpu
+@gpu[1]
+def test_gpu_matches_cpu_reference(gpu_model, cpu_results, scan, no_tf32):
+    gpu_model.impl = "reference"
+    det = gpu_model(scan.cuda())
+    _assert_same_detections(type(det)(*(t.cpu() for t in det)), cpu_results["reference"][1], box_atol=1e-3)
+
+
+@pytest.mark.gpu
+@gpu[1]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_graph_equals_eager(gpu_model, scan, dtype):
+    pts = scan.cuda()
+    gpu_model.impl, gpu_model.dtype = "fast", dtype
+    try:
+        eager = gpu_model(pts)
+        graphed = gpu_model.capture(pts)
+        out = graphed(pts)
+        _assert_same_detections(out, eager, box_atol=1e-5)
+        # a second, different scan through the same graph
+        other = _scan("000000").cuda()
+        _assert_same_detections(graphed(other), gpu_model(other), box_atol=1e-5)
+    finally:
+        gpu_model.impl, gpu_model.dtype = "reference", torch.float32
+
+
+@pytest.mark.gpu
+@gpu[1]
+def test_graph_batch_equals_eager(gpu_model, scan):
+    a, b = _scan("000000").cuda(), scan.cuda()
+    pts, lengths = torch.cat([a, b]), [a.shape[0], b.shape[0]]
+    gpu_model.impl = "fast"
+    try:
+        eager = gpu_model(pts, lengths=torch.tensor(lengths, device="cuda"))
+        graphed = gpu_model.capture(pts, lengths)
+        _assert_same_detections(graphed(pts, lengths), eager, box_atol=1e-5)
+    finally:
+        gpu_model.impl = "reference"
+
+
+@pytest.mark.gpu
+@gpu[1]
+def test_fp16_close_to_fp32(gpu_model, scan):
+    pts = scan.cuda()
+    gpu_model.impl = "fast"
+    try:
+        d32 = gpu_model.dense_outputs(pts)
+        gpu_model.dtype = torch.float16
+        d16 = gpu_model.dense_outputs(pts)
+    finally:
+        gpu_model.impl, gpu_model.dtype = "reference", torch.float32
+    for a, b in zip(d32, d16):
+        err = (a - b).abs().max() / a.abs().max()
+        assert float(err) < 2e-2
+
+
+# --- demo --------------------------------------------------------------------------------------
+
+
+def test_demo_cpu_one_scan(tmp_path, capsys):
+    from pcops.models import demo
+
+    scans = demo.default_scans()
+    if not scans:
+        pytest.skip("no sample scans in data/ or ../shared/data")
+    rc = demo.main(["--device", "cpu", "--max-scans", "1", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "RANDOM" in text and "detections" in text and "voxelize" in text and "total" in text
+    pngs = list(tmp_path.glob("*_bev.png"))
+    assert len(pngs) == 1 and pngs[0].stat().st_size > 1000
