@@ -41,6 +41,8 @@ def main():
         n = P * batch_size
         base = bench(lambda: torch_baseline(feats, coords, batch_size), rep=rep)
         rows.append(row(wl, "torch index assign (fwd)", base, items=n, unit="pillars/s", baseline=base))
+        base_g = bench(lambda: torch_baseline(feats, coords, batch_size), rep=rep, graph=True)
+        rows.append(row(wl, "torch index assign (fwd, graph)", base_g, items=n, unit="pillars/s", baseline=base))
         for backend in ("triton", "cuda"):
             fn = lambda: pcops.pillar_scatter(feats, coords, batch_size, (H, W), backend=backend)
             t = bench(fn, rep=rep)
