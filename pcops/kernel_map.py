@@ -1,0 +1,332 @@
+"""Sparse 3D convolution: kernel maps (index generation) and a plain gather-GEMM convolution.
+
+Every voxel backbone (SECOND, PV-RCNN, CenterPoint) runs sparse 3D convolutions whose first
+step is index generation: which input voxel feeds which output voxel through which kernel
+offset (spconv: Yan et al., "SECOND", Sensors 2018; Graham et al., "Submanifold sparse
+convolutional networks", CVPR 2018; torchsparse, MLSys 2022). ``sparse_conv_kernel_map``
+builds that map, deterministically, in two layouts; ``sparse_conv3d`` applies a weight with it.
+
+Call path: ``sparse_conv_kernel_map`` (checks, shapes) → ``torch.ops.pcops.sparse_conv_kernel_map``
+→ ``reference`` on the CPU (sort + searchsorted), Triton on CUDA (GPU hash table).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from . import _checks
+from .reference import kernel_map as _ref
+
+__all__ = ["KernelMap", "sparse_conv_kernel_map", "sparse_conv3d"]
+
+
+class KernelMap(NamedTuple):
+    """A sparse-convolution kernel map (see ``sparse_conv_kernel_map``).
+
+    Fields:
+        out_coords: ``(M, 4)`` int32 ``(batch, z, y, x)`` output voxels.
+        out_spatial_shape: ``(D', H', W')`` of the output grid (Python ints).
+        pair_in, pair_out: ``(P,)`` int32 input and output rows of every (input, output)
+            pair, grouped by kernel offset: offset ``k`` owns ``[offsets[k], offsets[k+1])``,
+            and within an offset the pairs are in ascending ``pair_out``.
+        offsets: ``(K+1,)`` int32, ``offsets[0] = 0``, ``offsets[K] = P``.
+        out_in: ``(M, K)`` int32, the input row feeding output ``m`` through offset ``k``
+            (−1 for none): the implicit-GEMM layout.
+    """
+
+    out_coords: torch.Tensor
+    out_spatial_shape: tuple
+    pair_in: torch.Tensor
+    pair_out: torch.Tensor
+    offsets: torch.Tensor
+    out_in: torch.Tensor
+
+    def inverse(self, coords: torch.Tensor, spatial_shape: Sequence[int]) -> "KernelMap":
+        """The inverse map of a regular (strided) map, as spconv's ``SparseInverseConv3d``.
+
+        ``coords`` are the ``(N, 4)`` input voxels this map was built from and
+        ``spatial_shape`` their grid. The inverse map's outputs are exactly those voxels, in
+        their order; input ``o`` (a row of ``self.out_coords``) feeds output ``i`` through
+        offset ``k`` iff ``self`` had ``o`` receive ``i`` through ``k``, i.e.
+        ``i = o * stride - padding + k * dilation`` with the same ``k`` (the weight layout of
+        a transposed conv). Equals ``sparse_conv_kernel_map(self.out_coords, ...,
+        transposed=True)`` restricted to the rows ``coords``. ``coords`` must have as many
+        rows as the original input (not checked: that would need a host sync).
+        """
+        _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
+        shape = _triple("spatial_shape", spatial_shape, min_value=1)
+        coords = coords.to(device=self.out_in.device, dtype=torch.int32).contiguous()
+        inv = _ref.inverse_table(self.out_in, coords.shape[0])
+        pair_in, pair_out, offsets = torch.ops.pcops.kernel_map_pairs(inv)
+        return KernelMap(coords.clone(), shape, pair_in, pair_out, offsets, inv)
+
+
+def _triple(name: str, v, *, min_value: int) -> tuple[int, int, int]:
+    """An int or a 3-sequence of ints, each ≥ ``min_value``."""
+    if isinstance(v, torch.Tensor):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        if len(v) != 3:
+            raise ValueError(f"{name}: expected an int or 3 values (z, y, x), got {v!r}")
+        return tuple(_checks.check_int(f"{name}[{i}]", x, min_value=min_value) for i, x in enumerate(v))
+    v = _checks.check_int(name, v, min_value=min_value)
+    return (v, v, v)
+
+
+def _output_shape(in_shape, kernel, stride, padding, dilation, subm, transposed):
+    if subm:
+        return tuple(in_shape)
+    out = []
+    for n, k, s, p, d in zip(in_shape, kernel, stride, padding, dilation):
+        if transposed:
+            out.append((n - 1) * s - 2 * p + d * (k - 1) + 1)
+        else:
+            out.append((n + 2 * p - d * (k - 1) - 1) // s + 1)
+    if min(out) < 1:
+        raise ValueError(
+            f"spatial_shape: {tuple(in_shape)} is too small for kernel_size={kernel}, stride={stride}, "
+            f"padding={padding}, dilation={dilation} (output grid {tuple(out)})"
+        )
+    return tuple(out)
+
+
+def sparse_conv_kernel_map(
+    coords: torch.Tensor,
+    spatial_shape: Sequence[int],
+    kernel_size=3,
+    stride=1,
+    padding=0,
+    dilation=1,
+    subm: bool = False,
+    transposed: bool = False,
+) -> KernelMap:
+    """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
+    which kernel offset (spconv / torchsparse index generation).
+
+    Args:
+        coords: ``(N, 4)`` int32 ``(batch, z, y, x)`` active input voxels (int64 accepted and
+            converted), unique, ``0 <= z < D`` etc., ``batch >= 0``.
+        spatial_shape: ``(D, H, W)`` of the input grid.
+        kernel_size, stride, padding, dilation: an int or a ``(z, y, x)`` 3-tuple;
+            kernel/stride/dilation ≥ 1, padding ≥ 0.
+        subm: submanifold conv (Graham et al.): output voxels = input voxels, same rows and
+            order; needs stride 1; ``padding`` is ignored: the kernel is centred,
+            ``i = o + (k - (kernel_size - 1) // 2) * dilation`` per axis.
+        transposed: transposed conv (decoders), the adjoint of a regular conv with the same
+            arguments: input ``i`` feeds output ``o = i * stride - padding + k * dilation``
+            (``torch.nn.functional.conv_transpose3d``'s rule, output_padding 0); the output
+            set is every such ``o`` inside the output grid, sorted like a regular conv's.
+            spconv's inverse conv (outputs restricted to the fine voxels a strided conv came
+            from) is ``KernelMap.inverse`` of that strided map.
+
+    Rules (per axis, ``k = (kz, ky, kx)`` with each index in ``[0, size)``):
+        regular: output ``o`` receives input ``i`` through ``k`` iff ``i = o * stride -
+        padding + k * dilation``; the output grid is ``(D + 2p - d (K - 1) - 1) // s + 1``
+        (``F.conv3d``'s); the output set is every ``o`` in that grid with at least one input.
+        transposed: output grid ``(D - 1) s - 2p + d (K - 1) + 1``. Batches never mix.
+
+    Returns:
+        ``KernelMap(out_coords, out_spatial_shape, pair_in, pair_out, offsets, out_in)``:
+        ``out_coords (M, 4)`` int32 (regular/transposed: sorted lexicographically by
+        ``(batch, z, y, x)``; submanifold: ``coords`` itself); ``out_in (M, K)`` int32, −1 for
+        no input; pairs ``pair_in, pair_out (P,)`` int32 grouped by offset through
+        ``offsets (K+1,)`` int32, ascending ``pair_out`` within an offset. Kernel offset
+        order ``k = (kz * Ky + ky) * Kx + kx``; weights ``(K, C_in, C_out)`` follow it.
+        The result is the same on every device and every run (deterministic).
+
+    Checks: the CPU path raises ``ValueError`` for voxels outside ``spatial_shape`` and for
+    duplicate voxels. The CUDA path cannot check without a host sync and does not: an
+    out-of-grid input is never found as an input (and generates no outputs); among duplicate
+    voxels the lowest row is the one found as input (deterministic).
+
+    GPU (Triton): a hash table of the input voxels (open addressing, linear probing, int64
+    linear keys claimed with ``atomic_cas``), one lookup pass over (output, offset) writing
+    ``out_in`` and per-block counts, a one-program scan and a stable compaction into pairs.
+    Regular/transposed conv first dedupe candidate outputs in a second hash table and sort
+    them (``torch.sort``). Host syncs: one for ``P`` (submanifold), two for ``M`` and ``P``
+    (regular/transposed): both are output sizes.
+    """
+    _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
+    if not isinstance(spatial_shape, (list, tuple, torch.Size)):
+        raise TypeError(f"spatial_shape: expected a sequence (D, H, W), got {spatial_shape!r}")
+    in_shape = _triple("spatial_shape", spatial_shape, min_value=1)
+    kernel = _triple("kernel_size", kernel_size, min_value=1)
+    stride_ = _triple("stride", stride, min_value=1)
+    padding_ = _triple("padding", padding, min_value=0)
+    dilation_ = _triple("dilation", dilation, min_value=1)
+    if not isinstance(subm, bool):
+        raise TypeError(f"subm: expected a bool, got {type(subm).__name__}")
+    if not isinstance(transposed, bool):
+        raise TypeError(f"transposed: expected a bool, got {type(transposed).__name__}")
+    if subm and transposed:
+        raise ValueError("transposed: a submanifold conv cannot be transposed (subm=True, transposed=True)")
+    if subm and stride_ != (1, 1, 1):
+        raise ValueError(f"stride: a submanifold conv needs stride 1, got {stride_}")
+    out_shape = _output_shape(in_shape, kernel, stride_, padding_, dilation_, subm, transposed)
+    if subm:  # centred kernel: i = o + (k - c) * d, i.e. the regular rule with padding c * d
+        padding_ = tuple((k - 1) // 2 * d for k, d in zip(kernel, dilation_))
+    coords = coords.to(torch.int32).contiguous()
+    out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
+        coords, list(in_shape), list(out_shape), list(kernel), list(stride_), list(padding_), list(dilation_),
+        subm, transposed,
+    )
+    return KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
+
+
+def sparse_conv3d(
+    features: torch.Tensor,
+    kernel_map: KernelMap,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Sparse 3D convolution with a kernel map: ``out[o] = bias + sum_k features[in(o, k)] @ weight[k]``.
+
+    Args:
+        features: ``(N, C_in)`` float32/float16/bfloat16/float64, one row per input voxel
+            (the rows of the ``coords`` the map was built from).
+        kernel_map: a ``KernelMap`` from ``sparse_conv_kernel_map`` (or ``KernelMap.inverse``).
+        weight: ``(K, C_in, C_out)`` of ``features.dtype``, offset ``k = (kz * Ky + ky) * Kx + kx``
+            (dense ``F.conv3d`` weight ``w`` maps to ``w.permute(2, 3, 4, 1, 0).reshape(K, C_in, C_out)``).
+        bias: optional ``(C_out,)``.
+
+    Returns:
+        ``(M, C_out)`` of ``features.dtype``, one row per ``kernel_map.out_coords`` row.
+
+    A plain-torch implicit GEMM on ``out_in`` (gather ``(M, K_chunk, C_in)``, one matmul per
+    chunk of offsets; float32 accumulation for half types): deterministic, no atomics, also in
+    the backward (features: through the inverse table; weight: gathered rows ᵀ @ grad).
+    Gradients w.r.t. features, weight and bias; no double backward.
+    """
+    if not isinstance(kernel_map, KernelMap):
+        raise TypeError(f"kernel_map: expected a KernelMap, got {type(kernel_map).__name__}")
+    out_in = kernel_map.out_in
+    _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
+    _checks.check_tensor("weight", weight, dtypes=(features.dtype,), ndim=3)
+    _checks.check_same_device(features=features, weight=weight, bias=bias, kernel_map=out_in)
+    if weight.shape[0] != out_in.shape[1] or weight.shape[1] != features.shape[1]:
+        raise ValueError(
+            f"weight: expected shape (K={out_in.shape[1]}, C_in={features.shape[1]}, C_out), got {tuple(weight.shape)}"
+        )
+    if bias is not None:
+        _checks.check_tensor("bias", bias, dtypes=(features.dtype,), ndim=1)
+        if bias.shape[0] != weight.shape[2]:
+            raise ValueError(f"bias: expected shape ({weight.shape[2]},), got {tuple(bias.shape)}")
+    if out_in.device.type == "cpu" and out_in.numel() and int(out_in.max()) >= features.shape[0]:
+        raise ValueError(
+            f"features: the kernel map refers to input row {int(out_in.max())}, but features has "
+            f"{features.shape[0]} rows"
+        )
+    return torch.ops.pcops.sparse_conv3d(features.contiguous(), weight.contiguous(), bias, out_in)
+
+
+# --- registration: kernel map ---------------------------------------------------------------
+
+
+@torch.library.custom_op("pcops::sparse_conv_kernel_map", mutates_args=(), device_types="cpu")
+def _kernel_map(
+    coords: torch.Tensor,
+    in_shape: list[int],
+    out_shape: list[int],
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    subm: bool,
+    transposed: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _ref.sparse_conv_kernel_map(
+        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed
+    )
+
+
+@_kernel_map.register_kernel("cuda")
+def _kernel_map_cuda(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed):
+    from .triton import kernel_map as impl
+
+    return impl.sparse_conv_kernel_map(
+        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed
+    )
+
+
+@_kernel_map.register_fake
+def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed):
+    torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
+    torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
+    ctx = torch.library.get_ctx()
+    num_k = math.prod(kernel_size)
+    num_out = coords.shape[0] if subm else ctx.new_dynamic_size()
+    num_pairs = ctx.new_dynamic_size()
+    return (
+        coords.new_empty((num_out, 4)),
+        coords.new_empty((num_pairs,)),
+        coords.new_empty((num_pairs,)),
+        coords.new_empty((num_k + 1,)),
+        coords.new_empty((num_out, num_k)),
+    )
+
+
+@torch.library.custom_op("pcops::kernel_map_pairs", mutates_args=(), device_types="cpu")
+def _kernel_map_pairs(out_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _ref.pairs_from_table(out_in)
+
+
+@_kernel_map_pairs.register_kernel("cuda")
+def _kernel_map_pairs_cuda(out_in):
+    from .triton import kernel_map as impl
+
+    return impl.pairs_from_table(out_in.contiguous())
+
+
+@_kernel_map_pairs.register_fake
+def _kernel_map_pairs_fake(out_in):
+    torch._check(out_in.dim() == 2, lambda: "out_in: expected shape (M, K)")
+    num_pairs = torch.library.get_ctx().new_dynamic_size()
+    return out_in.new_empty((num_pairs,)), out_in.new_empty((num_pairs,)), out_in.new_empty((out_in.shape[1] + 1,))
+
+
+# --- registration: sparse_conv3d (plain torch on every device) -------------------------------
+
+
+@torch.library.custom_op("pcops::sparse_conv3d", mutates_args=())
+def _sparse_conv3d(
+    features: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out_in: torch.Tensor
+) -> torch.Tensor:
+    return _ref.sparse_conv3d(features, weight, bias, out_in)
+
+
+@_sparse_conv3d.register_fake
+def _sparse_conv3d_fake(features, weight, bias, out_in):
+    torch._check(features.dim() == 2 and weight.dim() == 3, lambda: "features (N, C_in), weight (K, C_in, C_out)")
+    torch._check(weight.shape[0] == out_in.shape[1], lambda: "weight: expected K rows (one per kernel offset)")
+    torch._check(weight.shape[1] == features.shape[1], lambda: "weight: expected C_in = features.shape[1]")
+    return features.new_empty((out_in.shape[0], weight.shape[2]))
+
+
+@torch.library.custom_op("pcops::sparse_conv3d_backward", mutates_args=())
+def _sparse_conv3d_backward(
+    grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, out_in: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _ref.sparse_conv3d_backward(grad_out, features, weight, out_in, True, True)
+
+
+@_sparse_conv3d_backward.register_fake
+def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in):
+    return torch.empty_like(features), torch.empty_like(weight)
+
+
+def _conv_setup_context(ctx, inputs, output):
+    features, weight, bias, out_in = inputs
+    ctx.save_for_backward(features, weight, out_in)
+    ctx.has_bias = bias is not None
+
+
+def _conv_backward(ctx, grad_out):
+    features, weight, out_in = ctx.saved_tensors
+    grad_features, grad_weight = torch.ops.pcops.sparse_conv3d_backward(grad_out.contiguous(), features, weight, out_in)
+    grad_bias = grad_out.sum(0) if ctx.has_bias else None
+    return grad_features, grad_weight, grad_bias, None
+
+
+_sparse_conv3d.register_autograd(_conv_backward, setup_context=_conv_setup_context)
