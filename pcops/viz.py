@@ -79,7 +79,8 @@ def draw_bev(
         boxes: optional ``(M, >=7)`` detections ``(x, y, z, dx, dy, dz, heading)``, drawn red.
         gt_boxes: optional ``(K, >=7)`` ground-truth boxes, drawn green.
         path: write a PNG there (folders must exist); ``None`` returns the figure instead.
-        color_by: ``"height"`` (z, clipped to [-2.5, 1.5] m) or ``"reflectance"`` (column 3).
+        color_by: ``"height"`` (z, colour scale -2.2 m blue to 1 m red) or ``"reflectance"``
+            (column 3, 0 to 0.7).
         x_range, y_range: the drawn area, metres.
         labels, gt_labels: optional text per box (e.g. class and score).
         point_size: marker size in points^2.
@@ -94,8 +95,8 @@ def draw_bev(
 
     p = _np(points, "points", 3)
     if color_by == "height":
-        c = np.clip(p[:, 2], -2.5, 1.5)
-        cmap, vmin, vmax = "viridis", -2.5, 1.5
+        c = p[:, 2]
+        cmap, vmin, vmax = "turbo", -2.2, 1.0
     elif color_by == "reflectance":
         if p.shape[1] < 4:
             raise ValueError("color_by: 'reflectance' needs points with a 4th column")
