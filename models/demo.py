@@ -91,6 +91,8 @@ def find_labels(scan: Path):
 
 def _draw(points, det_boxes, det_labels, gt, path: Path, title: str, class_names) -> None:
     labels = [class_names[int(i) - 1] if 0 < int(i) <= len(class_names) else "?" for i in det_labels]
+    if len(labels) > 60:  # too many to read: boxes only
+        labels = None
     gt_boxes, gt_names = gt if gt is not None else (None, None)
     try:
         from pcops import viz

@@ -392,7 +392,15 @@ class PointPillars(nn.Module):
         """
         state = path_or_state_dict
         if isinstance(state, (str, os.PathLike)):
-            state = torch.load(os.fspath(state), map_location="cpu", weights_only=True)
+            try:
+                state = torch.load(os.fspath(state), map_location="cpu", weights_only=True)
+            except Exception as e:  # pickle.UnpicklingError and friends: objects beyond tensors and containers
+                if isinstance(e, (FileNotFoundError, IsADirectoryError)):
+                    raise
+                raise ValueError(
+                    f"path_or_state_dict: {state} did not load with torch.load(weights_only=True) ({e}); if you "
+                    "trust the file, load it yourself with torch.load(path, weights_only=False) and pass the dict"
+                ) from e
         if not isinstance(state, dict):
             raise TypeError(f"path_or_state_dict: expected a path or a dict, got {type(state).__name__}")
         if "model_state" in state:
@@ -428,22 +436,25 @@ class PointPillars(nn.Module):
         return self
 
     @torch.no_grad()
-    def randomize_(self, seed: int = 0, points: torch.Tensor | None = None, cls_bias: float = -2.5) -> "PointPillars":
+    def randomize_(self, seed: int = 0, points: torch.Tensor | None = None, score_fraction: float = 0.0005) -> "PointPillars":
         """Reproducible random weights that produce a spread of scores (a stand-in for trained ones).
 
         Re-initialises every layer from ``torch.Generator().manual_seed(seed)`` (PyTorch's default
-        init, then OpenPCDet's head init), then, when ``points`` are given, sets every BatchNorm's
-        running statistics to the statistics of that scan (a forward pass through the reference
-        path), so activations keep unit scale through the network, and sets the classifier bias to
-        ``cls_bias`` so that a fraction of the anchors clears the score threshold. Weights are
-        identical on every device for a given seed.
+        init ranges, BatchNorm affine ``γ ~ U(0.5, 1.5)``, ``β ~ N(0, 0.1)``, then OpenPCDet's head
+        init). When ``points (N, 4)`` are given, every BatchNorm's running statistics are set to the
+        statistics of its input on that scan (one reference-path pass), so activations keep unit
+        scale through the network, and the classifier bias is set so that a ``score_fraction`` of
+        the anchors of that scan clears the score threshold (about 160 of the 321,408 KITTI anchors
+        by default). The weights are identical on every device for a given seed
+        and scan.
         """
         gen = torch.Generator().manual_seed(seed)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)):
-                fan_in = m.weight[0].numel() if not isinstance(m, nn.ConvTranspose2d) else m.weight.shape[0] * m.weight[0, 0].numel()
-                bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform(a=sqrt(5)) bound, PyTorch's default
-                m.weight.copy_(torch.empty(m.weight.shape).uniform_(-bound, bound, generator=gen))
+                w = m.weight
+                fan_in = w.shape[0] * w[0, 0].numel() if isinstance(m, nn.ConvTranspose2d) else w[0].numel()
+                bound = 1.0 / math.sqrt(fan_in)  # the bound of PyTorch's default kaiming_uniform(a=sqrt(5))
+                w.copy_(torch.empty(w.shape).uniform_(-bound, bound, generator=gen))
                 if m.bias is not None:
                     m.bias.copy_(torch.empty(m.bias.shape).uniform_(-bound, bound, generator=gen))
             elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
@@ -455,25 +466,32 @@ class PointPillars(nn.Module):
         head.conv_box.weight.copy_(torch.empty(head.conv_box.weight.shape).normal_(0, 0.001, generator=gen))
         head.conv_cls.bias.fill_(-math.log((1 - 0.01) / 0.01))
         if points is not None:
-            self._calibrate_batchnorm(points)
-            head.conv_cls.bias.fill_(cls_bias)
+            if not 0.0 < score_fraction < 1.0:
+                raise ValueError(f"score_fraction: expected a value in (0, 1), got {score_fraction}")
+            head.conv_cls.bias.zero_()
+            cls_logits = self._calibrate_batchnorm(points.detach().cpu().float())
+            max_logit = cls_logits.reshape(-1, self.config.num_classes).amax(dim=-1).double()
+            q = torch.quantile(max_logit, 1.0 - score_fraction)
+            t = self.config.score_thresh
+            head.conv_cls.bias.fill_(float(math.log(t / (1 - t)) - q))
         self._fast = None
         return self
 
-    def _calibrate_batchnorm(self, points: torch.Tensor) -> None:
-        """Set each BatchNorm's running statistics to those of its input on ``points`` (in order)."""
+    def _calibrate_batchnorm(self, points: torch.Tensor) -> torch.Tensor:
+        """Set each BatchNorm's running statistics to those of its input on ``points``; returns the
+        classifier logits of that pass."""
         bns = [m for m in self.modules() if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))]
+        impl, dtype = self.impl, self.dtype
+        device = next(self.parameters()).device
         try:
             for bn in bns:
                 bn.reset_running_stats()
                 bn.momentum = None  # cumulative average: one batch gives exactly its statistics
                 nn.Module.train(bn, True)
-            impl, self.impl = self.impl, "reference"
-            try:
-                self._dense(points, None)
-            finally:
-                self.impl = impl
+            self.impl, self.dtype = "reference", torch.float32
+            return self._dense(points.to(device), None)[0]
         finally:
+            self.impl, self.dtype = impl, dtype
             for bn in bns:
                 nn.Module.train(bn, False)
                 bn.momentum = self.config.bn_momentum
