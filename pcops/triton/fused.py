@@ -1,0 +1,718 @@
+"""Triton kernels for the fused ops: LayerNorm+GELU(+dropout), Swish+dropout+residual, CSR softmax.
+
+Every kernel is memory-bound: it reads each input once and writes each output once, with the
+arithmetic (statistics, GELU and its derivative, Philox dropout) done in float32 registers.
+
+- LayerNorm+GELU forward: a tile of ``BLOCK_M`` rows × ``BLOCK_N ≥ N`` columns per program
+  reads ``x`` once, writes ``y`` and the per-row ``mean``/``rstd`` (float32) for the backward.
+  Bytes: ``2·M·N·size + 8·M``. Rows wider than ``_MAX_BLOCK_N`` are walked in chunks (three
+  passes over the row, the later ones mostly from L2).
+- LayerNorm+GELU backward: ``G`` programs (a few per SM) each own a contiguous range of rows,
+  write ``dx`` and one row of column partial sums of ``dz·x̂`` and ``dz``; a second kernel adds
+  the ``G`` partial rows in a fixed order. No atomics, so ``dweight``/``dbias`` are
+  bit-for-bit reproducible. Bytes: ``3·M·N·size`` plus ``2·G·N·4`` twice for the partials.
+- Dropout draws ``tl.rand(seed, i)`` (Philox-4x32-10) for the flat element index ``i`` of the
+  ``(M, N)`` output, so the backward regenerates the same mask from the seed instead of
+  storing it; the seed is a 1-element int64 tensor read in the kernel (CUDA-graph friendly).
+- CSR softmax: a tile of ``BLOCK_R`` rows per program, walked in ``BLOCK_L``-wide column steps
+  up to the longest row of the tile (online max and sum, then a second pass that writes).
+
+Tuning: the row-wise kernels go through ``triton.autotune`` keyed on the row length (``N``; the
+mean row length for the CSR softmax). Launchers take ``block_m``/``block_r`` (and
+``num_warps``) to bypass autotuning; they do so by themselves under ``TRITON_INTERPRET=1``,
+where every config would be run in Python.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_TANH_K = 0.044715
+_INV_SQRT_2 = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+# widest row held in registers as one tile; wider rows are processed in chunks of this width
+_MAX_BLOCK_N = 8192
+# elementwise kernel (Swish): elements per program (8 per thread with 4 warps: 32 B per load)
+_ELEMENTWISE_BLOCK = 1024
+# column-sum kernel: columns per program and partial rows per step
+_SUM_BLOCK_N = 32
+_SUM_BLOCK_G = 64
+# backward programs per SM (each walks a contiguous range of rows, so G is bounded and the
+# partial sums stay small: G·N·8 bytes)
+_BWD_PROGRAMS_PER_SM = 8
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# --- autotuning search space ----------------------------------------------------------------
+# A program handles a (BLOCK_M, BLOCK_N) tile, BLOCK_N = next_pow2(N) fixed by the launcher.
+# Search space: BLOCK_M (rows per program) ∈ 1..256 (powers of two) × num_warps ∈ 1..16, pruned
+# per N to tiles of 2K-8K elements (forward; 1K-4K for the backward, which keeps ~4 live values
+# per element) and 8-16 elements per thread. Why: a memory-bound row kernel needs tens of KB
+# in flight per SM to cover HBM latency (big tiles), but more than ~16 float32 values per
+# thread per live tensor spills registers, and fewer than 8 wastes issue slots on the
+# reductions. That leaves 1-6 configs per N (a few seconds of tuning per new row length).
+_ROW_CONFIGS = [
+    triton.Config({"BLOCK_M": m}, num_warps=w) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16)
+]
+_FWD_TILES = (2048, 4096, 8192)
+_BWD_TILES = (1024, 2048, 4096)
+_PER_THREAD = (8, 16)
+
+
+def _prune_rows(tiles):
+    def prune(configs, named_args, **kwargs):
+        block_n = kwargs["BLOCK_N"]
+        wanted = {min(256, max(1, t // block_n)) for t in tiles}
+        keep = []
+        for c in configs:
+            m, w = c.kwargs["BLOCK_M"], c.num_warps
+            per_thread = m * block_n / (32 * w)
+            if m in wanted and _PER_THREAD[0] <= per_thread <= _PER_THREAD[1]:
+                keep.append(c)
+        if not keep:  # tiny tiles: the largest tile with the fewest warps
+            m = max(wanted)
+            keep = [c for c in configs if c.kwargs["BLOCK_M"] == m and c.num_warps == 1]
+        return keep
+
+    return prune
+
+
+def _default_block_m(block_n: int, tile: int) -> int:
+    return min(256, max(1, tile // block_n))
+
+
+def _default_warps(block_m: int, block_n: int) -> int:
+    return min(16, max(1, block_m * block_n // (32 * 16)))
+
+
+@triton.jit
+def _gelu(z, APPROX_TANH: tl.constexpr):
+    if APPROX_TANH:
+        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_K * z * z * z)
+        # tanh(u) = 1 - 2 / (exp(2u) + 1): exact limits ±1 when exp overflows or underflows
+        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        h = 0.5 * z * (1.0 + t)
+    else:
+        h = 0.5 * z * (1.0 + tl.math.erf(z * _INV_SQRT_2))
+    return h
+
+
+@triton.jit
+def _gelu_grad(z, APPROX_TANH: tl.constexpr):
+    if APPROX_TANH:
+        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_K * z * z * z)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        d = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_K * z * z)
+    else:
+        d = 0.5 * (1.0 + tl.math.erf(z * _INV_SQRT_2)) + z * tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
+    return d
+
+
+@triton.jit
+def _layer_norm_gelu_fwd_kernel(
+    x_ptr,  # (M, N) contiguous, float32/float16/bfloat16
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # (M, N) output, dtype of x
+    mean_ptr,  # (M,) float32 output
+    rstd_ptr,  # (M,) float32 output, 1 / sqrt(biased var + eps)
+    seed_ptr,  # (1,) int64 Philox seed (read only when HAS_DROPOUT)
+    M,  # rows
+    N,  # row length (the autotune key)
+    eps,  # variance epsilon
+    dropout_p,  # drop probability in [0, 1)
+    APPROX_TANH: tl.constexpr,  # tanh GELU, else exact erf GELU
+    HAS_DROPOUT: tl.constexpr,
+    ONE_TILE: tl.constexpr,  # BLOCK_N >= N: the row stays in registers
+    BLOCK_N: tl.constexpr,  # columns per tile (>= N when ONE_TILE, else the chunk width)
+    BLOCK_M: tl.constexpr,  # rows per program (autotuned)
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    row_off = rows.to(tl.int64) * N
+    if HAS_DROPOUT:
+        seed = tl.load(seed_ptr)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = row_off[:, None] + cols[None, :]
+        # one read of the tile; statistics in float32 (two-pass variance: no cancellation)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        h = _gelu(xc * rstd[:, None] * w[None, :] + b[None, :], APPROX_TANH)
+        if HAS_DROPOUT:
+            # Philox on the flat element index: the backward regenerates the same mask
+            keep = tl.rand(seed, offs) >= dropout_p
+            h = tl.where(keep, h * keep_scale, 0.0)
+        tl.store(y_ptr + offs, h.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # wide rows: pass 1 the mean, pass 2 the variance, pass 3 the output
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            mask = row_ok[:, None] & (cols < N)[None, :]
+            acc += tl.load(x_ptr + row_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, axis=1) / N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            mask = row_ok[:, None] & (cols < N)[None, :]
+            x = tl.load(x_ptr + row_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, x - mean[:, None], 0.0)
+            acc += xc * xc
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            offs = row_off[:, None] + cols[None, :]
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            h = _gelu((x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :], APPROX_TANH)
+            if HAS_DROPOUT:
+                keep = tl.rand(seed, offs) >= dropout_p
+                h = tl.where(keep, h * keep_scale, 0.0)
+            tl.store(y_ptr + offs, h.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _layer_norm_gelu_bwd_kernel(
+    dy_ptr,  # (M, N) upstream gradient, dtype of x
+    x_ptr,  # (M, N) forward input
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    mean_ptr,  # (M,) float32 saved by the forward
+    rstd_ptr,  # (M,) float32 saved by the forward
+    seed_ptr,  # (1,) int64 Philox seed of the forward (read only when HAS_DROPOUT)
+    dx_ptr,  # (M, N) output
+    dw_part_ptr,  # (G, N) float32 output: this program's column sums of dz·x̂
+    db_part_ptr,  # (G, N) float32 output: this program's column sums of dz
+    M,  # rows
+    N,  # row length (the autotune key)
+    rows_per_program,  # each of the G programs owns rows [pid·rpp, (pid+1)·rpp)
+    dropout_p,
+    APPROX_TANH: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    ONE_TILE: tl.constexpr,  # BLOCK_N >= N
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per step (autotuned)
+):
+    pid = tl.program_id(0)
+    row_begin = pid * rows_per_program
+    row_end = tl.minimum(row_begin + rows_per_program, M)
+    part_off = pid.to(tl.int64) * N
+    if HAS_DROPOUT:
+        seed = tl.load(seed_ptr)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for r0 in range(row_begin, row_end, BLOCK_M):
+            rows = r0 + tl.arange(0, BLOCK_M)
+            row_ok = rows < row_end
+            mask = row_ok[:, None] & col_ok[None, :]
+            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_DROPOUT:
+                keep = tl.rand(seed, offs) >= dropout_p
+                g = tl.where(keep, g * keep_scale, 0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            # dz = g · gelu'(z): the GELU derivative at the recomputed pre-activation
+            dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
+            dw_acc += tl.sum(dz * xhat, axis=0)
+            db_acc += tl.sum(dz, axis=0)
+            # the normalisation derivative: dx = rstd · (dx̂ - mean(dx̂) - x̂ · mean(dx̂ · x̂))
+            dxhat = dz * w[None, :]
+            c1 = tl.sum(dxhat * xhat, axis=1) / N
+            c2 = tl.sum(dxhat, axis=1) / N
+            dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dw_part_ptr + part_off + cols, dw_acc, mask=col_ok)
+        tl.store(db_part_ptr + part_off + cols, db_acc, mask=col_ok)
+    else:
+        # wide rows: the program's partial-sum row lives in memory (owned by this program only)
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            zero = tl.zeros([BLOCK_N], dtype=tl.float32)
+            tl.store(dw_part_ptr + part_off + cols, zero, mask=cols < N)
+            tl.store(db_part_ptr + part_off + cols, zero, mask=cols < N)
+        for r0 in range(row_begin, row_end, BLOCK_M):
+            rows = r0 + tl.arange(0, BLOCK_M)
+            row_ok = rows < row_end
+            row_off = rows.to(tl.int64) * N
+            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+            # pass 1: the two row sums of the normalisation derivative
+            s1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            s2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for c0 in range(0, N, BLOCK_N):
+                cols = c0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                mask = row_ok[:, None] & col_ok[None, :]
+                offs = row_off[:, None] + cols[None, :]
+                w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_DROPOUT:
+                    keep = tl.rand(seed, offs) >= dropout_p
+                    g = tl.where(keep, g * keep_scale, 0.0)
+                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+                dxhat = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH) * w[None, :]
+                s1 += dxhat * xhat
+                s2 += dxhat
+            c1 = tl.sum(s1, axis=1) / N
+            c2 = tl.sum(s2, axis=1) / N
+            # pass 2: dx and the column partial sums
+            for c0 in range(0, N, BLOCK_N):
+                cols = c0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                mask = row_ok[:, None] & col_ok[None, :]
+                offs = row_off[:, None] + cols[None, :]
+                w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_DROPOUT:
+                    keep = tl.rand(seed, offs) >= dropout_p
+                    g = tl.where(keep, g * keep_scale, 0.0)
+                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+                dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
+                dxhat = dz * w[None, :]
+                dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+                tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                pw = tl.load(dw_part_ptr + part_off + cols, mask=col_ok, other=0.0)
+                pb = tl.load(db_part_ptr + part_off + cols, mask=col_ok, other=0.0)
+                tl.store(dw_part_ptr + part_off + cols, pw + tl.sum(dz * xhat, axis=0), mask=col_ok)
+                tl.store(db_part_ptr + part_off + cols, pb + tl.sum(dz, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _column_sum_kernel(
+    dw_part_ptr,  # (G, N) float32 partial sums
+    db_part_ptr,  # (G, N) float32 partial sums
+    dw_ptr,  # (N,) output, dtype of weight
+    db_ptr,  # (N,) output, dtype of bias
+    G,  # partial rows
+    N,  # columns
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc_w = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
+    # a fixed summation order: the result does not depend on scheduling
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        mask = (g < G)[:, None] & col_ok[None, :]
+        offs = g.to(tl.int64)[:, None] * N + cols[None, :]
+        acc_w += tl.load(dw_part_ptr + offs, mask=mask, other=0.0)
+        acc_b += tl.load(db_part_ptr + offs, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
+
+
+_layer_norm_gelu_fwd_tuned = triton.autotune(
+    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(_FWD_TILES)}
+)(_layer_norm_gelu_fwd_kernel)
+_layer_norm_gelu_bwd_tuned = triton.autotune(
+    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(_BWD_TILES)}
+)(_layer_norm_gelu_bwd_kernel)
+
+
+@triton.jit
+def _swish_dropout_residual_kernel(
+    x_ptr,  # (numel,) contiguous
+    res_ptr,  # (numel,) residual, dtype of x
+    y_ptr,  # (numel,) output
+    seed_ptr,  # (1,) int64 Philox seed (read only when HAS_DROPOUT)
+    numel,
+    dropout_p,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    y = x * tl.sigmoid(x)
+    if HAS_DROPOUT:
+        keep = tl.rand(tl.load(seed_ptr), offs) >= dropout_p
+        y = tl.where(keep, y / (1.0 - dropout_p), 0.0)
+    y += tl.load(res_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _swish_dropout_bwd_kernel(
+    dy_ptr,  # (numel,) upstream gradient
+    x_ptr,  # (numel,) forward input
+    dx_ptr,  # (numel,) output
+    seed_ptr,  # (1,) int64 Philox seed of the forward
+    numel,
+    dropout_p,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_DROPOUT:
+        keep = tl.rand(tl.load(seed_ptr), offs) >= dropout_p
+        g = tl.where(keep, g / (1.0 - dropout_p), 0.0)
+    s = tl.sigmoid(x)
+    # d(x·s)/dx = s + x·s·(1 - s)
+    tl.store(dx_ptr + offs, (g * s * (1.0 + x * (1.0 - s))).to(dx_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dropout_keep_kernel(
+    seed_ptr,  # (1,) int64 Philox seed
+    keep_ptr,  # (numel,) int8 output: 1 = kept
+    numel,
+    dropout_p,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    keep = tl.rand(tl.load(seed_ptr), offs) >= dropout_p
+    tl.store(keep_ptr + offs, keep.to(tl.int8), mask=offs < numel)
+
+
+# --- CSR softmax ----------------------------------------------------------------------------
+# Search space: BLOCK_L (columns per step) ∈ {16..256} and BLOCK_R (rows per program) so that
+# a tile has 1K or 2K elements, × num_warps ∈ {2, 4, 8, 16}; pruned by the mean row length
+# (the key: nnz // rows, known on the host without a sync) to BLOCK_L ∈ {p, 2p} with
+# p = next_pow2(mean length) clamped to [16, 256], and 8-16 elements per thread. Why: a step
+# as wide as a typical row reads it in one go (a narrower one loops, a wider one idles
+# lanes), and many rows per program amortise the crow loads and give enough bytes in flight.
+_CSR_CONFIGS = [
+    triton.Config({"BLOCK_R": t // bl, "BLOCK_L": bl}, num_warps=w)
+    for bl in (16, 32, 64, 128, 256) for t in (1024, 2048) for w in (2, 4, 8, 16)
+]
+
+
+def _csr_width(avg_len: int) -> int:
+    return min(256, max(16, triton.next_power_of_2(max(1, avg_len))))
+
+
+def _prune_csr(configs, named_args, **kwargs):
+    p = _csr_width(named_args["AVG_LEN"])
+    keep = [
+        c for c in configs
+        if c.kwargs["BLOCK_L"] in (p, min(256, 2 * p))
+        and _PER_THREAD[0] <= c.kwargs["BLOCK_R"] * c.kwargs["BLOCK_L"] / (32 * c.num_warps) <= _PER_THREAD[1]
+    ]
+    return keep or configs[:1]
+
+
+@triton.jit
+def _sparse_softmax_kernel(
+    values_ptr,  # (nnz,) stored values, float32/float16/bfloat16
+    crow_ptr,  # (rows + 1,) int32/int64 CSR row pointers
+    out_ptr,  # (nnz,) output, dtype of values
+    rows,
+    nnz,  # row ranges are clamped to [0, nnz]: a malformed crow never reads out of bounds
+    AVG_LEN,  # nnz // rows: the autotune key
+    BLOCK_R: tl.constexpr,  # rows per program
+    BLOCK_L: tl.constexpr,  # columns per step of the row loop
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < rows
+    start = tl.minimum(tl.load(crow_ptr + r, mask=r_ok, other=0).to(tl.int64), nnz)
+    end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
+    length = tl.maximum(end - start, 0)
+    max_len = tl.max(length, axis=0)
+    # pass 1: online max and sum of exp (rows still at max −inf contribute nothing)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for c0 in range(0, max_len, BLOCK_L):
+        cols = c0 + tl.arange(0, BLOCK_L)
+        mask = cols[None, :] < length[:, None]
+        v = tl.load(values_ptr + start[:, None] + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(v, axis=1))
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - ref) + tl.sum(tl.exp(v - ref[:, None]), axis=1)
+        m = m_new
+    # an all −inf (or empty) row: subtract 0, exp gives 0 and the row's outputs are 0
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    inv = tl.where(s > 0, 1.0 / tl.where(s > 0, s, 1.0), 0.0)
+    # pass 2: write (the values are read again, mostly from L2)
+    for c0 in range(0, max_len, BLOCK_L):
+        cols = c0 + tl.arange(0, BLOCK_L)
+        mask = cols[None, :] < length[:, None]
+        offs = start[:, None] + cols[None, :]
+        v = tl.load(values_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        y = tl.exp(v - ref[:, None]) * inv[:, None]
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sparse_softmax_bwd_kernel(
+    grad_ptr,  # (nnz,) upstream gradient
+    y_ptr,  # (nnz,) forward output
+    dx_ptr,  # (nnz,) output
+    crow_ptr,  # (rows + 1,) int32/int64
+    rows,
+    nnz,
+    AVG_LEN,  # nnz // rows: the autotune key
+    BLOCK_R: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < rows
+    start = tl.minimum(tl.load(crow_ptr + r, mask=r_ok, other=0).to(tl.int64), nnz)
+    end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
+    length = tl.maximum(end - start, 0)
+    max_len = tl.max(length, axis=0)
+    # pass 1: dot = Σ_row g·y
+    dot = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for c0 in range(0, max_len, BLOCK_L):
+        cols = c0 + tl.arange(0, BLOCK_L)
+        mask = cols[None, :] < length[:, None]
+        offs = start[:, None] + cols[None, :]
+        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dot += tl.sum(g * y, axis=1)
+    # pass 2: dx = y · (g - dot)
+    for c0 in range(0, max_len, BLOCK_L):
+        cols = c0 + tl.arange(0, BLOCK_L)
+        mask = cols[None, :] < length[:, None]
+        offs = start[:, None] + cols[None, :]
+        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, (y * (g - dot[:, None])).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+_sparse_softmax_tuned = triton.autotune(
+    configs=_CSR_CONFIGS, key=["AVG_LEN"], prune_configs_by={"early_config_prune": _prune_csr}
+)(_sparse_softmax_kernel)
+_sparse_softmax_bwd_tuned = triton.autotune(
+    configs=_CSR_CONFIGS, key=["AVG_LEN"], prune_configs_by={"early_config_prune": _prune_csr}
+)(_sparse_softmax_bwd_kernel)
+
+
+# --- launchers ------------------------------------------------------------------------------
+
+
+def _row_block_n(n: int, max_block_n: int | None) -> tuple[int, bool]:
+    cap = _MAX_BLOCK_N if max_block_n is None else max_block_n
+    block_n = triton.next_power_of_2(max(1, n))
+    return (block_n, True) if block_n <= cap else (cap, False)
+
+
+def _seed_arg(seed: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return like if seed is None else seed
+
+
+def layer_norm_gelu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str,
+    dropout_p: float = 0.0, seed: torch.Tensor | None = None, *,
+    block_m: int | None = None, num_warps: int | None = None, max_block_n: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm over the last dim, GELU, optional dropout, in one pass over ``x``.
+
+    Args:
+        x: ``(M, N)`` contiguous float32/float16/bfloat16.
+        weight, bias: ``(N,)`` contiguous.
+        eps: variance epsilon; approximate: ``"tanh"`` or ``"none"``.
+        dropout_p: drop probability in [0, 1), used when ``seed`` is given.
+        seed: ``(1,)`` int64 tensor on ``x``'s device (the Philox seed), or None for no dropout.
+        block_m, num_warps: a fixed config (bypasses autotuning; automatic under the interpreter).
+        max_block_n: widest single tile (default 8192); wider rows take the chunked path.
+    Returns:
+        ``(y (M, N) x.dtype, mean (M,) float32, rstd (M,) float32)``; no host synchronisation.
+    """
+    m_rows, n = x.shape
+    y = torch.empty_like(x)
+    mean = torch.empty(m_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(m_rows, dtype=torch.float32, device=x.device)
+    if m_rows == 0:
+        return y, mean, rstd
+    block_n, one_tile = _row_block_n(n, max_block_n)
+    args = (x, weight, bias, y, mean, rstd, _seed_arg(seed, x), m_rows, n, float(eps), float(dropout_p))
+    meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile, BLOCK_N=block_n)
+    if block_m is None and not _interpreting():
+        _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"]),)](*args, **meta)
+    else:
+        bm = block_m or min(_default_block_m(block_n, _FWD_TILES[1]), triton.next_power_of_2(m_rows))
+        _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, bm),)](
+            *args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n)
+        )
+    return y, mean, rstd
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # the interpreter: a few programs are enough to exercise the partial sums
+
+
+def layer_norm_gelu_backward(
+    grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+    mean: torch.Tensor, rstd: torch.Tensor, approximate: str,
+    dropout_p: float = 0.0, seed: torch.Tensor | None = None, *,
+    block_m: int | None = None, num_warps: int | None = None, max_block_n: int | None = None,
+    num_programs: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact gradients of ``layer_norm_gelu`` w.r.t. ``x``, ``weight`` and ``bias``.
+
+    Args:
+        grad_y: ``(M, N)`` contiguous, dtype of ``x``; x, weight, bias: as the forward.
+        mean, rstd: ``(M,)`` float32 from the forward; dropout_p, seed: the forward's.
+        block_m, num_warps, max_block_n: as the forward; num_programs: ``G`` (default: a few per SM).
+    Returns:
+        ``(dx (M, N), dweight (N,), dbias (N,))``. dweight/dbias are summed over rows in two
+        fixed-order stages (per-program partials, then a column sum): deterministic.
+        No host synchronisation.
+    """
+    m_rows, n = x.shape
+    dx = torch.empty_like(x)
+    dweight = torch.empty_like(weight)
+    dbias = torch.empty_like(bias)
+    block_n, one_tile = _row_block_n(n, max_block_n)
+    if num_programs is None:
+        num_programs = _num_sms(x.device) * (_BWD_PROGRAMS_PER_SM if x.device.type == "cuda" else 3)
+    rows_per_program = triton.cdiv(max(m_rows, 1), max(1, min(num_programs, m_rows)))
+    g = triton.cdiv(m_rows, rows_per_program)
+    dw_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
+    db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
+    if g:
+        args = (grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, dw_part, db_part,
+                m_rows, n, rows_per_program, float(dropout_p))
+        meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile, BLOCK_N=block_n)
+        if block_m is None and not _interpreting():
+            _layer_norm_gelu_bwd_tuned[(g,)](*args, **meta)
+        else:
+            bm = block_m or min(_default_block_m(block_n, _BWD_TILES[1]), triton.next_power_of_2(rows_per_program))
+            _layer_norm_gelu_bwd_kernel[(g,)](*args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n))
+    if n:
+        _column_sum_kernel[(triton.cdiv(n, _SUM_BLOCK_N),)](
+            dw_part, db_part, dweight, dbias, g, n, BLOCK_G=_SUM_BLOCK_G, BLOCK_N=_SUM_BLOCK_N
+        )
+    return dx, dweight, dbias
+
+
+def swish_dropout_residual(
+    x: torch.Tensor, residual: torch.Tensor, dropout_p: float, seed: torch.Tensor | None
+) -> torch.Tensor:
+    """``dropout(x·sigmoid(x)) + residual`` elementwise.
+
+    Args:
+        x, residual: contiguous, same shape and dtype (float32/float16/bfloat16).
+        dropout_p: in [0, 1); seed: ``(1,)`` int64 on x's device, or None for no dropout.
+    Returns:
+        a tensor like ``x``; one launch, no host synchronisation.
+    """
+    y = torch.empty_like(x)
+    numel = x.numel()
+    if numel:
+        _swish_dropout_residual_kernel[(triton.cdiv(numel, _ELEMENTWISE_BLOCK),)](
+            x, residual, y, _seed_arg(seed, x), numel, float(dropout_p),
+            HAS_DROPOUT=seed is not None, BLOCK=_ELEMENTWISE_BLOCK, num_warps=4,
+        )
+    return y
+
+
+def swish_dropout_backward(
+    grad: torch.Tensor, x: torch.Tensor, dropout_p: float, seed: torch.Tensor | None
+) -> torch.Tensor:
+    """Gradient of ``swish_dropout_residual`` w.r.t. ``x`` (the mask regenerated from ``seed``)."""
+    dx = torch.empty_like(x)
+    numel = x.numel()
+    if numel:
+        _swish_dropout_bwd_kernel[(triton.cdiv(numel, _ELEMENTWISE_BLOCK),)](
+            grad, x, dx, _seed_arg(seed, x), numel, float(dropout_p),
+            HAS_DROPOUT=seed is not None, BLOCK=_ELEMENTWISE_BLOCK, num_warps=4,
+        )
+    return dx
+
+
+def dropout_keep_mask(seed: torch.Tensor, shape, dropout_p: float) -> torch.Tensor:
+    """The keep-mask the fused kernels draw for an output of ``shape`` (bool, on seed's device).
+
+    Element ``i`` of the flattened output is kept when ``tl.rand(seed, i) >= dropout_p``.
+    Used by the tests to feed the reference the very mask of the kernels.
+    """
+    numel = math.prod(shape)
+    keep = torch.empty(numel, dtype=torch.int8, device=seed.device)
+    if numel:
+        _dropout_keep_kernel[(triton.cdiv(numel, _ELEMENTWISE_BLOCK),)](
+            seed, keep, numel, float(dropout_p), BLOCK=_ELEMENTWISE_BLOCK
+        )
+    return keep.view(shape).bool()
+
+
+def _csr_launch(tuned, kernel, args, rows, avg_len, block_r, block_l, num_warps):
+    if block_r is None and not _interpreting():
+        tuned[lambda c: (triton.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len)
+    else:
+        bl = block_l or _csr_width(avg_len)
+        br = block_r or max(1, min(1024 // bl, triton.next_power_of_2(rows)))
+        kernel[(triton.cdiv(rows, br),)](*args, avg_len, BLOCK_R=br, BLOCK_L=bl, num_warps=num_warps or 4)
+
+
+def sparse_softmax(
+    values: torch.Tensor, crow: torch.Tensor, *,
+    block_r: int | None = None, block_l: int | None = None, num_warps: int | None = None,
+) -> torch.Tensor:
+    """Softmax of each CSR row's stored values.
+
+    Args:
+        values: ``(nnz,)`` contiguous float32/float16/bfloat16.
+        crow: ``(rows + 1,)`` int32/int64 row pointers (not checked here: row ranges are clamped
+            to ``[0, nnz]`` so a malformed crow cannot read or write out of bounds).
+        block_r, block_l, num_warps: a fixed config (bypasses autotuning).
+    Returns:
+        ``(nnz,)`` like ``values``; empty rows write nothing, all −inf rows give 0. No host sync.
+    """
+    out = torch.empty_like(values)
+    rows, nnz = crow.numel() - 1, values.numel()
+    if rows > 0 and nnz > 0:
+        _csr_launch(_sparse_softmax_tuned, _sparse_softmax_kernel, (values, crow, out, rows, nnz),
+                    rows, _avg_len(nnz, rows), block_r, block_l, num_warps)
+    return out
+
+
+def sparse_softmax_backward(
+    grad: torch.Tensor, y: torch.Tensor, crow: torch.Tensor, *,
+    block_r: int | None = None, block_l: int | None = None, num_warps: int | None = None,
+) -> torch.Tensor:
+    """``dx = y·(g - Σ_row g·y)`` per CSR row; arguments as ``sparse_softmax`` (grad, y: ``(nnz,)``)."""
+    dx = torch.empty_like(y)
+    rows, nnz = crow.numel() - 1, y.numel()
+    if rows > 0 and nnz > 0:
+        _csr_launch(_sparse_softmax_bwd_tuned, _sparse_softmax_bwd_kernel, (grad, y, dx, crow, rows, nnz),
+                    rows, _avg_len(nnz, rows), block_r, block_l, num_warps)
+    return dx
+
+
+def _avg_len(nnz: int, rows: int) -> int:
+    # bucketed to a power of two, so nearby sizes share one autotuning result
+    return triton.next_power_of_2(max(1, nnz // max(rows, 1)))
