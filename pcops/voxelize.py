@@ -1,0 +1,340 @@
+"""Voxelization: hard (PointPillars/SECOND, capped, first come first served) and dynamic, plus
+per-voxel reduction of point features.
+
+Deterministic at hash-table speed: on the GPU an open-addressing hash table on the packed
+voxel key gives every occupied voxel its first point (``atomic_max`` on an encoded index);
+voxels are numbered in first-point order by a prefix sum over "first point of its voxel"
+flags (a single-pass decoupled look-back scan, segmented by sample), and each voxel keeps its
+``max_points_per_voxel`` lowest point indices through an atomic insertion cascade whose final
+state does not depend on the order of the atomics. Output is bit-identical to the CPU
+reference (``pcops/reference/voxelize.py``) and run to run.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from . import _checks
+from .reference import voxelize as _ref
+
+__all__ = ["voxelize", "dynamic_voxelize", "voxel_reduce", "Voxels", "DynamicVoxels"]
+
+_REDUCE = ("mean", "max", "sum")
+
+
+class Voxels(NamedTuple):
+    """Result of ``pcops.voxelize``.
+
+    Attributes:
+        voxels: ``(M, max_points_per_voxel, C)`` of ``points.dtype``: the points of each voxel in
+            point order, zero-padded after ``num_points``.
+        coords: ``(M, 4)`` int32 ``(batch, z, y, x)`` voxel indices (OpenPCDet's ``voxel_coords``).
+        num_points: ``(M,)`` int32, points stored per voxel (``1 .. max_points_per_voxel``).
+        point_to_voxel: ``(N,)`` int64 row of each point in ``voxels``; −1 when the point is out
+            of range or was dropped by a cap.
+        num_voxels: ``(B,)`` int64 voxels kept per sample (``M = num_voxels.sum()``).
+        num_dropped_points: ``(B,)`` int64 in-range points not stored (their voxel was dropped, or
+            the voxel already held ``max_points_per_voxel`` earlier points).
+        num_dropped_voxels: ``(B,)`` int64 occupied voxels dropped by ``max_voxels``.
+    """
+
+    voxels: torch.Tensor
+    coords: torch.Tensor
+    num_points: torch.Tensor
+    point_to_voxel: torch.Tensor
+    num_voxels: torch.Tensor
+    num_dropped_points: torch.Tensor
+    num_dropped_voxels: torch.Tensor
+
+
+class DynamicVoxels(NamedTuple):
+    """Result of ``pcops.dynamic_voxelize``.
+
+    Attributes:
+        point_to_voxel: ``(N,)`` int64 voxel row of each point, −1 out of range.
+        coords: ``(M, 4)`` int32 ``(batch, z, y, x)`` of the occupied voxels, in first-point order.
+        num_voxels: ``(B,)`` int64 occupied voxels per sample.
+    """
+
+    point_to_voxel: torch.Tensor
+    coords: torch.Tensor
+    num_voxels: torch.Tensor
+
+
+def _check_common(points, voxel_size, point_cloud_range, lengths):
+    _checks.check_tensor("points", points, dtypes=_checks.FLOAT_DTYPES, ndim=2, min_last_dim=3)
+    vs = _checks.check_floats("voxel_size", voxel_size, 3, positive=True)
+    pcr = _checks.check_floats("point_cloud_range", point_cloud_range, 6)
+    if not all(pcr[i] < pcr[i + 3] for i in range(3)):
+        raise ValueError(f"point_cloud_range: expected min < max on every axis, got {pcr}")
+    if not all(v == v and abs(v) != float("inf") for v in vs + pcr):
+        raise ValueError(f"voxel_size/point_cloud_range: expected finite values, got {vs}, {pcr}")
+    grid = _ref.grid_size(vs, pcr)
+    cells = grid[0] * grid[1] * grid[2]
+    if lengths is not None:
+        _checks.check_lengths("lengths", lengths, points.shape[0], points.device)
+    batch = 1 if lengths is None else max(lengths.numel(), 1)
+    if cells * batch >= 2**62:
+        raise ValueError(f"voxel_size: grid {grid} × batch {batch} is too large for an int64 voxel key")
+    return vs, pcr
+
+
+def voxelize(
+    points: torch.Tensor,
+    voxel_size: Sequence[float],
+    point_cloud_range: Sequence[float],
+    max_points_per_voxel: int,
+    max_voxels: int,
+    lengths: torch.Tensor | None = None,
+    *,
+    pad_to_max: bool = False,
+) -> Voxels:
+    """Hard voxelization, first come first served (PointPillars, Lang et al. 2019; SECOND, Yan et al. 2018).
+
+    Args:
+        points: ``(N, C ≥ 3)`` float32/float16/bfloat16/float64, ``x, y, z`` in metres then any
+            features (all ``C`` channels are copied into ``voxels``).
+        voxel_size: ``(vx, vy, vz)`` metres, each > 0.
+        point_cloud_range: ``(x_min, y_min, z_min, x_max, y_max, z_max)`` metres, min < max. The
+            grid is ``round((max - min) / voxel_size)`` cells per axis (as spconv and mmcv).
+        max_points_per_voxel: ≥ 1; a voxel keeps its first points in point order.
+        max_voxels: ≥ 1, **per sample**; the first voxels (by their first point) are kept.
+        lengths: optional ``(B,)`` int32/int64 on the points' device: the points are a packed batch,
+            sample ``b`` being the contiguous run of ``lengths[b]`` points. On the CPU the sum
+            must be ``N`` (``ValueError``); on CUDA it is not checked (that would need a host
+            sync): points past the sum are treated as out of range. ``None``: one sample.
+        pad_to_max: the fixed-capacity form for CUDA-graph capture / ``torch.compile`` with
+            static shapes: ``voxels``, ``coords`` and ``num_points`` get ``B * max_voxels`` rows;
+            the ``M = num_voxels.sum()`` real rows come first, in the same order as the
+            variable-size form (``out.voxels[:M]`` equals it), then padding rows with
+            ``voxels`` 0, ``coords`` −1 (all four) and ``num_points`` 0. No host sync.
+
+    Returns:
+        ``Voxels(voxels, coords, num_points, point_to_voxel, num_voxels, num_dropped_points,
+        num_dropped_voxels)`` (see ``Voxels``). Rows are ordered by the first in-range point of
+        each voxel, so batch-major (``coords[:, 0]`` non-decreasing).
+
+    Semantics (identical on every device, and to spconv's CPU voxelizer / mmcv's deterministic
+    mode): a point is in range iff ``range_min <= p < range_max`` (x, y, z, compared in
+    float32) and its cell ``floor((p - range_min) / voxel_size)`` (float32, IEEE division)
+    satisfies ``0 <= cell < grid``. NaN or ±inf coordinates are out of range. fp16/bf16 (and
+    float64) coordinates are converted to float32 for these computations.
+
+    Overflow is never silent: ``num_dropped_points`` / ``num_dropped_voxels`` count what the caps
+    dropped (tensors: reading them is the caller's choice of host sync), and dropped points have
+    ``point_to_voxel == -1``.
+
+    Determinism and syncs: bit-identical output run to run and between the CPU reference and
+    the GPU path. The variable-size form syncs the host once (to learn ``M``); with
+    ``pad_to_max=True`` there is no host sync. GPU: one fill plus 2 Triton launches.
+    """
+    vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths)
+    max_points_per_voxel = _checks.check_int("max_points_per_voxel", max_points_per_voxel, min_value=1)
+    max_voxels = _checks.check_int("max_voxels", max_voxels, min_value=1)
+    if not isinstance(pad_to_max, bool):
+        raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
+    if lengths is not None and lengths.numel() == 0:
+        raise ValueError("lengths: expected at least one sample, got an empty tensor")
+    out = torch.ops.pcops.voxelize(
+        points.contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max
+    )
+    return Voxels(*out)
+
+
+def dynamic_voxelize(
+    points: torch.Tensor,
+    voxel_size: Sequence[float],
+    point_cloud_range: Sequence[float],
+    lengths: torch.Tensor | None = None,
+    *,
+    pad_to_max: bool = False,
+) -> DynamicVoxels:
+    """Dynamic voxelization (MVF, Zhou et al. 2019): the voxel of every point, no caps, nothing dropped.
+
+    Args and in-range semantics as ``pcops.voxelize`` (no caps).
+
+    Returns:
+        ``DynamicVoxels(point_to_voxel (N,) int64, coords (M, 4) int32, num_voxels (B,) int64)``:
+        voxel rows numbered in first-point order (batch-major), ``point_to_voxel`` −1 for
+        points out of range. With ``pad_to_max=True`` ``coords`` has ``N`` rows (rows ≥ M are
+        −1) and there is no host sync; otherwise one host sync learns ``M``.
+        Feed ``point_to_voxel`` and ``M`` to ``pcops.voxel_reduce`` for per-voxel features.
+    """
+    vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths)
+    if not isinstance(pad_to_max, bool):
+        raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
+    if lengths is not None and lengths.numel() == 0:
+        raise ValueError("lengths: expected at least one sample, got an empty tensor")
+    out = torch.ops.pcops.dynamic_voxelize(points.contiguous(), lengths, list(vs), list(pcr), pad_to_max)
+    return DynamicVoxels(*out)
+
+
+def voxel_reduce(
+    features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str = "mean"
+) -> torch.Tensor:
+    """Reduce point features per voxel (dynamic voxel feature encoders, e.g. DV-SECOND / MVF).
+
+    Args:
+        features: ``(N, F)`` float, one row per point.
+        point_to_voxel: ``(N,)`` int64 (int32 accepted) voxel row of each point in ``[0, M)``, −1 to
+            ignore the point (as returned by ``pcops.voxelize`` / ``pcops.dynamic_voxelize``).
+        num_voxels: ``M`` ≥ 0, the number of output rows (an int; e.g. ``coords.shape[0]``).
+        reduce: ``"mean"`` (default), ``"max"`` or ``"sum"``.
+
+    Returns:
+        ``(M, F)`` of ``features.dtype``; empty voxels give 0. fp16/bf16 sums accumulate in float32.
+
+    Gradient w.r.t. ``features``: ``sum`` passes the voxel's gradient to each of its points,
+    ``mean`` divides it by the voxel's point count, ``max`` sends it to the point holding the
+    maximum only, the **lowest point index** among ties (per feature column).
+
+    Determinism: ``max`` is exact on every device. ``sum``/``mean`` add in point order on the CPU;
+    on CUDA they use atomic adds (``index_add_``), so float results can differ in the last bits
+    run to run. Indices ≥ M are not checked on CUDA (the CPU path raises).
+    """
+    _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
+    _checks.check_tensor("point_to_voxel", point_to_voxel, dtypes=_checks.INT_DTYPES, ndim=1)
+    _checks.check_same_device(features=features, point_to_voxel=point_to_voxel)
+    if point_to_voxel.shape[0] != features.shape[0]:
+        raise ValueError(
+            f"point_to_voxel: expected {features.shape[0]} entries (one per row of features), "
+            f"got {point_to_voxel.shape[0]}"
+        )
+    num_voxels = _checks.check_int("num_voxels", num_voxels, min_value=0)
+    if reduce not in _REDUCE:
+        raise ValueError(f"reduce: expected one of {_REDUCE}, got {reduce!r}")
+    p2v = point_to_voxel.long().contiguous()
+    if p2v.device.type == "cpu" and p2v.numel() and bool((p2v >= num_voxels).any()):
+        raise ValueError(f"point_to_voxel: entries must be < num_voxels={num_voxels} (or -1)")
+    out, _ = torch.ops.pcops.voxel_reduce(features.contiguous(), p2v, num_voxels, reduce)
+    return out
+
+
+# --- registration ----------------------------------------------------------------------------
+
+
+@torch.library.custom_op("pcops::voxelize", mutates_args=(), device_types="cpu")
+def _voxelize(
+    points: torch.Tensor,
+    lengths: torch.Tensor | None,
+    voxel_size: list[float],
+    point_cloud_range: list[float],
+    max_points_per_voxel: int,
+    max_voxels: int,
+    pad_to_max: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max)
+
+
+@_voxelize.register_kernel("cuda")
+def _voxelize_cuda(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max):
+    from .triton import voxelize as impl
+
+    return impl.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max)
+
+
+@_voxelize.register_fake
+def _voxelize_fake(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max):
+    torch._check(points.dim() == 2 and points.shape[1] >= 3, lambda: "points: expected shape (N, C >= 3)")
+    torch._check(len(voxel_size) == 3, lambda: "voxel_size: expected 3 values")
+    torch._check(len(point_cloud_range) == 6, lambda: "point_cloud_range: expected 6 values")
+    batch = 1 if lengths is None else lengths.shape[0]
+    if pad_to_max:
+        m = batch * max_voxels
+    else:
+        m = torch.library.get_ctx().new_dynamic_size()
+    n, c = points.shape
+    i64 = dict(dtype=torch.int64)
+    return (
+        points.new_empty((m, max_points_per_voxel, c)),
+        points.new_empty((m, 4), dtype=torch.int32),
+        points.new_empty((m,), dtype=torch.int32),
+        points.new_empty((n,), **i64),
+        points.new_empty((batch,), **i64),
+        points.new_empty((batch,), **i64),
+        points.new_empty((batch,), **i64),
+    )
+
+
+@torch.library.custom_op("pcops::dynamic_voxelize", mutates_args=(), device_types="cpu")
+def _dynamic_voxelize(
+    points: torch.Tensor,
+    lengths: torch.Tensor | None,
+    voxel_size: list[float],
+    point_cloud_range: list[float],
+    pad_to_max: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
+
+
+@_dynamic_voxelize.register_kernel("cuda")
+def _dynamic_voxelize_cuda(points, lengths, voxel_size, point_cloud_range, pad_to_max):
+    from .triton import voxelize as impl
+
+    return impl.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
+
+
+@_dynamic_voxelize.register_fake
+def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_to_max):
+    torch._check(points.dim() == 2 and points.shape[1] >= 3, lambda: "points: expected shape (N, C >= 3)")
+    n = points.shape[0]
+    m = n if pad_to_max else torch.library.get_ctx().new_dynamic_size()
+    batch = 1 if lengths is None else lengths.shape[0]
+    return (
+        points.new_empty((n,), dtype=torch.int64),
+        points.new_empty((m, 4), dtype=torch.int32),
+        points.new_empty((batch,), dtype=torch.int64),
+    )
+
+
+@torch.library.custom_op("pcops::voxel_reduce", mutates_args=(), device_types=("cpu", "cuda"))
+def _voxel_reduce(
+    features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _ref.voxel_reduce(features, point_to_voxel, num_voxels, reduce)
+
+
+@_voxel_reduce.register_fake
+def _voxel_reduce_fake(features, point_to_voxel, num_voxels, reduce):
+    torch._check(features.dim() == 2, lambda: "features: expected a 2-D tensor")
+    torch._check(point_to_voxel.shape[0] == features.shape[0], lambda: "point_to_voxel: one entry per point")
+    arg_rows = num_voxels if reduce == "max" else 0
+    return (
+        features.new_empty((num_voxels, features.shape[1])),
+        features.new_empty((arg_rows, features.shape[1]), dtype=torch.int64),
+    )
+
+
+@torch.library.custom_op("pcops::voxel_reduce_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def _voxel_reduce_backward(
+    grad_out: torch.Tensor, point_to_voxel: torch.Tensor, arg: torch.Tensor, num_points: int, reduce: str
+) -> torch.Tensor:
+    return _ref.voxel_reduce_backward(
+        grad_out, (num_points, grad_out.shape[1]), point_to_voxel, arg, reduce, grad_out.shape[0]
+    )
+
+
+@_voxel_reduce_backward.register_fake
+def _voxel_reduce_backward_fake(grad_out, point_to_voxel, arg, num_points, reduce):
+    return grad_out.new_empty((num_points, grad_out.shape[1]))
+
+
+def _reduce_setup_context(ctx, inputs, output):
+    features, point_to_voxel, num_voxels, reduce = inputs
+    _, arg = output
+    ctx.save_for_backward(point_to_voxel, arg)
+    ctx.reduce = reduce
+    ctx.num_points = features.shape[0]
+    ctx.mark_non_differentiable(arg)
+
+
+def _reduce_backward(ctx, grad_out, _grad_arg):
+    point_to_voxel, arg = ctx.saved_tensors
+    grad = torch.ops.pcops.voxel_reduce_backward(
+        grad_out.contiguous(), point_to_voxel, arg, ctx.num_points, ctx.reduce
+    )
+    return grad, None, None, None
+
+
+_voxel_reduce.register_autograd(_reduce_backward, setup_context=_reduce_setup_context)
