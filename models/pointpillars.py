@@ -701,10 +701,16 @@ class PointPillars(nn.Module):
         heading = box_coder.apply_direction(boxes[..., 6], dir_logits, cfg.dir_offset, cfg.dir_limit_offset, nb)
         boxes = torch.cat([boxes[..., :6], heading.unsqueeze(-1)], dim=-1)
         kmax = cfg.nms_post_max_size
+        # below-threshold boxes get a NaN score: pcops.nms_bev never keeps them, and they never suppress
+        above = top_scores >= cfg.score_thresh
+        nms_scores = top_scores.where(above, float("nan"))
         out_boxes, out_scores, out_labels, out_count = [], [], [], []
         for b in range(bsz):
-            idx, _ = pcops.nms_bev(boxes[b], top_scores[b], cfg.nms_thresh, post_max_size=kmax, padded=True)
-            idx = idx.long()
+            bx, sc_b = boxes[b], nms_scores[b]
+            if not dense.is_cuda:  # the CPU NMS is quadratic: drop the invalid tail first (a sync is free here)
+                n_valid = int(above[b].sum())
+                bx, sc_b = bx[:n_valid], sc_b[:n_valid]
+            idx, _ = pcops.nms_bev(bx, sc_b, cfg.nms_thresh, post_max_size=kmax, padded=True)
             kept = idx >= 0
             safe = idx.clamp(min=0)
             sc = top_scores[b][safe]
