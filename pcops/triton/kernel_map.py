@@ -1,0 +1,444 @@
+"""Triton kernels for sparse-convolution kernel maps on a GPU hash table.
+
+Keys: a voxel's linear index ``((b * D + z) * H + y) * W + x`` (int64). Tables: open
+addressing with linear probing in power-of-two int64 arrays (load ≤ 1/2), slot = bits
+``[32 - log2(cap), 32)`` of ``(key ^ key >> 29) * 0x7FEB352D`` (multiplicative hashing keeps
+neighbouring keys apart). The input table stores *row indices* (claimed with ``atomic_cas``
+from −1; the key is re-read from ``coords``), so one int64 fill initialises it; duplicates
+keep the lowest row (``atomic_min``), so lookups are deterministic. The output table (regular
+and transposed conv) stores candidate output *keys*; each program appends the keys it newly
+claimed to a list at a position from one ``atomic_add`` per probe round, and the list is then
+sorted (``torch.sort``), which makes the output order deterministic whatever the atomics did.
+
+Launches: submanifold = fill, insert, lookup, scan, [sync P], compact (5); regular/transposed
+= fill, insert (inputs + candidates), [sync M], ``torch.sort``, lookup, scan, [sync P],
+compact (5 + the sort's). The pairs layout is written from the out-in table: the lookup pass
+counts hits per (offset, block), a one-program scan turns the counts into positions, and the
+compaction pass ranks hits inside each block (``tl.cumsum``), so pairs within an offset are in
+ascending output order with no atomics.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# (row, offset) lanes per program in the 2-D passes (128 rows × 32 offsets for 3×3×3)
+_TILE = 4096
+# elements per step of the one-program scan over the (offset, block) counts
+_SCAN_BLOCK = 2048
+_NUM_WARPS = 8
+# the hash tables hold at least this many slots
+_MIN_CAPACITY = 16
+
+
+@triton.jit
+def _slot(key, log_cap, cap):
+    # multiplicative hash: bits [32 - log_cap, 32) of the (wrapping) product; the xor folds
+    # high key bits (batch, z) into the low 32 that the product window sees
+    h = (key ^ (key >> 29)) * 0x7FEB352D
+    return ((h >> (32 - log_cap)) & (cap - 1)).to(tl.int32)
+
+
+@triton.jit
+def _any2d(mask):
+    return tl.max(tl.max(mask.to(tl.int32), axis=1), axis=0) > 0
+
+
+@triton.jit
+def _row_key(coords_ptr, row, mask, D, H, W):
+    # linear key of input rows ``row`` (int64), re-read from coords
+    b = tl.load(coords_ptr + row * 4 + 0, mask=mask, other=0).to(tl.int64)
+    z = tl.load(coords_ptr + row * 4 + 1, mask=mask, other=0)
+    y = tl.load(coords_ptr + row * 4 + 2, mask=mask, other=0)
+    x = tl.load(coords_ptr + row * 4 + 3, mask=mask, other=0)
+    return ((b * D + z) * H + y) * W + x
+
+
+@triton.jit
+def _kmap_insert_kernel(
+    coords_ptr,  # (N, 4) int32 (batch, z, y, x) input voxels
+    table_ptr,  # (cap_in + cap_out + 1,) int64, -1 = empty: input table | output table | counter
+    out_keys_ptr,  # (bound,) int64 out: distinct candidate output keys, unordered (GEN)
+    out_coords_ptr,  # (N, 4) int32 out: a copy of coords (COPY: submanifold)
+    n,  # N
+    D, H, W,  # input grid
+    cap_in, log_in,  # input table slots (power of two) and log2
+    cap_out, log_out,  # output table slots and log2 (GEN)
+    Do, Ho, Wo,  # output grid (GEN)
+    K, Ky, Kx,  # kernel volume and sizes
+    sz, sy, sx, pz, py, px, dz, dy, dx,  # stride, padding, dilation
+    GEN: tl.constexpr,  # generate candidate outputs (regular / transposed conv)
+    TRANSPOSED: tl.constexpr,
+    COPY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KPAD: tl.constexpr,  # next power of two ≥ K
+):
+    pid = tl.program_id(0)
+    r = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = r < n
+    b = tl.load(coords_ptr + r * 4 + 0, mask=live, other=-1)
+    z = tl.load(coords_ptr + r * 4 + 1, mask=live, other=-1)
+    y = tl.load(coords_ptr + r * 4 + 2, mask=live, other=-1)
+    x = tl.load(coords_ptr + r * 4 + 3, mask=live, other=-1)
+    if COPY:
+        tl.store(out_coords_ptr + r * 4 + 0, b, mask=live)
+        tl.store(out_coords_ptr + r * 4 + 1, z, mask=live)
+        tl.store(out_coords_ptr + r * 4 + 2, y, mask=live)
+        tl.store(out_coords_ptr + r * 4 + 3, x, mask=live)
+    # out-of-grid voxels are never inserted, so they are never found as inputs
+    inside = live & (b >= 0) & (z >= 0) & (z < D) & (y >= 0) & (y < H) & (x >= 0) & (x < W)
+    b64 = b.to(tl.int64)
+    key = ((b64 * D + z) * H + y) * W + x
+    row = r.to(tl.int64)
+
+    # 1) insert the row index; the key of an occupied slot is re-read from coords
+    slot = _slot(key, log_in, cap_in)
+    active = inside
+    while tl.max(active.to(tl.int32), axis=0) > 0:
+        # atomic_cas has no mask: idle lanes compare against -2, which no slot ever holds
+        old = tl.atomic_cas(table_ptr + tl.where(active, slot, 0), tl.where(active, -1, -2).to(tl.int64), row)
+        occupied = active & (old >= 0)
+        same = occupied & (_row_key(coords_ptr, old, occupied, D, H, W) == key)
+        # a duplicate voxel: the lowest row wins, whatever order the atomics ran in
+        tl.atomic_min(table_ptr + slot, row, mask=same)
+        active = occupied & ~same
+        slot = tl.where(active, (slot + 1) & (cap_in - 1), slot)
+
+    # 2) candidate outputs of every (input, offset), deduplicated in the output table
+    if GEN:
+        rk = tl.arange(0, KPAD)
+        kx = rk % Kx
+        ky = (rk // Kx) % Ky
+        kz = rk // (Kx * Ky)
+        cand = inside[:, None] & (rk < K)[None, :]
+        if TRANSPOSED:
+            # o = i * s - p + k * d
+            oz = z[:, None] * sz - pz + kz[None, :] * dz
+            oy = y[:, None] * sy - py + ky[None, :] * dy
+            ox = x[:, None] * sx - px + kx[None, :] * dx
+        else:
+            # o * s = i + p - k * d must divide (checked on non-negative numerators only, where
+            # C and Python division agree)
+            nz = z[:, None] + pz - kz[None, :] * dz
+            ny = y[:, None] + py - ky[None, :] * dy
+            nx = x[:, None] + px - kx[None, :] * dx
+            cand = cand & (nz >= 0) & (ny >= 0) & (nx >= 0)
+            nz = tl.where(cand, nz, 0)
+            ny = tl.where(cand, ny, 0)
+            nx = tl.where(cand, nx, 0)
+            cand = cand & (nz % sz == 0) & (ny % sy == 0) & (nx % sx == 0)
+            oz = nz // sz
+            oy = ny // sy
+            ox = nx // sx
+        cand = cand & (oz >= 0) & (oz < Do) & (oy >= 0) & (oy < Ho) & (ox >= 0) & (ox < Wo)
+        okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
+        oslot = _slot(okey, log_out, cap_out)
+        active2 = cand
+        counter_ptr = table_ptr + cap_in + cap_out
+        while _any2d(active2):
+            old = tl.atomic_cas(
+                table_ptr + cap_in + tl.where(active2, oslot, 0), tl.where(active2, -1, -2).to(tl.int64), okey
+            )
+            claimed = active2 & (old == -1)
+            # one atomic per round: rank the claimed lanes in row-major order inside the tile
+            c = claimed.to(tl.int32)
+            row_tot = tl.sum(c, axis=1)
+            rank = (tl.cumsum(row_tot, axis=0) - row_tot)[:, None] + tl.cumsum(c, axis=1) - c
+            total = tl.sum(row_tot, axis=0)
+            start = tl.atomic_add(counter_ptr, total.to(tl.int64)) + 1  # the counter starts at -1
+            tl.store(out_keys_ptr + start + rank, okey, mask=claimed)
+            active2 = active2 & ~claimed & (old != okey)
+            oslot = tl.where(active2, (oslot + 1) & (cap_out - 1), oslot)
+
+
+@triton.jit
+def _kmap_lookup_kernel(
+    coords_ptr,  # (N, 4) int32 input voxels
+    table_ptr,  # (cap_in,) int64 input table: row index or -1
+    keys_ptr,  # (M,) int64 sorted output keys (FROM_KEYS)
+    out_coords_ptr,  # (M, 4) int32 out: decoded output voxels (FROM_KEYS)
+    out_in_ptr,  # (M, K) int32 out: input row per (output, offset), -1 for none
+    counts_ptr,  # (K, nb) int32 out: hits per offset and block of BLOCK_M outputs
+    m_total,  # M
+    nb,  # number of programs (blocks of outputs)
+    D, H, W,  # input grid
+    cap_in, log_in,
+    Do, Ho, Wo,  # output grid (FROM_KEYS decoding)
+    K, Ky, Kx,
+    sz, sy, sx, pz, py, px, dz, dy, dx,
+    FROM_KEYS: tl.constexpr,  # outputs are sorted keys (regular/transposed) or coords (submanifold)
+    TRANSPOSED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    KPAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = m < m_total
+    if FROM_KEYS:
+        okey = tl.load(keys_ptr + m, mask=live, other=0)
+        ox = okey % Wo
+        t = okey // Wo
+        oy = t % Ho
+        t = t // Ho
+        oz = t % Do
+        b = t // Do
+        tl.store(out_coords_ptr + m * 4 + 0, b.to(tl.int32), mask=live)
+        tl.store(out_coords_ptr + m * 4 + 1, oz.to(tl.int32), mask=live)
+        tl.store(out_coords_ptr + m * 4 + 2, oy.to(tl.int32), mask=live)
+        tl.store(out_coords_ptr + m * 4 + 3, ox.to(tl.int32), mask=live)
+    else:
+        b = tl.load(coords_ptr + m * 4 + 0, mask=live, other=-1).to(tl.int64)
+        oz = tl.load(coords_ptr + m * 4 + 1, mask=live, other=0).to(tl.int64)
+        oy = tl.load(coords_ptr + m * 4 + 2, mask=live, other=0).to(tl.int64)
+        ox = tl.load(coords_ptr + m * 4 + 3, mask=live, other=0).to(tl.int64)
+    rk = tl.arange(0, KPAD)
+    k_live = rk < K
+    kx = rk % Kx
+    ky = (rk // Kx) % Ky
+    kz = rk // (Kx * Ky)
+    valid = (live & (b >= 0))[:, None] & k_live[None, :]
+    if TRANSPOSED:
+        # i = (o + p - k * d) / s when it divides (non-negative numerators only)
+        nz = oz[:, None] + pz - kz[None, :] * dz
+        ny = oy[:, None] + py - ky[None, :] * dy
+        nx = ox[:, None] + px - kx[None, :] * dx
+        valid = valid & (nz >= 0) & (ny >= 0) & (nx >= 0)
+        nz = tl.where(valid, nz, 0)
+        ny = tl.where(valid, ny, 0)
+        nx = tl.where(valid, nx, 0)
+        valid = valid & (nz % sz == 0) & (ny % sy == 0) & (nx % sx == 0)
+        iz = nz // sz
+        iy = ny // sy
+        ix = nx // sx
+    else:
+        # i = o * s - p + k * d (submanifold: s = 1, p = the centred padding)
+        iz = oz[:, None] * sz - pz + kz[None, :] * dz
+        iy = oy[:, None] * sy - py + ky[None, :] * dy
+        ix = ox[:, None] * sx - px + kx[None, :] * dx
+    valid = valid & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+    key = ((b[:, None] * D + iz) * H + iy) * W + ix
+
+    # probe until the key or an empty slot: the table's rows are re-keyed from coords
+    slot = _slot(key, log_in, cap_in)
+    found = tl.full((BLOCK_M, KPAD), -1, tl.int64)
+    active = valid
+    while _any2d(active):
+        e = tl.load(table_ptr + slot, mask=active, other=-1)
+        occupied = active & (e >= 0)
+        hit = occupied & (_row_key(coords_ptr, e, occupied, D, H, W) == key)
+        found = tl.where(hit, e, found)
+        active = occupied & ~hit
+        slot = tl.where(active, (slot + 1) & (cap_in - 1), slot)
+
+    out_mask = live[:, None] & k_live[None, :]
+    tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
+    cnt = tl.sum((found >= 0).to(tl.int32), axis=0)
+    tl.store(counts_ptr + rk * nb + pid, cnt, mask=k_live)
+
+
+@triton.jit
+def _kmap_count_kernel(
+    out_in_ptr,  # (M, K) int32
+    counts_ptr,  # (K, nb) int32 out: entries >= 0 per offset and block
+    m_total, nb, K,
+    BLOCK_M: tl.constexpr,
+    KPAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, KPAD)
+    mask = (m < m_total)[:, None] & (rk < K)[None, :]
+    v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
+    tl.store(counts_ptr + rk * nb + pid, tl.sum((v >= 0).to(tl.int32), axis=0), mask=rk < K)
+
+
+@triton.jit
+def _kmap_scan_kernel(
+    counts_ptr,  # (K * nb,) int32: hits of block b for offset k at [k * nb + b]
+    base_ptr,  # (K * nb,) int32 out: first pair position of (k, b) (exclusive scan)
+    offsets_ptr,  # (K + 1,) int32 out: first pair of offset k; offsets[K] = P
+    nb, K,
+    BLOCK: tl.constexpr,
+):
+    # one program: the (offset, block) order is exactly the pair order, so one running
+    # exclusive scan gives every block's first position and every offset's start
+    total = nb * K
+    carry = tl.zeros([1], dtype=tl.int32)
+    for start in range(0, total, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        live = j < total
+        c = tl.load(counts_ptr + j, mask=live, other=0)
+        excl = tl.cumsum(c, axis=0) - c + carry
+        tl.store(base_ptr + j, excl, mask=live)
+        k = j // nb
+        tl.store(offsets_ptr + k, excl, mask=live & (j - k * nb == 0))
+        carry += tl.sum(c, axis=0)
+    tl.store(offsets_ptr + K + tl.arange(0, 1), carry)
+
+
+@triton.jit
+def _kmap_compact_kernel(
+    out_in_ptr,  # (M, K) int32
+    base_ptr,  # (K * nb,) int32 first pair position of (offset, block)
+    pair_in_ptr,  # (P,) int32 out
+    pair_out_ptr,  # (P,) int32 out
+    m_total, nb, K,
+    BLOCK_M: tl.constexpr,
+    KPAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, KPAD)
+    k_live = rk < K
+    mask = (m < m_total)[:, None] & k_live[None, :]
+    v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
+    hit = (v >= 0).to(tl.int32)
+    # stable: rank among this block's hits of the same offset, in output order
+    rank = tl.cumsum(hit, axis=0) - hit
+    base = tl.load(base_ptr + rk * nb + pid, mask=k_live, other=0)
+    pos = base[None, :] + rank
+    tl.store(pair_in_ptr + pos, v, mask=hit > 0)
+    tl.store(pair_out_ptr + pos, (m[:, None] + rk[None, :] * 0).to(tl.int32), mask=hit > 0)
+
+
+# --- launchers ------------------------------------------------------------------------------
+
+
+def _tile(num_k: int) -> tuple[int, int]:
+    """``(rows per program, padded offsets)`` for the 2-D passes."""
+    kpad = max(2, triton.next_power_of_2(num_k))
+    return max(2, _TILE // kpad), kpad
+
+
+def _capacity(count: int) -> tuple[int, int]:
+    """Power-of-two table size ≥ 2 × count (load ≤ 1/2) and its log2."""
+    cap = max(_MIN_CAPACITY, triton.next_power_of_2(2 * max(1, count)))
+    return cap, cap.bit_length() - 1
+
+
+def max_outputs_per_input(kernel_size, stride, dilation, transposed: bool) -> int:
+    """How many distinct outputs one input voxel can reach (bounds the output table)."""
+    if transposed:
+        return math.prod(kernel_size)
+    bound = 1
+    for k, s, d in zip(kernel_size, stride, dilation):
+        # offsets whose k * d share a residue mod s reach the same kind of output
+        per_residue = [0] * s
+        for kk in range(k):
+            per_residue[(kk * d) % s] += 1
+        bound *= max(per_residue)
+    return bound
+
+
+def _pairs(out_in: torch.Tensor, counts: torch.Tensor, nb: int, block_m: int, kpad: int):
+    """Scan + compaction from the out-in table and its per-(offset, block) counts; syncs once for P."""
+    num_out, num_k = out_in.shape
+    dev = out_in.device
+    offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
+    base = torch.empty(num_k * nb, dtype=torch.int32, device=dev)
+    _kmap_scan_kernel[(1,)](counts, base, offsets, nb, num_k, BLOCK=_SCAN_BLOCK, num_warps=_NUM_WARPS)
+    num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size
+    pair_in = torch.empty(num_pairs, dtype=torch.int32, device=dev)
+    pair_out = torch.empty(num_pairs, dtype=torch.int32, device=dev)
+    if num_pairs:
+        _kmap_compact_kernel[(nb,)](
+            out_in, base, pair_in, pair_out, num_out, nb, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS
+        )
+    return pair_in, pair_out, offsets
+
+
+def pairs_from_table(out_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs layout of an out-in table.
+
+    Args:
+        out_in: ``(M, K)`` int32 contiguous, −1 for no input.
+    Returns:
+        ``pair_in, pair_out (P,)`` int32 grouped by offset, ascending output within an offset,
+        and ``offsets (K+1,)`` int32. 3 launches (count, scan, compact), one host sync (P).
+    """
+    num_out, num_k = out_in.shape
+    dev = out_in.device
+    if num_out == 0:
+        empty = torch.empty(0, dtype=torch.int32, device=dev)
+        return empty, empty.clone(), torch.zeros(num_k + 1, dtype=torch.int32, device=dev)
+    block_m, kpad = _tile(num_k)
+    nb = triton.cdiv(num_out, block_m)
+    counts = torch.empty(num_k * nb, dtype=torch.int32, device=dev)
+    _kmap_count_kernel[(nb,)](out_in, counts, num_out, nb, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
+    return _pairs(out_in, counts, nb, block_m, kpad)
+
+
+def sparse_conv_kernel_map(
+    coords: torch.Tensor,
+    in_shape,
+    out_shape,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    subm: bool,
+    transposed: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Kernel map on the GPU (or on CPU tensors under the Triton interpreter).
+
+    Args:
+        coords: ``(N, 4)`` int32 contiguous ``(batch, z, y, x)``; out-of-grid rows are never
+            inputs; duplicates: the lowest row is the input found.
+        in_shape, out_shape: ``(D, H, W)`` grids; kernel_size, stride, padding, dilation: 3-lists
+            (submanifold: stride 1 and the centred padding, as the public function passes).
+    Returns:
+        ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
+        int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``. Host syncs: M
+        (regular/transposed) and P.
+    """
+    dev = coords.device
+    n = coords.shape[0]
+    num_k = math.prod(kernel_size)
+    D, H, W = in_shape
+    Do, Ho, Wo = out_shape
+    kz_, ky_, kx_ = kernel_size
+    geometry = (num_k, ky_, kx_, *stride, *padding, *dilation)
+    block, kpad = _tile(num_k)
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.int32, device=dev)
+        return (torch.empty((0, 4), dtype=torch.int32, device=dev), empty, empty.clone(),
+                torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
+                torch.empty((0, num_k), dtype=torch.int32, device=dev))
+    cap_in, log_in = _capacity(n)
+    if subm:
+        bound, cap_out, log_out = 0, 0, 0
+    else:
+        bound = n * max_outputs_per_input(kernel_size, stride, dilation, transposed)
+        cap_out, log_out = _capacity(bound)
+    if cap_in + cap_out >= 2**31:
+        raise ValueError(f"coords: {n} voxels need hash tables of {cap_in + cap_out} slots (limit 2^31)")
+    table = torch.full((cap_in + cap_out + 1,), -1, dtype=torch.int64, device=dev)  # launch 1
+    out_keys = torch.empty(bound, dtype=torch.int64, device=dev)
+    out_coords = torch.empty((n, 4) if subm else (0, 4), dtype=torch.int32, device=dev)
+    _kmap_insert_kernel[(triton.cdiv(n, block),)](  # launch 2
+        coords, table, out_keys, out_coords, n, D, H, W, cap_in, log_in, max(cap_out, 1), log_out,
+        Do, Ho, Wo, *geometry,
+        GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block, KPAD=kpad, num_warps=_NUM_WARPS,
+    )
+    if subm:
+        num_out, keys = n, out_keys
+    else:
+        num_out = int(table[cap_in + cap_out]) + 1  # host sync: the output count is an output size
+        keys = torch.sort(out_keys[:num_out]).values  # linear keys sort lexicographically by (b, z, y, x)
+        out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
+    out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
+    if num_out == 0:
+        empty = torch.empty(0, dtype=torch.int32, device=dev)
+        return out_coords, empty, empty.clone(), torch.zeros(num_k + 1, dtype=torch.int32, device=dev), out_in
+    nb = triton.cdiv(num_out, block)
+    counts = torch.empty(num_k * nb, dtype=torch.int32, device=dev)
+    _kmap_lookup_kernel[(nb,)](  # launch 3
+        coords, table, keys, out_coords, out_in, counts, num_out, nb, D, H, W, cap_in, log_in,
+        Do, Ho, Wo, *geometry,
+        FROM_KEYS=not subm, TRANSPOSED=transposed, BLOCK_M=block, KPAD=kpad, num_warps=_NUM_WARPS,
+    )
+    pair_in, pair_out, offsets = _pairs(out_in, counts, nb, block, kpad)  # launches 4, 5
+    return out_coords, pair_in, pair_out, offsets, out_in
