@@ -41,56 +41,84 @@ def sample_ids(lengths: torch.Tensor | None, num_points: int, device) -> torch.T
 def voxel_coords(
     points: torch.Tensor, voxel_size: Sequence[float], point_cloud_range: Sequence[float]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cells (N, 3) int64 (x, y, z), in_range (N,) bool)``; cells are 0 where out of range."""
-    xyz = points[:, :3].float()
-    lo = torch.tensor(point_cloud_range[:3], dtype=torch.float32, device=points.device)
-    hi = torch.tensor(point_cloud_range[3:], dtype=torch.float32, device=points.device)
-    vs = torch.tensor(voxel_size, dtype=torch.float32, device=points.device)
-    grid = torch.tensor(grid_size(voxel_size, point_cloud_range), dtype=torch.float32, device=points.device)
+    """``(cells (3, N) float32 (x, y, z), in_range (N,) bool)``; cells are only meaningful in range.
+
+    ``cell >= 0`` needs no test: ``p >= range_min`` makes ``p - range_min >= 0`` exactly.
+    """
+    # (3, N) contiguous: the per-axis arithmetic then runs on contiguous rows (several times
+    # faster on the CPU than broadcasting over (N, 3) with a stride of C)
+    xyz = points[:, :3].t().float().contiguous()
+    col = dict(dtype=torch.float32, device=points.device)
+    lo = torch.tensor(point_cloud_range[:3], **col)[:, None]
+    hi = torch.tensor(point_cloud_range[3:], **col)[:, None]
+    vs = torch.tensor(voxel_size, **col)[:, None]
+    grid = torch.tensor(grid_size(voxel_size, point_cloud_range), **col)[:, None]
     cell = torch.floor((xyz - lo) / vs)
-    ok = ((xyz >= lo) & (xyz < hi) & (cell >= 0) & (cell < grid)).all(1)
-    return torch.where(ok[:, None], cell, 0).long(), ok
+    ok = (xyz >= lo) & (xyz < hi) & (cell < grid)
+    return cell, ok[0] & ok[1] & ok[2]
 
 
-def voxel_keys(points, voxel_size, point_cloud_range, lengths):
-    """``(key (N,) int64, in_range (N,) bool, batch (N,) int64, cells (N, 3))`` with
-    ``key = ((b * gz + z) * gy + y) * gx + x`` (−1 out of range)."""
-    gx, gy, gz = grid_size(voxel_size, point_cloud_range)
-    cell, ok = voxel_coords(points, voxel_size, point_cloud_range)
-    b = sample_ids(lengths, points.shape[0], points.device)
-    batch = 1 if lengths is None else lengths.numel()
-    ok = ok & (b < batch)
-    key = ((b * gz + cell[:, 2]) * gy + cell[:, 1]) * gx + cell[:, 0]
-    return key.where(ok, -1), ok, b, cell
+def _take(t: torch.Tensor, index: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """``t[index]`` along ``dim`` (``index_select``: several times faster than advanced indexing on the CPU)."""
+    return t.index_select(dim, index)
+
+
+def _put(n: int, index: torch.Tensor, values: torch.Tensor, fill) -> torch.Tensor:
+    """A ``(n,)`` tensor of ``fill`` with ``out[index] = values`` (distinct indices)."""
+    return torch.full((n,), fill, dtype=values.dtype, device=values.device).scatter_(0, index, values)
 
 
 def _fcfs(points, voxel_size, point_cloud_range, lengths):
     """Voxel numbering in first-point order.
 
     Returns ``(idx (K,) in-range point indices ascending, vid (K,) voxel of each in first-point
-    order, rank (K,) rank in its voxel in point order, first (V,) first point of each voxel,
-    count (V,), batch (N,), cells (N, 3))``.
+    order, rank (K,) rank in its voxel in point order, count (V,) points per voxel,
+    vb (V,) sample of each voxel, vcell (3, V) int (x, y, z) of each voxel, b (K,) sample of
+    each in-range point)``.
     """
-    key, ok, b, cell = voxel_keys(points, voxel_size, point_cloud_range, lengths)
+    gx, gy, gz = grid_size(voxel_size, point_cloud_range)
+    batch = 1 if lengths is None else lengths.numel()
+    device = points.device
+    cell, ok = voxel_coords(points, voxel_size, point_cloud_range)
+    if lengths is not None:
+        b_all = sample_ids(lengths, points.shape[0], device)
+        ok = ok & (b_all < batch)
     idx = ok.nonzero().squeeze(1)
-    k = key[idx]
-    sk, perm = torch.sort(k, stable=True)  # runs of equal keys, each run in point order
+    c = _take(cell, idx, 1).to(torch.int32)  # (3, K) x, y, z
+    # packed key ((b * gz + z) * gy + y) * gx + x; int32 (a faster sort) when it fits
+    if batch * gx * gy * gz >= 2**31:
+        c = c.long()
+    key = (c[2] * gy + c[1]) * gx + c[0]
+    if lengths is not None:
+        b = _take(b_all, idx)
+        key = key + b.to(key.dtype) * (gx * gy * gz)
+    else:
+        b = torch.zeros(idx.numel(), dtype=torch.int64, device=device)
+    sk, perm = torch.sort(key, stable=True)  # runs of equal keys, each run in point order
     num = sk.numel()
-    head = torch.ones(num, dtype=torch.bool, device=k.device)
+    head = torch.ones(num, dtype=torch.bool, device=device)
     head[1:] = sk[1:] != sk[:-1]
     run = torch.cumsum(head, 0) - 1  # run (voxel in key order) of each sorted position
     heads = head.nonzero().squeeze(1)
-    first = idx[perm[heads]]  # first point of each voxel (key order)
-    count = torch.diff(torch.cat([heads, heads.new_tensor([num])]))
-    order = torch.argsort(first)  # voxels by first point (firsts are distinct)
-    vid_of_run = torch.empty_like(order)
-    vid_of_run[order] = torch.arange(order.numel(), device=k.device)
-    rank_sorted = torch.arange(num, device=k.device) - heads[run]
-    vid = torch.empty_like(run)
-    vid[perm] = vid_of_run[run]
-    rank = torch.empty_like(rank_sorted)
-    rank[perm] = rank_sorted
-    return idx, vid, rank, first[order], count[order], b, cell
+    first_pos = _take(perm, heads)  # position (in idx) of each voxel's first point, key order
+    count = torch.diff(heads, append=heads.new_tensor([num]))
+    order = torch.argsort(first_pos)  # voxels by first point (firsts are distinct)
+    nv = order.numel()
+    vid_of_run = _put(nv, order, torch.arange(nv, device=device), 0)
+    rank_sorted = torch.arange(num, device=device) - _take(heads, run)
+    vid = _put(num, perm, _take(vid_of_run, run), 0)
+    rank = _put(num, perm, rank_sorted, 0)
+    fpos = _take(first_pos, order)
+    return idx, vid, rank, _take(count, order), _take(b, fpos), _take(c, fpos, 1), b
+
+
+def _coords(vb: torch.Tensor, vcell: torch.Tensor, rows: int) -> torch.Tensor:
+    """``(rows, 4)`` int32 ``(b, z, y, x)``: the voxels first, then −1 rows."""
+    coords = torch.full((rows, 4), -1, dtype=torch.int32, device=vb.device)
+    m = vb.numel()
+    coords[:m, 0] = vb
+    coords[:m, 1:] = vcell.flip(0).t()
+    return coords
 
 
 def voxelize(
@@ -110,33 +138,32 @@ def voxelize(
     n, num_channels = points.shape
     device = points.device
     batch = 1 if lengths is None else lengths.numel()
-    idx, vid, rank, first, count, b, cell = _fcfs(points, voxel_size, point_cloud_range, lengths)
-    vb = b[first]  # sample of each voxel (voxels are sample-major)
-    nvox = torch.bincount(vb, minlength=batch)[:batch]
+    idx, vid, rank, count, vb, vcell, b = _fcfs(points, voxel_size, point_cloud_range, lengths)
+    nvox = torch.bincount(vb, minlength=batch)[:batch]  # voxels are sample-major
     start = torch.cumsum(nvox, 0) - nvox
-    local = torch.arange(first.numel(), device=device) - start[vb]
+    local = torch.arange(vb.numel(), device=device) - _take(start, vb)
     keep_v = local < max_voxels
-    row_of_vid = torch.cumsum(keep_v, 0) - 1
-    row_of_vid = row_of_vid.where(keep_v, -1)
-    m = int(keep_v.sum())
-    keep_p = keep_v[vid] & (rank < max_points_per_voxel)
-    rows = row_of_vid[vid]
+    kv = keep_v.nonzero().squeeze(1)
+    m = kv.numel()
+    row_of_vid = (torch.cumsum(keep_v, 0) - 1).where(keep_v, -1)
+    keep_p = (_take(row_of_vid, vid) >= 0) & (rank < max_points_per_voxel)
+    kp = keep_p.nonzero().squeeze(1)
+    kidx, krow, krank = _take(idx, kp), _take(row_of_vid, _take(vid, kp)), _take(rank, kp)
 
-    point_to_voxel = torch.full((n,), -1, dtype=torch.int64, device=device)
-    point_to_voxel[idx[keep_p]] = rows[keep_p]
+    point_to_voxel = _put(n, kidx, krow, -1)
     total = batch * max_voxels if pad_to_max else m
-    voxels = points.new_zeros((total, max_points_per_voxel, num_channels))
-    voxels[rows[keep_p], rank[keep_p]] = points[idx[keep_p]]
-    coords = torch.full((total, 4), -1, dtype=torch.int32, device=device)
-    kf = first[keep_v]
-    coords[:m] = torch.stack([b[kf], cell[kf, 2], cell[kf, 1], cell[kf, 0]], 1).to(torch.int32)
+    # gather through a slot table (N = a zero row): cheaper than zero-fill + scatter
+    slot = _put(total * max_points_per_voxel, krow * max_points_per_voxel + krank, kidx, n)
+    padded = torch.cat([points, points.new_zeros((1, num_channels))])
+    voxels = _take(padded, slot).view(total, max_points_per_voxel, num_channels)
+    coords = _coords(_take(vb, kv), _take(vcell, kv, 1), total)
     num_points = torch.zeros(total, dtype=torch.int32, device=device)
-    num_points[:m] = count[keep_v].clamp(max=max_points_per_voxel).to(torch.int32)
+    num_points[:m] = _take(count, kv).clamp(max=max_points_per_voxel)
 
     num_voxels = nvox.clamp(max=max_voxels)
     num_dropped_voxels = nvox - num_voxels
-    in_range = torch.bincount(b[idx], minlength=batch)[:batch]
-    kept = torch.bincount(b[idx[keep_p]], minlength=batch)[:batch]
+    in_range = torch.bincount(b, minlength=batch)[:batch]
+    kept = torch.bincount(_take(b, kp), minlength=batch)[:batch]
     return voxels, coords, num_points, point_to_voxel, num_voxels, in_range - kept, num_dropped_voxels
 
 
@@ -152,15 +179,11 @@ def dynamic_voxelize(
     Returns ``(point_to_voxel (N,) int64, coords (M or N, 4) int32, num_voxels (B,) int64)``.
     """
     n = points.shape[0]
-    device = points.device
     batch = 1 if lengths is None else lengths.numel()
-    idx, vid, rank, first, count, b, cell = _fcfs(points, voxel_size, point_cloud_range, lengths)
-    point_to_voxel = torch.full((n,), -1, dtype=torch.int64, device=device)
-    point_to_voxel[idx] = vid
-    m = first.numel()
-    coords = torch.full((n if pad_to_max else m, 4), -1, dtype=torch.int32, device=device)
-    coords[:m] = torch.stack([b[first], cell[first, 2], cell[first, 1], cell[first, 0]], 1).to(torch.int32)
-    num_voxels = torch.bincount(b[first], minlength=batch)[:batch]
+    idx, vid, rank, count, vb, vcell, b = _fcfs(points, voxel_size, point_cloud_range, lengths)
+    point_to_voxel = _put(n, idx, vid, -1)
+    coords = _coords(vb, vcell, n if pad_to_max else vb.numel())
+    num_voxels = torch.bincount(vb, minlength=batch)[:batch]
     return point_to_voxel, coords, num_voxels
 
 
