@@ -28,10 +28,14 @@ import triton.language as tl
 # (row, offset) lanes per program in the 2-D passes (128 rows × 32 offsets for 3×3×3)
 _TILE = 4096
 # elements per step of the one-program scan over the (offset, block) counts
-_SCAN_BLOCK = 2048
+_SCAN_BLOCK = 4096
 _NUM_WARPS = 8
 # the hash tables hold at least this many slots
 _MIN_CAPACITY = 16
+# lanes per program in the insert pass: small, since a tile probes until its slowest lane is done
+_INSERT_LANES = 256
+# idle lanes of concurrent programs CAS different sink copies
+_SINK_COPIES = 16
 
 
 @triton.jit
@@ -60,7 +64,7 @@ def _row_key(coords_ptr, row, mask, D, H, W):
 @triton.jit
 def _kmap_insert_kernel(
     coords_ptr,  # (N, 4) int32 (batch, z, y, x) input voxels
-    table_ptr,  # (cap_in + cap_out + 1,) int64, -1 = empty: input table | output table | counter
+    table_ptr,  # (cap_in + cap_out + 1 + sink,) int64, -1 = empty: input table | output table | counter | sink
     out_keys_ptr,  # (bound,) int64 out: distinct candidate output keys, unordered (GEN)
     out_coords_ptr,  # (N, 4) int32 out: a copy of coords (COPY: submanifold)
     n,  # N
@@ -68,13 +72,16 @@ def _kmap_insert_kernel(
     cap_in, log_in,  # input table slots (power of two) and log2
     cap_out, log_out,  # output table slots and log2 (GEN)
     Do, Ho, Wo,  # output grid (GEN)
-    K, Ky, Kx,  # kernel volume and sizes
+    Kz, Ky, Kx,  # kernel sizes
     sz, sy, sx, pz, py, px, dz, dy, dx,  # stride, padding, dilation
+    gz, gy, gx, qz, qy, qx, vz, vy, vx,  # per axis: gcd(d, s), s / g, (d / g)^-1 mod (s / g)
+    Jy, Jx, J,  # candidate offsets enumerated per input: Jz * Jy * Jx = J
     GEN: tl.constexpr,  # generate candidate outputs (regular / transposed conv)
     TRANSPOSED: tl.constexpr,
     COPY: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    KPAD: tl.constexpr,  # next power of two ≥ K
+    JPAD: tl.constexpr,  # next power of two >= J
+    SINK_COPIES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     r = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -93,13 +100,17 @@ def _kmap_insert_kernel(
     b64 = b.to(tl.int64)
     key = ((b64 * D + z) * H + y) * W + x
     row = r.to(tl.int64)
+    # atomic_cas has no mask: idle lanes CAS a private, contiguous sink cell (coalesced, no
+    # contention) against -2, which no cell ever holds, so they never write
+    sink_ptr = table_ptr + cap_in + cap_out + 1 + (pid % SINK_COPIES) * (BLOCK_N * JPAD)
 
     # 1) insert the row index; the key of an occupied slot is re-read from coords
     slot = _slot(key, log_in, cap_in)
     active = inside
+    lane = tl.arange(0, BLOCK_N)
     while tl.max(active.to(tl.int32), axis=0) > 0:
-        # atomic_cas has no mask: idle lanes compare against -2, which no slot ever holds
-        old = tl.atomic_cas(table_ptr + tl.where(active, slot, 0), tl.where(active, -1, -2).to(tl.int64), row)
+        ptr = tl.where(active, table_ptr + slot, sink_ptr + lane)
+        old = tl.atomic_cas(ptr, tl.where(active, -1, -2).to(tl.int64), row)
         occupied = active & (old >= 0)
         same = occupied & (_row_key(coords_ptr, old, occupied, D, H, W) == key)
         # a duplicate voxel: the lowest row wins, whatever order the atomics ran in
@@ -109,39 +120,47 @@ def _kmap_insert_kernel(
 
     # 2) candidate outputs of every (input, offset), deduplicated in the output table
     if GEN:
-        rk = tl.arange(0, KPAD)
-        kx = rk % Kx
-        ky = (rk // Kx) % Ky
-        kz = rk // (Kx * Ky)
-        cand = inside[:, None] & (rk < K)[None, :]
+        j = tl.arange(0, JPAD)
+        jx = j % Jx
+        jy = (j // Jx) % Jy
+        jz = j // (Jx * Jy)
+        cand = inside[:, None] & (j < J)[None, :]
         if TRANSPOSED:
-            # o = i * s - p + k * d
-            oz = z[:, None] * sz - pz + kz[None, :] * dz
-            oy = y[:, None] * sy - py + ky[None, :] * dy
-            ox = x[:, None] * sx - px + kx[None, :] * dx
+            # every offset reaches one output: o = i * s - p + k * d
+            oz = z[:, None] * sz - pz + jz[None, :] * dz
+            oy = y[:, None] * sy - py + jy[None, :] * dy
+            ox = x[:, None] * sx - px + jx[None, :] * dx
         else:
-            # o * s = i + p - k * d must divide (checked on non-negative numerators only, where
-            # C and Python division agree)
-            nz = z[:, None] + pz - kz[None, :] * dz
-            ny = y[:, None] + py - ky[None, :] * dy
-            nx = x[:, None] + px - kx[None, :] * dx
+            # o * s = i + p - k * d must divide: only k with k * d = i + p (mod s) can, i.e.
+            # k = k0 + j * (s / g) with k0 = ((i + p) mod s / g) * inv (mod s / g), when g | (i + p) mod s;
+            # enumerating those j (not all K offsets) keeps the lanes (and atomics) few
+            rz = tl.where(inside, z + pz, 0) % sz
+            ry = tl.where(inside, y + py, 0) % sy
+            rx = tl.where(inside, x + px, 0) % sx
+            kz = ((rz // gz) * vz) % qz
+            ky = ((ry // gy) * vy) % qy
+            kx = ((rx // gx) * vx) % qx
+            kz = kz[:, None] + jz[None, :] * qz
+            ky = ky[:, None] + jy[None, :] * qy
+            kx = kx[:, None] + jx[None, :] * qx
+            cand = cand & (rz % gz == 0)[:, None] & (ry % gy == 0)[:, None] & (rx % gx == 0)[:, None]
+            cand = cand & (kz < Kz) & (ky < Ky) & (kx < Kx)
+            nz = z[:, None] + pz - kz * dz
+            ny = y[:, None] + py - ky * dy
+            nx = x[:, None] + px - kx * dx
             cand = cand & (nz >= 0) & (ny >= 0) & (nx >= 0)
-            nz = tl.where(cand, nz, 0)
-            ny = tl.where(cand, ny, 0)
-            nx = tl.where(cand, nx, 0)
-            cand = cand & (nz % sz == 0) & (ny % sy == 0) & (nx % sx == 0)
-            oz = nz // sz
-            oy = ny // sy
-            ox = nx // sx
+            oz = tl.where(cand, nz, 0) // sz
+            oy = tl.where(cand, ny, 0) // sy
+            ox = tl.where(cand, nx, 0) // sx
         cand = cand & (oz >= 0) & (oz < Do) & (oy >= 0) & (oy < Ho) & (ox >= 0) & (ox < Wo)
         okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
         oslot = _slot(okey, log_out, cap_out)
         active2 = cand
         counter_ptr = table_ptr + cap_in + cap_out
+        lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
         while _any2d(active2):
-            old = tl.atomic_cas(
-                table_ptr + cap_in + tl.where(active2, oslot, 0), tl.where(active2, -1, -2).to(tl.int64), okey
-            )
+            ptr = tl.where(active2, table_ptr + cap_in + oslot, sink_ptr + lane2)
+            old = tl.atomic_cas(ptr, tl.where(active2, -1, -2).to(tl.int64), okey)
             claimed = active2 & (old == -1)
             # one atomic per round: rank the claimed lanes in row-major order inside the tile
             c = claimed.to(tl.int32)
@@ -276,7 +295,7 @@ def _kmap_scan_kernel(
         k = j // nb
         tl.store(offsets_ptr + k, excl, mask=live & (j - k * nb == 0))
         carry += tl.sum(c, axis=0)
-    tl.store(offsets_ptr + K + tl.arange(0, 1), carry)
+    tl.store(offsets_ptr + K, tl.sum(carry, axis=0))
 
 
 @triton.jit
@@ -319,18 +338,25 @@ def _capacity(count: int) -> tuple[int, int]:
     return cap, cap.bit_length() - 1
 
 
+def _axis_enumeration(kernel_size, stride, dilation, transposed: bool):
+    """Per axis ``(g, q, inv, J)``: the offsets ``k`` with ``k * d = r (mod s)`` are
+    ``k0 + j * q`` (``q = s / g``, ``g = gcd(d, s)``, ``k0 = (r / g) * inv mod q``, needs
+    ``g | r``), at most ``J = ceil(K / q)`` of them; transposed: all ``K`` (``q = 1``)."""
+    axes = []
+    for k, s, d in zip(kernel_size, stride, dilation):
+        if transposed:
+            axes.append((1, 1, 0, k))
+            continue
+        g = math.gcd(d, s)
+        q = s // g
+        inv = pow(d // g, -1, q) if q > 1 else 0
+        axes.append((g, q, inv, -(-k // q)))
+    return axes
+
+
 def max_outputs_per_input(kernel_size, stride, dilation, transposed: bool) -> int:
     """How many distinct outputs one input voxel can reach (bounds the output table)."""
-    if transposed:
-        return math.prod(kernel_size)
-    bound = 1
-    for k, s, d in zip(kernel_size, stride, dilation):
-        # offsets whose k * d share a residue mod s reach the same kind of output
-        per_residue = [0] * s
-        for kk in range(k):
-            per_residue[(kk * d) % s] += 1
-        bound *= max(per_residue)
-    return bound
+    return math.prod(a[3] for a in _axis_enumeration(kernel_size, stride, dilation, transposed))
 
 
 def _pairs(out_in: torch.Tensor, counts: torch.Tensor, nb: int, block_m: int, kpad: int):
@@ -408,20 +434,28 @@ def sparse_conv_kernel_map(
                 torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
                 torch.empty((0, num_k), dtype=torch.int32, device=dev))
     cap_in, log_in = _capacity(n)
+    axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
     if subm:
-        bound, cap_out, log_out = 0, 0, 0
+        bound, cap_out, log_out, jpad = 0, 0, 0, 1
+        block_n = _INSERT_LANES
     else:
-        bound = n * max_outputs_per_input(kernel_size, stride, dilation, transposed)
+        bound = n * math.prod(a[3] for a in axes)
         cap_out, log_out = _capacity(bound)
-    if cap_in + cap_out >= 2**31:
+        jpad = triton.next_power_of_2(math.prod(a[3] for a in axes))
+        block_n = max(2, _INSERT_LANES // jpad)
+    sink = _SINK_COPIES * block_n * jpad
+    if cap_in + cap_out + 1 + sink >= 2**31:
         raise ValueError(f"coords: {n} voxels need hash tables of {cap_in + cap_out} slots (limit 2^31)")
-    table = torch.full((cap_in + cap_out + 1,), -1, dtype=torch.int64, device=dev)  # launch 1
+    table = torch.full((cap_in + cap_out + 1 + sink,), -1, dtype=torch.int64, device=dev)  # launch 1
     out_keys = torch.empty(bound, dtype=torch.int64, device=dev)
     out_coords = torch.empty((n, 4) if subm else (0, 4), dtype=torch.int32, device=dev)
-    _kmap_insert_kernel[(triton.cdiv(n, block),)](  # launch 2
+    enum_args = [a[0] for a in axes] + [a[1] for a in axes] + [a[2] for a in axes] + [
+        axes[1][3], axes[2][3], math.prod(a[3] for a in axes)]
+    _kmap_insert_kernel[(triton.cdiv(n, block_n),)](  # launch 2
         coords, table, out_keys, out_coords, n, D, H, W, cap_in, log_in, max(cap_out, 1), log_out,
-        Do, Ho, Wo, *geometry,
-        GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block, KPAD=kpad, num_warps=_NUM_WARPS,
+        Do, Ho, Wo, *kernel_size, *stride, *padding, *dilation, *enum_args,
+        GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=jpad, SINK_COPIES=_SINK_COPIES,
+        num_warps=4,
     )
     if subm:
         num_out, keys = n, out_keys
