@@ -1,0 +1,462 @@
+"""pcops.sampling: FPS, KNN, ball query, gather — reference vs Triton/CUDA, gradients, registration, bad input."""
+import numpy as np
+import pytest
+import torch
+
+import pcops
+from pcops.reference import sampling as ref
+from _util import generator, interpret, requires_cuda
+
+
+def make_clouds(batch, n, seed, dtype=torch.float32, device="cpu", scale=1.0, full_first=True, duplicates=False):
+    """Padded random clouds ``(B, N, 3)`` with uneven lengths (the first cloud full)."""
+    g = generator(seed)
+    pts = torch.randn(batch, n, 3, generator=g) * scale
+    if duplicates and n > 1:  # every point repeated: all distances tie pairwise
+        pts[:, 1::2] = pts[:, 0:n - 1:2]
+    lengths = torch.randint(0, n + 1, (batch,), generator=g)
+    if full_first and batch:
+        lengths[0] = n
+    return pts.to(dtype).to(device), lengths.to(device)
+
+
+def knn_oracle_f64(query, reference, k, ql, rl):
+    """Brute force in float64 numpy: distances sorted, ties by index."""
+    q, r = query.double().numpy(), reference.double().numpy()
+    batch, nq, _ = q.shape
+    dists = np.full((batch, nq, k), np.inf)
+    idx = np.full((batch, nq, k), -1, dtype=np.int64)
+    for b in range(batch):
+        for i in range(int(ql[b])):
+            d = ((r[b, : int(rl[b])] - q[b, i]) ** 2).sum(1)
+            order = np.lexsort((np.arange(d.shape[0]), d))[:k]
+            dists[b, i, : order.shape[0]] = d[order]
+            idx[b, i, : order.shape[0]] = order
+    return torch.from_numpy(dists), torch.from_numpy(idx)
+
+
+def fps_oracle(points, m, start):
+    """Sequential numpy FPS for one cloud (float32 arithmetic as the op)."""
+    p = points.numpy().astype(np.float32)
+    n = p.shape[0]
+    out = [start]
+    min_d = np.full(n, np.inf, dtype=np.float32)
+    for _ in range(min(m, n) - 1):
+        d = p - p[out[-1]]
+        min_d = np.minimum(min_d, d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1] + d[:, 2] * d[:, 2])
+        min_d[out] = -1
+        out.append(int(np.argmax(min_d)))
+    return out + [-1] * (m - len(out))
+
+
+# --- farthest point sampling ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,n,m", [(1, 1, 1), (1, 1, 4), (2, 13, 5), (3, 31, 31), (2, 97, 40), (1, 0, 3)])
+def test_fps_matches_sequential_oracle(batch, n, m):
+    pts, lengths = make_clouds(batch, n, seed=n + m)
+    start = torch.randint(0, max(1, n), (batch,), generator=generator(1)) % lengths.clamp_min(1)
+    out = pcops.farthest_point_sample(pts, m, lengths=lengths, start_idx=start)
+    assert out.shape == (batch, m) and out.dtype == torch.int64
+    for b in range(batch):
+        length = int(lengths[b])
+        expected = fps_oracle(pts[b, :length], m, int(start[b])) if length else [-1] * m
+        assert out[b].tolist() == expected
+
+
+def test_fps_unbatched_and_fewer_points_than_samples():
+    pts, _ = make_clouds(1, 6, seed=2)
+    out = pcops.farthest_point_sample(pts[0], 9)
+    assert out.shape == (9,)
+    assert sorted(out[:6].tolist()) == list(range(6)) and out[6:].tolist() == [-1] * 3
+
+
+def test_fps_duplicates_distinct_and_lowest_index():
+    # four copies of two points: after 0, the farthest is the lowest-index copy of the other point
+    pts = torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0], [1, 0, 0]])
+    out = pcops.farthest_point_sample(pts, 6)
+    assert out.tolist() == [0, 1, 2, 3, 4, 5]
+    out = pcops.farthest_point_sample(pts, 3, start_idx=3)
+    assert out.tolist() == [3, 0, 1]
+
+
+def test_fps_float16_and_float64_inputs():
+    pts, lengths = make_clouds(2, 40, seed=3)
+    expected = pcops.farthest_point_sample(pts.half().float(), 12, lengths)
+    assert torch.equal(pcops.farthest_point_sample(pts.half(), 12, lengths), expected)
+    assert torch.equal(
+        pcops.farthest_point_sample(pts.double(), 12, lengths), pcops.farthest_point_sample(pts, 12, lengths)
+    )
+
+
+def test_fps_invariant_on_kitti(kitti_dir):
+    raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
+    pts = torch.from_numpy(raw[:, :3].copy())
+    m = 48
+    out = pcops.farthest_point_sample(pts, m)
+    assert len(set(out.tolist())) == m
+    check_fps_invariant(pts, out)
+
+
+def check_fps_invariant(pts, out, tol=1e-5):
+    """Each chosen point is (within float32 rounding) the farthest from the ones chosen before."""
+    p = pts.double()
+    min_d = torch.full((p.shape[0],), float("inf"), dtype=torch.float64)
+    for s, i in enumerate(out.tolist()):
+        if s:
+            best = float(min_d.max())
+            assert float(min_d[i]) >= best * (1 - tol) - 1e-9, f"step {s}: {float(min_d[i])} < max {best}"
+        min_d = torch.minimum(min_d, ((p - p[i]) ** 2).sum(1))
+
+
+# --- KNN --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 13, 17, 4), (3, 31, 7, 10), (2, 23, 41, 16), (1, 5, 0, 3)])
+def test_knn_matches_float64_brute_force(batch, nq, nr, k):
+    q, ql = make_clouds(batch, nq, seed=nq)
+    r, rl = make_clouds(batch, nr, seed=nr + 100)
+    dists, idx = pcops.knn(q, r, k, ql, rl)
+    d64, i64 = knn_oracle_f64(q, r, k, ql, rl)
+    assert torch.equal(idx, i64)
+    torch.testing.assert_close(dists.double(), d64, rtol=1e-5, atol=1e-6)
+
+
+def test_knn_far_from_origin_is_accurate():
+    # the |a|²+|b|²-2ab expansion would lose all precision here
+    g = generator(4)
+    base = torch.tensor([1.0e3, -2.0e3, 5.0e2])
+    r = base + torch.rand(1, 50, 3, generator=g) * 0.01
+    dists, idx = pcops.knn(r, r, 4)
+    d64, i64 = knn_oracle_f64(r, r, 4, torch.tensor([50]), torch.tensor([50]))
+    assert torch.equal(idx, i64)
+    torch.testing.assert_close(dists.double(), d64, rtol=2e-3, atol=1e-9)
+
+
+def test_knn_ties_lowest_index_and_k_greater_than_n():
+    r = torch.tensor([[1.0, 0, 0], [-1, 0, 0], [0, 1, 0], [1, 0, 0]])
+    q = torch.zeros(1, 3)
+    dists, idx = pcops.knn(q, r, 6)
+    assert idx.tolist() == [[0, 1, 2, 3, -1, -1]]
+    assert dists.tolist() == [[1.0, 1.0, 1.0, 1.0, float("inf"), float("inf")]]
+
+
+def test_knn_padded_queries_and_float16():
+    q, ql = make_clouds(2, 19, seed=5)
+    ql[1] = 7
+    d, i = pcops.knn(q, q, 5, ql, ql)
+    assert (i[1, 7:] == -1).all() and torch.isinf(d[1, 7:]).all()
+    dh, ih = pcops.knn(q.half(), q.half(), 5, ql, ql)
+    assert dh.dtype == torch.float32
+    d2, i2 = pcops.knn(q.half().float(), q.half().float(), 5, ql, ql)
+    assert torch.equal(ih, i2) and torch.equal(dh, d2)
+
+
+def test_knn_gradcheck_and_backward_matches_autograd():
+    q, ql = make_clouds(2, 9, seed=6, dtype=torch.float64)
+    r, rl = make_clouds(2, 11, seed=7, dtype=torch.float64)
+    q.requires_grad_(True)
+    r.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: pcops.knn(a, b, 4, ql, rl)[0].nan_to_num(posinf=0.0), (q, r))
+    # the registered backward vs autograd through the plain-torch reference
+    grad = torch.randn(2, 9, 4, dtype=torch.float64, generator=generator(8))
+    d, _ = pcops.knn(q, r, 4, ql, rl)
+    gq, gr = torch.autograd.grad(d, (q, r), grad.where(torch.isfinite(d), 0))
+    d_ref, _ = ref.knn(q, r, ql, rl, 4)
+    gq_ref, gr_ref = torch.autograd.grad(d_ref, (q, r), grad.where(torch.isfinite(d_ref), 0))
+    torch.testing.assert_close(gq, gq_ref)
+    torch.testing.assert_close(gr, gr_ref)
+
+
+# --- ball query -------------------------------------------------------------------------------
+
+
+def ball_oracle(q, r, radius, k, ql, rl):
+    batch, nq, _ = q.shape
+    idx = torch.full((batch, nq, k), -1, dtype=torch.int64)
+    counts = torch.zeros((batch, nq), dtype=torch.int64)
+    r2 = torch.tensor(radius * radius, dtype=q.dtype)
+    for b in range(batch):
+        for i in range(int(ql[b])):
+            hits = [j for j in range(int(rl[b])) if ref.sq_dist(q[b, i], r[b, j]) < r2][:k]
+            idx[b, i, : len(hits)] = torch.tensor(hits, dtype=torch.int64)
+            counts[b, i] = len(hits)
+    return idx, counts
+
+
+@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 13, 29, 5, 0.9), (3, 7, 31, 40, 1.5), (1, 4, 0, 3, 1.0)])
+def test_ball_query_matches_oracle(batch, nq, nr, k, radius):
+    q, ql = make_clouds(batch, nq, seed=nq + 1)
+    r, rl = make_clouds(batch, nr, seed=nr + 2)
+    idx, counts = pcops.ball_query(q, r, radius, k, ql, rl)
+    idx_o, counts_o = ball_oracle(q, r, radius, k, ql, rl)
+    assert torch.equal(idx, idx_o) and torch.equal(counts, counts_o)
+
+
+def test_ball_query_strict_radius_and_padding():
+    r = torch.tensor([[1.0, 0, 0], [0.5, 0, 0], [2, 0, 0], [0, 0, 0]])
+    idx, counts = pcops.ball_query(torch.zeros(1, 3), r, 1.0, 3)
+    assert idx.tolist() == [[1, 3, -1]] and counts.tolist() == [2]  # |d|² = 1 is outside
+
+
+# --- gather -----------------------------------------------------------------------------------
+
+
+def test_gather_points_values_and_gradient():
+    pts = torch.randn(2, 7, 5, dtype=torch.float64, generator=generator(9), requires_grad=True)
+    idx = torch.tensor([[[0, 6], [-1, 3]], [[2, 2], [5, -1]]])
+    out = pcops.gather_points(pts, idx)
+    assert out.shape == (2, 2, 2, 5)
+    assert torch.equal(out[0, 1, 0], torch.zeros(5, dtype=torch.float64))
+    assert torch.equal(out[1, 0, 1], pts[1, 2].detach())
+    assert torch.autograd.gradcheck(lambda p: pcops.gather_points(p, idx), (pts,))
+    assert torch.autograd.gradgradcheck(lambda p: pcops.gather_points(p, idx), (pts,))
+    assert pcops.gather_points(pts[0], torch.tensor([1, -1])).shape == (2, 5)
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+def sample_inputs(device="cpu"):
+    q, ql = make_clouds(2, 11, seed=10, device=device)
+    r, rl = make_clouds(2, 13, seed=11, device=device)
+    return q, r, ql, rl
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
+def test_opcheck(device):
+    q, r, ql, rl = sample_inputs(device)
+    start = torch.zeros(2, dtype=torch.int64, device=device)
+    torch.library.opcheck(torch.ops.pcops.farthest_point_sample, (q, ql, start, 5, "auto"))
+    torch.library.opcheck(torch.ops.pcops.farthest_point_sample, (q, ql, start, 5, "triton"))
+    torch.library.opcheck(torch.ops.pcops.knn, (q, r, ql, rl, 3))
+    torch.library.opcheck(torch.ops.pcops.knn, (q.double().requires_grad_(), r.double().requires_grad_(), ql, rl, 3))
+    torch.library.opcheck(torch.ops.pcops.ball_query, (q, r, ql, rl, 0.7, 4))
+    idx = torch.tensor([[0, -1, 3], [2, 2, 1]], device=device)
+    torch.library.opcheck(torch.ops.pcops.gather_points, (q.double().requires_grad_(), idx))
+    torch.library.opcheck(torch.ops.pcops.gather_points_backward, (torch.randn(2, 3, 3, device=device), idx, 11))
+
+
+def test_torch_compile_fullgraph():
+    q, r, ql, rl = sample_inputs()
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def group(points, lengths):
+        centres = pcops.farthest_point_sample(points, 4, lengths)
+        new_xyz = pcops.gather_points(points, centres)
+        d, nbr = pcops.knn(new_xyz, points, 3, ref_lengths=lengths)
+        ball, _ = pcops.ball_query(new_xyz, points, 1.0, 3, ref_lengths=lengths)
+        return pcops.gather_points(points, nbr) - new_xyz[:, :, None], d, ball
+
+    got = group(q, ql)
+    centres = pcops.farthest_point_sample(q, 4, ql)
+    new_xyz = pcops.gather_points(q, centres)
+    d, nbr = pcops.knn(new_xyz, q, 3, ref_lengths=ql)
+    ball, _ = pcops.ball_query(new_xyz, q, 1.0, 3, ref_lengths=ql)
+    torch.testing.assert_close(got[0], pcops.gather_points(q, nbr) - new_xyz[:, :, None])
+    torch.testing.assert_close(got[1], d)
+    assert torch.equal(got[2], ball)
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+P3 = torch.zeros(2, 5, 3)
+
+
+@pytest.mark.parametrize("call,exc,name", [
+    (lambda: pcops.farthest_point_sample(torch.zeros(2, 5, 2), 3), ValueError, "points"),
+    (lambda: pcops.farthest_point_sample(torch.zeros(2, 5, 3, dtype=torch.int32), 3), TypeError, "points"),
+    (lambda: pcops.farthest_point_sample(P3, 0), ValueError, "num_samples"),
+    (lambda: pcops.farthest_point_sample(P3, 2.0), TypeError, "num_samples"),
+    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([6, 1])), ValueError, "lengths"),
+    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5, -1])), ValueError, "lengths"),
+    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5])), ValueError, "lengths"),
+    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5.0, 1.0])), TypeError, "lengths"),
+    (lambda: pcops.farthest_point_sample(P3, 3, start_idx=5), ValueError, "start_idx"),
+    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5, 2]), start_idx=torch.tensor([0, 2])), ValueError, "start_idx"),
+    (lambda: pcops.farthest_point_sample(P3, 3, backend="cpp"), ValueError, "backend"),
+    (lambda: pcops.knn(P3, P3, 0), ValueError, "k"),
+    (lambda: pcops.knn(P3, torch.zeros(3, 5, 3), 2), ValueError, "ref"),
+    (lambda: pcops.knn(P3, torch.zeros(5, 3), 2), ValueError, "ref"),
+    (lambda: pcops.knn(P3, torch.zeros(2, 5, 4), 2), ValueError, "ref"),
+    (lambda: pcops.knn(P3, P3, 2, query_lengths=torch.tensor([1, 9])), ValueError, "query_lengths"),
+    (lambda: pcops.knn(P3, P3, 2, ref_lengths=torch.tensor([1, 2, 3])), ValueError, "ref_lengths"),
+    (lambda: pcops.ball_query(P3, P3, 0.0, 2), ValueError, "radius"),
+    (lambda: pcops.ball_query(P3, P3, -1.0, 2), ValueError, "radius"),
+    (lambda: pcops.ball_query(P3, P3, 1.0, 0), ValueError, "k"),
+    (lambda: pcops.gather_points(P3, torch.tensor([[0, 5], [0, 0]])), ValueError, "idx"),
+    (lambda: pcops.gather_points(P3, torch.tensor([[0, 1]])), ValueError, "idx"),
+    (lambda: pcops.gather_points(P3, torch.tensor([[0.0, 1.0]])), TypeError, "idx"),
+])
+def test_bad_input(call, exc, name):
+    with pytest.raises(exc, match=name):
+        call()
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_wrong_devices():
+    with pytest.raises(ValueError, match="ref"):
+        pcops.knn(P3, P3.cuda(), 2)
+    with pytest.raises(ValueError, match="lengths"):
+        pcops.farthest_point_sample(P3.cuda(), 2, torch.tensor([5, 5]))
+
+
+# --- Triton kernels under the CPU interpreter (tiny inputs) -----------------------------------
+
+
+@pytest.mark.parametrize("batch,n,m", [(1, 1, 2), (2, 13, 6), (2, 64, 64)])
+@pytest.mark.parametrize("stream", [False, True])
+@interpret
+def test_triton_fps_interpreter(batch, n, m, stream, monkeypatch):
+    from pcops.triton import sampling as tri
+
+    if stream:  # the large-cloud kernel, with chunks smaller than the cloud
+        monkeypatch.setattr(tri, "_FPS_REG_MAX", 0)
+        monkeypatch.setattr(tri, "_FPS_CHUNK", 16)
+    pts, lengths = make_clouds(batch, n, seed=n, duplicates=n > 20)
+    start = (torch.arange(batch) * 5) % lengths.clamp_min(1)
+    start[-1] = 7 if n > 7 else start[-1]
+    expected = ref.farthest_point_sample(pts, lengths, start, m)
+    assert torch.equal(tri.farthest_point_sample(pts, lengths, start, m), expected)
+    bad = torch.full((batch,), n + 3, dtype=torch.int64)  # invalid start: rows of -1 on both paths
+    assert torch.equal(tri.farthest_point_sample(pts, lengths, bad, m), ref.farthest_point_sample(pts, lengths, bad, m))
+
+
+@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 13, 41, 5), (1, 50, 64, 16), (2, 7, 3, 4)])
+@interpret
+def test_triton_knn_interpreter(batch, nq, nr, k):
+    from pcops.triton import sampling as tri
+
+    q, ql = make_clouds(batch, nq, seed=nq + 3)
+    r, rl = make_clouds(batch, nr, seed=nr + 4, duplicates=True)
+    d, i = tri.knn(q, r, ql, rl, k)
+    d_ref, i_ref = ref.knn(q, r, ql, rl, k)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+    # self-KNN (one shared sort) with tiles smaller than a cloud, so pruning is exercised
+    d, i = tri.knn(r, r, rl, rl, k)
+    d_ref, i_ref = ref.knn(r, r, rl, rl, k)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+
+
+@interpret
+def test_triton_knn_pruning_interpreter(monkeypatch):
+    from pcops.triton import sampling as tri
+
+    monkeypatch.setattr(tri, "_KNN_BQ", 8)
+    monkeypatch.setattr(tri, "_KNN_BR", 8)
+    r, rl = make_clouds(2, 60, seed=12, scale=5.0)
+    d, i = tri.knn(r, r, rl, rl, 3)
+    d_ref, i_ref = ref.knn(r, r, rl, rl, 3)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+
+
+@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.3), (2, 11, 53, 4, 1.0), (1, 33, 70, 64, 2.0)])
+@interpret
+def test_triton_ball_query_interpreter(batch, nq, nr, k, radius):
+    from pcops.triton import sampling as tri
+
+    q, ql = make_clouds(batch, nq, seed=nq + 5)
+    r, rl = make_clouds(batch, nr, seed=nr + 6)
+    idx, counts = tri.ball_query(q, r, ql, rl, radius, k)
+    idx_ref, counts_ref = ref.ball_query(q, r, ql, rl, radius, k)
+    assert torch.equal(idx, idx_ref) and torch.equal(counts, counts_ref)
+
+
+# --- the GPU paths --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda", "auto"])
+@pytest.mark.parametrize("batch,n,m", [(1, 1, 3), (3, 1000, 200), (2, 4099, 512), (8, 16384, 64), (1, 40000, 64), (1, 120268, 32)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_matches_reference(backend, batch, n, m):
+    pts, lengths = make_clouds(batch, n, seed=n, scale=10.0)
+    start = (torch.arange(batch) * 7) % lengths.clamp_min(1)
+    expected = pcops.farthest_point_sample(pts, m, lengths, start)
+    got = pcops.farthest_point_sample(pts.cuda(), m, lengths.cuda(), start.cuda(), backend=backend)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda", "auto"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_duplicates_and_invariant(backend, kitti_dir):
+    pts, lengths = make_clouds(2, 3000, seed=1, duplicates=True)
+    expected = pcops.farthest_point_sample(pts, 2000, lengths)
+    assert torch.equal(pcops.farthest_point_sample(pts.cuda(), 2000, lengths.cuda(), backend=backend).cpu(), expected)
+    raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
+    scan = torch.from_numpy(raw[:, :3].copy())
+    out = pcops.farthest_point_sample(scan.cuda(), 1024, backend=backend).cpu()
+    assert len(set(out.tolist())) == 1024
+    check_fps_invariant(scan, out[:256])
+
+
+@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 1000, 777, 16), (3, 513, 2049, 32), (8, 4096, 4096, 16), (1, 100, 5, 8)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_matches_reference(batch, nq, nr, k):
+    q, ql = make_clouds(batch, nq, seed=nq, scale=10.0)
+    r, rl = make_clouds(batch, nr, seed=nr + 1, scale=10.0)
+    d_ref, i_ref = pcops.knn(q, r, k, ql, rl)
+    d, i = pcops.knn(q.cuda(), r.cuda(), k, ql.cuda(), rl.cuda())
+    assert torch.equal(i.cpu(), i_ref)
+    assert torch.equal(d.cpu(), d_ref)
+    d, i = pcops.knn(r.cuda(), r.cuda(), k, rl.cuda(), rl.cuda())  # self-KNN
+    d_ref, i_ref = pcops.knn(r, r, k, rl, rl)
+    assert torch.equal(i.cpu(), i_ref) and torch.equal(d.cpu(), d_ref)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_kitti_and_backward(kitti_dir):
+    raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
+    scan = torch.from_numpy(raw[:, :3].copy()).cuda()
+    d, i = pcops.knn(scan, scan, 16)
+    sub = torch.randperm(scan.shape[0], generator=generator(3))[:2000].cuda()
+    d_ref, i_ref = ref.knn(scan[None, sub], scan[None], torch.tensor([2000], device="cuda"),
+                           torch.tensor([scan.shape[0]], device="cuda"), 16)
+    assert torch.equal(i[sub], i_ref[0]) and torch.equal(d[sub], d_ref[0])
+    q, ql = make_clouds(2, 300, seed=2, device="cuda", dtype=torch.float32)
+    q.requires_grad_(True)
+    d, _ = pcops.knn(q, q, 8, ql, ql)
+    grad = torch.randn(d.shape, device="cuda").where(torch.isfinite(d), 0)
+    (g_fast,) = torch.autograd.grad(d, q, grad)
+    qc = q.detach().cpu().requires_grad_(True)
+    d_c, _ = ref.knn(qc, qc, ql.cpu(), ql.cpu(), 8)
+    (g_ref,) = torch.autograd.grad(d_c, qc, grad.cpu())
+    torch.testing.assert_close(g_fast.cpu(), g_ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 1000, 3001, 32, 2.0), (4, 256, 4096, 16, 5.0)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_ball_query_and_gather(batch, nq, nr, k, radius):
+    q, ql = make_clouds(batch, nq, seed=nq, scale=10.0)
+    r, rl = make_clouds(batch, nr, seed=nr, scale=10.0)
+    idx_ref, c_ref = pcops.ball_query(q, r, radius, k, ql, rl)
+    idx, c = pcops.ball_query(q.cuda(), r.cuda(), radius, k, ql.cuda(), rl.cuda())
+    assert torch.equal(idx.cpu(), idx_ref) and torch.equal(c.cpu(), c_ref)
+    feats = torch.randn(batch, nr, 5, generator=generator(1))
+    fg = feats.cuda().requires_grad_(True)
+    out = pcops.gather_points(fg, idx)
+    assert torch.equal(out.cpu(), pcops.gather_points(feats, idx_ref))
+    out.sum().backward()
+    fc = feats.clone().requires_grad_(True)
+    pcops.gather_points(fc, idx_ref).sum().backward()
+    torch.testing.assert_close(fg.grad.cpu(), fc.grad)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_cuda_graph_capture():
+    pts, lengths = make_clouds(2, 5000, seed=3, device="cuda")
+    for fn in (lambda: pcops.farthest_point_sample(pts, 128, lengths), lambda: pcops.knn(pts, pts, 8, lengths, lengths)[1]):
+        fn()  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, fn())
