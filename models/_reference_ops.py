@@ -14,7 +14,7 @@ class Voxels(NamedTuple):
     voxels: torch.Tensor  # (M, T, C) zero padded
     coords: torch.Tensor  # (M, 4) int32 (batch, z, y, x)
     num_points: torch.Tensor  # (M,) int32
-    dropped_voxels: torch.Tensor  # (B,) int64 voxels beyond max_voxels (dropped, as OpenPCDet does)
+    num_dropped_voxels: torch.Tensor  # (B,) int64 voxels beyond max_voxels (dropped, as OpenPCDet does)
 
 
 def voxelize(points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths=None) -> Voxels:

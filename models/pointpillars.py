@@ -338,7 +338,8 @@ class PointPillars(nn.Module):
         self._anchors: dict[torch.device, torch.Tensor] = {}
         self._fast: tuple[tuple, _FastParams] | None = None
         self.stage_timer = null_timer
-        self.last_dropped_voxels: torch.Tensor | None = None
+        self.last_dropped_voxels: torch.Tensor | None = None  # (B,) pillars dropped by max_voxels, last call
+        self.warn_on_dropped_voxels = True  # eager calls warn when pillars were dropped (one small sync)
         self.eval()
 
     # ----- properties and settings
@@ -531,7 +532,11 @@ class PointPillars(nn.Module):
         reference = self.impl == "reference"
         with timer("voxelize"):
             vox = self._voxelize(points, lengths, reference)
-        self.last_dropped_voxels = getattr(vox, "dropped_voxels", None)
+        self.last_dropped_voxels = vox.num_dropped_voxels
+        if self.warn_on_dropped_voxels and bool((vox.num_dropped_voxels > 0).any()):
+            warnings.warn(
+                f"voxelize: {vox.num_dropped_voxels.tolist()} occupied pillars per scan beyond max_voxels="
+                f"{self.config.max_voxels_test} were dropped (OpenPCDet drops them too)", RuntimeWarning, stacklevel=3)
         if reference:
             with timer("pfn"):
                 pillars = self.vfe(vox.voxels, vox.num_points, vox.coords)
@@ -584,6 +589,16 @@ class PointPillars(nn.Module):
                 if self.impl == "reference":
                     return self._post_reference(*dense)
                 return self._post_fast(dense)
+
+    def _forward_static(self, points: torch.Tensor, lengths: torch.Tensor, fp: _FastParams):
+        """The fast path with static shapes only (what :class:`GraphedPointPillars` captures):
+        fixed-capacity voxelization, fused PFN over all capacity rows, backbone, head, padded
+        post-processing. Returns ``(Detections, num_dropped_voxels (B,))``; no host sync on CUDA."""
+        vox = _fixed_voxelize(points[:, : self.config.num_point_features], self.config, lengths)
+        canvas = self._pfn_scatter(vox.voxels, vox.num_points, vox.coords, lengths.numel(), fp, count=vox.count)
+        x = self._backbone_fast(canvas, fp)
+        out = F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1)
+        return self._post_fast(out), vox.dropped_voxels
 
     # ----- fast path pieces
     def _head_splits(self) -> tuple[int, int]:
@@ -655,9 +670,9 @@ class PointPillars(nn.Module):
         # CPU: the same folded arithmetic in torch (decorate, x @ W' + b', ReLU, max), then scatter
         feats = self.vfe.decorate(voxels, num_points, coords)
         pillars = torch.relu(feats @ fp.pfn_weight + fp.pfn_bias).amax(dim=1)
-        if count is not None:  # fixed-capacity rows beyond count: send outside the grid
-            live = torch.arange(coords.shape[0], device=coords.device) < count
-            coords = torch.where(live[:, None], coords, torch.full_like(coords, -1))
+        if count is not None:  # fixed-capacity padding rows (num_points 0, coords -1): drop them
+            live = num_points > 0
+            pillars, coords = pillars[live], coords[live]
         canvas_nchw = pcops.pillar_scatter(pillars.to(fp.dtype), coords, batch_size, self.config.bev_hw)
         return canvas_nchw.contiguous(memory_format=torch.channels_last) if fp.channels_last else canvas_nchw
 
@@ -821,13 +836,8 @@ class GraphedPointPillars:
             self.outputs = self._run()
 
     def _run(self) -> Detections:
-        m, cfg, fp = self.model, self.model.config, self._fp
-        vox = _fixed_voxelize(self.static_points, cfg, self.static_lengths)
-        self.dropped_voxels = vox.dropped_voxels
-        canvas = m._pfn_scatter(vox.voxels, vox.num_points, vox.coords, self.batch_size, fp, count=vox.count)
-        x = m._backbone_fast(canvas, fp)
-        out = F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1)
-        return m._post_fast(out)
+        det, self.dropped_voxels = self.model._forward_static(self.static_points, self.static_lengths, self._fp)
+        return det
 
     def _copy_in(self, points: torch.Tensor, lengths) -> None:
         c = self.model.config.num_point_features
@@ -876,7 +886,8 @@ class _FixedVoxels(NamedTuple):
 
 
 def _fixed_voxelize(points: torch.Tensor, cfg: PointPillarsConfig, lengths: torch.Tensor) -> _FixedVoxels:
-    """Fixed-capacity voxelization (no host sync): capacity ``max_voxels_test`` per scan."""
-    out = pcops.voxelize_fixed(points, cfg.voxel_size, cfg.point_cloud_range, cfg.max_points_per_voxel,
-                               cfg.max_voxels_test, lengths=lengths)
-    return _FixedVoxels(out.voxels, out.coords, out.num_points, out.count, getattr(out, "dropped_voxels", None))
+    """Fixed-capacity voxelization (``B * max_voxels_test`` rows, padding rows last; no host sync)."""
+    out = pcops.voxelize(points, cfg.voxel_size, cfg.point_cloud_range, cfg.max_points_per_voxel,
+                         cfg.max_voxels_test, lengths=lengths, pad_to_max=True)
+    count = out.num_voxels.sum().to(torch.int32).reshape(1)
+    return _FixedVoxels(out.voxels, out.coords, out.num_points, count, out.num_dropped_voxels)

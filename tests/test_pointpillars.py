@@ -442,3 +442,20 @@ def test_demo_cpu_one_scan(tmp_path, capsys):
     assert "RANDOM" in text and "detections" in text and "voxelize" in text and "total" in text
     pngs = list(tmp_path.glob("*_bev.png"))
     assert len(pngs) == 1 and pngs[0].stat().st_size > 1000
+
+
+def test_static_pipeline_equals_eager(model, scan, cpu_results):
+    """The fixed-capacity pipeline GraphedPointPillars captures (pad_to_max voxelization, padding
+    points far outside the range, padded NMS), run eagerly on the CPU, equals the eager fast path."""
+    from pcops.models.pointpillars import GraphedPointPillars
+
+    cap = scan.shape[0] + 1000
+    static = torch.full((cap, 4), GraphedPointPillars.PAD_VALUE)
+    static[: scan.shape[0]] = scan
+    model.impl = "fast"
+    try:
+        det, dropped = model._forward_static(static, torch.tensor([cap], dtype=torch.int32), model._fast_params(scan.device))
+    finally:
+        model.impl = "reference"
+    assert dropped.tolist() == [0]
+    _assert_same_detections(det, cpu_results["fast"][1])
