@@ -190,7 +190,7 @@ def sparse_softmax(
             raise ValueError(f"values: expected a 2-D sparse CSR tensor, got shape {tuple(values.shape)}")
         crow, col = values.crow_indices(), values.col_indices()
         y = sparse_softmax(values.values(), crow, backend=backend, validate=validate)
-        return torch.sparse_csr_tensor(crow, col, y, values.shape)
+        return torch.sparse_csr_tensor(crow, col, y, values.shape, check_invariants=False)
     _checks.check_tensor("values", values, dtypes=_checks.FLOAT_DTYPES, ndim=1)
     if crow_indices is None:
         raise TypeError("crow_indices: expected a tensor (values is not a sparse CSR tensor)")

@@ -1,0 +1,211 @@
+// Softmax over the stored values of each CSR row, forward and backward, in CUDA C++ compiled at
+// run time by NVRTC (self-contained: no standard or CUDA headers). Same results as
+// pcops/triton/fused.py's _sparse_softmax_kernel (up to float32 rounding).
+//
+// Work split (the seed design): a block of WARPS warps owns WARPS consecutive rows. A row with
+// at most SHORT_MAX = 32·VPT entries is done by its warp alone, entirely in registers (one read,
+// one write, shuffles for the reductions). Longer rows are flagged in shared memory and then
+// done one after another by the whole block (online max/sum over a strided loop, a block
+// reduction through shared memory, then a second pass that writes). One launch, no host sync.
+//
+// Empty rows write nothing; an all −inf row gives zeros (the max is replaced by 0 so that
+// exp(−inf − 0) = 0 and the zero sum gives a zero output instead of 0/0). Row ranges are
+// clamped to [0, nnz], so a malformed crow never reads or writes out of bounds.
+//
+// Element types: float32, and float16/bfloat16 held as 16-bit storage, converted with PTX cvt
+// (half) or bit shifts with round-to-nearest-even (bfloat16); arithmetic is float32.
+
+#define WARPS 8
+#define THREADS (WARPS * 32)
+#define VPT 4
+#define SHORT_MAX (32 * VPT)
+#define NEG_INF __int_as_float(0xff800000)
+
+template <int KIND> struct Elem;
+template <> struct Elem<0> {  // float32
+  typedef float T;
+  static __device__ __forceinline__ float load(T v) { return v; }
+  static __device__ __forceinline__ T store(float f) { return f; }
+};
+template <> struct Elem<1> {  // float16
+  typedef unsigned short T;
+  static __device__ __forceinline__ float load(T v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+  }
+  static __device__ __forceinline__ T store(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+  }
+};
+template <> struct Elem<2> {  // bfloat16: the high half of a float32
+  typedef unsigned short T;
+  static __device__ __forceinline__ float load(T v) { return __uint_as_float(((unsigned int)v) << 16); }
+  static __device__ __forceinline__ T store(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    return (unsigned short)(u >> 16);
+  }
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Merge the running (max, sum of exp(v - max)) pair (m2, s2) into (m, s); −inf maxima are empty.
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  float mx = fmaxf(m, m2);
+  if (mx == NEG_INF) return;
+  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
+  m = mx;
+}
+
+// Row range [start, end) clamped to [0, nnz].
+template <typename I>
+__device__ __forceinline__ void row_range(const I* crow, long long row, long long nnz, long long& start, long long& end) {
+  start = (long long)crow[row];
+  end = (long long)crow[row + 1];
+  start = start < 0 ? 0 : (start > nnz ? nnz : start);
+  end = end < start ? start : (end > nnz ? nnz : end);
+}
+
+template <int KIND, typename I>
+__device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, const I* __restrict__ crow,
+                            typename Elem<KIND>::T* __restrict__ out, long long rows, long long nnz) {
+  typedef Elem<KIND> E;
+  __shared__ int is_long[WARPS];
+  __shared__ float red_m[WARPS], red_s[WARPS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long first = (long long)blockIdx.x * WARPS;
+  const long long row = first + warp;
+  long long start = 0, end = 0;
+  if (row < rows) row_range(crow, row, nnz, start, end);
+  const long long len = end - start;
+  if (lane == 0) is_long[warp] = len > SHORT_MAX;
+  // short rows: one warp, values in registers
+  if (len > 0 && len <= SHORT_MAX) {
+    float v[VPT];
+    float m = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      long long i = lane + 32 * k;
+      v[k] = i < len ? E::load(values[start + i]) : NEG_INF;
+      m = fmaxf(m, v[k]);
+    }
+    m = warp_max(m);
+    const float ref = m == NEG_INF ? 0.f : m;  // all −inf: exp gives 0, the output 0
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      v[k] = __expf(v[k] - ref);
+      s += v[k];
+    }
+    s = warp_sum(s);
+    const float inv = s > 0.f ? 1.f / s : 0.f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      long long i = lane + 32 * k;
+      if (i < len) out[start + i] = E::store(v[k] * inv);
+    }
+  }
+  __syncthreads();
+  // long rows: the whole block, one row after another (the flags are block-uniform)
+  for (int w = 0; w < WARPS; ++w) {
+    if (!is_long[w]) continue;
+    long long s0, e0;
+    row_range(crow, first + w, nnz, s0, e0);
+    float m = NEG_INF, s = 0.f;
+    for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) merge(m, s, E::load(values[i]), 1.f);
+    for (int o = 16; o > 0; o >>= 1) {
+      float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+      red_m[warp] = m;
+      red_s[warp] = s;
+    }
+    __syncthreads();
+    m = NEG_INF;
+    s = 0.f;
+    for (int k = 0; k < WARPS; ++k) merge(m, s, red_m[k], red_s[k]);  // same order in every thread
+    const float ref = m == NEG_INF ? 0.f : m;
+    const float inv = s > 0.f ? 1.f / s : 0.f;
+    for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) out[i] = E::store(__expf(E::load(values[i]) - ref) * inv);
+    __syncthreads();  // red_m/red_s are reused by the next long row
+  }
+}
+
+template <int KIND, typename I>
+__device__ void softmax_bwd(const typename Elem<KIND>::T* __restrict__ grad, const typename Elem<KIND>::T* __restrict__ y,
+                            const I* __restrict__ crow, typename Elem<KIND>::T* __restrict__ dx, long long rows, long long nnz) {
+  typedef Elem<KIND> E;
+  __shared__ int is_long[WARPS];
+  __shared__ float red[WARPS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long first = (long long)blockIdx.x * WARPS;
+  const long long row = first + warp;
+  long long start = 0, end = 0;
+  if (row < rows) row_range(crow, row, nnz, start, end);
+  const long long len = end - start;
+  if (lane == 0) is_long[warp] = len > SHORT_MAX;
+  if (len > 0 && len <= SHORT_MAX) {
+    float g[VPT], yv[VPT];
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      long long i = lane + 32 * k;
+      g[k] = i < len ? E::load(grad[start + i]) : 0.f;
+      yv[k] = i < len ? E::load(y[start + i]) : 0.f;
+      dot += g[k] * yv[k];
+    }
+    dot = warp_sum(dot);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      long long i = lane + 32 * k;
+      if (i < len) dx[start + i] = E::store(yv[k] * (g[k] - dot));
+    }
+  }
+  __syncthreads();
+  for (int w = 0; w < WARPS; ++w) {
+    if (!is_long[w]) continue;
+    long long s0, e0;
+    row_range(crow, first + w, nnz, s0, e0);
+    float dot = 0.f;
+    for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) dot += E::load(grad[i]) * E::load(y[i]);
+    dot = warp_sum(dot);
+    if (lane == 0) red[warp] = dot;
+    __syncthreads();
+    dot = 0.f;
+    for (int k = 0; k < WARPS; ++k) dot += red[k];
+    for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) dx[i] = E::store(E::load(y[i]) * (E::load(grad[i]) - dot));
+    __syncthreads();
+  }
+}
+
+// Entry points: sparse_softmax_{fwd,bwd}_{f32,f16,bf16}_{i32,i64} (value kind × crow index type).
+#define PCOPS_SOFTMAX_ENTRIES(SUFFIX, KIND, I)                                                          \
+  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_fwd_##SUFFIX(                    \
+      const Elem<KIND>::T* values, const I* crow, Elem<KIND>::T* out, long long rows, long long nnz) {  \
+    softmax_fwd<KIND, I>(values, crow, out, rows, nnz);                                                 \
+  }                                                                                                     \
+  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_bwd_##SUFFIX(                    \
+      const Elem<KIND>::T* grad, const Elem<KIND>::T* y, const I* crow, Elem<KIND>::T* dx,              \
+      long long rows, long long nnz) {                                                                  \
+    softmax_bwd<KIND, I>(grad, y, crow, dx, rows, nnz);                                                 \
+  }
+
+PCOPS_SOFTMAX_ENTRIES(f32_i32, 0, int)
+PCOPS_SOFTMAX_ENTRIES(f32_i64, 0, long long)
+PCOPS_SOFTMAX_ENTRIES(f16_i32, 1, int)
+PCOPS_SOFTMAX_ENTRIES(f16_i64, 1, long long)
+PCOPS_SOFTMAX_ENTRIES(bf16_i32, 2, int)
+PCOPS_SOFTMAX_ENTRIES(bf16_i64, 2, long long)

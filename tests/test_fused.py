@@ -1,0 +1,613 @@
+"""pcops.fused: LayerNorm+GELU(+dropout), Swish+dropout+residual and CSR softmax.
+
+Oracles: plain-torch compositions (``F.gelu(F.layer_norm(...))``, a per-row dense softmax)
+and autograd through them; the hand-written backwards of the reference are checked with
+float64 ``gradcheck``. Tolerances: float32 1e-5 (forward) / 1e-4 (gradients; weight and bias
+gradients are sums over rows, so their absolute tolerance grows with the row count);
+float16 and bfloat16 one rounding of the output (atol/rtol 2e-3 and 1.6e-2).
+Dropout: the kernels' Philox mask is regenerated with ``pcops.triton.fused.dropout_keep_mask``
+and given to the reference; statistics are checked within 3σ.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pcops
+import pcops.nn
+from pcops.reference import fused as ref
+from _util import generator, interpret, requires_cuda
+
+WIDTHS = (1, 3, 127, 768, 1025, 4097)
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+    torch.float64: dict(atol=1e-12, rtol=1e-12),
+}
+GRAD_TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=4e-2, rtol=4e-2),
+}
+
+
+def make_ln(rows, width, seed, dtype=torch.float32, device="cpu", lead=()):
+    g = generator(seed)
+    x = (torch.randn(*lead, rows, width, generator=g) * 2 + 0.5).to(dtype)
+    w = (1 + 0.5 * torch.randn(width, generator=g)).to(dtype)
+    b = (0.5 * torch.randn(width, generator=g)).to(dtype)
+    return x.to(device), w.to(device), b.to(device)
+
+
+def torch_ln_gelu(x, w, b, eps=1e-5, approximate="tanh"):
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = F.gelu(F.layer_norm(x.to(acc), (x.shape[-1],), w.to(acc), b.to(acc), eps), approximate=approximate)
+    return y.to(x.dtype)
+
+
+def make_csr(lengths, seed, dtype=torch.float32, index_dtype=torch.int64, neg_inf_rows=(), device="cpu"):
+    """CSR rows of the given lengths, N(0, 3²) values, a few stored −inf, whole −inf rows on request."""
+    g = generator(seed)
+    lengths = torch.tensor(lengths, dtype=torch.int64)
+    crow = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    crow[1:] = lengths.cumsum(0)
+    nnz = int(crow[-1])
+    values = torch.randn(nnz, generator=g) * 3
+    values[torch.rand(nnz, generator=g) < 0.05] = -math.inf
+    for r in neg_inf_rows:
+        values[crow[r]:crow[r + 1]] = -math.inf
+    return values.to(dtype).to(device), crow.to(index_dtype).to(device)
+
+
+def dense_softmax_oracle(values, crow):
+    """Row by row: torch.softmax in float64, all −inf rows → 0."""
+    out = torch.zeros(values.shape, dtype=torch.float64)
+    v = values.double().cpu()
+    crow = crow.cpu()
+    for r in range(crow.numel() - 1):
+        s, e = int(crow[r]), int(crow[r + 1])
+        if e > s and not bool(torch.isneginf(v[s:e]).all()):
+            out[s:e] = torch.softmax(v[s:e], 0)
+    return out
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta", "ignore:Sparse invariant checks")
+
+AWKWARD_LENGTHS = [0, 1, 5, 0, 0, 17, 1, 64, 3, 130, 2, 0, 33, 1]
+
+
+# --- reference (CPU) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_layer_norm_gelu_matches_torch(width, dtype, approximate):
+    x, w, b = make_ln(5, width, seed=width, dtype=dtype, lead=(2,))
+    out = pcops.fused_layer_norm_gelu(x, w, b, approximate=approximate)
+    assert out.shape == x.shape and out.dtype == dtype
+    torch.testing.assert_close(out, torch_ln_gelu(x, w, b, approximate=approximate), **TOL[dtype])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_layer_norm_gelu_gradients_match_autograd(width, approximate):
+    x, w, b = make_ln(6, width, seed=width + 1)
+    g = torch.randn(6, width, generator=generator(2))
+    ins = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    pcops.fused_layer_norm_gelu(*ins, approximate=approximate).backward(g)
+    exp = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    torch_ln_gelu(*exp, approximate=approximate).backward(g)
+    for a, e in zip(ins, exp):
+        torch.testing.assert_close(a.grad, e.grad, **GRAD_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.4])
+def test_layer_norm_gelu_gradcheck(approximate, dropout_p):
+    x, w, b = make_ln(4, 7, seed=3, dtype=torch.float64, lead=(2,))
+    ins = [t.requires_grad_(True) for t in (x, w, b)]
+
+    def fn(x, w, b):  # the same seed each call: the same mask
+        return pcops.fused_layer_norm_gelu(x, w, b, 1e-5, approximate, dropout_p, True, generator(11))
+
+    assert torch.autograd.gradcheck(fn, ins)
+
+
+def test_layer_norm_gelu_float64_exact_and_leading_shapes():
+    x, w, b = make_ln(3, 9, seed=4, dtype=torch.float64, lead=(2, 5))
+    torch.testing.assert_close(pcops.fused_layer_norm_gelu(x, w, b), torch_ln_gelu(x, w, b), **TOL[torch.float64])
+    y = pcops.fused_layer_norm_gelu(x[0, 0, 0], w, b)  # 1-D input: one row
+    torch.testing.assert_close(y, torch_ln_gelu(x[0, 0, 0], w, b), **TOL[torch.float64])
+
+
+def test_layer_norm_gelu_empty_rows():
+    x, w, b = make_ln(0, 8, seed=5)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    y = pcops.fused_layer_norm_gelu(x, w, b)
+    assert y.shape == (0, 8)
+    y.sum().backward()
+    assert torch.equal(w.grad, torch.zeros(8))
+
+
+def _check_dropout_stats(kept: torch.Tensor, p: float):
+    n = kept.numel()
+    frac = kept.float().mean().item()
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(frac - (1 - p)) <= 3 * sigma, (frac, 1 - p, sigma)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_statistics_scale_and_mask_reuse_cpu(p):
+    x, w, b = make_ln(64, 96, seed=6)
+    y0 = pcops.fused_layer_norm_gelu(x, w, b)
+    xr = x.clone().requires_grad_(True)
+    y = pcops.fused_layer_norm_gelu(xr, w, b, dropout_p=p, training=True, generator=generator(7))
+    keep = y != 0
+    _check_dropout_stats(keep, p)
+    torch.testing.assert_close(y[keep], y0[keep] / (1 - p))
+    # same seed → same mask; another seed → another mask
+    y_again = pcops.fused_layer_norm_gelu(x, w, b, dropout_p=p, training=True, generator=generator(7))
+    assert torch.equal(y_again, y.detach())
+    y_other = pcops.fused_layer_norm_gelu(x, w, b, dropout_p=p, training=True, generator=generator(8))
+    assert not torch.equal(y_other != 0, keep)
+    # the backward uses the forward's mask
+    g = torch.randn(64, 96, generator=generator(9))
+    y.backward(g)
+    _, mean, rstd = ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    dx, _, _ = ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, keep)
+    torch.testing.assert_close(xr.grad, dx)
+    # eval mode and p = 0: no dropout
+    assert torch.equal(pcops.fused_layer_norm_gelu(x, w, b, dropout_p=p, training=False), y0)
+    assert torch.equal(pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.0, training=True), y0)
+
+
+def test_default_generator_follows_manual_seed():
+    x, w, b = make_ln(8, 32, seed=10)
+    torch.manual_seed(123)
+    a = pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.5, training=True)
+    torch.manual_seed(123)
+    assert torch.equal(a, pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.5, training=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swish_dropout_residual_cpu(dtype):
+    g = generator(12)
+    x = torch.randn(3, 50, generator=g).to(dtype)
+    r = torch.randn(3, 50, generator=g).to(dtype)
+    expected = (F.silu(x.float()) + r.float()).to(dtype)
+    torch.testing.assert_close(pcops.fused_swish_dropout_residual(x, r, 0.3, training=False), expected, **TOL[dtype])
+    torch.testing.assert_close(pcops.fused_swish_dropout_residual(x, r, 0.0), expected, **TOL[dtype])
+    xr, rr = x.float().requires_grad_(True), r.float().requires_grad_(True)
+    y = pcops.fused_swish_dropout_residual(xr, rr, 0.3, generator=generator(13))
+    keep = (y - rr) != 0
+    torch.testing.assert_close(y, F.silu(xr) * keep / 0.7 + rr)
+    gy = torch.randn(3, 50, generator=g)
+    y.backward(gy)
+    xe = x.float().requires_grad_(True)
+    (F.silu(xe) * keep / 0.7).backward(gy)
+    torch.testing.assert_close(xr.grad, xe.grad)
+    assert torch.equal(rr.grad, gy)
+
+
+def test_swish_gradcheck_and_statistics():
+    g = generator(14)
+    x = torch.randn(2, 9, dtype=torch.float64, generator=g).requires_grad_(True)
+    r = torch.randn(2, 9, dtype=torch.float64, generator=g).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x, r: pcops.fused_swish_dropout_residual(x, r, 0.25, generator=generator(1)), (x, r))
+    big = torch.rand(20000, generator=g) + 0.5  # swish(x) > 0: dropped ⇔ output == residual (0)
+    y = pcops.fused_swish_dropout_residual(big, torch.zeros_like(big), 0.3, generator=generator(2))
+    _check_dropout_stats(y != 0, 0.3)
+    torch.testing.assert_close(y[y != 0], F.silu(big)[y != 0] / 0.7)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_softmax_reference(index_dtype, dtype):
+    values, crow = make_csr(AWKWARD_LENGTHS, seed=15, dtype=dtype, index_dtype=index_dtype, neg_inf_rows=(6, 12))
+    out = pcops.sparse_softmax(values, crow)
+    assert out.dtype == dtype and out.shape == values.shape
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double(), dense_softmax_oracle(values, crow), **TOL[dtype])
+    assert out[int(crow[12]):int(crow[13])].abs().sum() == 0  # an all −inf row → zeros
+
+
+def test_sparse_softmax_edge_cases():
+    assert pcops.sparse_softmax(torch.zeros(0), torch.zeros(1, dtype=torch.int64)).shape == (0,)
+    assert pcops.sparse_softmax(torch.zeros(0), torch.zeros(4, dtype=torch.int64)).shape == (0,)
+    one = pcops.sparse_softmax(torch.tensor([-5.0, 7.0, -math.inf]), torch.tensor([0, 1, 2, 3]))
+    assert one.tolist() == [1.0, 1.0, 0.0]
+    big = pcops.sparse_softmax(torch.tensor([1000.0, 1000.0, -1000.0]), torch.tensor([0, 3]))
+    torch.testing.assert_close(big, torch.tensor([0.5, 0.5, 0.0]))
+
+
+def test_sparse_softmax_matches_torch_sparse_softmax():
+    values, crow = make_csr([4, 1, 9, 2], seed=16)
+    values = values.clamp_min(-50)  # torch.sparse.softmax over stored −inf is not our concern here
+    lengths = crow[1:] - crow[:-1]
+    cols = torch.cat([torch.arange(int(n)) for n in lengths])
+    csr = torch.sparse_csr_tensor(crow, cols, values, (4, 9))
+    expected = torch.sparse.softmax(csr.to_sparse_coo(), dim=1).coalesce().values()
+    torch.testing.assert_close(pcops.sparse_softmax(values, crow), expected)
+    out = pcops.sparse_softmax(csr)
+    assert out.layout == torch.sparse_csr and out.shape == csr.shape
+    assert torch.equal(out.crow_indices(), crow) and torch.equal(out.col_indices(), cols)
+    torch.testing.assert_close(out.values(), expected)
+
+
+def test_sparse_softmax_gradients():
+    values, crow = make_csr(AWKWARD_LENGTHS, seed=17, dtype=torch.float64, neg_inf_rows=(6,))
+    finite = values.clamp_min(-30).requires_grad_(True)  # gradcheck needs finite perturbations
+    assert torch.autograd.gradcheck(lambda v: pcops.sparse_softmax(v, crow), (finite,))
+    v = values.clone().requires_grad_(True)
+    y = pcops.sparse_softmax(v, crow)
+    g = torch.randn(y.shape, dtype=torch.float64, generator=generator(3))
+    y.backward(g)
+    row = torch.repeat_interleave(torch.arange(crow.numel() - 1), crow[1:] - crow[:-1])
+    dot = torch.zeros(crow.numel() - 1, dtype=torch.float64).index_add_(0, row, g * y.detach())
+    torch.testing.assert_close(v.grad, y.detach() * (g - dot[row]))
+
+
+def test_layer_norm_gelu_module():
+    m = pcops.nn.LayerNormGELU(16, dropout_p=0.5, dtype=torch.float64)
+    x = torch.randn(4, 16, dtype=torch.float64, generator=generator(18))
+    torch.testing.assert_close(m.eval()(x), torch_ln_gelu(x, m.weight.detach(), m.bias.detach()), **TOL[torch.float64])
+    m.train()
+    y = m(x)
+    assert 0 < (y == 0).sum() < y.numel()
+    y.sum().backward()
+    assert m.weight.grad.shape == (16,) and m.bias.grad.shape == (16,)
+    assert "dropout_p=0.5" in repr(m)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        pcops.nn.LayerNormGELU(0)
+
+
+def test_opcheck():
+    x, w, b = make_ln(5, 13, seed=19)
+    seed = torch.tensor([42])
+    for s, p in ((None, 0.0), (seed, 0.3)):
+        torch.library.opcheck(torch.ops.pcops.layer_norm_gelu, (x, w, b, 1e-5, "tanh", p, s))
+        torch.library.opcheck(
+            torch.ops.pcops.layer_norm_gelu, (x.double().requires_grad_(), w.double().requires_grad_(), b.double(), 1e-5, "none", p, s)
+        )
+        _, mean, rstd = ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+        torch.library.opcheck(torch.ops.pcops.layer_norm_gelu_backward, (torch.randn_like(x), x, w, b, mean, rstd, "tanh", p, s))
+        torch.library.opcheck(torch.ops.pcops.swish_dropout_residual, (x, torch.randn_like(x), p, s))
+        torch.library.opcheck(torch.ops.pcops.swish_dropout_residual, (x.double().requires_grad_(), x.double(), p, s))
+        torch.library.opcheck(torch.ops.pcops.swish_dropout_backward, (torch.randn_like(x), x, p, s))
+    values, crow = make_csr(AWKWARD_LENGTHS, seed=20)
+    torch.library.opcheck(torch.ops.pcops.sparse_softmax, (values, crow, "triton"))
+    torch.library.opcheck(torch.ops.pcops.sparse_softmax, (values.clamp_min(-30).double().requires_grad_(), crow, "cuda"))
+    torch.library.opcheck(torch.ops.pcops.sparse_softmax_backward, (torch.randn_like(values), values.softmax(0), crow, "triton"))
+
+
+def test_torch_compile_fullgraph():
+    x, w, b = make_ln(6, 24, seed=21)
+    values, crow = make_csr([3, 0, 5, 1], seed=22)
+
+    def net(x, w, b, values, crow):
+        h = pcops.fused_layer_norm_gelu(x * 2, w, b)
+        h = pcops.fused_swish_dropout_residual(h, x, 0.5, training=False)
+        return h.sum(1), pcops.sparse_softmax(values * 0.5, crow, validate=False)
+
+    compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
+    for a, e in zip(compiled(x, w, b, values, crow), net(x, w, b, values, crow)):
+        torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("call,exc,name", [
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x.int(), w, b), TypeError, "x"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x[:, :0], w, b), ValueError, "x"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w[:-1], b), ValueError, "weight"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b[None]), ValueError, "bias"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w.int(), b), TypeError, "weight"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, eps=0.0), ValueError, "eps"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, approximate="erf"), ValueError, "approximate"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=1.0), ValueError, "dropout_p"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=-0.1), ValueError, "dropout_p"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, training=1), TypeError, "training"),
+    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.1, True, 3), TypeError, "generator"),
+    (lambda x, w, b: pcops.fused_swish_dropout_residual(x, x.double(), 0.1), TypeError, "residual"),
+    (lambda x, w, b: pcops.fused_swish_dropout_residual(x, x[:1], 0.1), ValueError, "residual"),
+    (lambda x, w, b: pcops.fused_swish_dropout_residual(x, x, 1.5), ValueError, "dropout_p"),
+    (lambda x, w, b: pcops.fused_swish_dropout_residual(x.long(), x.long(), 0.1), TypeError, "x"),
+])
+def test_bad_input_dense(call, exc, name):
+    x, w, b = make_ln(3, 8, seed=23)
+    with pytest.raises(exc, match=name):
+        call(x, w, b)
+
+
+@pytest.mark.parametrize("values,crow,exc,name", [
+    (torch.zeros(4, dtype=torch.int32), torch.tensor([0, 4]), TypeError, "values"),
+    (torch.zeros(2, 2), torch.tensor([0, 4]), ValueError, "values"),
+    (torch.zeros(4), torch.tensor([0.0, 4.0]), TypeError, "crow_indices"),
+    (torch.zeros(4), torch.tensor([0, 3]), ValueError, "crow_indices"),  # does not end at nnz
+    (torch.zeros(4), torch.tensor([0, 3, 2, 4]), ValueError, "crow_indices"),  # not monotone
+    (torch.zeros(4), torch.tensor([1, 4]), ValueError, "crow_indices"),  # does not start at 0
+    (torch.zeros(4), torch.zeros(0, dtype=torch.int64), ValueError, "crow_indices"),
+    (torch.zeros(4), None, TypeError, "crow_indices"),
+])
+def test_bad_input_sparse(values, crow, exc, name):
+    with pytest.raises(exc, match=name):
+        pcops.sparse_softmax(values, crow)
+
+
+def test_bad_input_sparse_backend_and_csr():
+    with pytest.raises(ValueError, match="backend"):
+        pcops.sparse_softmax(torch.zeros(4), torch.tensor([0, 4]), backend="cpp")
+    csr = torch.eye(3).to_sparse_csr()
+    with pytest.raises(ValueError, match="crow_indices"):
+        pcops.sparse_softmax(csr, csr.crow_indices())
+
+
+# --- Triton kernels under the CPU interpreter (tiny shapes) ---------------------------------
+
+
+@pytest.mark.parametrize("rows,width,max_block_n", [(3, 1, None), (8, 3, None), (5, 127, None), (4, 130, 32), (2, 127, 64)])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@interpret
+def test_triton_layer_norm_gelu_interpreter(rows, width, max_block_n, approximate, dtype):
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(rows, width, seed=rows * width, dtype=dtype)
+    y, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, approximate, max_block_n=max_block_n)
+    yr, mr, rr = ref.layer_norm_gelu(x, w, b, 1e-5, approximate)
+    torch.testing.assert_close(y, yr, **TOL[dtype])
+    torch.testing.assert_close(mean, mr, **TOL[torch.float32])
+    torch.testing.assert_close(rstd, rr, **TOL[torch.float32])
+    g = torch.randn(rows, width, generator=generator(1)).to(dtype)
+    got = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, approximate, max_block_n=max_block_n, num_programs=3)
+    exp = ref.layer_norm_gelu_backward(g, x, w, b, mr, rr, approximate)
+    for a, e in zip(got, exp):
+        torch.testing.assert_close(a, e, **GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("max_block_n", [None, 16])
+@interpret
+def test_triton_dropout_interpreter(max_block_n):
+    from pcops.triton import fused as tri
+
+    p, rows, width = 0.3, 8, 40
+    x, w, b = make_ln(rows, width, seed=24)
+    seed = torch.tensor([1234])
+    keep = tri.dropout_keep_mask(seed, (rows, width), p)
+    assert torch.equal(keep, tri.dropout_keep_mask(seed, (rows, width), p))  # same seed → same mask
+    assert not torch.equal(keep, tri.dropout_keep_mask(torch.tensor([1235]), (rows, width), p))
+    _check_dropout_stats(tri.dropout_keep_mask(seed, (4000,), p), p)
+    y, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, seed, max_block_n=max_block_n)
+    torch.testing.assert_close(y, ref.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, keep)[0])
+    g = torch.randn(rows, width, generator=generator(2))
+    got = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, seed, max_block_n=max_block_n)
+    exp = ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, keep)
+    for a, e in zip(got, exp):
+        torch.testing.assert_close(a, e, **GRAD_TOL[torch.float32])
+    # Swish: the same Philox stream over the flat index
+    r = torch.randn(rows, width, generator=generator(3))
+    torch.testing.assert_close(tri.swish_dropout_residual(x, r, p, seed), ref.swish_dropout_residual(x, r, p, keep))
+    torch.testing.assert_close(tri.swish_dropout_backward(g, x, p, seed), ref.swish_dropout_backward(g, x, p, keep))
+    torch.testing.assert_close(tri.swish_dropout_residual(x, r, p, None), ref.swish_dropout_residual(x, r, p, None))
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_l", [None, 16])
+@interpret
+def test_triton_sparse_softmax_interpreter(index_dtype, dtype, block_l):
+    from pcops.triton import fused as tri
+
+    values, crow = make_csr(AWKWARD_LENGTHS, seed=25, dtype=dtype, index_dtype=index_dtype, neg_inf_rows=(6, 12))
+    y = tri.sparse_softmax(values, crow, block_l=block_l)
+    assert not torch.isnan(y).any()
+    torch.testing.assert_close(y, ref.sparse_softmax(values, crow), **TOL[dtype])
+    g = torch.randn(values.shape, generator=generator(4)).to(dtype)
+    torch.testing.assert_close(
+        tri.sparse_softmax_backward(g, y, crow, block_l=block_l), ref.sparse_softmax_backward(g, y, crow), **GRAD_TOL[dtype]
+    )
+
+
+@interpret
+def test_triton_sparse_softmax_interpreter_clamps_bad_crow():
+    from pcops.triton import fused as tri
+
+    values = torch.randn(6)
+    # decreasing and past nnz: row 1 is empty, row 2 is clamped to [2, 6); nothing out of bounds
+    y = tri.sparse_softmax(values, torch.tensor([0, 4, 2, 100]))
+    assert bool(((y >= 0) & (y <= 1)).all())
+    torch.testing.assert_close(y[4:], torch.softmax(values[2:6], 0)[2:])
+
+
+# --- the GPU paths --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_layer_norm_gelu(width, dtype, approximate):
+    x, w, b = make_ln(37, width, seed=width, dtype=dtype)
+    g = torch.randn(37, width, generator=generator(5)).to(dtype)
+    exp = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    y_ref = pcops.fused_layer_norm_gelu(*exp, approximate=approximate)
+    y_ref.backward(g)
+    got = [t.cuda().requires_grad_(True) for t in (x, w, b)]
+    y = pcops.fused_layer_norm_gelu(*got, approximate=approximate)
+    torch.testing.assert_close(y.cpu(), y_ref.detach(), **TOL[dtype])
+    y.backward(g.cuda())
+    rows_tol = dict(GRAD_TOL[dtype])
+    for i, (a, e) in enumerate(zip(got, exp)):
+        if i:  # weight/bias gradients are sums over 37 rows
+            rows_tol = {k: v * 8 for k, v in GRAD_TOL[dtype].items()}
+        torch.testing.assert_close(a.grad.cpu(), e.grad, **rows_tol)
+
+
+@pytest.mark.parametrize("rows,width", [(4096, 256), (1000, 64), (300, 8192 + 5)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_layer_norm_gelu_many_rows_deterministic(rows, width):
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(rows, width, seed=26, device="cuda")
+    g = torch.randn(rows, width, generator=generator(6)).cuda()
+    y, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    yr, mr, rr = ref.layer_norm_gelu(x.double(), w.double(), b.double(), 1e-5, "tanh")
+    torch.testing.assert_close(y, yr.float(), atol=1e-4, rtol=1e-4)
+    first = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh")
+    second = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh")
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)  # no atomics: bit-for-bit reproducible
+    exp = ref.layer_norm_gelu_backward(g.double(), x.double(), w.double(), b.double(), mr, rr, "tanh")
+    torch.testing.assert_close(first[0], exp[0].float(), atol=1e-4, rtol=1e-4)
+    for a, e in zip(first[1:], exp[1:]):
+        torch.testing.assert_close(a, e.float(), atol=1e-4 * math.sqrt(rows), rtol=1e-4)
+    # the chunked path for wide rows gives the same answer
+    chunked = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", max_block_n=64)
+    torch.testing.assert_close(chunked[0], y, atol=1e-5, rtol=1e-5)
+    chunked_bwd = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", max_block_n=64)
+    for a, c in zip(chunked_bwd, first):
+        torch.testing.assert_close(a, c, atol=1e-4 * math.sqrt(rows), rtol=1e-4)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_dropout(p):
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(512, 768, seed=27, device="cuda")
+    xr = x.clone().requires_grad_(True)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    y = pcops.fused_layer_norm_gelu(xr, w, b, dropout_p=p, training=True, generator=gen)
+    keep = y != 0
+    _check_dropout_stats(keep, p)
+    y0 = pcops.fused_layer_norm_gelu(x, w, b)
+    torch.testing.assert_close(y[keep], y0[keep] / (1 - p))
+    gen.manual_seed(5)
+    assert torch.equal(pcops.fused_layer_norm_gelu(x, w, b, dropout_p=p, training=True, generator=gen), y)
+    # the mask is the kernels' Philox stream for the drawn seed
+    gen.manual_seed(5)
+    seed = torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64, device="cuda", generator=gen)
+    assert torch.equal(tri.dropout_keep_mask(seed, y.shape, p), keep)
+    g = torch.randn(512, 768, device="cuda")
+    y.backward(g)
+    _, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    torch.testing.assert_close(xr.grad, ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, keep)[0],
+                               atol=1e-4, rtol=1e-4)
+    # Swish + dropout + residual
+    xs = x.clone().requires_grad_(True)
+    ys = pcops.fused_swish_dropout_residual(xs, torch.zeros_like(x), p, generator=gen)
+    gen_seed = None  # the mask: where the residual-free output is zero (swish(x) ≠ 0 a.s.)
+    keep_s = ys != 0
+    _check_dropout_stats(keep_s, p)
+    torch.testing.assert_close(ys, F.silu(x) * keep_s / (1 - p))
+    ys.backward(g)
+    torch.testing.assert_close(xs.grad, ref.swish_dropout_backward(g, x, p, keep_s), atol=1e-5, rtol=1e-5)
+    del gen_seed
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_dropout_cuda_graph_replays_draw_fresh_masks():
+    x, w, b = make_ln(256, 128, seed=28, device="cuda")
+    pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.5, training=True)  # compile/autotune outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.5, training=True)
+    graph.replay()
+    first = (y != 0).clone()
+    graph.replay()
+    second = y != 0
+    assert not torch.equal(first, second)
+    _check_dropout_stats(second, 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_swish(dtype):
+    g = generator(29)
+    x = torch.randn(1000, 257, generator=g).to(dtype)
+    r = torch.randn(1000, 257, generator=g).to(dtype)
+    gy = torch.randn(1000, 257, generator=g).to(dtype)
+    xc, rc = x.cuda().requires_grad_(True), r.cuda().requires_grad_(True)
+    y = pcops.fused_swish_dropout_residual(xc, rc, 0.2, training=False)
+    torch.testing.assert_close(y.cpu(), ref.swish_dropout_residual(x, r, 0.2), **TOL[dtype])
+    y.backward(gy.cuda())
+    torch.testing.assert_close(xc.grad.cpu(), ref.swish_dropout_backward(gy, x, 0.2), **GRAD_TOL[dtype])
+    assert torch.equal(rc.grad.cpu(), gy)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_sparse_softmax(backend, dtype, index_dtype):
+    g = generator(30)
+    lengths = AWKWARD_LENGTHS + [1000, 0, 129, 128, 127, 5000] + torch.randint(0, 70, (3000,), generator=g).tolist()
+    values, crow = make_csr(lengths, seed=31, dtype=dtype, index_dtype=index_dtype, neg_inf_rows=(6, 12, 15))
+    expected = ref.sparse_softmax(values, crow)
+    vc = values.cuda().requires_grad_(True)
+    y = pcops.sparse_softmax(vc, crow.cuda(), backend=backend)
+    assert not torch.isnan(y).any()
+    torch.testing.assert_close(y.cpu(), expected, **TOL[dtype])
+    gy = torch.randn(values.shape, generator=g).to(dtype)
+    y.backward(gy.cuda())
+    torch.testing.assert_close(vc.grad.cpu(), ref.sparse_softmax_backward(gy, y.detach().cpu(), crow), **GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_sparse_softmax_q1_graph_and_csr_tensor(backend):
+    torch.manual_seed(0)
+    lengths = torch.randint(1, 65, (120000,))
+    crow = torch.zeros(120001, dtype=torch.int64)
+    crow[1:] = lengths.cumsum(0)
+    values = torch.randn(int(crow[-1]))
+    crow_c, values_c = crow.cuda(), values.cuda()
+    y = pcops.sparse_softmax(values_c, crow_c, backend=backend, validate=True)
+    torch.testing.assert_close(y.cpu(), ref.sparse_softmax(values, crow), atol=1e-6, rtol=1e-5)
+    static = values_c.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pcops.sparse_softmax(static, crow_c, backend=backend)
+    static.mul_(2)
+    graph.replay()
+    torch.testing.assert_close(out, pcops.sparse_softmax(values_c * 2, crow_c, backend=backend))
+    cols = torch.cat([torch.arange(int(n)) for n in lengths[:50]])
+    csr = torch.sparse_csr_tensor(crow[:51], cols, values[: int(crow[50])], (50, 64)).cuda()
+    out_csr = pcops.sparse_softmax(csr, backend=backend)
+    assert out_csr.layout == torch.sparse_csr
+    torch.testing.assert_close(out_csr.values().cpu(), ref.sparse_softmax(values[: int(crow[50])], crow[:51]))
+    with pytest.raises(ValueError, match="crow_indices"):
+        pcops.sparse_softmax(values_c, crow_c[:-1], backend=backend, validate=True)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_float64_falls_back_to_plain_torch():
+    x, w, b = make_ln(5, 33, seed=32, dtype=torch.float64, device="cuda")
+    torch.testing.assert_close(pcops.fused_layer_norm_gelu(x, w, b), torch_ln_gelu(x, w, b))
+    values, crow = make_csr([3, 0, 7], seed=33, dtype=torch.float64, device="cuda")
+    torch.testing.assert_close(pcops.sparse_softmax(values, crow).cpu(), dense_softmax_oracle(values, crow))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_opcheck():
+    x, w, b = make_ln(9, 100, seed=34, device="cuda")
+    seed = torch.tensor([7], device="cuda")
+    for s, p in ((None, 0.0), (seed, 0.3)):
+        torch.library.opcheck(torch.ops.pcops.layer_norm_gelu, (x, w, b, 1e-5, "tanh", p, s))
+        _, mean, rstd = torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, s)
+        torch.library.opcheck(torch.ops.pcops.layer_norm_gelu_backward, (torch.randn_like(x), x, w, b, mean, rstd, "tanh", p, s))
+        torch.library.opcheck(torch.ops.pcops.swish_dropout_residual, (x, torch.randn_like(x), p, s))
+    values, crow = make_csr(AWKWARD_LENGTHS, seed=35, device="cuda")
+    for backend in ("triton", "cuda"):
+        torch.library.opcheck(torch.ops.pcops.sparse_softmax, (values, crow, backend))
