@@ -75,6 +75,13 @@ def main():
         t = bench(graphed.graph.replay, rep=rep)
         rows.append(row("E1 total", f"pcops graph {tag} (replay only)", t, items=1, unit="scans/s", baseline=base))
         del graphed
+    # fp32 with the backbone in NCHW (channels_last=False), graph-captured: the memory-format choice
+    model.impl, model.dtype, model.channels_last = "fast", torch.float32, False
+    graphed = model.capture(pts)
+    t = bench(lambda: graphed(pts), rep=rep)
+    rows.append(row("E1 total", "pcops graph fp32 NCHW", t, items=1, unit="scans/s", baseline=base))
+    del graphed
+    model.channels_last = None
 
     # ---- E2: 8 scans, batch 8
     scans = [scan, other] * 4

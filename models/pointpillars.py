@@ -794,8 +794,8 @@ class GraphedPointPillars:
         max_points: capacity in points per scan (default: twice the largest example scan rounded up
             to 1,024, at least 150,000); a call with a larger scan raises ``ValueError``.
 
-    Unused capacity is filled with points far outside the range (``pad_value``), which the voxelizer
-    drops. The outputs are static tensors overwritten by the next call (``clone()`` to keep them).
+    Unused capacity is filled with points far outside the range (``PAD_VALUE`` metres), which the
+    voxelizer drops. The outputs are static tensors overwritten by the next call (``clone()`` to keep them).
     The weights are folded at capture time: after changing them, capture again.
     ``dropped_voxels`` holds the device-side count of pillars that did not fit (``max_voxels_test``
     per scan), as OpenPCDet's voxelizer drops them; read it to check (it costs a sync).
