@@ -791,8 +791,10 @@ class GraphedPointPillars:
         example_points: ``(N, C)`` float32 CUDA points used for the warm-up runs before capture.
         example_lengths: for a batch, the per-scan point counts of ``example_points`` on the host
             (list or CPU tensor); their number fixes the captured batch size (default: one scan).
-        max_points: capacity in points per scan (default: twice the largest example scan rounded up
-            to 1,024, at least 150,000); a call with a larger scan raises ``ValueError``.
+        max_points: capacity in points per scan (default: the largest example scan, at least
+            131,072, rounded up to 1,024; a KITTI HDL-64E scan has about 120,000); a call with a larger
+            scan raises ``ValueError``. Every replay voxelizes the whole capacity (the padding is
+            dropped as out of range), so a tight capacity is a faster one.
 
     Unused capacity is filled with points far outside the range (``PAD_VALUE`` metres), which the
     voxelizer drops. The outputs are static tensors overwritten by the next call (``clone()`` to keep them).
@@ -819,7 +821,7 @@ class GraphedPointPillars:
         c = cfg.num_point_features
         if max_points is None:
             largest = example_points.shape[0] if example_lengths is None else max(int(v) for v in example_lengths)
-            max_points = max(150_000, -(-2 * largest // 1024) * 1024)
+            max_points = -(-max(largest, 131_072) // 1024) * 1024
         self.max_points = int(max_points)
         self.static_points = torch.full((self.batch_size * self.max_points, c), self.PAD_VALUE, device=self.device)
         self.static_lengths = torch.full((self.batch_size,), self.max_points, dtype=torch.int32, device=self.device)
