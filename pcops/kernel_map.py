@@ -213,7 +213,8 @@ def sparse_conv3d(
         _checks.check_tensor("bias", bias, dtypes=(features.dtype,), ndim=1)
         if bias.shape[0] != weight.shape[2]:
             raise ValueError(f"bias: expected shape ({weight.shape[2]},), got {tuple(bias.shape)}")
-    if out_in.device.type == "cpu" and out_in.numel() and int(out_in.max()) >= features.shape[0]:
+    if (out_in.device.type == "cpu" and not torch.compiler.is_compiling() and out_in.numel()
+            and int(out_in.max()) >= features.shape[0]):
         raise ValueError(
             f"features: the kernel map refers to input row {int(out_in.max())}, but features has "
             f"{features.shape[0]} rows"

@@ -1,0 +1,478 @@
+"""pcops.sparse_conv_kernel_map / sparse_conv3d: dense-conv oracle, reference vs Triton, registration, bad input."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pcops
+from pcops.kernel_map import KernelMap
+from pcops.reference import kernel_map as ref
+from _util import generator, gpu, interpret, requires_cuda
+
+
+def make_coords(batch_size, shape, num, seed, device="cpu"):
+    """``num`` distinct random voxels of a ``(batch_size, *shape)`` grid, int32 (b, z, y, x)."""
+    d, h, w = shape
+    lin = torch.randperm(batch_size * d * h * w, generator=generator(seed))[:num]
+    x, rest = lin % w, lin // w
+    y, rest = rest % h, rest // h
+    z, b = rest % d, rest // d
+    return torch.stack([b, z, y, x], 1).to(torch.int32).to(device)
+
+
+def densify(features, coords, batch_size, shape):
+    dense = features.new_zeros(batch_size, features.shape[1], *shape)
+    c = coords.long()
+    dense[c[:, 0], :, c[:, 1], c[:, 2], c[:, 3]] = features
+    return dense
+
+
+def dense_conv(x, weight, kernel, stride, padding, dilation, subm=False, transposed=False):
+    """Dense equivalent of sparse_conv3d with weight (K, C_in, C_out) in the documented offset order."""
+    w = weight.reshape(*kernel, weight.shape[1], weight.shape[2])  # (kz, ky, kx, C_in, C_out)
+    if transposed:
+        return F.conv_transpose3d(x, w.permute(3, 4, 0, 1, 2), stride=stride, padding=padding, dilation=dilation)
+    if subm:
+        padding = tuple((k - 1) // 2 * d for k, d in zip(kernel, dilation))
+    return F.conv3d(x, w.permute(4, 3, 0, 1, 2), stride=stride, padding=padding, dilation=dilation)
+
+
+def check_layouts(km: KernelMap):
+    """pairs ⇔ out_in, ascending pair_out within each offset, offsets consistent."""
+    m, k = km.out_in.shape
+    assert km.out_coords.shape == (m, 4) and km.out_coords.dtype == torch.int32
+    for t in (km.pair_in, km.pair_out, km.offsets, km.out_in):
+        assert t.dtype == torch.int32
+    offsets = km.offsets.tolist()
+    assert len(offsets) == k + 1 and offsets[0] == 0 and offsets[-1] == km.pair_in.numel()
+    for kk in range(k):
+        s, e = offsets[kk], offsets[kk + 1]
+        po, pi = km.pair_out[s:e].long(), km.pair_in[s:e]
+        assert bool((po[1:] > po[:-1]).all()), "pair_out must ascend within an offset"
+        assert torch.equal(km.out_in[po, kk], pi)
+        assert int((km.out_in[:, kk] >= 0).sum()) == e - s
+
+
+# (kernel, stride, padding, dilation, subm, transposed)
+CONFIGS = [
+    ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), True, False),
+    ((3, 3, 3), (1, 1, 1), (0, 0, 0), (2, 1, 2), True, False),
+    ((1, 3, 5), (1, 1, 1), (0, 0, 0), (1, 1, 1), True, False),
+    ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False),
+    ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), False, False),
+    ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1), False, False),
+    ((3, 2, 3), (2, 1, 3), (1, 0, 2), (1, 2, 1), False, False),
+    ((3, 3, 3), (3, 2, 2), (2, 1, 0), (3, 2, 2), False, False),
+    ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, True),
+    ((2, 3, 3), (2, 1, 3), (0, 1, 2), (1, 2, 1), False, True),
+]
+
+
+def _cfg_id(c):
+    kind = "subm" if c[4] else ("transposed" if c[5] else "regular")
+    return f"{kind}-k{c[0]}-s{c[1]}-p{c[2]}-d{c[3]}"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_matches_dense_conv(cfg):
+    kernel, stride, padding, dilation, subm, transposed = cfg
+    batch_size, shape, num, c_in, c_out = 2, (5, 6, 7), 50, 3, 2
+    # the grid's opposite corners are active (border handling), in a random row order
+    corners = torch.tensor([[0, 0, 0, 0], [batch_size - 1, shape[0] - 1, shape[1] - 1, shape[2] - 1]], dtype=torch.int32)
+    coords = make_coords(batch_size, shape, num, seed=1)
+    coords = coords[~(coords[:, None] == corners[None]).all(2).any(1)]
+    coords = torch.cat([corners, coords])[torch.randperm(coords.shape[0] + 2, generator=generator(2))]
+    g = generator(3)
+    features = torch.randn(coords.shape[0], c_in, generator=g, dtype=torch.float64)
+    weight = torch.randn(math.prod(kernel), c_in, c_out, generator=g, dtype=torch.float64)
+    bias = torch.randn(c_out, generator=g, dtype=torch.float64)
+    km = pcops.sparse_conv_kernel_map(coords, shape, kernel, stride, padding, dilation, subm=subm, transposed=transposed)
+    check_layouts(km)
+    out = pcops.sparse_conv3d(features, km, weight, bias)
+
+    y = dense_conv(densify(features, coords, batch_size, shape), weight, kernel, stride, padding, dilation, subm, transposed)
+    assert tuple(y.shape[2:]) == km.out_spatial_shape
+    oc = km.out_coords.long()
+    torch.testing.assert_close(out, y[oc[:, 0], :, oc[:, 1], oc[:, 2], oc[:, 3]] + bias)
+    if subm:
+        assert torch.equal(km.out_coords, coords)
+    else:
+        # the output set is exactly the support of the dense conv of the occupancy, sorted (b, z, y, x)
+        ones = torch.ones(coords.shape[0], 1, dtype=torch.float64)
+        occ = dense_conv(densify(ones, coords, batch_size, shape), torch.ones(math.prod(kernel), 1, 1, dtype=torch.float64),
+                         kernel, stride, padding, dilation, subm, transposed)
+        assert torch.equal((occ[:, 0] > 0).nonzero(), oc)
+
+
+def test_offset_order_and_rule():
+    """k = (kz * Ky + ky) * Kx + kx and i = o * s - p + k * d, on a hand-checked case."""
+    coords = torch.tensor([[0, 2, 2, 2], [0, 2, 2, 3], [0, 3, 2, 2]], dtype=torch.int32)
+    km = pcops.sparse_conv_kernel_map(coords, (5, 5, 5), kernel_size=(2, 1, 2), subm=True)
+    # centre (K - 1) // 2 = (0, 0, 0): i = o + k; k = kz * 2 + kx
+    assert km.out_in.tolist() == [[0, 1, 2, -1], [1, -1, -1, -1], [2, -1, -1, -1]]
+    km = pcops.sparse_conv_kernel_map(coords, (5, 5, 5), kernel_size=3, stride=2, padding=1)
+    # (2, 2, 2) → o = (1.5 - k/2 ...): z: (2 + 1 - kz) even → kz ∈ {1} → oz = 1; x=3: kx ∈ {0, 2} → ox ∈ {2, 1}
+    assert km.out_coords.tolist() == [[0, 1, 1, 1], [0, 1, 1, 2], [0, 2, 1, 1]]
+    k_centre = (1 * 3 + 1) * 3 + 1
+    assert km.out_in[0, k_centre] == 0 and km.out_in[0, k_centre + 1] == 1  # (0,1,1,1): x = 2 + kx - 1
+    assert km.out_in[1, k_centre - 1] == 1  # (0,1,1,2): x = 4 - 1 + kx → kx = 0
+    assert km.out_in[2, (0 * 3 + 1) * 3 + 1] == 2  # (0,2,1,1): z = 4 - 1 + kz → kz = 0
+
+
+def test_batches_never_mix():
+    shape = (6, 7, 5)
+    a = make_coords(1, shape, 60, seed=4)
+    both = torch.cat([a, a + torch.tensor([1, 0, 0, 0], dtype=torch.int32)])  # same voxels in batch 1
+    for kwargs in (dict(subm=True), dict(stride=2, padding=1), dict(stride=2, transposed=True)):
+        single = pcops.sparse_conv_kernel_map(a, shape, **kwargs)
+        double = pcops.sparse_conv_kernel_map(both, shape, **kwargs)
+        m = single.out_coords.shape[0]
+        assert torch.equal(double.out_coords[:m], single.out_coords)
+        assert torch.equal(double.out_coords[m:, 1:], single.out_coords[:, 1:])
+        assert bool((double.out_coords[m:, 0] == 1).all())
+        assert torch.equal(double.out_in[:m], single.out_in)
+        shifted = torch.where(single.out_in >= 0, single.out_in + a.shape[0], -1)
+        assert torch.equal(double.out_in[m:], shifted)
+
+
+@pytest.mark.parametrize("kwargs", [dict(subm=True), dict(stride=2, padding=1), dict(transposed=True, stride=2)])
+def test_empty_and_single(kwargs):
+    empty = torch.empty(0, 4, dtype=torch.int32)
+    km = pcops.sparse_conv_kernel_map(empty, (4, 4, 4), **kwargs)
+    assert km.out_coords.shape == (0, 4) and km.out_in.shape == (0, 27) and km.pair_in.numel() == 0
+    assert km.offsets.tolist() == [0] * 28
+    out = pcops.sparse_conv3d(torch.empty(0, 3), km, torch.randn(27, 3, 5))
+    assert out.shape == (0, 5)
+    one = torch.tensor([[0, 1, 1, 1]], dtype=torch.int32)
+    km = pcops.sparse_conv_kernel_map(one, (3, 3, 3), **kwargs)
+    check_layouts(km)
+    assert km.pair_in.numel() == km.out_coords.shape[0]  # one voxel feeds each output once
+
+
+def test_inverse_map_is_spconv_inverse_conv():
+    kernel, stride, padding = 3, 2, 1
+    shape, batch_size = (5, 7, 9), 2  # odd sizes: the transposed grid of the coarse one is the fine one
+    fine = make_coords(batch_size, shape, 70, seed=5)
+    down = pcops.sparse_conv_kernel_map(fine, shape, kernel, stride, padding)
+    inv = down.inverse(fine, shape)
+    check_layouts(inv)
+    assert torch.equal(inv.out_coords, fine) and inv.out_spatial_shape == shape
+    # each (input, offset) pair of the strided map, reversed
+    assert int(inv.offsets[-1]) == int(down.offsets[-1])
+    # = the transposed map of the coarse voxels, restricted to the fine voxels
+    up = pcops.sparse_conv_kernel_map(down.out_coords, down.out_spatial_shape, kernel, stride, padding, transposed=True)
+    assert up.out_spatial_shape == shape
+    key = lambda c: ref.linear_key(c[:, 0], c[:, 1:], shape)
+    rows = torch.searchsorted(key(up.out_coords), key(fine))
+    assert torch.equal(up.out_coords[rows], fine)
+    assert torch.equal(up.out_in[rows], inv.out_in)
+    # and conv_transpose3d at the fine voxels
+    g = generator(6)
+    feats = torch.randn(down.out_coords.shape[0], 4, generator=g, dtype=torch.float64)
+    weight = torch.randn(27, 4, 3, generator=g, dtype=torch.float64)
+    y = dense_conv(densify(feats, down.out_coords, batch_size, down.out_spatial_shape), weight, (3, 3, 3),
+                   (2, 2, 2), (1, 1, 1), (1, 1, 1), transposed=True)
+    fc = fine.long()
+    torch.testing.assert_close(pcops.sparse_conv3d(feats, inv, weight), y[fc[:, 0], :, fc[:, 1], fc[:, 2], fc[:, 3]])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)])
+def test_sparse_conv3d_dtypes(dtype, tol):
+    coords = make_coords(2, (6, 6, 6), 80, seed=7)
+    km = pcops.sparse_conv_kernel_map(coords, (6, 6, 6), subm=True)
+    g = generator(8)
+    f = torch.randn(80, 5, generator=g, dtype=torch.float64)
+    w = torch.randn(27, 5, 4, generator=g, dtype=torch.float64) / 5
+    expected = pcops.sparse_conv3d(f, km, w)
+    out = pcops.sparse_conv3d(f.to(dtype), km, w.to(dtype))
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * 4)
+
+
+def test_sparse_conv3d_gradients():
+    coords = make_coords(2, (4, 5, 4), 25, seed=9)
+    km = pcops.sparse_conv_kernel_map(coords, (4, 5, 4), kernel_size=3, stride=2, padding=1)
+    g = generator(10)
+    f = torch.randn(25, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(27, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda f, w, b: pcops.sparse_conv3d(f, km, w, b), (f, w, b))
+    # the backward equals the dense conv's
+    out = pcops.sparse_conv3d(f, km, w, b)
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    gf, gw = torch.autograd.grad(out, (f, w), grad)
+    fd = f.detach().clone().requires_grad_(True)
+    wd = w.detach().clone().requires_grad_(True)
+    y = dense_conv(densify(fd, coords, 2, (4, 5, 4)), wd, (3, 3, 3), 2, 1, 1)
+    oc = km.out_coords.long()
+    gfd, gwd = torch.autograd.grad(y[oc[:, 0], :, oc[:, 1], oc[:, 2], oc[:, 3]], (fd, wd), grad)
+    torch.testing.assert_close(gf, gfd)
+    torch.testing.assert_close(gw, gwd)
+
+
+def test_reference_chunking_is_exact():
+    coords = make_coords(1, (5, 5, 5), 40, seed=11)
+    km = pcops.sparse_conv_kernel_map(coords, (5, 5, 5), subm=True)
+    f = torch.randn(40, 3, dtype=torch.float64)
+    w = torch.randn(27, 3, 2, dtype=torch.float64)
+    g = torch.randn(40, 2, dtype=torch.float64)
+    full = ref.sparse_conv3d(f, w, None, km.out_in)
+    chunked = ref.sparse_conv3d(f, w, None, km.out_in, chunk_elems=1)
+    torch.testing.assert_close(full, chunked, rtol=1e-12, atol=1e-12)
+    a = ref.sparse_conv3d_backward(g, f, w, km.out_in, True, True)
+    b = ref.sparse_conv3d_backward(g, f, w, km.out_in, True, True, chunk_elems=1)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_opcheck():
+    coords = make_coords(2, (5, 6, 7), 30, seed=12)
+    for subm, stride, padding, transposed in ((True, 1, 1, False), (False, 2, 1, False), (False, 2, 1, True)):
+        args = (coords, [5, 6, 7], list(pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, stride, padding,
+                                                                  subm=subm, transposed=transposed).out_spatial_shape),
+                [3, 3, 3], [stride] * 3, [padding] * 3, [1, 1, 1], subm, transposed)
+        torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
+    km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True)
+    torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in,))
+    f = torch.randn(30, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(27, 3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in))
+    torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, None, km.out_in))
+
+
+def test_torch_compile_fullgraph():
+    coords = make_coords(2, (5, 6, 7), 40, seed=13)
+    f = torch.randn(40, 3)
+    w = torch.randn(27, 3, 4)
+
+    def net(coords, f, w):
+        km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, stride=2, padding=1)
+        return pcops.sparse_conv3d(f * 2, km, w).relu()
+
+    compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(coords, f, w), net(coords, f, w))
+
+
+def _bad(coords=None, **kw):
+    args = dict(spatial_shape=(4, 4, 4))
+    args.update(kw)
+    c = torch.tensor([[0, 0, 0, 0], [0, 1, 2, 3]], dtype=torch.int32) if coords is None else coords
+    return pcops.sparse_conv_kernel_map(c, **args)
+
+
+@pytest.mark.parametrize("bad,exc,name", [
+    (dict(coords=torch.zeros(2, 4)), TypeError, "coords"),
+    (dict(coords=torch.zeros(2, 3, dtype=torch.int32)), ValueError, "coords"),
+    (dict(coords=torch.zeros(4, dtype=torch.int32)), ValueError, "coords"),
+    (dict(coords=torch.tensor([[0, 4, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
+    (dict(coords=torch.tensor([[0, 0, 0, -1]], dtype=torch.int32)), ValueError, "coords"),
+    (dict(coords=torch.tensor([[-1, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
+    (dict(coords=torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2], [0, 1, 1, 1]], dtype=torch.int32)), ValueError, "duplicate"),
+    (dict(spatial_shape=(4, 4)), ValueError, "spatial_shape"),
+    (dict(spatial_shape=4), TypeError, "spatial_shape"),
+    (dict(spatial_shape=(4, 0, 4)), ValueError, "spatial_shape"),
+    (dict(kernel_size=0), ValueError, "kernel_size"),
+    (dict(kernel_size=(3, 3)), ValueError, "kernel_size"),
+    (dict(kernel_size=2.0), TypeError, "kernel_size"),
+    (dict(stride=0), ValueError, "stride"),
+    (dict(stride=(1, -1, 1)), ValueError, "stride"),
+    (dict(padding=-1), ValueError, "padding"),
+    (dict(dilation=0), ValueError, "dilation"),
+    (dict(subm=True, stride=2), ValueError, "stride"),
+    (dict(subm=True, transposed=True), ValueError, "transposed"),
+    (dict(subm=1), TypeError, "subm"),
+    (dict(kernel_size=5, dilation=2), ValueError, "spatial_shape"),
+])
+def test_bad_input(bad, exc, name):
+    with pytest.raises(exc, match=name):
+        _bad(**bad)
+
+
+def test_sparse_conv3d_bad_input():
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 2, 3]], dtype=torch.int32)
+    km = pcops.sparse_conv_kernel_map(coords, (4, 4, 4), subm=True)
+    f, w = torch.randn(2, 3), torch.randn(27, 3, 5)
+    cases = [
+        (dict(features=torch.randn(2, 3).int()), TypeError, "features"),
+        (dict(features=torch.randn(2)), ValueError, "features"),
+        (dict(weight=torch.randn(27, 3, 5).double()), TypeError, "weight"),
+        (dict(weight=torch.randn(26, 3, 5)), ValueError, "weight"),
+        (dict(weight=torch.randn(27, 4, 5)), ValueError, "weight"),
+        (dict(bias=torch.randn(4)), ValueError, "bias"),
+        (dict(features=torch.randn(1, 3)), ValueError, "features"),
+        (dict(kernel_map=km.out_in), TypeError, "kernel_map"),
+    ]
+    for bad, exc, name in cases:
+        args = dict(features=f, kernel_map=km, weight=w, bias=None)
+        args.update(bad)
+        with pytest.raises(exc, match=name):
+            pcops.sparse_conv3d(**args)
+
+
+# --- Triton kernels under the CPU interpreter ----------------------------------------------
+
+
+def _launch(coords, shape, kernel, stride, padding, dilation, subm, transposed):
+    from pcops.kernel_map import _output_shape
+    from pcops.triton import kernel_map as tri
+
+    out_shape = _output_shape(shape, kernel, stride, padding, dilation, subm, transposed)
+    if subm:
+        padding = tuple((k - 1) // 2 * d for k, d in zip(kernel, dilation))
+    args = (coords, shape, out_shape, kernel, stride, padding, dilation, subm, transposed)
+    return tri.sparse_conv_kernel_map(*args), args
+
+
+INTERP_CONFIGS = [CONFIGS[0], CONFIGS[3], CONFIGS[6], CONFIGS[7], CONFIGS[9],
+                  ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), False, False)]
+
+
+@pytest.mark.parametrize("cfg", INTERP_CONFIGS, ids=_cfg_id)
+@pytest.mark.parametrize("num", [0, 1, 37])
+@interpret
+def test_triton_interpreter(cfg, num):
+    kernel, stride, padding, dilation, subm, transposed = cfg
+    coords = make_coords(2, (5, 6, 7), num, seed=num + 20)
+    got, args = _launch(coords, (5, 6, 7), kernel, stride, padding, dilation, subm, transposed)
+    expected = ref.sparse_conv_kernel_map(*args)
+    for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+@interpret
+def test_triton_interpreter_duplicates_and_out_of_grid():
+    """No host check on the GPU path: duplicates → the lowest row is the input found; out-of-grid rows
+    are never inputs (and generate no outputs)."""
+    coords = make_coords(1, (5, 6, 7), 30, seed=21)
+    extra = torch.cat([coords[[3, 7]], torch.tensor([[0, 9, 0, 0], [0, 0, 0, -1], [-1, 0, 0, 0]], dtype=torch.int32)])
+    dirty = torch.cat([coords, extra])
+    (oc, pi, po, offs, out_in), args = _launch(dirty, (5, 6, 7), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), True, False)
+    clean = ref.sparse_conv_kernel_map(coords, *args[1:])
+    assert torch.equal(oc, dirty)
+    assert torch.equal(out_in[:30], clean[4])
+    assert torch.equal(out_in[30:32], clean[4][[3, 7]])
+    (oc, pi, po, offs, out_in), args = _launch(dirty, (5, 6, 7), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False)
+    clean = ref.sparse_conv_kernel_map(coords, *args[1:])
+    for a, b in zip((oc, pi, po, offs, out_in), clean):
+        assert torch.equal(a, b)
+
+
+@interpret
+def test_triton_interpreter_pairs_from_table():
+    from pcops.triton import kernel_map as tri
+
+    for m, k in ((0, 27), (1, 1), (300, 27), (45, 8)):
+        t = torch.randint(-3, 50, (m, k), generator=generator(m + k), dtype=torch.int32).clamp(min=-1)
+        for a, b in zip(tri.pairs_from_table(t), ref.pairs_from_table(t)):
+            assert torch.equal(a, b)
+
+
+def test_max_outputs_per_input_bounds_the_reference():
+    from pcops.triton.kernel_map import max_outputs_per_input
+
+    coords = make_coords(1, (9, 9, 9), 1, seed=0)
+    for kernel, stride, dilation in (((3, 3, 3), (2, 2, 2), (1, 1, 1)), ((5, 4, 3), (2, 3, 4), (2, 3, 2)),
+                                     ((3, 3, 3), (1, 1, 1), (1, 1, 1)), ((4, 4, 4), (4, 2, 6), (2, 2, 3))):
+        bound = max_outputs_per_input(kernel, stride, dilation, False)
+        for z in range(9):
+            c = coords.clone()
+            c[0, 1:] = torch.tensor([z, (z * 3) % 9, (z * 5) % 9])
+            pad = tuple(k - 1 for k in kernel)
+            km = pcops.sparse_conv_kernel_map(c, (9, 9, 9), kernel, stride, pad, dilation)
+            assert km.out_coords.shape[0] <= bound
+
+
+# --- the GPU path ---------------------------------------------------------------------------
+
+
+def _s1_coords(kitti_dir):
+    pts = torch.from_numpy(np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4))
+    lo = torch.tensor([0.0, -40.0, -3.0])
+    size = torch.tensor([0.05, 0.05, 0.1])
+    grid = torch.tensor([1408, 1600, 40])
+    idx = ((pts[:, :3] - lo) / size).floor().long()
+    keep = ((idx >= 0) & (idx < grid)).all(1)
+    idx = torch.unique(idx[keep], dim=0)
+    return torch.stack([torch.zeros_like(idx[:, 0]), idx[:, 2], idx[:, 1], idx[:, 0]], 1).int()
+
+
+GPU_CASES = [
+    ((3, 3, 3), 1, 0, 1, True, False),
+    ((3, 3, 3), 2, 1, 1, False, False),
+    ((3, 3, 3), 1, 1, 1, False, False),
+    ((3, 3, 3), (2, 2, 1), (1, 1, 2), (1, 2, 2), False, False),
+    ((3, 3, 3), 2, 1, 1, False, True),
+    ((5, 5, 5), 1, 0, 2, True, False),
+]
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("num,batch_size,shape", [(0, 1, (8, 8, 8)), (1, 1, (3, 3, 3)), (997, 3, (17, 40, 33)), (20011, 2, (40, 160, 141))])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_matches_reference(case, num, batch_size, shape):
+    kernel, stride, padding, dilation, subm, transposed = case
+    coords = make_coords(batch_size, shape, num, seed=num)
+    expected = pcops.sparse_conv_kernel_map(coords, shape, kernel, stride, padding, dilation, subm, transposed)
+    got = pcops.sparse_conv_kernel_map(coords.cuda(), shape, kernel, stride, padding, dilation, subm, transposed)
+    again = pcops.sparse_conv_kernel_map(coords.cuda(), shape, kernel, stride, padding, dilation, subm, transposed)
+    assert got.out_spatial_shape == expected.out_spatial_shape
+    for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
+        a, b = getattr(got, name), getattr(expected, name)
+        assert a.is_cuda and a.dtype == b.dtype and torch.equal(a.cpu(), b), name
+        assert torch.equal(getattr(again, name), a), f"{name}: not deterministic"
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_s1_kitti(kitti_dir):
+    coords = _s1_coords(kitti_dir)
+    shape = (40, 1600, 1408)
+    for kwargs in (dict(subm=True), dict(stride=2, padding=1)):
+        expected = pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs)
+        got = pcops.sparse_conv_kernel_map(coords.cuda(), shape, 3, **kwargs)
+        for a, b in zip(got[:1] + got[2:], expected[:1] + expected[2:]):
+            assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_duplicates_out_of_grid_inverse_and_conv():
+    coords = make_coords(2, (9, 10, 11), 400, seed=30)
+    dirty = torch.cat([coords, coords[[5, 9]], torch.tensor([[0, 99, 0, 0], [-1, 0, 0, 0]], dtype=torch.int32)])
+    got = pcops.sparse_conv_kernel_map(dirty.cuda(), (9, 10, 11), 3, stride=2, padding=1)
+    expected = pcops.sparse_conv_kernel_map(coords, (9, 10, 11), 3, stride=2, padding=1)
+    for a, b in zip(got[:1] + got[2:], expected[:1] + expected[2:]):
+        assert torch.equal(a.cpu(), b)
+    inv = got.inverse(coords.cuda(), (9, 10, 11))
+    inv_ref = expected.inverse(coords, (9, 10, 11))
+    for a, b in zip(inv[:1] + inv[2:], inv_ref[:1] + inv_ref[2:]):
+        assert torch.equal(a.cpu(), b)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        f = torch.randn(400, 16, generator=generator(31)).to(dtype)
+        w = torch.randn(27, 16, 8, generator=generator(32)).to(dtype)
+        fc, wc = f.cuda().requires_grad_(True), w.cuda().requires_grad_(True)
+        out = pcops.sparse_conv3d(fc, got, wc)
+        out.sum().backward()
+        fr, wr = f.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        out_ref = pcops.sparse_conv3d(fr, expected, wr)
+        out_ref.sum().backward()
+        tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.cpu(), out_ref, **tol)
+        torch.testing.assert_close(fc.grad.cpu(), fr.grad, **tol)
+        torch.testing.assert_close(wc.grad.cpu(), wr.grad, **tol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_opcheck():
+    coords = make_coords(2, (5, 6, 7), 30, seed=33, device="cuda")
+    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map,
+                          (coords, [5, 6, 7], [5, 6, 7], [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False))
+    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map,
+                          (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False))
+    km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True)
+    torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in,))
