@@ -19,21 +19,26 @@ Sensor model (defaults follow KITTI's HDL-64E):
       clipped at 3 sigma), range quantised to 2 mm, reflectance quantised to 0.01.
     * A return is detected when ``albedo * (0.1 + 0.9 sqrt(cos incidence)) * (R0 / r)^2``,
       times log-normal speckle, exceeds 1 (R0 = 170 m): dark surfaces and grazing ground
-      fade first. Glass returns with low probability, foliage and bicycles are porous, and
-      a small random dropout (2 %) removes any return. Four mounting posts around the
-      sensor cast narrow shadow wedges on the lowest beams (as in KITTI scans; the car's
-      roof itself sits below the lowest beam).
-    * Reflectance = albedo * (0.35 + 0.65 cos incidence) * beam gain * speckle, minus a
-      far-range fade (weak far returns read 0, as in KITTI).
+      fade first. Car glass returns half the time; building windows mostly return from
+      the rooms behind them (up to 4 m deeper); foliage and bicycles are porous (some rays
+      pass through); a small random dropout (2 %) removes any return. Four mounting posts
+      around the sensor cast narrow shadow wedges on the lowest beams (as in KITTI scans;
+      the car's roof sits below the lowest beam).
+    * Reflectance = albedo * (0.6 + 0.4 cos incidence) * beam gain * log-normal speckle,
+      minus a far-range fade (0.008 per metre beyond 15 m); readings under 0.06 come out as
+      0 (weak and far returns read 0, as in KITTI).
 
 Scene model: a straight road along x (ego in the right-hand lane, lane markings), raised
-sidewalks with curbs on both sides, an optional cross street, a gently sloped ground plane,
-rows of buildings (with window glass), walls, hedges and gaps, street poles, trees (trunk
-cylinder + porous ellipsoid crown) and bushes; labelled cars (body, glass cabin, wheels),
+sidewalks with curbs on both sides, an optional cross street, a street end (a row of
+buildings across the road 55-110 m away) on either side with probability 1/2, a gently
+sloped ground plane (up to 1.5 % along the road); behind the sidewalks rows of buildings
+(with window glass), walls, hedges and open lawns with bushes; on the sidewalks poles, trees
+(trunk cylinder + porous ellipsoid crown) and unlabelled clutter (bollards, bins, utility
+boxes, benches, parked bicycles, sign posts); labelled cars (body, glass cabin, wheels),
 pedestrians (legs, torso, head) and cyclists (porous bicycle + rider), parked along the curbs,
 driving in the lanes (both directions, and in the cross street), walking on the sidewalks or
-crossing. Class sizes are drawn around KITTI's means (Car 3.9 x 1.6 x 1.56 m, Pedestrian
-0.8 x 0.6 x 1.76 m, Cyclist 1.76 x 0.6 x 1.73 m).
+crossing the road. Class sizes are drawn around KITTI's means (Car 3.9 x 1.6 x 1.56 m,
+Pedestrian 0.8 x 0.6 x 1.76 m, Cyclist 1.76 x 0.6 x 1.73 m).
 
 Labels: every placed object is kept, including those hidden behind others or too far to
 return any point (``num_points_in_box`` is then 0); filter on ``num_points_in_box`` to keep
@@ -41,7 +46,7 @@ the visible ones. Unlike KITTI (front camera only) the labels cover the full 360
 Every object's parts are inset 7 cm from its box, so the points it returns (range noise is
 clipped at 3 sigma) lie inside its box; ``num_points_in_box`` counts all scan points inside
 the box (as OpenPCDet's ground-truth database does), which may include a few ground points
-at the box's bottom face.
+at the box's bottom face; ``num_object_points`` counts only the object's own returns.
 """
 from __future__ import annotations
 
@@ -62,12 +67,13 @@ MAX_RANGE = 120.0  # m
 AZIMUTH_STEP_DEG = 0.18  # measured in KITTI rings (HDL-64E at 10 Hz)
 DETECT_R0 = 170.0  # m: range at which a white (albedo 1), head-on target is at threshold
 SPECKLE_SIGMA = 0.3  # log-normal speckle of the detection test
-REFL_SPECKLE = 0.35  # log-normal speckle of the reflectance
-GLASS_PASS = 0.7  # probability that a window return comes from behind the glass
-FADE_START, FADE_PER_M = 15.0, 0.006  # reflectance loses FADE_PER_M per metre beyond FADE_START
+REFL_SPECKLE = 0.25  # log-normal speckle of the reflectance
+GLASS_PASS = 0.5  # probability that a window return comes from behind the glass
+FADE_START, FADE_PER_M = 15.0, 0.008
+REFL_FLOOR = 0.06  # reflectance readings below this come out as 0 (weak returns)  # reflectance loses FADE_PER_M per metre beyond FADE_START
 PART_INSET = 0.07  # m: object parts stay this far inside their box (> 3 sigma noise + 2 mm quantum)
 # sensor mounting posts: (azimuth deg, distance m, radius m, top z relative to the sensor m)
-MOUNT_POSTS = ((45.0, 0.9, 0.08, -0.35), (-45.0, 0.9, 0.08, -0.35), (135.0, 0.9, 0.08, -0.35), (-135.0, 0.9, 0.08, -0.35))
+MOUNT_POSTS = tuple((az, 0.9, 0.12, -0.25) for az in (45.0, -45.0, 135.0, -135.0))
 
 # KITTI mean sizes (l, w, h) and spreads, metres.
 CLASS_SIZES = {
@@ -98,17 +104,17 @@ def hdl64_elevations(n_beams: int = 64) -> np.ndarray:
 # see-through: glass returns come with probability GLASS_PASS from up to that many metres behind it
 _MATERIALS = {
     "road": (0.25, 0.4, 0.0, 0.0, 0.0),
-    "lane": (0.6, 0.9, 0.0, 0.0, 0.0),
+    "lane": (0.5, 0.75, 0.0, 0.0, 0.0),
     "sidewalk": (0.3, 0.5, 0.0, 0.0, 0.0),
     "curb": (0.3, 0.5, 0.0, 0.0, 0.0),
-    "facade": (0.2, 0.6, 0.0, 0.0, 0.0),
+    "facade": (0.2, 0.5, 0.0, 0.0, 0.0),
     "roof": (0.15, 0.4, 0.0, 0.0, 0.0),
-    "window": (0.1, 0.4, 0.2, 0.0, 6.0),
+    "window": (0.1, 0.4, 0.3, 0.0, 4.0),
     "wall": (0.25, 0.55, 0.0, 0.0, 0.0),
     "foliage": (0.3, 0.6, 0.0, 0.4, 0.0),
     "trunk": (0.2, 0.4, 0.0, 0.0, 0.0),
     "pole": (0.3, 0.6, 0.0, 0.0, 0.0),
-    "car_paint": (0.05, 0.7, 0.0, 0.0, 0.0),
+    "car_paint": (0.05, 0.6, 0.0, 0.0, 0.0),
     "car_glass": (0.04, 0.15, 0.5, 0.0, 0.0),
     "tyre": (0.02, 0.08, 0.1, 0.0, 0.0),
     "person": (0.15, 0.5, 0.0, 0.0, 0.0),
@@ -426,7 +432,7 @@ def _object_group(cls: str, box: np.ndarray, inst: int, surf: _Surfaces) -> _Box
 def _build_scene(rng: np.random.Generator, n_objects: int | None) -> _Scene:
     surf = _Surfaces(rng)
     # ground: road along x, ego in the right-hand lane (y = 0), road centre to its left
-    half = float(rng.uniform(5.0, 7.0))
+    half = float(rng.uniform(4.2, 6.5))
     y_mid = float(rng.uniform(1.6, 2.0))
     cross = None
     if rng.random() < 0.5:
@@ -480,19 +486,65 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None) -> _Scene:
                                             surf.new("foliage")))
                     occupied.append((x, y, r + 0.1))
             x += float(rng.uniform(9, 28))
+        # small unlabelled clutter: bollards, bins, utility boxes, benches, parked bicycles, signs
+        x = float(rng.uniform(-80, -70))
+        while x < 80:
+            x += float(rng.uniform(3, 14))
+            if in_cross(x - 2, x + 2) or abs(x) < 1.5:
+                continue
+            kind = rng.random()
+            if kind < 0.25:  # bollard at the curb
+                y, r = edge + side * 0.3, float(rng.uniform(0.06, 0.1))
+                if not free(x, y, r):
+                    continue
+                zg = float(ground.height(x, y))
+                prims.append(_Cylinder(x, y, r, zg - 0.1, zg + float(rng.uniform(0.8, 1.1)), surf.new("pole")))
+                occupied.append((x, y, r + 0.1))
+                continue
+            y = edge + side * float(rng.uniform(0.5, max(0.6, sw - 0.5)))
+            if kind < 0.45:  # bin
+                l_, w_, h_, mat = float(rng.uniform(0.5, 0.7)), float(rng.uniform(0.5, 0.7)), float(rng.uniform(0.9, 1.2)), "wall"
+            elif kind < 0.6:  # utility box
+                l_, w_, h_, mat = float(rng.uniform(0.6, 1.0)), float(rng.uniform(0.4, 0.6)), float(rng.uniform(1.0, 1.5)), "pole"
+            elif kind < 0.75:  # bench
+                l_, w_, h_, mat = float(rng.uniform(1.5, 2.0)), 0.5, float(rng.uniform(0.45, 0.8)), "wall"
+            elif kind < 0.9:  # parked bicycle
+                l_, w_, h_, mat = 1.7, 0.1, 1.0, "bicycle"
+            else:  # sign post with a plate
+                l_, w_, h_, mat = 0.6, 0.06, float(rng.uniform(2.2, 3.0)), "pole"
+            r = 0.5 * math.hypot(l_, w_) + 0.1
+            if not free(x, y, r):
+                continue
+            zg = float(ground.height(x, y))
+            m_ = surf.new(mat)
+            yaw = float(rng.uniform(-0.2, 0.2)) + (math.pi / 2 if rng.random() < 0.3 else 0.0)
+            if kind >= 0.9:
+                lo = np.array([[-0.04, -0.04, -0.1], [-l_ / 2, -w_ / 2, h_ - 0.6]])
+                hi = np.array([[0.04, 0.04, h_], [l_ / 2, w_ / 2, h_]])
+                sides = np.array([m_, m_])
+            else:
+                lo = np.array([[-l_ / 2, -w_ / 2, -0.1]])
+                hi = np.array([[l_ / 2, w_ / 2, h_]])
+                sides = np.array([m_])
+            prims.append(_BoxGroup(np.array([x, y, zg]), yaw, lo, hi, sides, sides))
+            occupied.append((x, y, r))
         # a row of buildings, walls, hedges and gaps behind the sidewalk
         x = float(rng.uniform(-125, -110))
         while x < 120:
             length = float(rng.uniform(8, 32))
             x0, x1 = x, x + length
-            x = x1 + (float(rng.uniform(0.5, 6)) if rng.random() < 0.5 else 0.0)
-            if in_cross(x0, x1, margin=2.0):
-                continue
+            x = x1 + (float(rng.uniform(0.5, 6)) if rng.random() < 0.3 else 0.0)
+            if in_cross(x0, x1, margin=2.0):  # stop at the cross street, resume after it
+                x = max(x, cross[1] + 2.0)
+                if x0 > cross[0] - 8.0:
+                    continue
+                x1 = cross[0] - 2.0
+                length = x1 - x0
             kind = rng.random()
             back = edge + side * sw  # back of the sidewalk
             xm = (x0 + x1) / 2
             zg = float(ground.height(xm, back + side * 1.0))
-            if kind < 0.55:  # building
+            if kind < 0.65:  # building
                 setback = float(rng.uniform(0.0, 3.0)) if rng.random() < 0.5 else 0.0
                 depth = float(rng.uniform(8, 20))
                 height = float(rng.uniform(4, 20))
@@ -511,21 +563,28 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None) -> _Scene:
                         s = float(rng.uniform(0.4, 1.0))
                         prims.append(_Ellipsoid(np.array([bx, by, float(ground.height(bx, by)) + 0.2 * s]),
                                                 np.array([s * 1.3, s, s * float(rng.uniform(0.6, 1.0))]), surf.new("foliage")))
-            elif kind < 0.75:  # wall or fence
+            elif kind < 0.8:  # wall or fence
                 height = float(rng.uniform(0.8, 2.5))
                 yc = back + side * float(rng.uniform(0.2, 1.5))
                 lo = np.array([[-length / 2, -0.12, -0.5]])
                 hi = np.array([[length / 2, 0.12, height]])
                 s_ = surf.new("wall")
                 prims.append(_BoxGroup(np.array([xm, yc, zg]), 0.0, lo, hi, np.array([s_]), np.array([s_])))
-            elif kind < 0.9:  # hedge
+            elif kind < 0.92:  # hedge
                 height = float(rng.uniform(0.7, 1.8))
                 yc = back + side * float(rng.uniform(0.6, 1.5))
                 lo = np.array([[-length / 2, -0.5, -0.3]])
                 hi = np.array([[length / 2, 0.5, height]])
                 s_ = surf.new("foliage")
                 prims.append(_BoxGroup(np.array([xm, yc, zg]), 0.0, lo, hi, np.array([s_]), np.array([s_])))
-            # else: an open gap (parking lot, field) that the sensor sees through
+            else:  # an open patch (lawn, field) with scattered bushes the sensor sees between
+                for _ in range(int(rng.integers(2, 9))):
+                    bx = float(rng.uniform(x0, x1))
+                    by = back + side * float(rng.uniform(0.8, 12.0))
+                    sz = float(rng.uniform(0.4, 1.3))
+                    prims.append(_Ellipsoid(np.array([bx, by, float(ground.height(bx, by)) + 0.2 * sz]),
+                                            np.array([sz * float(rng.uniform(0.8, 1.6)), sz, sz * float(rng.uniform(0.5, 1.0))]),
+                                            surf.new("foliage")))
 
     # the street may end (a bend, a T-junction) in a row of buildings across it
     x_lim = [-MAX_RANGE, MAX_RANGE]
@@ -544,7 +603,7 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None) -> _Scene:
 
     # labelled objects
     if n_objects is None:
-        n_objects = int(rng.integers(25, 40))
+        n_objects = int(rng.integers(30, 45))
     boxes, names = [], []
     lanes_right = [y_mid - 1.75]  # same direction as ego
     lanes_left = [y_mid + 1.75]
@@ -705,7 +764,7 @@ def _measure(rays: _Rays, origin, t, s, cosv, scene: _Scene, rng, max_range, ran
     r = np.round((t + noise) / 0.002) * 0.002  # 2 mm range resolution
     refl = a * (0.6 + 0.4 * cosv) * rays.gain[b_idx] * np.exp(rng.normal(0.0, REFL_SPECKLE, t.shape))
     refl = refl - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
-    refl = np.round(np.clip(refl, 0.0, 1.0), 2)
+    refl = np.round(np.clip(np.where(refl < REFL_FLOOR, 0.0, refl), 0.0, 1.0), 2)
     b_idx, c_idx, r, refl, s = b_idx[keep], c_idx[keep], r[keep], refl[keep], s[keep]
     pts = np.stack([
         origin[0] + r * rays.dx[b_idx, c_idx],
@@ -827,7 +886,8 @@ def simulate_scan(
         inst_l.append(inst)
         ring_l.append(ring)
     pts = np.concatenate(pts_l).astype(np.float32)
-    boxes32 = scene.boxes.astype(np.float32)
+    # boxes rounded to 0.1 mm, as the label files store them, so counts match a file round trip
+    boxes32 = np.round(scene.boxes, 4).astype(np.float32)
     counts = points_in_boxes_count(pts, boxes32)
     inst = np.concatenate(inst_l)
     own = np.bincount(inst[inst >= 0], minlength=len(boxes32)).astype(np.int64)
