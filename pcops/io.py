@@ -103,6 +103,13 @@ def _import_open3d(path: Path):
     return open3d
 
 
+def _has_attribute(tensor_map, key: str) -> bool:
+    try:
+        return key in tensor_map
+    except TypeError:  # older open3d bindings without __contains__
+        return bool(tensor_map.contains(key))
+
+
 # --------------------------------------------------------------------------- points
 
 
@@ -160,7 +167,7 @@ def read_points(path, num_features: int | None = None) -> torch.Tensor:
         pc = o3d.t.io.read_point_cloud(str(p))
         xyz = pc.point.positions.numpy().astype(np.float32)
         cols = [xyz]
-        if "intensity" in pc.point:
+        if _has_attribute(pc.point, "intensity"):
             cols.append(pc.point.intensity.numpy().reshape(-1, 1).astype(np.float32))
         return torch.from_numpy(np.ascontiguousarray(np.concatenate(cols, axis=1)))
     raise ValueError(
