@@ -460,3 +460,30 @@ def test_gpu_cuda_graph_capture():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static, fn())
+
+
+# --- the CUDA C++ kernel: compiled by NVRTC here, run on the GPU ------------------------------
+
+
+def test_fps_cu_compiles_with_every_entry_point():
+    from pcops import _nvrtc
+
+    try:
+        cubin = _nvrtc.compile_source((_nvrtc.CSRC_DIR / "fps.cu").read_text(), "fps.cu", "sm_90")
+    except RuntimeError as e:
+        if "NVRTC not found" in str(e):
+            pytest.skip(str(e))
+        raise
+    for cluster in (1, 2, 4, 8, 16):
+        for ppt in (1, 2, 4, 8, 16):
+            assert f"fps_c{cluster}_p{ppt}".encode() in cubin
+
+
+def test_fps_cluster_config():
+    from pcops.cuda import sampling as cu
+
+    assert cu._config(1, 16) == (1, 1)
+    assert cu._config(16384, 16) == (8, 4)  # F1: 8 CTAs of 2,048 points
+    assert cu._config(120268, 16) == (16, 16)  # F2: 16 CTAs of 7,517 points
+    assert cu._config(120268, 8) is None  # too large for portable clusters: Triton
+    assert cu._config(131072, 16) == (16, 16) and cu._config(131073, 16) is None

@@ -1,13 +1,86 @@
-"""Launcher for ``csrc/fps.cu`` (CUDA C++ compiled at run time with NVRTC): not written yet."""
+"""Launcher for ``csrc/fps.cu``: farthest point sampling with thread-block clusters (sm_90+).
+
+One cluster of ``C`` CTAs (512 threads, ``PPT`` points per thread in registers) samples one
+cloud; ``C`` grows (1, 2, 4, 8, 16) until each thread holds about ``_TARGET_PPT`` points, so a
+16k-point cloud uses 8 SMs and a 120k-point scan 16 (a non-portable cluster size: where the
+device refuses it, 8 is used, and clouds too large for 8 × 512 × 16 points go to Triton).
+"""
 from __future__ import annotations
 
+import ctypes
+
 import torch
+import triton
+
+from .._nvrtc import _cuda, get_kernel, nvrtc
+
+_THREADS = 512
+_MAX_PPT = 16
+_TARGET_PPT = 4  # points per thread before another CTA joins the cluster
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
+_max_cluster: dict[int, int] = {}  # device index -> largest cluster size known to launch
+_available: dict[int, bool] = {}
+
+
+def _config(n: int, max_cluster: int) -> tuple[int, int] | None:
+    """``(cluster size, points per thread)`` for clouds of ``n`` points, or None if too large."""
+    cluster = 1
+    while cluster < max_cluster and cluster * _THREADS * _TARGET_PPT < n:
+        cluster *= 2
+    ppt = triton.next_power_of_2(max(1, triton.cdiv(triton.cdiv(n, cluster), _THREADS)))
+    return (cluster, ppt) if ppt <= _MAX_PPT else None
 
 
 def fps_supported(points: torch.Tensor) -> bool:
-    """Whether the CUDA C++ FPS kernel can run ``points`` here."""
-    return False
+    """Whether the cluster kernel can sample ``points (B, N, 3)`` here (sm_90+, NVRTC, N ≤ 131,072)."""
+    index = points.device.index if points.device.index is not None else torch.cuda.current_device()
+    if index not in _available:
+        ok = torch.cuda.get_device_capability(index) >= (9, 0)
+        if ok:
+            try:
+                nvrtc()
+            except RuntimeError:
+                ok = False
+        _available[index] = ok
+    return _available[index] and _config(points.shape[1], _max_cluster.get(index, 16)) is not None
 
 
-def farthest_point_sample(points, lengths, start_idx, num_samples):
-    raise NotImplementedError("backend='cuda': the CUDA C++ FPS kernel is not available yet")
+def _launch(points, lengths, start_idx, out, num_samples, cluster, ppt):
+    kernel = get_kernel("fps.cu", f"fps_c{cluster}_p{ppt}", points.device)
+    if cluster > 8:
+        status = _cuda().cuFuncSetAttribute(kernel._func, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        if status != 0:
+            raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUDA error {status}")
+    batch, n, _ = points.shape
+    kernel((cluster, batch), (_THREADS,), [points, lengths, start_idx, out, ctypes.c_int(n), ctypes.c_int(num_samples)])
+
+
+def farthest_point_sample(
+    points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int
+) -> torch.Tensor:
+    """Same contract as ``pcops.triton.sampling.farthest_point_sample``; no host synchronisation.
+
+    Args:
+        points: ``(B, N, 3)`` float32 contiguous; lengths, start_idx: ``(B,)`` int64.
+    Returns:
+        ``(B, M)`` int64, −1 padded.
+    """
+    batch, n, _ = points.shape
+    out = torch.full((batch, num_samples), -1, dtype=torch.int64, device=points.device)
+    if batch == 0 or n == 0:
+        return out
+    index = points.device.index if points.device.index is not None else torch.cuda.current_device()
+    config = _config(n, _max_cluster.get(index, 16))
+    if config is not None and config[0] > 8:
+        try:
+            _launch(points, lengths, start_idx, out, num_samples, *config)
+            return out
+        except RuntimeError:  # the device refuses 16-CTA clusters: stay with portable sizes
+            _max_cluster[index] = 8
+            config = _config(n, 8)
+    if config is None:
+        from ..triton import sampling as tri
+
+        return tri.farthest_point_sample(points, lengths, start_idx, num_samples)
+    _launch(points, lengths, start_idx, out, num_samples, *config)
+    return out

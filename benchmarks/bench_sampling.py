@@ -1,0 +1,124 @@
+"""F1, F2, K1, K2: farthest point sampling and KNN on SCAN (WORKLOADS.md).
+
+F1: 8 disjoint random 16,384-point subsets of SCAN xyz (seed 0), 4,096 samples each, start 0.
+F2: SCAN xyz (120,268 points), 16,384 samples, start 0.
+K1: the F1 clouds against themselves, K = 16 and 32.  K2: SCAN xyz against itself, K = 16.
+
+Baselines (plain torch, same run): FPS = pcops' reference on the GPU (one vectorised distance
+update + argmax per step, as most PyTorch code does it); KNN = ``torch.cdist`` + ``topk`` in
+query chunks that fit in memory. Slow baselines are timed with fewer repetitions.
+The KNN rows also report how many neighbour indices agree with the baseline.
+"""
+import torch
+
+from common import bench, load_scan, parse_args, report, row
+
+import pcops
+from pcops.reference import sampling as ref
+
+
+def f1_clouds(scan_xyz, batch=8, n=16384, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(scan_xyz.shape[0], generator=g)[: batch * n]
+    return scan_xyz[perm].view(batch, n, 3).contiguous()
+
+
+def torch_fps(points, m):
+    batch, n, _ = points.shape
+    lengths = torch.full((batch,), n, device=points.device)
+    start = torch.zeros(batch, dtype=torch.int64, device=points.device)
+    return ref.farthest_point_sample(points, lengths, start, m)
+
+
+def torch_knn(query, refs, k, chunk):
+    """``cdist`` + ``topk`` per query chunk: squared distances and indices (B, Nq, K)."""
+    dists, idx = [], []
+    for q0 in range(0, query.shape[1], chunk):
+        d = torch.cdist(query[:, q0:q0 + chunk], refs)
+        v, i = d.topk(k, dim=2, largest=False)
+        dists.append(v * v)
+        idx.append(i)
+    return torch.cat(dists, 1), torch.cat(idx, 1)
+
+
+def timed(fn, rep, quick):
+    """Fewer repetitions for slow functions: a first call decides."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end)
+    if ms > 50:
+        return bench(fn, warmup=0, rep=2 if quick or ms > 400 else 3)
+    if ms > 5:
+        return bench(fn, warmup=1, rep=10)
+    return bench(fn, warmup=5, rep=max(50, rep // (2 if quick else 1)))
+
+
+def main():
+    args = parse_args(__doc__)
+    rep = 50 if args.quick else 100
+    scan, source = load_scan()
+    xyz = scan[:, :3].contiguous().cuda()
+    clouds = f1_clouds(scan[:, :3]).cuda()
+    rows, notes = [], {"scan": source, "scan_points": xyz.shape[0]}
+
+    # --- FPS -------------------------------------------------------------------------------
+    for wl, pts, m in (("F1 8x16384->4096", clouds, 4096), ("F2 120268->16384", xyz[None], 16384)):
+        base = timed(lambda: torch_fps(pts, m), rep, args.quick)
+        rows.append(row(wl, "torch reference (per-step ops)", base, items=pts.shape[0] * m, unit="samples/s", baseline=base))
+        expected = pcops.farthest_point_sample(pts, m, backend="triton")
+        for backend in ("cuda", "triton"):
+            try:
+                got = pcops.farthest_point_sample(pts, m, backend=backend)
+            except Exception as e:  # report, keep benchmarking the rest
+                notes[f"{wl} {backend} error"] = repr(e)
+                continue
+            t = timed(lambda: pcops.farthest_point_sample(pts, m, backend=backend), rep, args.quick)
+            rows.append(row(wl, f"pcops fps {backend}", t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
+                            identical_to_triton=bool(torch.equal(got, expected))))
+        if wl.startswith("F2"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            pcops.farthest_point_sample(pts, m)
+            torch.cuda.synchronize()
+            notes["F2 peak extra memory MB (pcops auto)"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+
+    # --- KNN -------------------------------------------------------------------------------
+    for wl, pts, k, chunk in (("K1 8x16384 K=16", clouds, 16, 4096), ("K1 8x16384 K=32", clouds, 32, 4096),
+                              ("K2 120268 K=16", xyz[None], 16, 8192)):
+        base = timed(lambda: torch_knn(pts, pts, k, chunk), rep, args.quick)
+        pairs = pts.shape[0] * pts.shape[1]
+        rows.append(row(wl, "torch cdist+topk (chunked)", base, items=pairs, unit="queries/s", baseline=base))
+        d_base, i_base = torch_knn(pts, pts, k, chunk)
+        d, i = pcops.knn(pts, pts, k)
+        t = timed(lambda: pcops.knn(pts, pts, k), rep, args.quick)
+        agree = float((i == i_base).float().mean())
+        dist_err = float((d - d_base).abs().max())  # cdist's |a|²+|b|²-2ab loses precision near 0
+        rows.append(row(wl, "pcops knn triton", t, items=pairs, unit="queries/s", baseline=base,
+                        idx_agree_with_cdist=agree, max_abs_dist_diff_vs_cdist=dist_err))
+        if wl.startswith("K2"):
+            del d_base, i_base
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            pcops.knn(pts, pts, k)
+            torch.cuda.synchronize()
+            notes["K2 peak extra memory MB (pcops, outputs included)"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            torch_knn(pts, pts, k, chunk)
+            torch.cuda.synchronize()
+            notes["K2 peak extra memory MB (cdist+topk, chunk 8192)"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    notes["goals_ms"] = {"F1": 3.0, "F2": 20.0, "K1 K=16": 1.0, "K1 K=32": 1.5, "K2": 3.0}
+    report(rows, "sampling", args.out, notes=notes)
+    for k_, v in notes.items():
+        print(f"{k_}: {v}")
+
+
+if __name__ == "__main__":
+    main()

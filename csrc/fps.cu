@@ -1,0 +1,205 @@
+// Farthest point sampling with Hopper thread-block clusters, compiled at run time by NVRTC.
+//
+// One cluster of C CTAs (C = 1..16) samples one cloud: each CTA holds a contiguous share of the
+// points and their running min-distances in registers (PPT points per thread, 512 threads), so a
+// 120k-point scan is spread over 16 SMs instead of the one SM a block-per-cloud kernel uses.
+// Each of the M - 1 steps is:
+//   1. every thread updates its points' min-distance to the newest sample and keeps its best
+//      (largest distance, lowest index) candidate;
+//   2. warp shuffles, then one warp per CTA, reduce the candidates to the CTA's best, which is
+//      written with its coordinates to a double-buffered shared-memory slot;
+//   3. one cluster barrier (release/acquire) and every warp reads the C slots through distributed
+//      shared memory (mapa + ld.shared::cluster) and reduces them: each warp learns the new sample
+//      and its coordinates without touching global memory.
+// Candidates are packed as (distance bits << 32) | (0xFFFFFFFF - index): distances are >= 0, so
+// their bit patterns order like the floats, and a larger key means a larger distance or, on a
+// tie, a lower index. The distance arithmetic uses explicit round-to-nearest intrinsics (no FMA
+// contraction), matching the plain-torch reference bit for bit.
+
+typedef unsigned long long u64;
+
+#define FPS_THREADS 512
+#define FPS_WARPS (FPS_THREADS / 32)
+#define FULL_MASK 0xffffffffu
+
+struct __align__(16) Candidate {
+  u64 key;  // (distance bits << 32) | (0xFFFFFFFF - index); 0 = none
+  float x, y, z, pad;
+};
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ unsigned cluster_size() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+
+// All threads of all CTAs of the cluster; orders shared-memory writes before remote reads.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// The address of the same shared variable in CTA `rank` of this cluster.
+__device__ __forceinline__ unsigned map_to_rank(unsigned addr, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+
+__device__ __forceinline__ uint4 load_cluster_v4(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ u64 warp_max(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    u64 w = __shfl_xor_sync(FULL_MASK, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ float sq_dist(float x, float y, float z, float cx, float cy, float cz) {
+  float dx = __fsub_rn(x, cx), dy = __fsub_rn(y, cy), dz = __fsub_rn(z, cz);
+  return __fadd_rn(__fadd_rn(__fmul_rn(dx, dx), __fmul_rn(dy, dy)), __fmul_rn(dz, dz));
+}
+
+// points: (B, N, 3) float32; lengths, starts: (B,) int64; out: (B, M) int64 pre-filled with -1.
+template <int PPT>
+__device__ __forceinline__ void fps_cluster(const float* __restrict__ points, const long long* __restrict__ lengths,
+                                            const long long* __restrict__ starts, long long* __restrict__ out,
+                                            int n, int num_samples) {
+  __shared__ Candidate slot[2];                // this CTA's best, by step parity
+  __shared__ Candidate warp_best[FPS_WARPS];  // each warp's best
+  const unsigned rank = cluster_rank(), csize = cluster_size();
+  const long long b = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int length = (int)min(max(lengths[b], 0LL), (long long)n);
+  const long long start = starts[b];
+  // an invalid start gives a row of -1 (the CPU path raises instead); uniform over the cluster
+  const int steps = (start >= 0 && start < length) ? min(length, num_samples) : 0;
+  const float* p = points + b * (long long)n * 3;
+
+  // this CTA's contiguous share [lo, hi); thread tid owns lo + tid + j * FPS_THREADS
+  const int share = (length + (int)csize - 1) / (int)csize;
+  const int lo = (int)rank * share;
+  const int hi = min(lo + share, length);
+  float x[PPT], y[PPT], z[PPT], md[PPT];
+#pragma unroll
+  for (int j = 0; j < PPT; ++j) {
+    const int i = lo + tid + j * FPS_THREADS;
+    const bool valid = i < hi;
+    x[j] = valid ? p[3 * i + 0] : 0.f;
+    y[j] = valid ? p[3 * i + 1] : 0.f;
+    z[j] = valid ? p[3 * i + 2] : 0.f;
+    md[j] = valid ? __int_as_float(0x7f800000) : -1.f;  // -1: padding, later chosen points
+  }
+  cluster_sync();  // every CTA of the cluster runs before any remote shared-memory access
+
+  int sel = (int)start;
+  float cx = 0.f, cy = 0.f, cz = 0.f;
+  if (steps > 0) {
+    cx = p[3 * sel + 0];
+    cy = p[3 * sel + 1];
+    cz = p[3 * sel + 2];
+    if (rank == 0 && tid == 0) out[b * num_samples] = start;
+  }
+  for (int s = 1; s < steps; ++s) {
+    // 1. distances to the newest sample; the chosen point leaves the race
+    float best = -1.f;
+    int best_j = -1;
+#pragma unroll
+    for (int j = 0; j < PPT; ++j) {
+      const int i = lo + tid + j * FPS_THREADS;
+      float m = fminf(md[j], sq_dist(x[j], y[j], z[j], cx, cy, cz));
+      m = (i == sel) ? -1.f : m;
+      md[j] = m;
+      if (m > best) {  // strict: j ascending is index ascending, so ties keep the lowest index
+        best = m;
+        best_j = j;
+      }
+    }
+    const unsigned my_index = (unsigned)(lo + tid + best_j * FPS_THREADS);
+    const u64 key = best_j >= 0 ? ((u64)__float_as_uint(best) << 32) | (u64)(0xFFFFFFFFu - my_index) : 0ull;
+
+    // 2. warp, then CTA: keys of live candidates are distinct, so exactly one lane holds the max
+    const u64 wmax = warp_max(key);
+    if (wmax != 0ull && key == wmax) {
+      float wx = 0.f, wy = 0.f, wz = 0.f;
+#pragma unroll
+      for (int j = 0; j < PPT; ++j) {
+        if (j == best_j) {  // unrolled select: the arrays stay in registers
+          wx = x[j];
+          wy = y[j];
+          wz = z[j];
+        }
+      }
+      warp_best[warp].key = key;
+      warp_best[warp].x = wx;
+      warp_best[warp].y = wy;
+      warp_best[warp].z = wz;
+    } else if (wmax == 0ull && lane == 0) {
+      warp_best[warp].key = 0ull;
+    }
+    __syncthreads();
+    const int parity = s & 1;
+    if (warp == 0) {
+      const u64 k = lane < FPS_WARPS ? warp_best[lane].key : 0ull;
+      const u64 cmax = warp_max(k);
+      if (cmax != 0ull ? (lane < FPS_WARPS && k == cmax) : lane == 0) {
+        slot[parity] = cmax != 0ull ? warp_best[lane] : Candidate{0ull, 0.f, 0.f, 0.f, 0.f};
+      }
+    }
+    // 3. cluster: publish the CTA's best, read everyone's (double buffering makes one barrier
+    // per step enough: a CTA rewrites slot[parity] only after all CTAs passed the next barrier)
+    cluster_sync();
+    u64 k = 0ull;
+    float px = 0.f, py = 0.f, pz = 0.f;
+    if (lane < (int)csize) {
+      const unsigned addr = map_to_rank(shared_address(&slot[parity]), (unsigned)lane);
+      const uint4 a = load_cluster_v4(addr);
+      const uint4 c = load_cluster_v4(addr + 16);
+      k = ((u64)a.y << 32) | (u64)a.x;
+      px = __uint_as_float(a.z);
+      py = __uint_as_float(a.w);
+      pz = __uint_as_float(c.x);
+    }
+    const u64 gmax = warp_max(k);
+    const int winner = __ffs(__ballot_sync(FULL_MASK, k == gmax)) - 1;
+    cx = __shfl_sync(FULL_MASK, px, winner);
+    cy = __shfl_sync(FULL_MASK, py, winner);
+    cz = __shfl_sync(FULL_MASK, pz, winner);
+    sel = (int)(0xFFFFFFFFu - (unsigned)(gmax & 0xFFFFFFFFull));
+    if (rank == 0 && tid == 0) out[b * num_samples + s] = sel;
+  }
+  cluster_sync();  // no CTA exits while another may still read its shared memory
+}
+
+#define FPS_ENTRY(C, PPT)                                                                                      \
+  extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
+      fps_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out, \
+                        int n, int num_samples) {                                                              \
+    fps_cluster<PPT>(points, lengths, starts, out, n, num_samples);                                            \
+  }
+
+#define FPS_ENTRIES(C) FPS_ENTRY(C, 1) FPS_ENTRY(C, 2) FPS_ENTRY(C, 4) FPS_ENTRY(C, 8) FPS_ENTRY(C, 16)
+
+FPS_ENTRIES(1)
+FPS_ENTRIES(2)
+FPS_ENTRIES(4)
+FPS_ENTRIES(8)
+FPS_ENTRIES(16)
