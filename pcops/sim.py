@@ -58,7 +58,7 @@ import torch
 
 from ._checks import check_float, check_int
 
-__all__ = ["SimScan", "simulate_scan", "hdl64_elevations", "points_in_boxes_count", "CLASS_SIZES"]
+__all__ = ["SimScan", "simulate_scan", "simulated_points", "hdl64_elevations", "points_in_boxes_count", "CLASS_SIZES"]
 
 # ----------------------------------------------------------------------------- constants
 
@@ -69,8 +69,8 @@ DETECT_R0 = 170.0  # m: range at which a white (albedo 1), head-on target is at 
 SPECKLE_SIGMA = 0.3  # log-normal speckle of the detection test
 REFL_SPECKLE = 0.25  # log-normal speckle of the reflectance
 GLASS_PASS = 0.5  # probability that a window return comes from behind the glass
-FADE_START, FADE_PER_M = 15.0, 0.008
-REFL_FLOOR = 0.06  # reflectance readings below this come out as 0 (weak returns)  # reflectance loses FADE_PER_M per metre beyond FADE_START
+FADE_START, FADE_PER_M = 15.0, 0.008  # reflectance loses FADE_PER_M per metre beyond FADE_START
+REFL_FLOOR = 0.06  # reflectance readings below this come out as 0 (weak returns)
 PART_INSET = 0.07  # m: object parts stay this far inside their box (> 3 sigma noise + 2 mm quantum)
 # sensor mounting posts: (azimuth deg, distance m, radius m, top z relative to the sensor m)
 MOUNT_POSTS = tuple((az, 0.9, 0.12, -0.25) for az in (45.0, -45.0, 135.0, -135.0))
@@ -125,7 +125,7 @@ _MATERIALS = {
 
 class _Surfaces:
     """Table of surfaces (one per material instance): albedo, drop probability, porosity,
-    and the labelled object it belongs to (-1 for background)."""
+    see-through depth, and the labelled object it belongs to (-1 for background)."""
 
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
@@ -429,7 +429,8 @@ def _object_group(cls: str, box: np.ndarray, inst: int, surf: _Surfaces) -> _Box
     return _BoxGroup(box[:3].copy(), float(box[6]), lo, hi, side, top)
 
 
-def _build_scene(rng: np.random.Generator, n_objects: int | None) -> _Scene:
+def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,)) -> _Scene:
+    """Random street scene; ``ego_xs`` are the sensor's x positions (kept free of objects)."""
     surf = _Surfaces(rng)
     # ground: road along x, ego in the right-hand lane (y = 0), road centre to its left
     half = float(rng.uniform(4.2, 6.5))
@@ -445,7 +446,8 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None) -> _Scene:
         road=surf.new("road"), lane=surf.new("lane"), sidewalk=surf.new("sidewalk"), curb_s=surf.new("curb"),
     )
     prims: list = []
-    occupied: list[tuple[float, float, float]] = [(-0.9, 0.0, 2.6)]  # BEV circles; the ego car first
+    # BEV circles (x, y, radius) kept free: the ego car at every sweep position first
+    occupied: list[tuple[float, float, float]] = [(ex - 0.9, 0.0, 2.6) for ex in ego_xs]
 
     def in_cross(x0, x1, margin=1.0):
         return cross is not None and x1 > cross[0] - margin and x0 < cross[1] + margin
@@ -870,11 +872,11 @@ def simulate_scan(
     dropout = check_float("dropout", dropout, min_value=0.0, max_value=1.0)
 
     rng = np.random.default_rng(seed)
-    scene = _build_scene(rng, n_objects)
+    ego_xs = [-(n_sweeps - 1 - k) * ego_speed * sweep_period for k in range(n_sweeps)]
+    scene = _build_scene(rng, n_objects, ego_xs)
     rays = _Rays(rng, n_beams, azimuth_step_deg)
     pts_l, inst_l, ring_l = [], [], []
-    for k in range(n_sweeps):
-        ox = -(n_sweeps - 1 - k) * ego_speed * sweep_period
+    for ox in ego_xs:
         origin = np.array([ox, 0.0, ox * scene.ground.sx])  # the sensor follows the road slope
         for post, (az, dist, rad, top) in zip(scene.prims, MOUNT_POSTS):
             post.cx = ox + dist * math.cos(math.radians(az))
@@ -900,3 +902,24 @@ def simulate_scan(
         instance=torch.from_numpy(inst),
         ring=torch.from_numpy(np.concatenate(ring_l).astype(np.int64)),
     )
+
+
+def simulated_points(n_points: int, seed: int = 0, **kwargs) -> torch.Tensor:
+    """A simulated ``(n_points, 4)`` float32 scan of exactly ``n_points`` points.
+
+    For benchmarks that need a scan of a given size (e.g. the size of a real KITTI scan when
+    that file is absent): runs :func:`simulate_scan` (``seed`` and ``kwargs`` passed on),
+    adding sweeps until there are enough points, then keeps a seeded random subset in scan
+    order. Deterministic for given arguments.
+    """
+    n_points = check_int("n_points", n_points, min_value=0)
+    scan = simulate_scan(seed, **kwargs)
+    have = len(scan.points)
+    if have < n_points:
+        if "n_sweeps" in kwargs:
+            raise ValueError(f"n_points: the scan has only {have} points with n_sweeps={kwargs['n_sweeps']}")
+        sweeps = math.ceil(1.05 * n_points / max(have, 1))
+        scan = simulate_scan(seed, n_sweeps=sweeps, **kwargs)
+        have = len(scan.points)
+    pick = np.sort(np.random.default_rng(seed).choice(have, size=n_points, replace=False))
+    return scan.points[torch.from_numpy(pick)]

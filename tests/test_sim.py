@@ -269,3 +269,19 @@ def test_draw_bev(tmp_path, scan0):
         viz.draw_bev(torch.zeros(5, 2))
     with pytest.raises(ValueError, match="reflectance"):
         viz.draw_bev(torch.zeros(5, 3), color_by="reflectance")
+
+
+@pytest.mark.parametrize("n", [0, 1, 7919, 120_268])
+def test_simulated_points_exact_size(n):
+    a = sim.simulated_points(n, seed=1)
+    assert a.shape == (n, 4) and a.dtype == torch.float32
+    assert torch.equal(a, sim.simulated_points(n, seed=1))
+
+
+def test_simulated_points_more_than_one_sweep():
+    a = sim.simulated_points(250_000, seed=0)
+    assert a.shape == (250_000, 4)
+    with pytest.raises(ValueError, match="n_points"):
+        sim.simulated_points(-1)
+    with pytest.raises(ValueError, match="n_points"):
+        sim.simulated_points(10_000_000, n_sweeps=1)
