@@ -198,7 +198,10 @@ def _boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -
 
 @_boxes_iou_bev.register_kernel("cuda")
 def _boxes_iou_bev_cuda(boxes_a, boxes_b, backend):
-    from .triton import nms as impl
+    if backend == "cuda":
+        from .cuda import nms as impl
+    else:
+        from .triton import nms as impl
 
     return impl.boxes_iou(boxes_a, boxes_b, three_d=False)
 
@@ -218,7 +221,10 @@ def _boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) ->
 
 @_boxes_iou_3d.register_kernel("cuda")
 def _boxes_iou_3d_cuda(boxes_a, boxes_b, backend):
-    from .triton import nms as impl
+    if backend == "cuda":
+        from .cuda import nms as impl
+    else:
+        from .triton import nms as impl
 
     return impl.boxes_iou(boxes_a, boxes_b, three_d=True)
 
@@ -250,9 +256,33 @@ def _nms_bev(
 
 @_nms_bev.register_kernel("cuda")
 def _nms_bev_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
-    from .triton import nms as impl
+    from .triton import nms as tri
 
-    return impl.nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend)
+    m = boxes.shape[0] if pre_max_size is None else min(boxes.shape[0], pre_max_size)
+    impl = tri
+    if backend == "cuda" or (backend == "auto" and _nvrtc_available()):
+        from .cuda import nms as cuda_impl
+
+        # the CUDA pass keeps its "removed" words in shared memory; Triton handles any size
+        if -(-m // 64) <= cuda_impl.MAX_WORDS:
+            impl = cuda_impl
+    return tri.nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, impl)
+
+
+_NVRTC_OK: list[bool] = []
+
+
+def _nvrtc_available() -> bool:
+    """NVRTC can be loaded (checked once); otherwise ``backend="auto"`` uses Triton."""
+    if not _NVRTC_OK:
+        try:
+            from ._nvrtc import nvrtc
+
+            nvrtc()
+            _NVRTC_OK.append(True)
+        except (RuntimeError, OSError):
+            _NVRTC_OK.append(False)
+    return _NVRTC_OK[0]
 
 
 @_nms_bev.register_fake

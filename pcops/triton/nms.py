@@ -23,9 +23,13 @@ words of the later tiles.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
+
+_SELF = sys.modules[__name__]
 
 # tile of the IoU matrix kernel
 _IOU_BLOCK = 32
@@ -38,12 +42,14 @@ _REL_TOL = 4.0 * 2.0**-23
 
 
 @triton.jit
-def _sincos(x):
-    """(sin x, cos x) in float32: Cody–Waite reduction by π/2 (3-part constant), cephes polynomials."""
+def _sincos(x, x_lo):
+    """(sin, cos) of ``x + x_lo`` in float32 (``x_lo`` a tiny correction, e.g. the rounding error of a
+    difference): Cody–Waite reduction by π/2 (3-part constant), cephes minimax polynomials."""
     k = tl.floor(x * 0.6366197723675814 + 0.5)
     r = x - k * 1.5703125
     r = r - k * 4.837512969970703125e-4
     r = r - k * 7.54978995489188216e-8
+    r = r + x_lo
     r2 = r * r
     s = r + r * r2 * (-1.6666654611e-1 + r2 * (8.3321608736e-3 + r2 * -1.9515295891e-4))
     c = 1.0 - 0.5 * r2 + r2 * r2 * (4.166664568298827e-2 + r2 * (-1.388731625493765e-3 + r2 * 2.443315711809948e-5))
@@ -91,8 +97,12 @@ def _pair_inter(xa, ya, dxa, dya, ha, xb, yb, dxb, dyb, hb):
     hya = dya * 0.5
     hxb = dxb * 0.5
     hyb = dyb * 0.5
-    sa, ca = _sincos(ha)
-    sd, cd = _sincos(hb - ha)
+    sa, ca = _sincos(ha, 0.0)
+    # the heading difference as an exact pair (dh + dh_lo = hb - ha, Knuth's two-sum)
+    dh = hb - ha
+    bv = dh - hb
+    dh_lo = (hb - (dh - bv)) + (-ha - bv)
+    sd, cd = _sincos(dh, dh_lo)
     # b's centre in a's frame (local origin: the subtraction is exact for nearby boxes)
     wx = xb - xa
     wy = yb - ya
@@ -105,13 +115,18 @@ def _pair_inter(xa, ya, dxa, dya, ha, xb, yb, dxb, dyb, hb):
     vy = cd * hyb
     area_a = dxa * dya
     area_b = dxb * dyb
-    tol = 4.0 * 1.1920928955078125e-07 * (tl.abs(ox) + tl.abs(oy) + hxa + hya + hxb + hyb)
-    # containment: b inside a (its extreme x, y in a's frame), a inside b (same in b's frame)
-    b_in_a = (tl.abs(ox) + tl.abs(ux) + tl.abs(vx) <= hxa + tol) & (tl.abs(oy) + tl.abs(uy) + tl.abs(vy) <= hya + tol)
+    # containment within a few ulps of the terms of each test (per axis: thin boxes stay exact)
+    ulps = 4.0 * 1.1920928955078125e-07
+    w1 = tl.abs(wx) + tl.abs(wy)
+    ex = tl.abs(ux) + tl.abs(vx)
+    ey = tl.abs(uy) + tl.abs(vy)
+    b_in_a = (tl.abs(ox) + ex <= hxa + ulps * (w1 + hxa + ex)) & (tl.abs(oy) + ey <= hya + ulps * (w1 + hya + ey))
+    # a's centre and half-axes in b's frame
     pbx = -(cd * ox + sd * oy)
     pby = -(cd * oy - sd * ox)
-    a_in_b = (tl.abs(pbx) + tl.abs(cd * hxa) + tl.abs(sd * hya) <= hxb + tol) & (
-        tl.abs(pby) + tl.abs(sd * hxa) + tl.abs(cd * hya) <= hyb + tol)
+    fx = tl.abs(cd * hxa) + tl.abs(sd * hya)
+    fy = tl.abs(sd * hxa) + tl.abs(cd * hya)
+    a_in_b = (tl.abs(pbx) + fx <= hxb + ulps * (w1 + hxb + fx)) & (tl.abs(pby) + fy <= hyb + ulps * (w1 + hyb + fy))
     # b's corners, counter-clockwise
     c0x = ox + ux + vx
     c0y = oy + uy + vy
@@ -401,16 +416,31 @@ def nms_pass(mask, boxes, scores, order, out_len: int) -> tuple[torch.Tensor, to
     return out, count
 
 
-def nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend="triton"):
-    """Rotated NMS on the GPU: sort, bitmask kernel, single-program greedy pass (CUDA C++ for
-    ``backend`` ``"cuda"``/``"auto"`` when NVRTC is available).
+def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bitmask + greedy pass on score-sorted boxes; no host sync (2 launches).
+
+    Args:
+        boxes: ``(N, C)`` contiguous, C = 5 or ≥ 7; scores: ``(N,)`` (NaN = invalid box).
+        order: ``(M,)`` int64 sorted position → box index; groups: ``(M,)`` int64 or None.
+        out_len: length of the −1 padded output.
+    Returns:
+        ``(indices (out_len,) int64, count () int64)``.
+    """
+    mask = nms_mask(boxes, order, groups, iou_threshold)
+    return nms_pass(mask, boxes, scores, order, out_len)
+
+
+def nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, impl=None):
+    """Rotated NMS on the GPU: one stable sort, the bitmask kernel, the single-program greedy pass.
 
     Args:
         boxes: ``(N, C)`` contiguous, C = 5 or ≥ 7; scores ``(N,)``; idxs ``(N,)`` int64 or None.
+        impl: the module providing ``nms_sorted`` (this one, or ``pcops.cuda.nms``).
     Returns:
         ``(indices, count ())``: padded ``(post_max_size,)`` with −1, or ``(K,)`` when not ``padded``
         (one host sync, reading ``count``).
     """
+    impl = impl or globals()["_SELF"]
     order = sort_order(scores, pre_max_size)
     m = order.shape[0]
     out_len = post_max_size if padded else min(m, post_max_size or m)
@@ -418,33 +448,8 @@ def nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, pad
         out = torch.full((out_len,), -1, dtype=torch.int64, device=boxes.device)
         return out, torch.zeros((), dtype=torch.int64, device=boxes.device)
     groups = idxs[order] if idxs is not None else None
-    use_cuda = backend == "cuda"  # "auto" switches to CUDA C++ once csrc/nms.cu lands
-    if use_cuda:
-        from ..cuda import nms as cuda_impl
-
-        out, count = cuda_impl.nms_sorted(boxes, scores, order, groups, iou_threshold, out_len)
-    else:
-        mask = nms_mask(boxes, order, groups, iou_threshold)
-        out, count = nms_pass(mask, boxes, scores, order, out_len)
+    out, count = impl.nms_sorted(boxes, scores, order, groups, iou_threshold, out_len)
     if padded:
         return out, count
     k = int(count)  # the one host sync of the variable-length form
     return out[:k].clone(), count
-
-
-_CUDA_OK: dict = {}
-
-
-def _cuda_available(device: torch.device) -> bool:
-    """NVRTC and the CUDA driver are usable on ``device`` (checked once)."""
-    if device.type != "cuda":
-        return False
-    if "ok" not in _CUDA_OK:
-        try:
-            from .._nvrtc import nvrtc
-
-            nvrtc()
-            _CUDA_OK["ok"] = True
-        except (RuntimeError, OSError):
-            _CUDA_OK["ok"] = False
-    return _CUDA_OK["ok"]

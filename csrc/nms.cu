@@ -1,0 +1,312 @@
+// Rotated BEV IoU and rotated NMS in CUDA C++, compiled at run time by NVRTC.
+// Same geometry as pcops/triton/nms.py (see its docstring): float32 in box a's own frame, exact
+// containment, fixed-vertex-count slab clipping, shoelace area. What CUDA adds over Triton:
+//  * nms_mask culls every pair of a 64x64 tile by bounding circles first and compacts the survivors
+//    into a shared-memory list (warp-aggregated), so the clipping runs only for pairs that can
+//    overlap (~1-2 % of the pairs of random scenes) instead of for the whole tile;
+//  * nms_pass is one block of 1024 threads walking the 64-box tiles with the "removed" words in
+//    shared memory: one thread resolves a tile from its diagonal block (64 dependent bit steps, no
+//    memory traffic), while two warps prefetch the next tile's diagonal block and validity; then
+//    all threads OR the kept rows into the later words. No host round trip.
+
+#define NMS_TILE 64
+#define PASS_THREADS 1024
+#define MASK_THREADS 256
+// |v| <= BIG is false for NaN and +-inf
+#define BIG 3.0e38f
+
+struct Box {
+  float x, y, z, dx, dy, dz, h;
+  int ok;
+};
+
+// Box row i of a (N, stride) float32 array: (x, y, dx, dy, h) when bev5, else OpenPCDet's 7 columns.
+// Invalid boxes (non-finite, negative size, or not live) become a harmless unit box with ok = 0.
+__device__ __forceinline__ Box load_box(const float* __restrict__ boxes, long long i, int stride, int bev5, bool live) {
+  Box b;
+  b.x = b.y = b.z = b.h = 0.f;
+  b.dx = b.dy = b.dz = 1.f;
+  b.ok = 0;
+  if (!live) return b;
+  const float* p = boxes + i * stride;
+  float x = p[0], y = p[1], z, dx, dy, dz, h;
+  if (bev5) {
+    z = 0.f; dx = p[2]; dy = p[3]; dz = 0.f; h = p[4];
+  } else {
+    z = p[2]; dx = p[3]; dy = p[4]; dz = p[5]; h = p[6];
+  }
+  bool ok = fabsf(x) <= BIG && fabsf(y) <= BIG && fabsf(z) <= BIG && fabsf(h) <= BIG && dx >= 0.f &&
+            dy >= 0.f && dz >= 0.f && dx <= BIG && dy <= BIG && dz <= BIG;
+  if (ok) {
+    b.x = x; b.y = y; b.z = z; b.dx = dx; b.dy = dy; b.dz = dz; b.h = h; b.ok = 1;
+  }
+  return b;
+}
+
+// (sin, cos) of x + lo: Cody-Waite reduction by pi/2 with a 3-part constant, cephes polynomials
+// (the same arithmetic as the Triton kernel).
+__device__ __forceinline__ void sincos_poly(float x, float lo, float* sin_out, float* cos_out) {
+  float k = floorf(x * 0.6366197723675814f + 0.5f);
+  float r = x - k * 1.5703125f;
+  r = r - k * 4.837512969970703125e-4f;
+  r = r - k * 7.54978995489188216e-8f;
+  r = r + lo;
+  float r2 = r * r;
+  float s = r + r * r2 * (-1.6666654611e-1f + r2 * (8.3321608736e-3f + r2 * -1.9515295891e-4f));
+  float c = 1.0f - 0.5f * r2 +
+            r2 * r2 * (4.166664568298827e-2f + r2 * (-1.388731625493765e-3f + r2 * 2.443315711809948e-5f));
+  int q = ((int)k) & 3;
+  *sin_out = q == 0 ? s : (q == 1 ? c : (q == 2 ? -s : -c));
+  *cos_out = q == 0 ? c : (q == 1 ? -s : (q == 2 ? -c : s));
+}
+
+// The part of segment p->q with |x| <= h as two points; a segment wholly outside gives its ends
+// clamped onto the boundary line (collinear with the neighbouring points: no area added).
+__device__ __forceinline__ void slab(float px, float py, float qx, float qy, float h,
+                                     float& ax, float& ay, float& bx, float& by) {
+  float d = qx - px;
+  bool par = d == 0.f;
+  float inv = 1.f / (par ? 1.f : d);
+  float ta = (-h - px) * inv, tb = (h - px) * inv;
+  bool inside_par = fabsf(px) <= h;
+  float t0 = par ? (inside_par ? 0.f : 1.f) : fmaxf(fminf(ta, tb), 0.f);
+  float t1 = par ? (inside_par ? 1.f : 0.f) : fminf(fmaxf(ta, tb), 1.f);
+  bool hit = t0 <= t1;
+  float ey = qy - py;
+  ax = (hit && t0 != 0.f) ? px + t0 * d : px;
+  ay = (hit && t0 != 0.f) ? py + t0 * ey : py;
+  bx = (hit && t1 != 1.f) ? px + t1 * d : qx;
+  by = (hit && t1 != 1.f) ? py + t1 * ey : qy;
+  ax = fminf(fmaxf(ax, -h), h);
+  bx = fminf(fmaxf(bx, -h), h);
+}
+
+__device__ __forceinline__ float cross2(float ax, float ay, float bx, float by) { return ax * by - ay * bx; }
+
+// BEV intersection area of two valid boxes.
+__device__ float pair_inter(const Box& a, const Box& b) {
+  const float hxa = a.dx * 0.5f, hya = a.dy * 0.5f, hxb = b.dx * 0.5f, hyb = b.dy * 0.5f;
+  float sa, ca, sd, cd;
+  sincos_poly(a.h, 0.f, &sa, &ca);
+  // heading difference as an exact pair (Knuth's two-sum): identical headings give (0, 1)
+  float dh = b.h - a.h;
+  float bv = dh - b.h;
+  float dh_lo = (b.h - (dh - bv)) + (-a.h - bv);
+  sincos_poly(dh, dh_lo, &sd, &cd);
+  // b's centre in a's frame (local origin)
+  const float wx = b.x - a.x, wy = b.y - a.y;
+  const float ox = ca * wx + sa * wy, oy = ca * wy - sa * wx;
+  const float ux = cd * hxb, uy = sd * hxb, vx = -sd * hyb, vy = cd * hyb;
+  const float area_a = a.dx * a.dy, area_b = b.dx * b.dy;
+  // containment within a few ulps of each test's terms: the inner rectangle's area, exactly
+  const float ulps = 4.0f * 1.1920928955078125e-07f;
+  const float w1 = fabsf(wx) + fabsf(wy);
+  const float ex = fabsf(ux) + fabsf(vx), eyy = fabsf(uy) + fabsf(vy);
+  if (fabsf(ox) + ex <= hxa + ulps * (w1 + hxa + ex) && fabsf(oy) + eyy <= hya + ulps * (w1 + hya + eyy))
+    return fminf(area_b, area_a);
+  const float pbx = -(cd * ox + sd * oy), pby = -(cd * oy - sd * ox);
+  const float fx = fabsf(cd * hxa) + fabsf(sd * hya), fy = fabsf(sd * hxa) + fabsf(cd * hya);
+  if (fabsf(pbx) + fx <= hxb + ulps * (w1 + hxb + fx) && fabsf(pby) + fy <= hyb + ulps * (w1 + hyb + fy))
+    return fminf(area_a, area_b);
+  // b's corners, counter-clockwise
+  float cx[4] = {ox + ux + vx, ox - ux + vx, ox - ux - vx, ox + ux - vx};
+  float cy[4] = {oy + uy + vy, oy - uy + vy, oy - uy - vy, oy + uy - vy};
+  // stage 1: |x| <= hxa -> 8 points
+  float px[8], py[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    slab(cx[k], cy[k], cx[(k + 1) & 3], cy[(k + 1) & 3], hxa, px[2 * k], py[2 * k], px[2 * k + 1], py[2 * k + 1]);
+  // stage 2: |y| <= hya on each of the 8 edges -> 16 points; shoelace
+  float qx[16], qy[16];
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    slab(py[k], px[k], py[(k + 1) & 7], px[(k + 1) & 7], hya, qy[2 * k], qx[2 * k], qy[2 * k + 1], qx[2 * k + 1]);
+  float twice = 0.f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) twice += cross2(qx[k], qy[k], qx[(k + 1) & 15], qy[(k + 1) & 15]);
+  return fminf(fmaxf(twice * 0.5f, 0.f), fminf(area_a, area_b));
+}
+
+__device__ __forceinline__ bool circles_touch(const Box& a, const Box& b) {
+  float ra = 0.5f * sqrtf(a.dx * a.dx + a.dy * a.dy), rb = 0.5f * sqrtf(b.dx * b.dx + b.dy * b.dy);
+  float wx = b.x - a.x, wy = b.y - a.y;
+  float reach = (ra + rb) * 1.0001f + 1e-6f;
+  return wx * wx + wy * wy <= reach * reach;
+}
+
+// IoU matrix: one thread per pair. a: (N, stride_a), b: (M, stride_b) float32; out: (N, M) float32.
+extern "C" __global__ void boxes_iou(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out,
+                                     int n, int m, int stride_a, int stride_b, int bev5, int three_d) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  int i = blockIdx.y * blockDim.y + threadIdx.y;
+  if (i >= n || j >= m) return;
+  Box A = load_box(a, i, stride_a, bev5, true);
+  Box B = load_box(b, j, stride_b, bev5, true);
+  float inter = (A.ok && B.ok && circles_touch(A, B)) ? pair_inter(A, B) : 0.f;
+  float size_a = A.dx * A.dy, size_b = B.dx * B.dy;
+  if (three_d) {
+    float top = fminf(A.z + A.dz * 0.5f, B.z + B.dz * 0.5f), bottom = fmaxf(A.z - A.dz * 0.5f, B.z - B.dz * 0.5f);
+    inter *= fmaxf(top - bottom, 0.f);
+    size_a *= A.dz;
+    size_b *= B.dz;
+  }
+  size_a = A.ok ? size_a : 0.f;
+  size_b = B.ok ? size_b : 0.f;
+  float uni = size_a + size_b - inter;
+  out[(long long)i * m + j] = uni > 0.f ? inter / uni : 0.f;
+}
+
+// Upper-triangular suppression bitmask of the score-sorted boxes: bit c of word ct of row i is set
+// when box j = 64*ct + c comes after i, shares its group and IoU(i, j) > thr. One block per tile
+// (rt <= ct) of the triangle, enumerated linearly; words left of the diagonal are never written.
+extern "C" __global__ void __launch_bounds__(MASK_THREADS)
+nms_mask(const float* __restrict__ boxes, const long long* __restrict__ order, const long long* __restrict__ groups,
+         int has_groups, int m, int words, int stride, int bev5, float thr, unsigned long long* __restrict__ mask) {
+  // linear index -> (rt, ct), ct-major: L = ct (ct + 1) / 2 + rt
+  const long long L = blockIdx.x;
+  int ct = (int)((sqrtf(8.f * (float)L + 1.f) - 1.f) * 0.5f);
+  while ((long long)(ct + 1) * (ct + 2) / 2 <= L) ++ct;
+  while ((long long)ct * (ct + 1) / 2 > L) --ct;
+  const int rt = (int)(L - (long long)ct * (ct + 1) / 2);
+
+  __shared__ Box rows[NMS_TILE], cols[NMS_TILE];
+  __shared__ long long grow[NMS_TILE], gcol[NMS_TILE];
+  __shared__ unsigned long long bits[NMS_TILE];
+  __shared__ unsigned short list[NMS_TILE * NMS_TILE];
+  __shared__ int n_list;
+  const int tid = threadIdx.x;
+  if (tid < NMS_TILE) {
+    int i = rt * NMS_TILE + tid;
+    rows[tid] = load_box(boxes, i < m ? order[i] : 0, stride, bev5, i < m);
+    grow[tid] = (has_groups && i < m) ? groups[i] : 0;
+    bits[tid] = 0ull;
+  } else if (tid < 2 * NMS_TILE) {
+    int c = tid - NMS_TILE, j = ct * NMS_TILE + c;
+    cols[c] = load_box(boxes, j < m ? order[j] : 0, stride, bev5, j < m);
+    gcol[c] = (has_groups && j < m) ? groups[j] : 0;
+  }
+  if (tid == 0) n_list = 0;
+  __syncthreads();
+  // cull by bounding circles; survivors are appended to the list (one atomic per warp)
+  const int lane = tid & 31;
+  for (int p = tid; p < NMS_TILE * NMS_TILE; p += MASK_THREADS) {
+    const int r = p >> 6, c = p & 63;
+    const int i = rt * NMS_TILE + r, j = ct * NMS_TILE + c;
+    bool cand = j > i && j < m && rows[r].ok && cols[c].ok && grow[r] == gcol[c];
+    if (cand) cand = circles_touch(rows[r], cols[c]);
+    const unsigned ballot = __ballot_sync(0xffffffffu, cand);
+    int base = 0;
+    if (lane == 0 && ballot) base = atomicAdd(&n_list, __popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (cand) list[base + __popc(ballot & ((1u << lane) - 1u))] = (unsigned short)p;
+  }
+  __syncthreads();
+  const int n = n_list;
+  for (int k = tid; k < n; k += MASK_THREADS) {
+    const int p = list[k], r = p >> 6, c = p & 63;
+    const Box A = rows[r], B = cols[c];
+    const float inter = pair_inter(A, B);
+    const float uni = A.dx * A.dy + B.dx * B.dy - inter;
+    const float iou = uni > 0.f ? inter / uni : 0.f;
+    if (iou > thr) atomicOr(&bits[r], 1ull << c);
+  }
+  __syncthreads();
+  if (tid < NMS_TILE) {
+    const int i = rt * NMS_TILE + tid;
+    if (i < m) mask[(long long)i * words + ct] = bits[tid];
+  }
+}
+
+// Diagonal block and invalid bits of tile t, by 64 threads (two full warps): lane k handles row 64t+k.
+__device__ __forceinline__ void load_tile(int t, int k, const unsigned long long* __restrict__ mask,
+                                          const float* __restrict__ boxes, const float* __restrict__ scores,
+                                          const long long* __restrict__ order, int m, int words, int stride,
+                                          int bev5, unsigned long long* diag, unsigned* invalid32) {
+  const int row = t * NMS_TILE + k;
+  bool ok = false;
+  unsigned long long d = 0ull;
+  if (row < m) {
+    const long long idx = order[row];
+    const Box b = load_box(boxes, idx, stride, bev5, true);
+    const float s = scores[idx];
+    ok = b.ok && s == s;
+    d = mask[(long long)row * words + t];
+  }
+  diag[k] = d;
+  const unsigned ballot = __ballot_sync(0xffffffffu, !ok);
+  if ((k & 31) == 0) invalid32[k >> 5] = ballot;
+}
+
+// Greedy pass over the bitmask in one block. out: (post,) int64 kept box indices (descending score),
+// -1 padded; count_out: () int64. Dynamic shared memory: words * 8 bytes ("removed" words).
+extern "C" __global__ void __launch_bounds__(PASS_THREADS)
+nms_pass(const unsigned long long* __restrict__ mask, const float* __restrict__ boxes, const float* __restrict__ scores,
+         const long long* __restrict__ order, int m, int words, int post, int stride, int bev5,
+         long long* __restrict__ out, long long* __restrict__ count_out) {
+  extern __shared__ unsigned long long removed[];
+  __shared__ unsigned long long s_diag[2][NMS_TILE];
+  __shared__ unsigned s_invalid[2][2];
+  __shared__ unsigned long long s_kept;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int w = tid; w < words; w += nt) removed[w] = 0ull;
+  if (tid >= 32 && tid < 32 + NMS_TILE)
+    load_tile(0, tid - 32, mask, boxes, scores, order, m, words, stride, bev5, s_diag[0], s_invalid[0]);
+  __syncthreads();
+  int count = 0;
+  for (int t = 0; t < words && count < post; ++t) {
+    const int cur = t & 1;
+    if (tid == 0) {
+      // sequential greedy inside the tile: box b is kept unless removed by a kept box before it
+      unsigned long long rem = removed[t] | (unsigned long long)s_invalid[cur][0] |
+                               ((unsigned long long)s_invalid[cur][1] << 32);
+      unsigned long long kept = 0ull;
+#pragma unroll
+      for (int b = 0; b < NMS_TILE; ++b) {
+        const unsigned long long free_bit = (~rem >> b) & 1ull;
+        kept |= free_bit << b;
+        rem |= s_diag[cur][b] & (0ull - free_bit);
+      }
+      s_kept = kept;
+    } else if (tid >= 32 && tid < 32 + NMS_TILE && t + 1 < words) {
+      // meanwhile, prefetch the next tile's diagonal block and validity
+      load_tile(t + 1, tid - 32, mask, boxes, scores, order, m, words, stride, bev5, s_diag[cur ^ 1], s_invalid[cur ^ 1]);
+    }
+    __syncthreads();
+    const unsigned long long kept = s_kept;
+    if (tid < NMS_TILE && ((kept >> tid) & 1ull)) {
+      const int pos = count + __popcll(kept & ((1ull << tid) - 1ull));
+      if (pos < post) out[pos] = order[t * NMS_TILE + tid];
+    }
+    count += __popcll(kept);
+    // the kept rows remove boxes of the later tiles: several threads per word when words are few
+    const int rest = words - t - 1;
+    if (rest > 0 && kept && count < post) {
+      const long long row0 = (long long)t * NMS_TILE;
+      if (rest >= nt) {
+        for (int w = t + 1 + tid; w < words; w += nt) {
+          unsigned long long acc = 0ull;
+          unsigned long long k = kept;
+          while (k) {
+            const int b = __ffsll((long long)k) - 1;
+            k &= k - 1ull;
+            acc |= mask[(row0 + b) * words + w];
+          }
+          removed[w] |= acc;
+        }
+      } else {
+        const int per_word = nt / rest;
+        const int g = tid / rest, w = t + 1 + tid % rest;
+        if (g < per_word && g < NMS_TILE) {
+          unsigned long long acc = 0ull;
+          for (int b = g; b < NMS_TILE; b += per_word)
+            if ((kept >> b) & 1ull) acc |= mask[(row0 + b) * words + w];
+          if (acc) atomicOr(&removed[w], acc);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  count = count < post ? count : post;
+  for (int p = count + tid; p < post; p += nt) out[p] = -1;
+  if (tid == 0) *count_out = count;
+}

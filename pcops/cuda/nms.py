@@ -1,0 +1,72 @@
+"""Launchers for ``csrc/nms.cu`` (CUDA C++ compiled at run time with NVRTC): IoU matrix, NMS mask, NMS pass."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .._nvrtc import get_kernel
+
+_TILE = 64
+_MASK_THREADS = 256
+_PASS_THREADS = 1024
+_IOU_BLOCK = (32, 8)
+# the pass keeps one "removed" word per 64 boxes in shared memory (48 KB without opt-in)
+MAX_WORDS = 48 * 1024 // 8
+
+
+def _as_f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32).contiguous()
+
+
+def boxes_iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> torch.Tensor:
+    """Same contract as ``pcops.triton.nms.boxes_iou``; no host sync (one launch, plus casts for
+    non-float32 boxes)."""
+    n, m = boxes_a.shape[0], boxes_b.shape[0]
+    a, b = _as_f32(boxes_a), _as_f32(boxes_b)
+    if a.shape[1] != b.shape[1] and 5 in (a.shape[1], b.shape[1]):
+        a = a if a.shape[1] == 5 else a[:, [0, 1, 3, 4, 6]].contiguous()
+        b = b if b.shape[1] == 5 else b[:, [0, 1, 3, 4, 6]].contiguous()
+    out = torch.empty((n, m), dtype=torch.float32, device=a.device)
+    if n and m:
+        bx, by = _IOU_BLOCK
+        get_kernel("nms.cu", "boxes_iou", a.device)(
+            ((m + bx - 1) // bx, (n + by - 1) // by), (bx, by),
+            [a, b, out, ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(a.shape[1]), ctypes.c_int(b.shape[1]),
+             ctypes.c_int(int(a.shape[1] == 5)), ctypes.c_int(int(three_d))],
+        )
+    return out.to(torch.float64) if boxes_a.dtype == torch.float64 else out
+
+
+def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bitmask + greedy pass on score-sorted boxes; no host sync (2 launches).
+
+    Args:
+        boxes: ``(N, C)`` contiguous, C = 5 or ≥ 7 (cast to float32 if needed).
+        scores: ``(N,)`` (NaN = invalid box).
+        order: ``(M,)`` int64 sorted position → box index, ``M ≤ 64 · MAX_WORDS``.
+        groups: ``(M,)`` int64 group per sorted box, or None.
+        out_len: length of the −1 padded output.
+    Returns:
+        ``(indices (out_len,) int64, count () int64)``.
+    """
+    dev = boxes.device
+    b, s = _as_f32(boxes), _as_f32(scores)
+    m = order.shape[0]
+    words = (m + _TILE - 1) // _TILE
+    mask = torch.empty((m, words), dtype=torch.int64, device=dev)
+    out = torch.empty((out_len,), dtype=torch.int64, device=dev)
+    count = torch.empty((), dtype=torch.int64, device=dev)
+    stride, bev5 = ctypes.c_int(b.shape[1]), ctypes.c_int(int(b.shape[1] == 5))
+    g = groups if groups is not None else order
+    get_kernel("nms.cu", "nms_mask", dev)(
+        (words * (words + 1) // 2,), (_MASK_THREADS,),
+        [b, order, g, ctypes.c_int(int(groups is not None)), ctypes.c_int(m), ctypes.c_int(words), stride, bev5,
+         ctypes.c_float(iou_threshold), mask],
+    )
+    get_kernel("nms.cu", "nms_pass", dev)(
+        (1,), (_PASS_THREADS,),
+        [mask, b, s, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len), stride, bev5, out, count],
+        shared_mem=words * 8,
+    )
+    return out, count
