@@ -24,6 +24,7 @@ where every config would be run in Python.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -40,12 +41,14 @@ _INV_SQRT_2PI = 0.3989422804014327
 _MAX_BLOCK_N = 8192
 # elementwise kernel (Swish): elements per program (8 per thread with 4 warps: 32 B per load)
 _ELEMENTWISE_BLOCK = 1024
-# column-sum kernel: columns per program and partial rows per step
-_SUM_BLOCK_N = 32
-_SUM_BLOCK_G = 64
+# column-sum kernel: 8 float32 columns (one 32-byte sector per partial row) × 256 partial rows
+# per step, so the G ≈ 4·SMs partial rows take 2-3 steps and N / 8 programs share the work
+_SUM_BLOCK_N = 8
+_SUM_BLOCK_G = 256
+_SUM_WARPS = 8
 # backward programs per SM (each walks a contiguous range of rows, so G is bounded and the
-# partial sums stay small: G·N·8 bytes)
-_BWD_PROGRAMS_PER_SM = 8
+# partial sums stay small: G·N·8 bytes, ≈ 1 MB for N = 256 on 132 SMs)
+_BWD_PROGRAMS_PER_SM = 4
 
 
 def _interpreting() -> bool:
@@ -97,10 +100,10 @@ def _default_warps(block_m: int, block_n: int) -> int:
 @triton.jit
 def _gelu(z, APPROX_TANH: tl.constexpr):
     if APPROX_TANH:
+        # 0.5·(1 + tanh(u)) = sigmoid(2u): one exp and one (fast) division per element; exact
+        # limits when exp over/underflows (z / inf = 0, z / 1 = z)
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_K * z * z * z)
-        # tanh(u) = 1 - 2 / (exp(2u) + 1): exact limits ±1 when exp overflows or underflows
-        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-        h = 0.5 * z * (1.0 + t)
+        h = z / (1.0 + tl.exp(-2.0 * u))
     else:
         h = 0.5 * z * (1.0 + tl.math.erf(z * _INV_SQRT_2))
     return h
@@ -109,9 +112,10 @@ def _gelu(z, APPROX_TANH: tl.constexpr):
 @triton.jit
 def _gelu_grad(z, APPROX_TANH: tl.constexpr):
     if APPROX_TANH:
+        # with s = sigmoid(2u): 0.5·(1 + t) = s and 1 - t² = 4·s·(1 - s)
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_K * z * z * z)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-        d = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_K * z * z)
+        s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+        d = s + 2.0 * z * s * (1.0 - s) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_K * z * z)
     else:
         d = 0.5 * (1.0 + tl.math.erf(z * _INV_SQRT_2)) + z * tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
     return d
@@ -448,7 +452,7 @@ def _sparse_softmax_kernel(
     start = tl.minimum(tl.load(crow_ptr + r, mask=r_ok, other=0).to(tl.int64), nnz)
     end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
     length = tl.maximum(end - start, 0)
-    max_len = tl.max(length, axis=0)
+    max_len = tl.max(length, axis=0).to(tl.int32)  # rows shorter than 2^31
     # pass 1: online max and sum of exp (rows still at max −inf contribute nothing)
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     s = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -490,7 +494,7 @@ def _sparse_softmax_bwd_kernel(
     start = tl.minimum(tl.load(crow_ptr + r, mask=r_ok, other=0).to(tl.int64), nnz)
     end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
     length = tl.maximum(end - start, 0)
-    max_len = tl.max(length, axis=0)
+    max_len = tl.max(length, axis=0).to(tl.int32)  # rows shorter than 2^31
     # pass 1: dot = Σ_row g·y
     dot = tl.zeros([BLOCK_R], dtype=tl.float32)
     for c0 in range(0, max_len, BLOCK_L):
@@ -545,7 +549,8 @@ def layer_norm_gelu(
         dropout_p: drop probability in [0, 1), used when ``seed`` is given.
         seed: ``(1,)`` int64 tensor on ``x``'s device (the Philox seed), or None for no dropout.
         block_m, num_warps: a fixed config (bypasses autotuning; automatic under the interpreter).
-        max_block_n: widest single tile (default 8192); wider rows take the chunked path.
+        max_block_n: widest single tile (default 8192); wider rows take the chunked path. Giving
+            it also bypasses autotuning (the tuned config belongs to the default tiling).
     Returns:
         ``(y (M, N) x.dtype, mean (M,) float32, rstd (M,) float32)``; no host synchronisation.
     """
@@ -558,7 +563,7 @@ def layer_norm_gelu(
     block_n, one_tile = _row_block_n(n, max_block_n)
     args = (x, weight, bias, y, mean, rstd, _seed_arg(seed, x), m_rows, n, float(eps), float(dropout_p))
     meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile, BLOCK_N=block_n)
-    if block_m is None and not _interpreting():
+    if block_m is None and max_block_n is None and not _interpreting():
         _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"]),)](*args, **meta)
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_TILES[1]), triton.next_power_of_2(m_rows))
@@ -568,9 +573,14 @@ def layer_norm_gelu(
     return y, mean, rstd
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms_cuda(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _num_sms_cuda(device.index if device.index is not None else torch.cuda.current_device())
     return 1  # the interpreter: a few programs are enough to exercise the partial sums
 
 
@@ -607,14 +617,14 @@ def layer_norm_gelu_backward(
         args = (grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, dw_part, db_part,
                 m_rows, n, rows_per_program, float(dropout_p))
         meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile, BLOCK_N=block_n)
-        if block_m is None and not _interpreting():
+        if block_m is None and max_block_n is None and not _interpreting():
             _layer_norm_gelu_bwd_tuned[(g,)](*args, **meta)
         else:
             bm = block_m or min(_default_block_m(block_n, _BWD_TILES[1]), triton.next_power_of_2(rows_per_program))
             _layer_norm_gelu_bwd_kernel[(g,)](*args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n))
     if n:
         _column_sum_kernel[(triton.cdiv(n, _SUM_BLOCK_N),)](
-            dw_part, db_part, dweight, dbias, g, n, BLOCK_G=_SUM_BLOCK_G, BLOCK_N=_SUM_BLOCK_N
+            dw_part, db_part, dweight, dbias, g, n, BLOCK_G=_SUM_BLOCK_G, BLOCK_N=_SUM_BLOCK_N, num_warps=_SUM_WARPS
         )
     return dx, dweight, dbias
 

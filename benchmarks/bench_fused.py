@@ -1,0 +1,166 @@
+"""L1-L3: fused LayerNorm+GELU; Q1: CSR sparse softmax (WORKLOADS.md), forward and forward+backward.
+
+L1 4,096 × 768 float32, L2 131,072 × 256 bfloat16, L3 131,072 × 64 float32 (eps 1e-5, tanh
+GELU). Baselines, same run: eager ``F.gelu(F.layer_norm(...), approximate="tanh")`` and its
+``torch.compile``d version. Q1: 120,000 CSR rows, lengths ``torch.randint(1, 65, (120000,))``
+after ``torch.manual_seed(0)``, N(0, 1) float32 values, int64 crow (torch's CSR default).
+Baselines: a plain-torch segment softmax (``scatter_reduce`` amax + exp + ``index_add``, the
+row index of every entry precomputed, as graph libraries keep it) and ``torch.sparse.softmax``
+on the equivalent COO tensor. pcops: Triton and CUDA C++ (NVRTC) both.
+
+Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
+checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
+captured pipeline sees). ``floor`` = bytes that must move (inputs once, outputs once) / 4.3 TB/s;
+``of_floor`` = floor / median.
+"""
+import time
+
+import torch
+import torch.nn.functional as F
+
+from common import bench, parse_args, report, row
+
+import pcops
+
+BANDWIDTH = 4.3e12  # bytes/s, the measured H200 copy bandwidth of WORKLOADS.md
+LN_WORKLOADS = [("L1", 4096, 768, torch.float32), ("L2", 131072, 256, torch.bfloat16), ("L3", 131072, 64, torch.float32)]
+Q1_ROWS = 120000
+
+
+def torch_ln_gelu(x, w, b):
+    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), approximate="tanh")
+
+
+def pcops_ln_gelu(x, w, b):
+    return pcops.fused_layer_norm_gelu(x, w, b, 1e-5, "tanh")
+
+
+def segment_softmax(values, row, rows):
+    vmax = torch.full((rows,), float("-inf"), device=values.device, dtype=values.dtype)
+    vmax = vmax.scatter_reduce(0, row, values, reduce="amax", include_self=True)
+    e = (values - vmax[row]).exp()
+    total = torch.zeros(rows, device=values.device, dtype=values.dtype).index_add_(0, row, e)
+    return e / total[row]
+
+
+def timed_pair(rows, wl, impl, fn, rep, floor_ms, items, baseline=None, graph=True):
+    """Eager and (with ``graph``) CUDA-graph timings of ``fn``: ``{False: eager, True: graph}``.
+
+    Ratios are to ``baseline`` (the first implementation of the workload) in the same mode.
+    """
+    out = {}
+    for mode in (False, True) if graph else (False,):
+        try:
+            t = bench(fn, rep=rep, graph=mode)
+        except Exception as e:  # reported, not fatal
+            print(f"{wl} {impl} graph={mode}: {type(e).__name__}: {e}")
+            continue
+        base = (baseline or {}).get(mode, t)
+        rows.append(row(wl, impl + (" [graph]" if mode else ""), t, items=items, unit="rows/s", baseline=base,
+                        floor_ms=floor_ms, of_floor=floor_ms / t["median_ms"]))
+        out[mode] = t
+    return out
+
+
+def bench_layer_norm(rows, rep, compile_baseline):
+    compiled = torch.compile(torch_ln_gelu, dynamic=False) if compile_baseline else None
+    for wl, m, n, dtype in LN_WORKLOADS:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+        w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+        b = (0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+        dy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+        size = x.element_size()
+        fwd_floor = 2 * m * n * size / BANDWIDTH * 1e3
+        fb_floor = 5 * m * n * size / BANDWIDTH * 1e3  # fwd: x, y; bwd: dy, x, dx
+        err = (pcops_ln_gelu(x, w, b).float() - torch_ln_gelu(x, w, b).float()).abs().max().item()
+        print(f"{wl}: max |pcops - torch| = {err:.3g}")
+        fwd = {"torch eager": lambda: torch_ln_gelu(x, w, b), "pcops triton": lambda: pcops_ln_gelu(x, w, b)}
+        if compiled is not None:
+            fwd["torch.compile"] = lambda: compiled(x, w, b)
+        base = None
+        for impl, fn in fwd.items():
+            t = timed_pair(rows, wl, impl + " (fwd)", fn, rep, fwd_floor, m, base)
+            base = base or t
+        xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
+
+        def fwd_bwd(f):
+            return lambda: f(xr, wr, br).backward(dy)
+
+        fb = {"torch eager": fwd_bwd(torch_ln_gelu), "pcops triton": fwd_bwd(pcops_ln_gelu)}
+        if compiled is not None:
+            fb["torch.compile"] = fwd_bwd(compiled)
+        base = None
+        for impl, fn in fb.items():
+            t = timed_pair(rows, wl, impl + " (fwd+bwd)", fn, rep, fb_floor, m, base)
+            base = base or t
+
+
+def bench_sparse_softmax(rows, rep):
+    torch.manual_seed(0)
+    lengths = torch.randint(1, 65, (Q1_ROWS,))
+    crow = torch.zeros(Q1_ROWS + 1, dtype=torch.int64)
+    crow[1:] = lengths.cumsum(0)
+    nnz = int(crow[-1])
+    values = torch.randn(nnz).cuda()
+    crow = crow.cuda()
+    row_ids = torch.repeat_interleave(torch.arange(Q1_ROWS, device="cuda"), lengths.cuda())
+    cols = torch.arange(nnz, device="cuda") - crow[row_ids]
+    coo = torch.sparse_coo_tensor(torch.stack([row_ids, cols]), values, (Q1_ROWS, 64), check_invariants=False).coalesce()
+    fwd_floor = (2 * nnz * 4 + crow.numel() * 8) / BANDWIDTH * 1e3
+    fb_floor = fwd_floor + (3 * nnz * 4 + crow.numel() * 8) / BANDWIDTH * 1e3
+    for backend in ("triton", "cuda"):
+        err = (pcops.sparse_softmax(values, crow, backend=backend) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
+        print(f"Q1 {backend}: max |pcops - segment softmax| = {err:.3g}")
+    wl = "Q1"
+    fwd = {
+        "torch segment softmax": lambda: segment_softmax(values, row_ids, Q1_ROWS),
+        "torch.sparse.softmax (COO)": lambda: torch.sparse.softmax(coo, 1),
+        "pcops triton": lambda: pcops.sparse_softmax(values, crow, backend="triton"),
+        "pcops cuda": lambda: pcops.sparse_softmax(values, crow, backend="cuda"),
+    }
+    base = None
+    for impl, fn in fwd.items():
+        # torch.sparse.softmax on COO is timed eagerly only (it is not meant for graph capture)
+        t = timed_pair(rows, wl, impl + " (fwd)", fn, rep, fwd_floor, Q1_ROWS, base, graph="COO" not in impl)
+        base = base or t
+    vr = values.clone().requires_grad_(True)
+    dy = torch.randn(nnz, device="cuda")
+    fb = {
+        "torch segment softmax": lambda: segment_softmax(vr, row_ids, Q1_ROWS).backward(dy),
+        "pcops triton": lambda: pcops.sparse_softmax(vr, crow, backend="triton").backward(dy),
+        "pcops cuda": lambda: pcops.sparse_softmax(vr, crow, backend="cuda").backward(dy),
+    }
+    base = None
+    for impl, fn in fb.items():
+        t = timed_pair(rows, wl, impl + " (fwd+bwd)", fn, rep, fb_floor, Q1_ROWS, base)
+        base = base or t
+
+
+def main():
+    import argparse
+    import sys
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline (saves its warm-up)")
+    known, rest = extra.parse_known_args()
+    sys.argv = [sys.argv[0], *rest]
+    args = parse_args(__doc__)
+    rep = 50 if args.quick else 100
+    rows = []
+    t0 = time.perf_counter()
+    bench_sparse_softmax(rows, rep)
+    t1 = time.perf_counter()
+    bench_layer_norm(rows, rep, compile_baseline=not known.no_compile)
+    t2 = time.perf_counter()
+    notes = {
+        "bandwidth_for_floor": BANDWIDTH,
+        "goals_ms": {"L2 fwd": 0.045, "L2 fwd+bwd": 0.12, "L1 fwd": 0.012, "Q1 fwd": 0.03, "Q1 fwd+bwd": 0.07},
+        "wall_s": {"Q1 (incl. autotune, NVRTC)": t1 - t0, "L1-L3 (incl. autotune, torch.compile)": t2 - t1},
+        "timing": "eager rows include host launch cost; [graph] rows are CUDA-graph replays of the same call",
+    }
+    report(rows, "fused", args.out, notes=notes)
+
+
+if __name__ == "__main__":
+    main()
