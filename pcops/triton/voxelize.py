@@ -1,0 +1,421 @@
+"""Triton kernels for deterministic voxelization (hard FCFS and dynamic) on a GPU hash table.
+
+Hard voxelization is one fill and two launches (dynamic: one fill and one launch):
+
+1. ``torch.full(-1)`` of one int32 work buffer: the hash table (int64 keys, encoded first
+   point, voxel row per slot), scan descriptors, per-sample counters and the per-voxel
+   lists ``L`` (everything's "empty" is −1, so a single fill initialises it all).
+2. ``_voxelize_kernel``, one program per block of ``BLOCK`` consecutive points, blocks taken
+   in order through an atomic ticket (so a block only ever waits on blocks already running):
+   a. voxel cell and packed int64 key of each point (float32, IEEE ``div_rn``, exactly as the
+      reference); open-addressing insert (``atomic_cas``, linear probing) and
+      ``atomic_max(N - 1 - p)`` per slot, i.e. the voxel's first point; then the block raises
+      its "inserted" flag and waits until every earlier block has raised its own, after which
+      ``first point == p`` is final for all points of this block;
+   b. a single-pass prefix sum (decoupled look-back, segmented by sample for the per-sample
+      cap) over the "first point of its voxel" flags numbers the voxels in first-point order;
+      the first point publishes its voxel's row (or −2: dropped by ``max_voxels``) in the slot;
+   c. every point reads its voxel's row and inserts ``N - 1 - p`` into the voxel's list of
+      ``max_points_per_voxel`` entries by an ``atomic_max`` cascade (each position keeps the
+      larger value and passes the smaller one on). Whatever the order of the atomics, position
+      ``j`` ends holding the ``(j+1)``-th smallest point index of the voxel, and exactly the
+      points of rank ≥ ``max_points_per_voxel`` fall off the end: the deterministic FCFS set.
+3. ``_voxel_rows_kernel``, one program per block of output rows: maps a packed output row to
+   its sample's list, gathers the points into ``voxels`` (zero padding written in the same
+   pass), writes ``coords``, ``num_points``, ``point_to_voxel`` of the kept points and the
+   per-sample counts.
+
+The variable-size form reads the per-sample voxel counts on the host (one sync) between 2
+and 3 to size the outputs; ``pad_to_max`` sizes them ``B * max_voxels`` and never syncs.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# points per program of the main kernel (the scan granularity)
+_BLOCK = 1024
+# descriptors read per look-back / wait step
+_LOOKBACK = 128
+# output rows per program of the rows kernel
+_ROWS = 16
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _voxel_cell(v, lo, hi, size, cells):
+    """Cell index along one axis (int32) and the in-range test, exactly the reference's float32 math."""
+    c = tl.floor(tl.math.div_rn(v - lo, size))
+    ok = (v >= lo) & (v < hi) & (c < cells)
+    return tl.where(ok, c, 0.0).to(tl.int32), ok
+
+
+@triton.jit
+def _voxelize_kernel(
+    points_ptr,  # (N, C) contiguous, any float dtype
+    lengths_ptr,  # (B,) int32/int64 sample lengths (unused without HAS_LENGTHS)
+    keys_ptr,  # (CAP + BLOCK,) int64 hash keys, -1 = empty; the last BLOCK are CAS scratch
+    first_ptr,  # (CAP,) int32 max of N - 1 - p over the slot's points (-1 = none)
+    row_ptr,  # (CAP,) int32 voxel row (sample-local) of the slot, -2 dropped, -1 not yet known
+    ticket_ptr,  # (1,) int32 block ticket, starts at -1
+    flags_ptr,  # (G,) int32 "inserted" flag per block, -1 = not yet
+    desc_ptr,  # (G,) int32 look-back descriptor per block: value << 2 | status (1 aggregate, 2 inclusive)
+    stats_ptr,  # (2, B) int32: voxel count before the first / after the last point of each sample
+    drop_ptr,  # (B,) int32 dropped-point counter per sample, starts at -1
+    lists_ptr,  # (B * S, PB) int32 per-voxel lists of N - 1 - p, -1 = empty (HARD only)
+    p2v_ptr,  # (N,) int64 point_to_voxel: -1 (HARD: rows kernel fills the kept ones) / row
+    coords_ptr,  # (N, 4) int32 (b, z, y, x) per voxel row (dynamic only)
+    num_points, num_channels, batch_size, cap,
+    x_lo, y_lo, z_lo, x_hi, y_hi, z_hi,  # point_cloud_range, float32
+    vx, vy, vz,  # voxel_size, float32
+    gx, gy, gz,  # grid cells per axis (int)
+    max_points, max_voxels, list_stride,  # caps; S = rows per sample in lists (HARD only)
+    HAS_LENGTHS: tl.constexpr,
+    HARD: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    PB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOOKBACK: tl.constexpr,
+):
+    t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
+    lane = tl.arange(0, BLOCK)
+    p = t * BLOCK + lane
+    live = p < num_points
+    p64 = p.to(tl.int64)
+
+    # --- sample of each point (samples are contiguous runs) --------------------------------
+    if HAS_LENGTHS:
+        b = tl.full((BLOCK,), batch_size, tl.int32)
+        s_start = tl.zeros((BLOCK,), tl.int32)
+        s_end = tl.zeros((BLOCK,), tl.int32)
+        acc = t * 0
+        for i in range(batch_size):
+            end = acc + tl.load(lengths_ptr + i).to(tl.int32)
+            inside = (p >= acc) & (p < end)
+            b = tl.where(inside, i, b)
+            s_start = tl.where(inside, acc, s_start)
+            s_end = tl.where(inside, end, s_end)
+            acc = end
+        in_batch = live & (b < batch_size)
+    else:
+        b = tl.zeros((BLOCK,), tl.int32)
+        s_start = tl.zeros((BLOCK,), tl.int32)
+        s_end = tl.zeros((BLOCK,), tl.int32) + num_points
+        in_batch = live
+
+    # --- voxel key ------------------------------------------------------------------------
+    row_ptrs = points_ptr + p64 * num_channels
+    px = tl.load(row_ptrs + 0, mask=live, other=0.0).to(tl.float32)
+    py = tl.load(row_ptrs + 1, mask=live, other=0.0).to(tl.float32)
+    pz = tl.load(row_ptrs + 2, mask=live, other=0.0).to(tl.float32)
+    cx, okx = _voxel_cell(px, x_lo, x_hi, vx, gx.to(tl.float32))
+    cy, oky = _voxel_cell(py, y_lo, y_hi, vy, gy.to(tl.float32))
+    cz, okz = _voxel_cell(pz, z_lo, z_hi, vz, gz.to(tl.float32))
+    valid = in_batch & okx & oky & okz
+    key = ((b.to(tl.int64) * gz + cz) * gy + cy) * gx + cx
+    key = tl.where(valid, key, -1)
+
+    # --- hash insert (linear probing) and first point per slot --------------------------------
+    h = key * 0x9E3779B1
+    slot = tl.where(valid, (h ^ (h >> 17)) & (cap - 1), 0)
+    scratch = keys_ptr + cap + lane  # harmless CAS target for lanes with nothing to insert
+    pending = valid
+    while tl.max(pending.to(tl.int32), axis=0) > 0:
+        cur = tl.load(keys_ptr + slot, mask=pending, other=0)
+        try_cas = pending & (cur == -1)
+        old = tl.atomic_cas(tl.where(try_cas, keys_ptr + slot, scratch), tl.where(try_cas, -1, -3).to(tl.int64), key)
+        cur = tl.where(try_cas, old, cur)
+        hit = pending & ((cur == key) | (try_cas & (old == -1)))
+        pending = pending & (~hit)
+        slot = tl.where(pending, (slot + 1) & (cap - 1), slot)
+    enc = (num_points - 1 - p).to(tl.int32)
+    tl.atomic_max(first_ptr + slot, enc, mask=valid)
+    tl.debug_barrier()
+    tl.atomic_xchg(flags_ptr + t, 1, sem="release")
+
+    # wait until every earlier block has inserted its points
+    for c0 in range(0, t, LOOKBACK):
+        offs = c0 + tl.arange(0, LOOKBACK)
+        m = offs < t
+        f = tl.atomic_add(flags_ptr + offs, 0, mask=m, sem="acquire")
+        todo = m & (f < 0)
+        while tl.max(todo.to(tl.int32), axis=0) > 0:
+            f = tl.atomic_add(flags_ptr + offs, 0, mask=todo, sem="acquire")
+            todo = todo & (f < 0)
+
+    first = tl.load(first_ptr + slot, mask=valid, other=-2, volatile=True)
+    is_first = valid & (first == enc)
+
+    # --- segmented decoupled look-back scan of the first-point flags ---------------------------
+    fi = is_first.to(tl.int32)
+    excl = tl.cumsum(fi, axis=0) - fi
+    total = tl.sum(fi, axis=0)
+    if SEGMENTED:
+        is_start = in_batch & (p == s_start)
+    else:
+        is_start = p == 0
+    w = tl.where(is_start, excl, -1)
+    last_start = tl.associative_scan(w, 0, _max_combine)  # excl at the last start <= p, or -1
+    block_last = tl.max(w, axis=0)
+    has_start = block_last >= 0
+    agg = tl.where(has_start, total - block_last, total)
+    tl.atomic_xchg(desc_ptr + t, (agg << 2) | tl.where(has_start, 2, 1), sem="release")
+    carry = t * 0
+    j = t - 1
+    lb = tl.arange(0, LOOKBACK)
+    while j >= 0:
+        offs = j - lb
+        m = offs >= 0
+        d = tl.atomic_add(desc_ptr + offs, 0, mask=m, sem="acquire")
+        todo = m & (d < 0)
+        while tl.max(todo.to(tl.int32), axis=0) > 0:
+            d2 = tl.atomic_add(desc_ptr + offs, 0, mask=todo, sem="acquire")
+            d = tl.where(todo, d2, d)
+            todo = todo & (d < 0)
+        inclusive = m & ((d & 3) == 2)
+        k = tl.min(tl.where(inclusive, lb, LOOKBACK), axis=0)
+        carry += tl.sum(tl.where(m & (lb <= k), d >> 2, 0), axis=0)
+        j = tl.where(k < LOOKBACK, -1, j - LOOKBACK)
+    if block_last < 0:
+        tl.atomic_xchg(desc_ptr + t, ((carry + agg) << 2) | 2, sem="release")
+    local = tl.where(last_start >= 0, excl - last_start, carry + excl)  # voxel index in its sample (segment)
+
+    # per-sample voxel counts (before the first point / after the last point of each sample)
+    tl.store(stats_ptr + b, local, mask=in_batch & (p == s_start))
+    tl.store(stats_ptr + batch_size + b, local + fi, mask=in_batch & (p == s_end - 1))
+
+    # --- publish each voxel's row, then read it ----------------------------------------------
+    if HARD:
+        tl.atomic_xchg(row_ptr + slot, tl.where(local < max_voxels, local, -2), mask=is_first, sem="release")
+    else:
+        tl.atomic_xchg(row_ptr + slot, local, mask=is_first, sem="release")
+        crow = coords_ptr + local.to(tl.int64) * 4
+        tl.store(crow + 0, b, mask=is_first)
+        tl.store(crow + 1, cz, mask=is_first)
+        tl.store(crow + 2, cy, mask=is_first)
+        tl.store(crow + 3, cx, mask=is_first)
+    row = tl.load(row_ptr + slot, mask=valid, other=0, volatile=True)
+    wait = valid & (row == -1)
+    while tl.max(wait.to(tl.int32), axis=0) > 0:
+        row2 = tl.load(row_ptr + slot, mask=wait, other=0, volatile=True)
+        row = tl.where(wait, row2, row)
+        wait = wait & (row == -1)
+
+    if HARD:
+        tl.store(p2v_ptr + p64, tl.full((BLOCK,), -1, tl.int64), mask=live)
+        # FCFS cascade: position jj keeps the larger encoded index (= the smaller point index)
+        keep = valid & (row >= 0)
+        lst = lists_ptr + ((b.to(tl.int64) * list_stride + row) * PB)
+        x = enc
+        act = keep
+        jj = t * 0
+        while (jj < max_points) & (tl.max(act.to(tl.int32), axis=0) > 0):
+            old = tl.atomic_max(lst + jj, x, mask=act)
+            act = act & (old != -1)
+            x = tl.where(act, tl.minimum(old, x), x)
+            jj += 1
+        dropped = (valid & (row == -2)) | act  # voxel dropped, or a point pushed off the list
+        nd = tl.sum(dropped.to(tl.int32), axis=0)
+        if HAS_LENGTHS:
+            b_lo = tl.min(tl.where(live, b, batch_size), axis=0)
+            b_hi = tl.max(tl.where(live, b, -1), axis=0)
+            if b_lo == b_hi:
+                tl.atomic_add(drop_ptr + b_lo, nd, mask=nd > 0)
+            else:
+                tl.atomic_add(drop_ptr + b, tl.full((BLOCK,), 1, tl.int32), mask=dropped)
+        else:
+            tl.atomic_add(drop_ptr, nd, mask=nd > 0)
+    else:
+        tl.store(p2v_ptr + p64, tl.where(valid, row, -1).to(tl.int64), mask=live)
+
+
+@triton.jit
+def _voxel_rows_kernel(
+    points_ptr,  # (N, C) contiguous
+    stats_ptr,  # (2, B) int32 per-sample voxel counts before / after (from the main kernel)
+    drop_ptr,  # (B,) int32 dropped-point counters (start at -1)
+    lists_ptr,  # (B * S, PB) int32 per-voxel lists of N - 1 - p
+    voxels_ptr,  # (R, P, C) output
+    coords_ptr,  # (R, 4) int32 output
+    npts_ptr,  # (R,) int32 output
+    p2v_ptr,  # (N,) int64 point_to_voxel (kept points written here)
+    nvox_ptr,  # (3, B) int64 output: num_voxels, num_dropped_points, num_dropped_voxels
+    num_points, num_channels, batch_size, num_rows,
+    x_lo, y_lo, z_lo, vx, vy, vz,
+    max_points, max_voxels, list_stride,
+    PB: tl.constexpr,
+    CB: tl.constexpr,
+    ROWS: tl.constexpr,
+    SB: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    r = pid * ROWS + tl.arange(0, ROWS)
+    # packed output row -> (sample, row in the sample)
+    b = tl.full((ROWS,), -1, tl.int32)
+    base = tl.zeros((ROWS,), tl.int32)
+    cum = pid * 0
+    for i in range(batch_size):
+        n_i = tl.load(stats_ptr + batch_size + i) - tl.load(stats_ptr + i)
+        k_i = tl.minimum(n_i, max_voxels)
+        inside = (r >= cum) & (r < cum + k_i)
+        b = tl.where(inside, i, b)
+        base = tl.where(inside, cum, base)
+        cum += k_i
+    in_rows = r < num_rows
+    real = in_rows & (b >= 0)
+    lrow = (b.to(tl.int64) * list_stride + (r - base)).to(tl.int64)
+
+    jj = tl.arange(0, PB)
+    e = tl.load(lists_ptr + lrow[:, None] * PB + jj[None, :], mask=real[:, None] & (jj < max_points)[None, :], other=-1)
+    has = e >= 0
+    pidx = (num_points - 1 - e).to(tl.int64)
+    npts = tl.sum(has.to(tl.int32), axis=1)
+    tl.store(npts_ptr + r, npts, mask=in_rows)
+    r64 = r.to(tl.int64)
+    tl.store(p2v_ptr + pidx, tl.zeros((ROWS, PB), tl.int64) + r64[:, None], mask=has)
+
+    cc = tl.arange(0, CB)
+    vals = tl.load(
+        points_ptr + pidx[:, :, None] * num_channels + cc[None, None, :],
+        mask=has[:, :, None] & (cc < num_channels)[None, None, :],
+        other=0.0,
+    )
+    out = voxels_ptr + (r64[:, None, None] * max_points + jj[None, :, None]) * num_channels + cc[None, None, :]
+    tl.store(out, vals, mask=in_rows[:, None, None] & (jj < max_points)[None, :, None] & (cc < num_channels)[None, None, :])
+
+    # coords from the voxel's first point (recomputed with the main kernel's arithmetic)
+    fp = (num_points - 1 - tl.max(e, axis=1)).to(tl.int64)
+    fx = tl.load(points_ptr + fp * num_channels + 0, mask=real, other=0.0).to(tl.float32)
+    fy = tl.load(points_ptr + fp * num_channels + 1, mask=real, other=0.0).to(tl.float32)
+    fz = tl.load(points_ptr + fp * num_channels + 2, mask=real, other=0.0).to(tl.float32)
+    cx = tl.floor(tl.math.div_rn(fx - x_lo, vx)).to(tl.int32)
+    cy = tl.floor(tl.math.div_rn(fy - y_lo, vy)).to(tl.int32)
+    cz = tl.floor(tl.math.div_rn(fz - z_lo, vz)).to(tl.int32)
+    crow = coords_ptr + r64 * 4
+    tl.store(crow + 0, tl.where(real, b, -1), mask=in_rows)
+    tl.store(crow + 1, tl.where(real, cz, -1), mask=in_rows)
+    tl.store(crow + 2, tl.where(real, cy, -1), mask=in_rows)
+    tl.store(crow + 3, tl.where(real, cx, -1), mask=in_rows)
+
+    if pid == 0:
+        for s0 in range(0, batch_size, SB):
+            s = s0 + tl.arange(0, SB)
+            ms = s < batch_size
+            n_s = tl.load(stats_ptr + batch_size + s, mask=ms, other=0) - tl.load(stats_ptr + s, mask=ms, other=0)
+            kept = tl.minimum(n_s, max_voxels)
+            tl.store(nvox_ptr + s, kept.to(tl.int64), mask=ms)
+            tl.store(nvox_ptr + batch_size + s, (tl.load(drop_ptr + s, mask=ms, other=-1) + 1).to(tl.int64), mask=ms)
+            tl.store(nvox_ptr + 2 * batch_size + s, (n_s - kept).to(tl.int64), mask=ms)
+
+
+# --- launchers -------------------------------------------------------------------------------
+
+
+def _grid_size(voxel_size, point_cloud_range):
+    from ..reference.voxelize import grid_size
+
+    return grid_size(voxel_size, point_cloud_range)
+
+
+def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, max_voxels):
+    """Fill + main kernel. Returns the work views needed by the rows kernel / the caller."""
+    n, num_channels = points.shape
+    device = points.device
+    batch = 1 if lengths is None else lengths.numel()
+    gx, gy, gz = _grid_size(voxel_size, point_cloud_range)
+    cap = max(triton.next_power_of_2(2 * n), 64)
+    num_blocks = triton.cdiv(n, _BLOCK)
+    pb = triton.next_power_of_2(max_points) if hard else 1
+    list_stride = min(max_voxels, n) if hard else 0
+    list_len = batch * list_stride * pb if hard else 0
+    coords_len = 0 if hard else 4 * n
+    # one int32 buffer, one fill: every "empty" is -1 (keys: int64 -1 = two int32 -1)
+    sizes = [2 * (cap + _BLOCK), cap, cap, 1, num_blocks, num_blocks, 2 * batch, batch, list_len, coords_len]
+    work = torch.full((sum(sizes),), -1, dtype=torch.int32, device=device)
+    views = list(torch.split(work, sizes))
+    keys = views[0].view(torch.int64)
+    first, row, ticket, flags, desc, stats, drop, lists, coords = views[1:]
+    p2v = torch.empty(n, dtype=torch.int64, device=device)
+    segmented = hard and lengths is not None
+    _voxelize_kernel[(num_blocks,)](
+        points, lengths if lengths is not None else ticket, keys, first, row, ticket, flags, desc, stats, drop,
+        lists, p2v, coords, n, num_channels, batch, cap,
+        *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
+        max_points, max_voxels, list_stride,
+        HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=_BLOCK,
+        LOOKBACK=_LOOKBACK, num_warps=8,
+    )
+    return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
+                list_stride=list_stride, batch=batch)
+
+
+def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max):
+    """Hard FCFS voxelization on the GPU (or under the Triton interpreter).
+
+    Args:
+        points: ``(N, C)`` contiguous float; lengths: ``(B,)`` int or None; voxel_size (3,),
+            point_cloud_range (6,) floats; caps ≥ 1; pad_to_max: fixed ``B * max_voxels`` rows.
+    Returns:
+        ``(voxels, coords, num_points, point_to_voxel, num_voxels, num_dropped_points,
+        num_dropped_voxels)`` as ``pcops.voxelize``. The variable-size form reads the per-sample
+        voxel counts on the host once (to size the outputs); ``pad_to_max`` has no host sync.
+        Launches: a fill, the main kernel, the rows kernel.
+    """
+    n, num_channels = points.shape
+    device = points.device
+    batch = 1 if lengths is None else lengths.numel()
+    if n == 0:
+        rows = batch * max_voxels if pad_to_max else 0
+        zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+        return (points.new_zeros((rows, max_points_per_voxel, num_channels)),
+                torch.full((rows, 4), -1, dtype=torch.int32, device=device),
+                torch.zeros(rows, dtype=torch.int32, device=device),
+                torch.empty(0, dtype=torch.int64, device=device), zeros, zeros.clone(), zeros.clone())
+    w = _run_main(points, lengths, voxel_size, point_cloud_range, True, max_points_per_voxel, max_voxels)
+    if pad_to_max:
+        rows = batch * max_voxels
+    else:
+        before, after = w["stats"].view(2, batch).tolist()  # the one host sync: M
+        rows = sum(min(a - s, max_voxels) for s, a in zip(before, after))
+    voxels = torch.empty((rows, max_points_per_voxel, num_channels), dtype=points.dtype, device=device)
+    coords = torch.empty((rows, 4), dtype=torch.int32, device=device)
+    npts = torch.empty(rows, dtype=torch.int32, device=device)
+    counts = torch.empty((3, batch), dtype=torch.int64, device=device)
+    _voxel_rows_kernel[(max(triton.cdiv(rows, _ROWS), 1),)](
+        points, w["stats"], w["drop"], w["lists"], voxels, coords, npts, w["p2v"], counts,
+        n, num_channels, batch, rows,
+        *(float(v) for v in point_cloud_range[:3]), *(float(v) for v in voxel_size),
+        max_points_per_voxel, max_voxels, w["list_stride"],
+        PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=_ROWS, SB=128, num_warps=4,
+    )
+    return voxels, coords, npts, w["p2v"], counts[0], counts[1], counts[2]
+
+
+def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max):
+    """Dynamic voxelization on the GPU (or under the Triton interpreter).
+
+    Returns:
+        ``(point_to_voxel (N,) int64, coords (M or N, 4) int32, num_voxels (B,) int64)``.
+        One fill and one launch (plus a subtraction for ``num_voxels``); the variable-size form
+        reads ``M`` on the host once, ``pad_to_max`` never syncs (``coords`` rows ≥ M are −1).
+    """
+    n = points.shape[0]
+    device = points.device
+    batch = 1 if lengths is None else lengths.numel()
+    if n == 0:
+        return (torch.empty(0, dtype=torch.int64, device=device),
+                torch.empty((0, 4), dtype=torch.int32, device=device),
+                torch.zeros(batch, dtype=torch.int64, device=device))
+    w = _run_main(points, lengths, voxel_size, point_cloud_range, False, 1, 2**31 - 1)
+    stats = w["stats"].view(2, batch)
+    num_voxels = (stats[1] - stats[0]).long()
+    coords = w["coords"]
+    if not pad_to_max:
+        before, after = stats.tolist()  # the one host sync: M
+        coords = coords[: sum(a - s for s, a in zip(before, after))].clone()
+    return w["p2v"], coords, num_voxels
