@@ -346,6 +346,7 @@ def test_triton_knn_pruning_interpreter(monkeypatch):
 
     monkeypatch.setattr(tri, "_KNN_BQ", 8)
     monkeypatch.setattr(tri, "_KNN_BR", 8)
+    monkeypatch.setattr(tri, "_KNN_SB", 2)
     r, rl = make_clouds(2, 60, seed=12, scale=5.0)
     d, i = tri.knn(r, r, rl, rl, 3)
     d_ref, i_ref = ref.knn(r, r, rl, rl, 3)

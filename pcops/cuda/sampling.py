@@ -42,6 +42,8 @@ def fps_supported(points: torch.Tensor) -> bool:
             except RuntimeError:
                 ok = False
         _available[index] = ok
+    if points.shape[0] > 65535:  # clouds are grid.y
+        return False
     return _available[index] and _config(points.shape[1], _max_cluster.get(index, 16)) is not None
 
 
@@ -70,7 +72,7 @@ def farthest_point_sample(
     if batch == 0 or n == 0:
         return out
     index = points.device.index if points.device.index is not None else torch.cuda.current_device()
-    config = _config(n, _max_cluster.get(index, 16))
+    config = _config(n, _max_cluster.get(index, 16)) if batch <= 65535 else None
     if config is not None and config[0] > 8:
         try:
             _launch(points, lengths, start_idx, out, num_samples, *config)

@@ -29,8 +29,10 @@ import triton.language as tl
 
 _FPS_REG_MAX = 16384  # largest cloud held in registers (BLOCK = next power of two of N)
 _FPS_CHUNK = 4096  # points per chunk of the streaming FPS kernel
-_KNN_BQ = 64  # sorted queries per program
-_KNN_BR = 64  # sorted references per tile
+_KNN_BQ = 32  # sorted queries per program
+_KNN_BR = 32  # sorted references per tile
+_KNN_SB = 16  # tiles per superblock (two-level box test)
+_KNN_WARPS = 4
 _MORTON_BLOCK = 1024
 _BALL_BQ = 32
 _BALL_BR = 64
@@ -229,22 +231,60 @@ def _sort_gather_kernel(
 
 
 @triton.jit
+def _box_lower(box, qx_lo, qy_lo, qz_lo, qx_hi, qy_hi, qz_hi):
+    """Bits of the squared distance between the query block's box and ``box`` (min xyz, max xyz):
+    a lower bound of every rounded point distance (rounding is monotone), so the test is exact."""
+    gx = tl.maximum(tl.maximum(qx_lo - tl.load(box + 3), tl.load(box + 0) - qx_hi), 0.0)
+    gy = tl.maximum(tl.maximum(qy_lo - tl.load(box + 4), tl.load(box + 1) - qy_hi), 0.0)
+    gz = tl.maximum(tl.maximum(qz_lo - tl.load(box + 5), tl.load(box + 2) - qz_hi), 0.0)
+    return (gx * gx + gy * gy + gz * gz).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _knn_tile(r_base, r_perm, pos, r_len, qx, qy, qz, q_valid, topk, kth):
+    """Merge one tile of sorted references (positions ``pos``) into the rows' top-K keys."""
+    INT64_MAX: tl.constexpr = 0x7FFFFFFFFFFFFFFF
+    r_valid = pos < r_len
+    rx = tl.load(r_base + pos * 3 + 0, mask=r_valid, other=0.0)
+    ry = tl.load(r_base + pos * 3 + 1, mask=r_valid, other=0.0)
+    rz = tl.load(r_base + pos * 3 + 2, mask=r_valid, other=0.0)
+    ridx = tl.load(r_perm + pos, mask=r_valid, other=0)
+    dx = qx[:, None] - rx[None, :]
+    dy = qy[:, None] - ry[None, :]
+    dz = qz[:, None] - rz[None, :]
+    d = dx * dx + dy * dy + dz * dz
+    key = (d.to(tl.int32, bitcast=True).to(tl.int64) << 32) | ridx[None, :]
+    key = tl.where(q_valid[:, None] & r_valid[None, :], key, INT64_MAX)
+    # insert the tile's candidates smallest first; each round adds at most one per row
+    n_new = tl.max(tl.sum((key < kth[:, None]).to(tl.int32), axis=1), axis=0)
+    for _ in range(0, n_new):
+        c = tl.min(key, axis=1)
+        take = c < kth
+        topk = tl.where((topk == kth[:, None]) & take[:, None], c[:, None], topk)
+        key = tl.where(key == c[:, None], INT64_MAX, key)
+        kth = tl.max(topk, axis=1)
+    return topk, kth
+
+
+@triton.jit
 def _knn_kernel(
     q_ptr,  # (B, Nq, 3) float32 queries in Morton order
     q_perm_ptr,  # (B, Nq) int64 original index of each sorted query
     r_ptr,  # (B, Nr, 3) float32 references in Morton order
     r_perm_ptr,  # (B, Nr) int64 original index of each sorted reference
-    box_ptr,  # (B, T, 8) float32 per-tile bounding boxes of the sorted references
+    box_ptr,  # (B, S * SB, 8) float32 per-tile boxes (min xyz, max xyz, -, -) of the sorted refs
+    sbox_ptr,  # (B, S, 8) float32 per-superblock boxes (SB tiles each)
     q_len_ptr,  # (B,) int64
     r_len_ptr,  # (B,) int64
     dist_ptr,  # (B, Nq, K) float32 out
     idx_ptr,  # (B, Nq, K) int64 out
     nq,  # Nq
     nr,  # Nr
-    num_tiles,  # T = cdiv(Nr, BR)
+    num_sb,  # S = cdiv(cdiv(Nr, BR), SB)
     k,  # K
     BQ: tl.constexpr,
     BR: tl.constexpr,
+    SB: tl.constexpr,  # tiles per superblock
     KP: tl.constexpr,  # next power of two >= K (>= 2)
 ):
     INT64_MAX: tl.constexpr = 0x7FFFFFFFFFFFFFFF
@@ -279,42 +319,27 @@ def _knn_kernel(
     thresh = tl.max(tl.where(q_valid, (kth >> 32).to(tl.int32), 0), axis=0)
 
     n_t = tl.where(pid * BQ < q_len, tl.cdiv(r_len, BR), 0)
-    # visit tiles outward from the one matching the block's position along the curve
+    n_sb = tl.cdiv(n_t, SB)
+    # visit superblocks outward from the one matching the block's position along the curve
     t0 = ((pid * BQ).to(tl.int64) * r_len // tl.maximum(q_len, 1)) // BR
-    t0 = tl.minimum(t0, tl.maximum(n_t - 1, 0))
+    sb0 = tl.minimum(t0 // SB, tl.maximum(n_sb - 1, 0))
     r_base = r_ptr + b * nr * 3
-    for step in range(0, n_t):
+    for step in range(0, n_sb):
         off = (step + 1) // 2
-        tile = tl.where(step % 2 == 1, t0 + off, t0 - off)
-        tile = (tile + n_t) % n_t
-        box = box_ptr + (b * num_tiles + tile) * 8
-        gx = tl.maximum(tl.maximum(qx_lo - tl.load(box + 3), tl.load(box + 0) - qx_hi), 0.0)
-        gy = tl.maximum(tl.maximum(qy_lo - tl.load(box + 4), tl.load(box + 1) - qy_hi), 0.0)
-        gz = tl.maximum(tl.maximum(qz_lo - tl.load(box + 5), tl.load(box + 2) - qz_hi), 0.0)
-        lower = gx * gx + gy * gy + gz * gz
-        # skip unless some row could gain a point (strict: equal distance, lower index can win)
-        if lower.to(tl.int32, bitcast=True) <= thresh:
-            pos = tile * BR + tl.arange(0, BR)
-            r_valid = pos < r_len
-            rx = tl.load(r_base + pos * 3 + 0, mask=r_valid, other=0.0)
-            ry = tl.load(r_base + pos * 3 + 1, mask=r_valid, other=0.0)
-            rz = tl.load(r_base + pos * 3 + 2, mask=r_valid, other=0.0)
-            ridx = tl.load(r_perm_ptr + b * nr + pos, mask=r_valid, other=0)
-            dx = qx[:, None] - rx[None, :]
-            dy = qy[:, None] - ry[None, :]
-            dz = qz[:, None] - rz[None, :]
-            d = dx * dx + dy * dy + dz * dz
-            key = (d.to(tl.int32, bitcast=True).to(tl.int64) << 32) | ridx[None, :]
-            key = tl.where(q_valid[:, None] & r_valid[None, :], key, INT64_MAX)
-            # insert the tile's candidates smallest first; each round adds at most one per row
-            n_new = tl.max(tl.sum((key < kth[:, None]).to(tl.int32), axis=1), axis=0)
-            for _ in range(0, n_new):
-                c = tl.min(key, axis=1)
-                take = c < kth
-                topk = tl.where((topk == kth[:, None]) & take[:, None], c[:, None], topk)
-                key = tl.where(key == c[:, None], INT64_MAX, key)
-                kth = tl.max(topk, axis=1)
-            thresh = tl.max(tl.where(q_valid, (kth >> 32).to(tl.int32), 0), axis=0)
+        sb = tl.where(step % 2 == 1, sb0 + off, sb0 - off)
+        sb = (sb + n_sb) % n_sb
+        # skip unless some row could gain a point (strict: at an equal distance a lower index wins)
+        sb_lower = _box_lower(sbox_ptr + (b * num_sb + sb) * 8, qx_lo, qy_lo, qz_lo, qx_hi, qy_hi, qz_hi)
+        if sb_lower <= thresh:
+            for tt in range(0, SB):
+                tile = sb * SB + tt
+                lower = _box_lower(box_ptr + (b * num_sb * SB + tile) * 8, qx_lo, qy_lo, qz_lo, qx_hi, qy_hi, qz_hi)
+                if (tile < n_t) & (lower <= thresh):
+                    topk, kth = _knn_tile(
+                        r_base, r_perm_ptr + b * nr, tile * BR + tl.arange(0, BR), r_len,
+                        qx, qy, qz, q_valid, topk, kth,
+                    )
+                    thresh = tl.max(tl.where(q_valid, (kth >> 32).to(tl.int32), 0), axis=0)
 
     # ascending order; spare slots moved to the end
     topk = tl.where(cols[None, :] < k, topk, INT64_MAX)
@@ -331,13 +356,15 @@ def _knn_kernel(
     tl.store(idx_ptr + out, idx, mask=keep)
 
 
-def _morton_sort(points: torch.Tensor, lengths: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort each cloud along a Morton curve.
+def _morton_sort(points: torch.Tensor, lengths: torch.Tensor, tile: int, group: int = 1):
+    """Sort each cloud along a Morton curve and box its tiles.
 
     Args:
-        points: ``(B, N, 3)`` float32; lengths: ``(B,)`` int64.
+        points: ``(B, N, 3)`` float32; lengths: ``(B,)`` int64; tile: points per tile;
+        group: tiles per superblock.
     Returns:
-        ``(sorted (B, N, 3), perm (B, N) int64, boxes (B, cdiv(N, tile), 8))``: padding sorts last.
+        ``(sorted (B, N, 3), perm (B, N) int64, boxes (B, S * group, 8), superboxes (B, S, 8))`` with
+        ``S = cdiv(cdiv(N, tile), group)``; padding sorts last, empty tiles get inverted boxes.
     """
     batch, n, _ = points.shape
     valid = torch.arange(n, device=points.device)[None, :] < lengths[:, None]
@@ -352,17 +379,23 @@ def _morton_sort(points: torch.Tensor, lengths: torch.Tensor, tile: int) -> tupl
         points, lengths, lo, scale, code, n, BLOCK=_MORTON_BLOCK, INVALID=_INVALID_CODE, CELLS=cells, **_NO_FMA
     )
     perm = torch.sort(code, dim=1, stable=True).indices
-    num_tiles = triton.cdiv(n, tile)
+    num_sb = triton.cdiv(triton.cdiv(n, tile), group)
     ordered = torch.empty_like(points)
-    boxes = torch.empty((batch, num_tiles, 8), dtype=torch.float32, device=points.device)
-    _sort_gather_kernel[(num_tiles, batch)](points, perm, lengths, ordered, boxes, n, num_tiles, TILE=tile, **_NO_FMA)
-    return ordered, perm, boxes
+    boxes = torch.empty((batch, num_sb * group, 8), dtype=torch.float32, device=points.device)
+    _sort_gather_kernel[(num_sb * group, batch)](
+        points, perm, lengths, ordered, boxes, n, num_sb * group, TILE=tile, **_NO_FMA
+    )
+    grouped = boxes.view(batch, num_sb, group, 8)
+    superboxes = boxes.new_zeros((batch, num_sb, 8))
+    superboxes[..., :3] = grouped[..., :3].amin(2)
+    superboxes[..., 3:6] = grouped[..., 3:6].amax(2)
+    return ordered, perm, boxes, superboxes
 
 
 def knn(
     query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact KNN with Morton-sorted tiles and bounding-box pruning.
+    """Exact KNN with Morton-sorted tiles and two-level bounding-box pruning.
 
     Args:
         query: ``(B, Nq, 3)`` float32 contiguous; ref: ``(B, Nr, 3)`` float32 contiguous.
@@ -370,7 +403,8 @@ def knn(
         k: ``K`` ≥ 1.
     Returns:
         ``(dists (B, Nq, K) float32, idx (B, Nq, K) int64)``, ascending, ``inf`` / −1 padded.
-        No host synchronisation (about 10 launches: bounds, codes, sort, gather, search).
+        No host synchronisation (about 12 launches: bounds, codes, sort, gather, boxes, search;
+        a self-KNN (``query is ref``, same lengths tensor) sorts once).
     """
     batch, nq, _ = query.shape
     nr = ref.shape[1]
@@ -380,17 +414,21 @@ def knn(
         return dists, idx
     if nr == 0:
         return dists.fill_(float("inf")), idx.fill_(-1)
-    r_sorted, r_perm, boxes = _morton_sort(ref, ref_lengths, _KNN_BR)
-    same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query_lengths.data_ptr() == ref_lengths.data_ptr()
+    r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, _KNN_BR, _KNN_SB)
+    same = (
+        query.data_ptr() == ref.data_ptr() and query.shape == ref.shape
+        and query_lengths.data_ptr() == ref_lengths.data_ptr() and _KNN_BQ == _KNN_BR
+    )
     if same:  # self-KNN: one sort serves both sides
         q_sorted, q_perm = r_sorted, r_perm
     else:
-        q_sorted, q_perm, _ = _morton_sort(query, query_lengths, _KNN_BQ)
+        q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, _KNN_BQ)
     kp = max(2, triton.next_power_of_2(k))
     grid = (triton.cdiv(nq, _KNN_BQ), batch)
     _knn_kernel[grid](
-        q_sorted, q_perm, r_sorted, r_perm, boxes, query_lengths, ref_lengths, dists, idx,
-        nq, nr, boxes.shape[1], k, BQ=_KNN_BQ, BR=_KNN_BR, KP=kp, num_warps=4, **_NO_FMA,
+        q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, query_lengths, ref_lengths, dists, idx,
+        nq, nr, superboxes.shape[1], k, BQ=_KNN_BQ, BR=_KNN_BR, SB=_KNN_SB, KP=kp,
+        num_warps=_KNN_WARPS, **_NO_FMA,
     )
     return dists, idx
 
