@@ -9,6 +9,10 @@ keep the lowest row (``atomic_min``), so lookups are deterministic. The output t
 and transposed conv) stores candidate output *keys*; each program appends the keys it newly
 claimed to a list at a position from one ``atomic_add`` per probe round, and the list is then
 sorted (``torch.sort``), which makes the output order deterministic whatever the atomics did.
+Candidates are enumerated per input only over the offsets that can divide (per axis
+``k = k0 + j * s / gcd(d, s)``: 8 of 27 for 3×3×3 stride 2), and ``atomic_cas`` (which has no
+mask) sends idle lanes to a contiguous sink with an impossible compare value, so finished
+lanes cost one coalesced, contention-free atomic per round instead of a scattered one.
 
 Launches: submanifold = fill, insert, lookup, scan, [sync P], compact (5); regular/transposed
 = fill, insert (inputs + candidates), [sync M], ``torch.sort``, lookup, scan, [sync P],
@@ -25,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-# (row, offset) lanes per program in the 2-D passes (128 rows × 32 offsets for 3×3×3)
-_TILE = 4096
+# (row, offset) lanes per program in the 2-D passes (64 rows × 32 offsets for 3×3×3: 8 lanes
+# per thread at 8 warps, few enough int64 temporaries to stay in registers)
+_TILE = 2048
 # elements per step of the one-program scan over the (offset, block) counts
 _SCAN_BLOCK = 4096
 _NUM_WARPS = 8
@@ -102,15 +107,15 @@ def _kmap_insert_kernel(
     row = r.to(tl.int64)
     # atomic_cas has no mask: idle lanes CAS a private, contiguous sink cell (coalesced, no
     # contention) against -2, which no cell ever holds, so they never write
-    sink_ptr = table_ptr + cap_in + cap_out + 1 + (pid % SINK_COPIES) * (BLOCK_N * JPAD)
+    sink = cap_in + cap_out + 1 + (pid % SINK_COPIES) * (BLOCK_N * JPAD)
 
     # 1) insert the row index; the key of an occupied slot is re-read from coords
     slot = _slot(key, log_in, cap_in)
     active = inside
     lane = tl.arange(0, BLOCK_N)
     while tl.max(active.to(tl.int32), axis=0) > 0:
-        ptr = tl.where(active, table_ptr + slot, sink_ptr + lane)
-        old = tl.atomic_cas(ptr, tl.where(active, -1, -2).to(tl.int64), row)
+        cell = tl.where(active, slot, sink + lane)
+        old = tl.atomic_cas(table_ptr + cell, tl.where(active, -1, -2).to(tl.int64), row)
         occupied = active & (old >= 0)
         same = occupied & (_row_key(coords_ptr, old, occupied, D, H, W) == key)
         # a duplicate voxel: the lowest row wins, whatever order the atomics ran in
@@ -159,8 +164,8 @@ def _kmap_insert_kernel(
         counter_ptr = table_ptr + cap_in + cap_out
         lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
         while _any2d(active2):
-            ptr = tl.where(active2, table_ptr + cap_in + oslot, sink_ptr + lane2)
-            old = tl.atomic_cas(ptr, tl.where(active2, -1, -2).to(tl.int64), okey)
+            cell = tl.where(active2, cap_in + oslot, sink + lane2)
+            old = tl.atomic_cas(table_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey)
             claimed = active2 & (old == -1)
             # one atomic per round: rank the claimed lanes in row-major order inside the tile
             c = claimed.to(tl.int32)
