@@ -204,10 +204,7 @@ def voxel_reduce(
     num_voxels = _checks.check_int("num_voxels", num_voxels, min_value=0)
     if reduce not in _REDUCE:
         raise ValueError(f"reduce: expected one of {_REDUCE}, got {reduce!r}")
-    p2v = point_to_voxel.long().contiguous()
-    if p2v.device.type == "cpu" and p2v.numel() and bool((p2v >= num_voxels).any()):
-        raise ValueError(f"point_to_voxel: entries must be < num_voxels={num_voxels} (or -1)")
-    out, _ = torch.ops.pcops.voxel_reduce(features.contiguous(), p2v, num_voxels, reduce)
+    out, _ = torch.ops.pcops.voxel_reduce(features.contiguous(), point_to_voxel.long().contiguous(), num_voxels, reduce)
     return out
 
 
@@ -292,6 +289,8 @@ def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_t
 def _voxel_reduce(
     features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if point_to_voxel.device.type == "cpu" and point_to_voxel.numel() and bool((point_to_voxel >= num_voxels).any()):
+        raise ValueError(f"point_to_voxel: entries must be < num_voxels={num_voxels} (or -1)")
     return _ref.voxel_reduce(features, point_to_voxel, num_voxels, reduce)
 
 

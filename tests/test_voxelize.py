@@ -1,0 +1,474 @@
+"""pcops.voxelize / dynamic_voxelize / voxel_reduce: FCFS oracle, reference vs Triton (interpreter, GPU),
+caps, batches, dtypes, registration, bad input."""
+import numpy as np
+import pytest
+import torch
+
+import pcops
+from pcops.reference import voxelize as ref
+from _util import generator, interpret, requires_cuda
+
+V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
+          max_points_per_voxel=32, max_voxels=40000)
+V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1),
+          max_points_per_voxel=5, max_voxels=40000)
+SMALL = dict(voxel_size=(0.7, 0.9, 0.6), point_cloud_range=(0, 0, 0, 4, 4.5, 1.8))
+
+
+def oracle(points, voxel_size, point_cloud_range, max_points_per_voxel=None, max_voxels=None, lengths=None):
+    """Sequential FCFS voxelizer (numpy float32 cells, a Python dict per sample): the semantics of
+    spconv's CPU voxelizer / mmcv's deterministic mode. No caps → dynamic voxelization."""
+    n = points.shape[0]
+    xyz = points[:, :3].float().numpy()
+    lo = np.asarray(point_cloud_range[:3], np.float32)
+    hi = np.asarray(point_cloud_range[3:], np.float32)
+    vs = np.asarray(voxel_size, np.float32)
+    grid = np.asarray([round((point_cloud_range[i + 3] - point_cloud_range[i]) / voxel_size[i]) for i in range(3)])
+    with np.errstate(invalid="ignore"):
+        cell = np.floor((xyz - lo) / vs)
+        ok = np.all((xyz >= lo) & (xyz < hi) & (cell >= 0) & (cell < grid), axis=1)
+    cell = np.where(ok[:, None], cell, 0).astype(np.int64)
+    lens = [n] if lengths is None else [int(v) for v in lengths]
+    cap_p = max_points_per_voxel or n + 1
+    cap_v = max_voxels or n + 1
+    members, coords, p2v = [], [], np.full(n, -1, np.int64)
+    nvox, ndp, ndv = [], [], []
+    start = 0
+    for b, length in enumerate(lens):
+        table, kept_v, dp, dv = {}, 0, 0, 0
+        for i in range(start, start + length):
+            if not ok[i]:
+                continue
+            k = (cell[i, 0], cell[i, 1], cell[i, 2])
+            r = table.get(k)
+            if r is None:
+                if kept_v >= cap_v:
+                    r = -1
+                    dv += 1
+                else:
+                    r = len(members)
+                    kept_v += 1
+                    members.append([])
+                    coords.append([b, k[2], k[1], k[0]])
+                table[k] = r
+            if r < 0 or len(members[r]) >= cap_p:
+                dp += 1
+                continue
+            members[r].append(i)
+            p2v[i] = r
+        nvox.append(kept_v)
+        ndp.append(dp)
+        ndv.append(dv)
+        start += length
+    return members, torch.tensor(coords, dtype=torch.int32).reshape(-1, 4), torch.from_numpy(p2v), nvox, ndp, ndv
+
+
+def assert_matches_oracle(out, points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths=None):
+    members, coords, p2v, nvox, ndp, ndv = oracle(points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths)
+    m = len(members)
+    assert out.voxels.shape[0] == m and out.voxels.dtype == points.dtype
+    assert torch.equal(out.coords, coords)
+    assert torch.equal(out.point_to_voxel, p2v)
+    assert out.num_points.tolist() == [len(x) for x in members]
+    expected = torch.zeros_like(out.voxels)
+    for r, idx in enumerate(members):
+        expected[r, : len(idx)] = points[idx]
+    assert torch.equal(out.voxels, expected)
+    assert out.num_voxels.tolist() == nvox
+    assert out.num_dropped_points.tolist() == ndp
+    assert out.num_dropped_voxels.tolist() == ndv
+    for t in (out.num_voxels, out.num_dropped_points, out.num_dropped_voxels, out.point_to_voxel):
+        assert t.dtype == torch.int64
+    assert out.coords.dtype == torch.int32 and out.num_points.dtype == torch.int32
+
+
+def random_cloud(n, seed, channels=4, special=True, dtype=torch.float32):
+    g = generator(seed)
+    pts = torch.rand(n, channels, generator=g) * torch.tensor([5.0, 5.0, 2.0] + [1.0] * (channels - 3))
+    pts[:, :3] -= torch.tensor([0.5, 0.5, 0.2])
+    if special and n > 12:  # NaN / inf rows: out of range
+        pts[3, 0] = float("nan")
+        pts[5, 1] = float("inf")
+        pts[7, 2] = float("-inf")
+        pts[11] = float("nan")
+    return pts.to(dtype)
+
+
+def kitti_scan(kitti_dir, frame="000001"):
+    return torch.from_numpy(np.fromfile(kitti_dir / "velodyne" / f"{frame}.bin", dtype=np.float32).reshape(-1, 4))
+
+
+def assert_same(a, b):
+    for x, y, name in zip(a, b, a._fields):
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert torch.equal(x.cpu(), y.cpu()), name
+
+
+# --- reference vs the sequential oracle ------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,p,v", [(0, 3, 5), (1, 2, 3), (13, 1, 2), (97, 3, 7), (509, 1, 1000), (1009, 32, 40000), (1009, 4, 11)])
+def test_reference_matches_oracle(n, p, v):
+    pts = random_cloud(n, seed=n)
+    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], p, v)
+    assert_matches_oracle(out, pts, SMALL["voxel_size"], SMALL["point_cloud_range"], p, v)
+
+
+@pytest.mark.parametrize("lengths", [[300, 0, 697], [0, 31], [31, 0], [1, 1, 1], [500, 497]])
+def test_reference_batched_matches_oracle(lengths):
+    n = sum(lengths)
+    pts = random_cloud(n, seed=n + len(lengths))
+    lt = torch.tensor(lengths)
+    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 3, 20, lengths=lt)
+    assert_matches_oracle(out, pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 3, 20, lt)
+    assert out.coords[:, 0].diff().ge(0).all()
+
+
+def test_batched_equals_per_sample():
+    lengths = [400, 0, 123, 350]
+    pts = random_cloud(sum(lengths), seed=5)
+    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 9, lengths=torch.tensor(lengths, dtype=torch.int32))
+    row = start = 0
+    for b, length in enumerate(lengths):
+        one = pcops.voxelize(pts[start:start + length], SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 9)
+        m = one.voxels.shape[0]
+        assert torch.equal(out.voxels[row:row + m], one.voxels)
+        assert torch.equal(out.coords[row:row + m, 1:], one.coords[:, 1:])
+        assert (out.coords[row:row + m, 0] == b).all()
+        assert torch.equal(out.num_points[row:row + m], one.num_points)
+        p2v = out.point_to_voxel[start:start + length]
+        assert torch.equal(p2v, torch.where(one.point_to_voxel >= 0, one.point_to_voxel + row, -1))
+        assert out.num_voxels[b] == one.num_voxels[0] and out.num_dropped_points[b] == one.num_dropped_points[0]
+        assert out.num_dropped_voxels[b] == one.num_dropped_voxels[0]
+        row += m
+        start += length
+    dyn = pcops.dynamic_voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], torch.tensor(lengths))
+    members, coords, p2v, nvox, _, _ = oracle(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], lengths=lengths)
+    assert torch.equal(dyn.point_to_voxel, p2v) and torch.equal(dyn.coords, coords) and dyn.num_voxels.tolist() == nvox
+
+
+def test_caps_and_pad_to_max():
+    pts = random_cloud(600, seed=9)
+    args = (SMALL["voxel_size"], SMALL["point_cloud_range"])
+    one = pcops.voxelize(pts, *args, 1, 5)  # tiny caps: most points dropped
+    assert_matches_oracle(one, pts, *args, 1, 5)
+    assert one.num_dropped_voxels.item() > 0 and one.num_dropped_points.item() > 0
+    pad = pcops.voxelize(pts, *args, 1, 5, lengths=torch.tensor([600]), pad_to_max=True)
+    assert pad.voxels.shape == (5, 1, 4)
+    lt = torch.tensor([250, 0, 350])
+    var = pcops.voxelize(pts, *args, 3, 40, lengths=lt)
+    pad = pcops.voxelize(pts, *args, 3, 40, lengths=lt, pad_to_max=True)
+    m = var.voxels.shape[0]
+    assert pad.voxels.shape == (120, 3, 4) and m < 120
+    assert torch.equal(pad.voxels[:m], var.voxels) and (pad.voxels[m:] == 0).all()
+    assert torch.equal(pad.coords[:m], var.coords) and (pad.coords[m:] == -1).all()
+    assert torch.equal(pad.num_points[:m], var.num_points) and (pad.num_points[m:] == 0).all()
+    for a, b in zip(pad[3:], var[3:]):
+        assert torch.equal(a, b)
+    d = pcops.dynamic_voxelize(pts, *args, lengths=lt, pad_to_max=True)
+    dv = pcops.dynamic_voxelize(pts, *args, lengths=lt)
+    assert d.coords.shape == (600, 4) and torch.equal(d.coords[: dv.coords.shape[0]], dv.coords)
+    assert (d.coords[dv.coords.shape[0]:] == -1).all() and torch.equal(d.point_to_voxel, dv.point_to_voxel)
+
+
+def test_empty_and_all_out_of_range():
+    args = (SMALL["voxel_size"], SMALL["point_cloud_range"], 4, 10)
+    for pts in (torch.zeros(0, 4), torch.full((50, 4), 100.0), torch.full((7, 3), float("nan"))):
+        out = pcops.voxelize(pts, *args)
+        assert out.voxels.shape == (0, 4, pts.shape[1]) and out.coords.shape == (0, 4)
+        assert (out.point_to_voxel == -1).all() and out.point_to_voxel.shape == (pts.shape[0],)
+        assert out.num_voxels.tolist() == [0] and out.num_dropped_points.tolist() == [0]
+        d = pcops.dynamic_voxelize(pts, *args[:2])
+        assert d.coords.shape == (0, 4) and (d.point_to_voxel == -1).all()
+
+
+def test_boundaries_nan_inf():
+    # exactly on range_min is in, exactly on range_max is out; NaN/inf out
+    pts = torch.tensor([[0.0, 0.0, 0.0], [4.0, 1.0, 1.0], [3.99, 4.49, 1.79], [float("nan"), 1, 1],
+                        [1, float("inf"), 1], [1, 1, float("-inf")], [-1e-7, 1, 1]])
+    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 10)
+    assert out.point_to_voxel.tolist() == [0, -1, 1, -1, -1, -1, -1]
+    assert out.coords.tolist() == [[0, 0, 0, 0], [0, 2, 4, 5]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_low_precision_points(dtype):
+    pts = random_cloud(400, seed=3, dtype=dtype)
+    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 3, 30)
+    assert_matches_oracle(out, pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 3, 30)
+
+
+def test_dynamic_matches_oracle():
+    pts = random_cloud(700, seed=4)
+    d = pcops.dynamic_voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"])
+    members, coords, p2v, nvox, _, _ = oracle(pts, SMALL["voxel_size"], SMALL["point_cloud_range"])
+    assert torch.equal(d.point_to_voxel, p2v) and torch.equal(d.coords, coords) and d.num_voxels.tolist() == nvox
+
+
+@pytest.mark.parametrize("frame,cfg", [("000000", V1), ("000001", V3)])
+def test_kitti_reference_matches_oracle(kitti_dir, frame, cfg):
+    pts = kitti_scan(kitti_dir, frame)
+    out = pcops.voxelize(pts, **cfg)
+    assert_matches_oracle(out, pts, cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"], cfg["max_voxels"])
+    two = pcops.voxelize(torch.cat([pts, kitti_scan(kitti_dir, "000000")]), **{**cfg, "max_voxels": 3000},
+                         lengths=torch.tensor([pts.shape[0], kitti_scan(kitti_dir, "000000").shape[0]]))
+    assert two.num_voxels.tolist() == [3000, 3000] and two.num_dropped_voxels.min() > 0
+
+
+# --- voxel_reduce -----------------------------------------------------------------------------
+
+
+def reduce_oracle(features, p2v, m, reduce):
+    out = torch.zeros(m, features.shape[1], dtype=torch.float64)
+    for r in range(m):
+        rows = features[p2v == r].double()
+        if len(rows):
+            out[r] = {"sum": rows.sum(0), "mean": rows.mean(0), "max": rows.max(0).values}[reduce]
+    return out
+
+
+@pytest.mark.parametrize("reduce", ["mean", "max", "sum"])
+def test_voxel_reduce(reduce):
+    pts = random_cloud(300, seed=6, special=False)
+    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 4, 30)
+    feats = torch.randn(300, 5, generator=generator(1), dtype=torch.float64)
+    m = out.voxels.shape[0] + 2  # two empty voxels at the end
+    r = pcops.voxel_reduce(feats, out.point_to_voxel, m, reduce)
+    torch.testing.assert_close(r, reduce_oracle(feats, out.point_to_voxel, m, reduce))
+    f = feats.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: pcops.voxel_reduce(x, out.point_to_voxel, m, reduce), (f,))
+    r32 = pcops.voxel_reduce(feats.float().half(), out.point_to_voxel, m, reduce)
+    assert r32.dtype == torch.float16
+
+
+def test_voxel_reduce_max_ties_go_to_lowest_index():
+    f = torch.tensor([[1.0, 2.0], [1.0, 5.0], [0.0, 5.0], [3.0, 3.0]], requires_grad=True)
+    p2v = torch.tensor([0, 0, 0, -1])
+    out = pcops.voxel_reduce(f, p2v, 2, "max")
+    assert out.tolist() == [[1.0, 5.0], [0.0, 0.0]]
+    out.sum().backward()
+    assert f.grad.tolist() == [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+def test_opcheck():
+    pts = random_cloud(200, seed=7)
+    vs, pcr = list(SMALL["voxel_size"]), list(SMALL["point_cloud_range"])
+    for lengths in (None, torch.tensor([120, 80])):
+        for pad in (False, True):
+            torch.library.opcheck(torch.ops.pcops.voxelize, (pts, lengths, vs, pcr, 3, 20, pad))
+            torch.library.opcheck(torch.ops.pcops.dynamic_voxelize, (pts, lengths, vs, pcr, pad))
+    p2v = pcops.dynamic_voxelize(pts, vs, pcr).point_to_voxel
+    feats = torch.randn(200, 3, dtype=torch.float64, requires_grad=True)
+    for reduce in ("mean", "max", "sum"):
+        torch.library.opcheck(torch.ops.pcops.voxel_reduce, (feats, p2v, int(p2v.max()) + 1, reduce))
+
+
+def test_torch_compile_fullgraph_dynamic_m():
+    pts = random_cloud(300, seed=8)
+    args = (SMALL["voxel_size"], SMALL["point_cloud_range"])
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def net(points):
+        out = pcops.voxelize(points, *args, 4, 50)
+        mean = out.voxels.sum(1) / out.num_points.clamp_min(1)[:, None]
+        d = pcops.dynamic_voxelize(points, *args)
+        feat = pcops.voxel_reduce(points, d.point_to_voxel, d.coords.shape[0], "max")
+        return mean, out.coords, feat
+
+    mean, coords, feat = net(pts)
+    out = pcops.voxelize(pts, *args, 4, 50)
+    torch.testing.assert_close(mean, out.voxels.sum(1) / out.num_points.clamp_min(1)[:, None])
+    assert torch.equal(coords, out.coords)
+    d = pcops.dynamic_voxelize(pts, *args)
+    torch.testing.assert_close(feat, pcops.voxel_reduce(pts, d.point_to_voxel, d.coords.shape[0], "max"))
+    net(random_cloud(123, seed=9))  # another M, same graph (dynamic)
+
+
+def _bad(**kw):
+    args = dict(points=torch.zeros(5, 4), voxel_size=(0.1, 0.1, 0.1), point_cloud_range=(0, 0, 0, 1, 1, 1),
+                max_points_per_voxel=4, max_voxels=10)
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize("bad,exc,name", [
+    (_bad(points=torch.zeros(5, 2)), ValueError, "points"),
+    (_bad(points=torch.zeros(5, 4, dtype=torch.int32)), TypeError, "points"),
+    (_bad(points=[[0.0, 0.0, 0.0]]), TypeError, "points"),
+    (_bad(voxel_size=(0.1, 0.0, 0.1)), ValueError, "voxel_size"),
+    (_bad(voxel_size=(0.1, -1, 0.1)), ValueError, "voxel_size"),
+    (_bad(voxel_size=(0.1, 0.1)), ValueError, "voxel_size"),
+    (_bad(point_cloud_range=(0, 0, 1, 1, 1, 1)), ValueError, "point_cloud_range"),
+    (_bad(point_cloud_range=(0, 2, 0, 1, 1, 1)), ValueError, "point_cloud_range"),
+    (_bad(point_cloud_range=(0, 0, 0, 1, 1)), ValueError, "point_cloud_range"),
+    (_bad(max_points_per_voxel=0), ValueError, "max_points_per_voxel"),
+    (_bad(max_voxels=0), ValueError, "max_voxels"),
+    (_bad(max_voxels=2.0), TypeError, "max_voxels"),
+    (_bad(lengths=torch.tensor([2, 2])), ValueError, "lengths"),
+    (_bad(lengths=torch.tensor([2.0, 3.0])), TypeError, "lengths"),
+    (_bad(lengths=torch.tensor([6, -1])), ValueError, "lengths"),
+    (_bad(lengths=torch.tensor([[5]])), ValueError, "lengths"),
+    (_bad(lengths=torch.zeros(0, dtype=torch.int64)), ValueError, "lengths"),
+    (_bad(pad_to_max=1), TypeError, "pad_to_max"),
+])
+def test_bad_input(bad, exc, name):
+    with pytest.raises(exc, match=name):
+        pcops.voxelize(**bad)
+
+
+def test_bad_input_dynamic_and_reduce():
+    with pytest.raises(ValueError, match="voxel_size"):
+        pcops.dynamic_voxelize(torch.zeros(3, 3), (0, 1, 1), (0, 0, 0, 1, 1, 1))
+    with pytest.raises(ValueError, match="lengths"):
+        pcops.dynamic_voxelize(torch.zeros(3, 3), (1, 1, 1), (0, 0, 0, 1, 1, 1), lengths=torch.tensor([1]))
+    f, p2v = torch.zeros(4, 2), torch.tensor([0, 1, -1, 0])
+    with pytest.raises(ValueError, match="reduce"):
+        pcops.voxel_reduce(f, p2v, 2, "min")
+    with pytest.raises(ValueError, match="point_to_voxel"):
+        pcops.voxel_reduce(f, p2v[:3], 2)
+    with pytest.raises(ValueError, match="point_to_voxel"):
+        pcops.voxel_reduce(f, p2v, 1)
+    with pytest.raises(TypeError, match="point_to_voxel"):
+        pcops.voxel_reduce(f, p2v.float(), 2)
+    with pytest.raises(ValueError, match="num_voxels"):
+        pcops.voxel_reduce(f, p2v, -1)
+
+
+# --- Triton kernels under the CPU interpreter --------------------------------------------------
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Tiny scan blocks so a few hundred points span many blocks (look-back, waits, sample starts)."""
+    from pcops.triton import voxelize as tri
+
+    monkeypatch.setattr(tri, "_BLOCK", 32)
+    monkeypatch.setattr(tri, "_LOOKBACK", 2)
+    return tri
+
+
+@pytest.mark.parametrize("n,p,v,lengths", [
+    (1, 2, 3, None), (37, 1, 4, None), (211, 3, 9, None), (223, 2, 40, [100, 0, 23, 100]), (64, 5, 2, [0, 64]),
+])
+@pytest.mark.parametrize("pad", [False, True])
+@interpret
+def test_triton_interpreter(small_blocks, n, p, v, lengths, pad):
+    tri = small_blocks
+    pts = random_cloud(n, seed=n + p)
+    lt = None if lengths is None else torch.tensor(lengths)
+    vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
+    got = pcops.Voxels(*tri.voxelize(pts, lt, vs, pcr, p, v, pad))
+    assert_same(got, pcops.Voxels(*ref.voxelize(pts, lt, vs, pcr, p, v, pad)))
+    got = pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lt, vs, pcr, pad))
+    assert_same(got, pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lt, vs, pcr, pad)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@interpret
+def test_triton_interpreter_low_precision_and_default_blocks(dtype):
+    from pcops.triton import voxelize as tri
+
+    pts = random_cloud(300, seed=11, channels=5, dtype=dtype)
+    vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
+    assert_same(pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 4, 25, False)),
+                pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 4, 25, False)))
+
+
+@interpret
+def test_triton_interpreter_kitti_subset(kitti_dir, small_blocks):
+    tri = small_blocks
+    pts = kitti_scan(kitti_dir)[::400].contiguous()  # ~300 points spread over the scan
+    vs, pcr = (1.6, 1.6, 4.0), V1["point_cloud_range"]
+    assert_same(pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 2, 50, False)),
+                pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 2, 50, False)))
+
+
+# --- the GPU path -------------------------------------------------------------------------------
+
+
+def _gpu_case(pts, cfg, lengths=None, pad=False):
+    out = pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(), pad_to_max=pad)
+    expected = pcops.voxelize(pts, **cfg, lengths=lengths, pad_to_max=pad)
+    assert_same(out, expected)
+    again = pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(), pad_to_max=pad)
+    assert_same(again, out)  # run to run
+    d = pcops.dynamic_voxelize(pts.cuda(), cfg["voxel_size"], cfg["point_cloud_range"],
+                               None if lengths is None else lengths.cuda(), pad_to_max=pad)
+    assert_same(d, pcops.dynamic_voxelize(pts, cfg["voxel_size"], cfg["point_cloud_range"], lengths, pad_to_max=pad))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1009, 65537])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_random(n, dtype):
+    pts = random_cloud(n, seed=n, dtype=dtype)
+    for p, v in ((1, 3), (3, 20), (32, 40000)):
+        cfg = dict(voxel_size=(0.11, 0.13, 0.3), point_cloud_range=SMALL["point_cloud_range"],
+                   max_points_per_voxel=p, max_voxels=v)
+        _gpu_case(pts, cfg)
+        _gpu_case(pts, cfg, pad=True)
+    if n > 10:
+        lengths = torch.tensor([n // 3, 0, n - n // 3])
+        _gpu_case(pts, cfg, lengths)
+        _gpu_case(pts, dict(cfg, max_voxels=17), lengths, pad=True)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_kitti(kitti_dir):
+    scan = kitti_scan(kitti_dir)
+    for cfg in (V1, V3, dict(V1, max_voxels=5000, max_points_per_voxel=4)):
+        _gpu_case(scan, cfg)
+        _gpu_case(scan, cfg, pad=True)
+    g = torch.Generator().manual_seed(0)
+    big = torch.cat([scan + torch.cat([torch.randn(scan.shape[0], 3, generator=g) * 0.05, torch.zeros(scan.shape[0], 1)], 1)
+                     for _ in range(10)])
+    _gpu_case(big, V1)
+    two = torch.cat([scan, kitti_scan(kitti_dir, "000000")])
+    lengths = torch.tensor([scan.shape[0], two.shape[0] - scan.shape[0]])
+    _gpu_case(two, V1, lengths)
+    _gpu_case(two, dict(V3, max_voxels=20000), lengths, pad=True)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_cuda_graph_capture_fixed_capacity(kitti_dir):
+    scan = kitti_scan(kitti_dir).cuda()
+    static = scan.clone()
+    expected = pcops.voxelize(static, **V1, pad_to_max=True)  # warm-up / compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pcops.voxelize(static, **V1, pad_to_max=True)
+        dyn = pcops.dynamic_voxelize(static, V1["voxel_size"], V1["point_cloud_range"], pad_to_max=True)
+    graph.replay()
+    assert_same(out, expected)
+    static.copy_(kitti_scan(kitti_dir, "000000")[: scan.shape[0]].cuda() if kitti_scan(kitti_dir, "000000").shape[0] >= scan.shape[0] else scan.flip(0))
+    graph.replay()
+    assert_same(out, pcops.voxelize(static.cpu(), **V1, pad_to_max=True))
+    assert_same(dyn, pcops.dynamic_voxelize(static.cpu(), V1["voxel_size"], V1["point_cloud_range"], pad_to_max=True))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_opcheck_and_reduce():
+    pts = random_cloud(500, seed=12).cuda()
+    vs, pcr = list(SMALL["voxel_size"]), list(SMALL["point_cloud_range"])
+    for pad in (False, True):
+        torch.library.opcheck(torch.ops.pcops.voxelize, (pts, None, vs, pcr, 3, 20, pad))
+        torch.library.opcheck(torch.ops.pcops.dynamic_voxelize, (pts, torch.tensor([200, 300], device="cuda"), vs, pcr, pad))
+    d = pcops.dynamic_voxelize(pts, vs, pcr)
+    m = d.coords.shape[0]
+    feats = torch.randn(500, 6, device="cuda", requires_grad=True)
+    for reduce in ("mean", "max", "sum"):
+        out = pcops.voxel_reduce(feats, d.point_to_voxel, m, reduce)
+        fc = feats.detach().cpu().requires_grad_(True)
+        exp = pcops.voxel_reduce(fc, d.point_to_voxel.cpu(), m, reduce)
+        torch.testing.assert_close(out.cpu(), exp)
+        g = torch.randn_like(exp)
+        (gpu_grad,) = torch.autograd.grad(out, feats, g.cuda())
+        (cpu_grad,) = torch.autograd.grad(exp, fc, g)
+        torch.testing.assert_close(gpu_grad.cpu(), cpu_grad)
