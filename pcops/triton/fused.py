@@ -32,10 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-_SQRT_2_OVER_PI = 0.7978845608028654
-_GELU_TANH_K = 0.044715
-_INV_SQRT_2 = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
+# GELU constants (globals read by @triton.jit code must be tl.constexpr)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_GELU_TANH_K = tl.constexpr(0.044715)
+_INV_SQRT_2 = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 # widest row held in registers as one tile; wider rows are processed in chunks of this width
 _MAX_BLOCK_N = 8192
