@@ -437,7 +437,8 @@ class PointPillars(nn.Module):
         return self
 
     @torch.no_grad()
-    def randomize_(self, seed: int = 0, points: torch.Tensor | None = None, score_fraction: float = 0.0005) -> "PointPillars":
+    def randomize_(self, seed: int = 0, points: torch.Tensor | None = None, score_fraction: float = 0.0005,
+                   lengths: torch.Tensor | None = None) -> "PointPillars":
         """Reproducible random weights that produce a spread of scores (a stand-in for trained ones).
 
         Re-initialises every layer from ``torch.Generator().manual_seed(seed)`` (PyTorch's default
@@ -446,7 +447,8 @@ class PointPillars(nn.Module):
         statistics of its input on that scan (one reference-path pass), so activations keep unit
         scale through the network, and the classifier bias is set so that a ``score_fraction`` of
         the anchors of that scan clears the score threshold (about 160 of the 321,408 KITTI anchors
-        by default). The weights are identical on every device for a given seed
+        by default; for a batch the per-scan quantiles are averaged). ``points`` may be a packed batch
+        with ``lengths`` (BatchNorm statistics over all scans). The weights are identical on every device for a given seed
         and scan.
         """
         gen = torch.Generator().manual_seed(seed)
@@ -470,15 +472,16 @@ class PointPillars(nn.Module):
             if not 0.0 < score_fraction < 1.0:
                 raise ValueError(f"score_fraction: expected a value in (0, 1), got {score_fraction}")
             head.conv_cls.bias.zero_()
-            cls_logits = self._calibrate_batchnorm(points.detach().cpu().float())
-            max_logit = cls_logits.reshape(-1, self.config.num_classes).amax(dim=-1).double()
-            q = torch.quantile(max_logit, 1.0 - score_fraction)
+            cls_logits = self._calibrate_batchnorm(points.detach().cpu().float(), lengths)
+            max_logit = cls_logits.reshape(cls_logits.shape[0], -1, self.config.num_classes).amax(dim=-1).double()
+            # per-scan quantile, averaged over the scans of a batch (score tails differ from scan to scan)
+            q = torch.quantile(max_logit, 1.0 - score_fraction, dim=1).mean()
             t = self.config.score_thresh
             head.conv_cls.bias.fill_(float(math.log(t / (1 - t)) - q))
         self._fast = None
         return self
 
-    def _calibrate_batchnorm(self, points: torch.Tensor) -> torch.Tensor:
+    def _calibrate_batchnorm(self, points: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Set each BatchNorm's running statistics to those of its input on ``points``; returns the
         classifier logits of that pass."""
         bns = [m for m in self.modules() if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))]
@@ -490,7 +493,8 @@ class PointPillars(nn.Module):
                 bn.momentum = None  # cumulative average: one batch gives exactly its statistics
                 nn.Module.train(bn, True)
             self.impl, self.dtype = "reference", torch.float32
-            return self._dense(points.to(device), None)[0]
+            lengths = None if lengths is None else lengths.to(device)
+            return self._dense(points.to(device), lengths)[0]
         finally:
             self.impl, self.dtype = impl, dtype
             for bn in bns:
