@@ -1,0 +1,87 @@
+"""V1 / V2 / V3: deterministic hard voxelization, and dynamic voxelization on V1 / V2.
+
+V1: SCAN, PointPillars KITTI grid (0.16, 0.16, 4) m, 32 points, 40,000 voxels.
+V2: BIG = SCAN tiled 10x, each copy jittered by N(0, 0.05 m) in x, y, z (seed 0); V1's parameters.
+V3: SCAN, SECOND grid (0.05, 0.05, 0.1) m, 5 points, 40,000 voxels.
+Dynamic V1 / V2: per-point voxel index and the occupied voxels' coords, no caps.
+
+Baseline (same run): the plain-torch reference (``pcops.reference.voxelize``, one stable sort of
+the packed keys + a sort of the voxels' first points) run on the GPU; it produces the same
+deterministic FCFS output. Peers not installable here (mmcv, spconv) are not measured; the
+issue quotes mmcv on the same H200 class: random-order 0.73 / 1.36 ms, deterministic 28 / 415 ms
+(V1 / V2).
+
+pcops rows: eager variable-size form (one host sync for M), eager ``pad_to_max=True`` (no sync)
+and the same fixed-capacity form replayed from a CUDA graph. Launches: a fill + 2 Triton
+kernels (hard), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
+loader path; goal <= 5 ms on V1).
+"""
+import torch
+
+from common import bench, bench_cpu, load_scan, parse_args, report, row
+
+import pcops
+from pcops.reference import voxelize as ref
+
+V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
+          max_points_per_voxel=32, max_voxels=40000)
+V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1),
+          max_points_per_voxel=5, max_voxels=40000)
+
+
+def make_big(scan):
+    g = torch.Generator().manual_seed(0)
+    big = scan.repeat(10, 1)
+    big[:, :3] += torch.randn(big.shape[0], 3, generator=g) * 0.05
+    return big
+
+
+def main():
+    args = parse_args(__doc__)
+    rep = 30 if args.quick else 100
+    scan, source = load_scan()
+    big = make_big(scan)
+    rows = []
+    for wl, pts_cpu, cfg in (("V1", scan, V1), ("V2", big, V1), ("V3", scan, V3)):
+        pts = pts_cpu.cuda()
+        n = pts.shape[0]
+        vs, pcr, mp, mv = cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"], cfg["max_voxels"]
+        out = pcops.voxelize(pts, **cfg)
+        check = pcops.voxelize(pts_cpu, **cfg)
+        exact = all(torch.equal(a.cpu(), b) for a, b in zip(out, check))
+        extra = dict(voxels=out.voxels.shape[0], dropped_points=int(out.num_dropped_points.sum()),
+                     dropped_voxels=int(out.num_dropped_voxels.sum()), equal_to_cpu_reference=exact)
+        base = bench(lambda: ref.voxelize(pts, None, vs, pcr, mp, mv, False), rep=rep)
+        rows.append(row(wl, "torch reference on GPU (sort)", base, items=n, baseline=base))
+        t = bench(lambda: pcops.voxelize(pts, **cfg), rep=rep)
+        rows.append(row(wl, "pcops eager", t, items=n, baseline=base, **extra))
+        t = bench(lambda: pcops.voxelize(pts, **cfg, pad_to_max=True), rep=rep)
+        rows.append(row(wl, "pcops eager pad_to_max", t, items=n, baseline=base))
+        t = bench(lambda: pcops.voxelize(pts, **cfg, pad_to_max=True), rep=rep, graph=True)
+        rows.append(row(wl, "pcops pad_to_max (graph)", t, items=n, baseline=base))
+        if cfg is V1:
+            dwl = f"dynamic {wl}"
+            dbase = bench(lambda: ref.dynamic_voxelize(pts, None, vs, pcr, False), rep=rep)
+            rows.append(row(dwl, "torch reference on GPU (sort)", dbase, items=n, baseline=dbase))
+            t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr), rep=rep)
+            rows.append(row(dwl, "pcops eager", t, items=n, baseline=dbase))
+            t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), rep=rep)
+            rows.append(row(dwl, "pcops eager pad_to_max", t, items=n, baseline=dbase))
+            t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), rep=rep, graph=True)
+            rows.append(row(dwl, "pcops pad_to_max (graph)", t, items=n, baseline=dbase))
+    torch.set_num_threads(1)
+    t = bench_cpu(lambda: pcops.voxelize(scan, **V1), rep=10 if args.quick else 30)
+    rows.append(row("V1 CPU", "torch reference, 1 thread", t, items=scan.shape[0]))
+    t = bench_cpu(lambda: pcops.dynamic_voxelize(scan, V1["voxel_size"], V1["point_cloud_range"]), rep=10 if args.quick else 30)
+    rows.append(row("dynamic V1 CPU", "torch reference, 1 thread", t, items=scan.shape[0]))
+    report(rows, "voxelize", args.out, notes={
+        "scan": source, "big_points": big.shape[0],
+        "goals_ms": {"V1": 0.060, "V2": 0.250, "dynamic V1": 0.060, "V1 CPU": 5.0},
+        "launches": {"hard": "fill + 2 Triton (+1 host sync in the variable-size form)",
+                     "dynamic": "fill + 1 Triton (+ sync and a copy of coords in the variable-size form)"},
+        "peers_unavailable": ["mmcv", "spconv"],
+    })
+
+
+if __name__ == "__main__":
+    main()
