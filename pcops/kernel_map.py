@@ -12,6 +12,7 @@ Call path: ``sparse_conv_kernel_map`` (checks, shapes) → ``torch.ops.pcops.spa
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -65,14 +66,19 @@ class KernelMap(NamedTuple):
 
 def _triple(name: str, v, *, min_value: int) -> tuple[int, int, int]:
     """An int or a 3-sequence of ints, each ≥ ``min_value``."""
-    if isinstance(v, torch.Tensor):
+    if hasattr(v, "tolist") and not isinstance(v, numbers.Integral):  # a tensor or numpy array
         v = v.tolist()
     if isinstance(v, (list, tuple)):
         if len(v) != 3:
             raise ValueError(f"{name}: expected an int or 3 values (z, y, x), got {v!r}")
-        return tuple(_checks.check_int(f"{name}[{i}]", x, min_value=min_value) for i, x in enumerate(v))
-    v = _checks.check_int(name, v, min_value=min_value)
+        return tuple(_checks.check_int(f"{name}[{i}]", _as_int(x), min_value=min_value) for i, x in enumerate(v))
+    v = _checks.check_int(name, _as_int(v), min_value=min_value)
     return (v, v, v)
+
+
+def _as_int(v):
+    """numpy integers → int (bools and everything else are left to ``check_int`` to refuse)."""
+    return int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
 
 
 def _output_shape(in_shape, kernel, stride, padding, dilation, subm, transposed):
@@ -119,7 +125,8 @@ def sparse_conv_kernel_map(
             (``torch.nn.functional.conv_transpose3d``'s rule, output_padding 0); the output
             set is every such ``o`` inside the output grid, sorted like a regular conv's.
             spconv's inverse conv (outputs restricted to the fine voxels a strided conv came
-            from) is ``KernelMap.inverse`` of that strided map.
+            from, on their own grid, e.g. an even size that ``(D' - 1) s - 2p + d (K - 1) + 1``
+            does not give back) is ``KernelMap.inverse`` of that strided map.
 
     Rules (per axis, ``k = (kz, ky, kx)`` with each index in ``[0, size)``):
         regular: output ``o`` receives input ``i`` through ``k`` iff ``i = o * stride -
@@ -130,26 +137,29 @@ def sparse_conv_kernel_map(
     Returns:
         ``KernelMap(out_coords, out_spatial_shape, pair_in, pair_out, offsets, out_in)``:
         ``out_coords (M, 4)`` int32 (regular/transposed: sorted lexicographically by
-        ``(batch, z, y, x)``; submanifold: ``coords`` itself); ``out_in (M, K)`` int32, −1 for
+        ``(batch, z, y, x)``; submanifold: a copy of ``coords``); ``out_in (M, K)`` int32, −1 for
         no input; pairs ``pair_in, pair_out (P,)`` int32 grouped by offset through
         ``offsets (K+1,)`` int32, ascending ``pair_out`` within an offset. Kernel offset
         order ``k = (kz * Ky + ky) * Kx + kx``; weights ``(K, C_in, C_out)`` follow it.
-        The result is the same on every device and every run (deterministic).
+        For valid input the result is the same on every device and every run (deterministic).
 
     Checks: the CPU path raises ``ValueError`` for voxels outside ``spatial_shape`` and for
     duplicate voxels. The CUDA path cannot check without a host sync and does not: an
     out-of-grid input is never found as an input (and generates no outputs); among duplicate
-    voxels the lowest row is the one found as input (deterministic).
+    voxels the lowest row is the one found as input (deterministic; a submanifold map still
+    has one output row per input row).
 
     GPU (Triton): a hash table of the input voxels (open addressing, linear probing, int64
     linear keys claimed with ``atomic_cas``), one lookup pass over (output, offset) writing
     ``out_in`` and per-block counts, a one-program scan and a stable compaction into pairs.
     Regular/transposed conv first dedupe candidate outputs in a second hash table and sort
-    them (``torch.sort``). Host syncs: one for ``P`` (submanifold), two for ``M`` and ``P``
-    (regular/transposed): both are output sizes.
+    them (``torch.sort``). Launches: 5 for submanifold (fill, insert, lookup, scan,
+    compaction), 5 + ``torch.sort``'s for regular/transposed. Host syncs: one for ``P``
+    (submanifold), two for ``M`` and ``P`` (regular/transposed): both are output sizes, so
+    the map cannot be captured in a CUDA graph (``sparse_conv3d`` on a built map can).
     """
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
-    if not isinstance(spatial_shape, (list, tuple, torch.Size)):
+    if isinstance(spatial_shape, numbers.Integral):
         raise TypeError(f"spatial_shape: expected a sequence (D, H, W), got {spatial_shape!r}")
     in_shape = _triple("spatial_shape", spatial_shape, min_value=1)
     kernel = _triple("kernel_size", kernel_size, min_value=1)
