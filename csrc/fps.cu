@@ -198,6 +198,19 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
 
 #define FPS_ENTRIES(C) FPS_ENTRY(C, 1) FPS_ENTRY(C, 2) FPS_ENTRY(C, 4) FPS_ENTRY(C, 8) FPS_ENTRY(C, 16)
 
+// The same kernel without a compile-time cluster shape, for cuLaunchKernelEx with a cluster
+// dimension launch attribute (the documented way to launch the non-portable size 16).
+#define FPS_RUNTIME_ENTRY(PPT)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                  \
+      fps_rt_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out,     \
+                    int n, int num_samples) {                                                                    \
+    fps_cluster<PPT>(points, lengths, starts, out, n, num_samples);                                              \
+  }
+
+FPS_RUNTIME_ENTRY(4)
+FPS_RUNTIME_ENTRY(8)
+FPS_RUNTIME_ENTRY(16)
+
 FPS_ENTRIES(1)
 FPS_ENTRIES(2)
 FPS_ENTRIES(4)

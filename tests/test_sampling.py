@@ -478,6 +478,8 @@ def test_fps_cu_compiles_with_every_entry_point():
     for cluster in (1, 2, 4, 8, 16):
         for ppt in (1, 2, 4, 8, 16):
             assert f"fps_c{cluster}_p{ppt}".encode() in cubin
+    for ppt in (4, 8, 16):  # every points-per-thread a 16-CTA cluster can need
+        assert f"fps_rt_p{ppt}".encode() in cubin
 
 
 def test_fps_cluster_config():
@@ -488,3 +490,14 @@ def test_fps_cluster_config():
     assert cu._config(120268, 16) == (16, 16)  # F2: 16 CTAs of 7,517 points
     assert cu._config(120268, 8) is None  # too large for portable clusters: Triton
     assert cu._config(131072, 16) == (16, 16) and cu._config(131073, 16) is None
+    assert cu._config(16385, 16) == (16, 4)
+
+
+def test_cluster_launch_structs_match_cuda_h():
+    import ctypes
+
+    from pcops.cuda import sampling as cu
+
+    assert ctypes.sizeof(cu._LaunchAttribute) == 72  # id, pad to 8, 64-byte value union
+    assert cu._LaunchConfig.stream.offset == 32 and cu._LaunchConfig.attrs.offset == 40
+    assert ctypes.sizeof(cu._LaunchConfig) == 56

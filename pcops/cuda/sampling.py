@@ -18,6 +18,22 @@ _THREADS = 512
 _MAX_PPT = 16
 _TARGET_PPT = 4  # points per thread before another CTA joins the cluster
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
+_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
+
+
+class _LaunchAttributeValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_byte * 64), ("cluster_dim", ctypes.c_uint * 3)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_byte * 4), ("value", _LaunchAttributeValue)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint),
+    ]
 _max_cluster: dict[int, int] = {}  # device index -> largest cluster size known to launch
 _available: dict[int, bool] = {}
 
@@ -47,14 +63,42 @@ def fps_supported(points: torch.Tensor) -> bool:
     return _available[index] and _config(points.shape[1], _max_cluster.get(index, 16)) is not None
 
 
+def _allow_non_portable(kernel) -> None:
+    status = _cuda().cuFuncSetAttribute(kernel._func, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUDA error {status}")
+
+
 def _launch(points, lengths, start_idx, out, num_samples, cluster, ppt):
+    """A kernel whose cluster shape is fixed at compile time (``__cluster_dims__``): cuLaunchKernel."""
     kernel = get_kernel("fps.cu", f"fps_c{cluster}_p{ppt}", points.device)
     if cluster > 8:
-        status = _cuda().cuFuncSetAttribute(kernel._func, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-        if status != 0:
-            raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUDA error {status}")
+        _allow_non_portable(kernel)
     batch, n, _ = points.shape
     kernel((cluster, batch), (_THREADS,), [points, lengths, start_idx, out, ctypes.c_int(n), ctypes.c_int(num_samples)])
+
+
+def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
+    """The runtime-shaped kernel with a cluster-dimension launch attribute: cuLaunchKernelEx."""
+    kernel = get_kernel("fps.cu", f"fps_rt_p{ppt}", points.device)
+    _allow_non_portable(kernel)
+    batch, n, _ = points.shape
+    attr = _LaunchAttribute()
+    attr.id = _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.cluster_dim[:] = [cluster, 1, 1]
+    config = _LaunchConfig()
+    config.grid[:] = [cluster, batch, 1]
+    config.block[:] = [_THREADS, 1, 1]
+    config.shared_mem = 0
+    config.stream = torch.cuda.current_stream(points.device).cuda_stream
+    config.attrs = ctypes.pointer(attr)
+    config.num_attrs = 1
+    holders = [ctypes.c_void_p(t.data_ptr()) for t in (points, lengths, start_idx, out)]
+    holders += [ctypes.c_int(n), ctypes.c_int(num_samples)]
+    params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+    status = _cuda().cuLaunchKernelEx(ctypes.byref(config), kernel._func, params, None)
+    if status != 0:
+        raise RuntimeError(f"cuLaunchKernelEx(fps_rt_p{ppt}, cluster {cluster}) failed: CUDA error {status}")
 
 
 def farthest_point_sample(
@@ -74,12 +118,15 @@ def farthest_point_sample(
     index = points.device.index if points.device.index is not None else torch.cuda.current_device()
     config = _config(n, _max_cluster.get(index, 16)) if batch <= 65535 else None
     if config is not None and config[0] > 8:
-        try:
-            _launch(points, lengths, start_idx, out, num_samples, *config)
-            return out
-        except RuntimeError:  # the device refuses 16-CTA clusters: stay with portable sizes
-            _max_cluster[index] = 8
-            config = _config(n, 8)
+        # non-portable cluster size: the launch-attribute path, then the compile-time shape
+        for launch in (_launch_ex, _launch):
+            try:
+                launch(points, lengths, start_idx, out, num_samples, *config)
+                return out
+            except RuntimeError:
+                pass
+        _max_cluster[index] = 8  # the device refuses 16-CTA clusters: stay with portable sizes
+        config = _config(n, 8)
     if config is None:
         from ..triton import sampling as tri
 
