@@ -59,32 +59,34 @@ def _interpreting() -> bool:
 # --- autotuning search space ----------------------------------------------------------------
 # A program handles a (BLOCK_M, BLOCK_N) tile, BLOCK_N = next_pow2(N) fixed by the launcher.
 # Search space: BLOCK_M (rows per program) ∈ 1..256 (powers of two) × num_warps ∈ 1..16, pruned
-# per N to tiles of 2K-8K elements (forward; 1K-4K for the backward, which keeps ~4 live values
-# per element) and 8-16 elements per thread. Why: a memory-bound row kernel needs tens of KB
-# in flight per SM to cover HBM latency (big tiles), but more than ~16 float32 values per
-# thread per live tensor spills registers, and fewer than 8 wastes issue slots on the
-# reductions. That leaves 1-6 configs per N (a few seconds of tuning per new row length).
+# per N to (forward) tiles of 2K-8K elements and 4, 8 or 16 warps, (backward) tiles of 1K-4K
+# elements and 4 or 8 warps, both with 4-16 elements per thread. Why: these kernels are
+# memory-bound, so what matters is the bytes each SM has in flight: big tiles and 16 values
+# per thread give the most per register; the backward keeps ~5 live float32 values per
+# element (x, g, x̂, dz, dx) and spills beyond 16 per thread, so its tiles are half the size;
+# fewer values per thread lower the register count and let more programs share an SM, which
+# the tuner weighs against the first. That leaves 1-6 configs per N (a few seconds of
+# compilation and timing the first time a row length is seen).
 _ROW_CONFIGS = [
     triton.Config({"BLOCK_M": m}, num_warps=w) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16)
 ]
-_FWD_TILES = (2048, 4096, 8192)
-_BWD_TILES = (1024, 2048, 4096)
-_PER_THREAD = (8, 16)
+_FWD_SPACE = dict(tiles=(2048, 4096, 8192), warps=(4, 8, 16), per_thread=(4, 16))
+_BWD_SPACE = dict(tiles=(1024, 2048, 4096), warps=(4, 8), per_thread=(4, 16))
 
 
-def _prune_rows(tiles):
+def _prune_rows(tiles, warps, per_thread):
     def prune(configs, named_args, **kwargs):
         block_n = kwargs["BLOCK_N"]
         wanted = {min(256, max(1, t // block_n)) for t in tiles}
-        keep = []
-        for c in configs:
-            m, w = c.kwargs["BLOCK_M"], c.num_warps
-            per_thread = m * block_n / (32 * w)
-            if m in wanted and _PER_THREAD[0] <= per_thread <= _PER_THREAD[1]:
-                keep.append(c)
-        if not keep:  # tiny tiles: the largest tile with the fewest warps
+        keep = [
+            c for c in configs
+            if c.kwargs["BLOCK_M"] in wanted and c.num_warps in warps
+            and per_thread[0] <= c.kwargs["BLOCK_M"] * block_n / (32 * c.num_warps) <= per_thread[1]
+        ]
+        if not keep:  # very narrow or very wide rows: the largest tile, ~8-16 values per thread
             m = max(wanted)
-            keep = [c for c in configs if c.kwargs["BLOCK_M"] == m and c.num_warps == 1]
+            w = min(16, max(1, m * block_n // 512))
+            keep = [c for c in configs if c.kwargs["BLOCK_M"] == m and c.num_warps == w]
         return keep
 
     return prune
@@ -345,10 +347,10 @@ def _column_sum_kernel(
 
 
 _layer_norm_gelu_fwd_tuned = triton.autotune(
-    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(_FWD_TILES)}
+    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_FWD_SPACE)}
 )(_layer_norm_gelu_fwd_kernel)
 _layer_norm_gelu_bwd_tuned = triton.autotune(
-    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(_BWD_TILES)}
+    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_BWD_SPACE)}
 )(_layer_norm_gelu_bwd_kernel)
 
 
@@ -414,13 +416,17 @@ def _dropout_keep_kernel(
 # Search space: BLOCK_L (columns per step) ∈ {16..256} and BLOCK_R (rows per program) so that
 # a tile has 1K or 2K elements, × num_warps ∈ {2, 4, 8, 16}; pruned by the mean row length
 # (the key: nnz // rows, known on the host without a sync) to BLOCK_L ∈ {p, 2p} with
-# p = next_pow2(mean length) clamped to [16, 256], and 8-16 elements per thread. Why: a step
-# as wide as a typical row reads it in one go (a narrower one loops, a wider one idles
-# lanes), and many rows per program amortise the crow loads and give enough bytes in flight.
+# p = next_pow2(mean length) clamped to [16, 256], and 8 elements per thread (4 configs). Why:
+# a step as wide as a typical row reads it in one go (a narrower one loops, a wider one idles
+# lanes: the tuner weighs the two), and many rows per program amortise the crow loads and give
+# enough bytes in flight; the two-pass loop keeps few live values, so 8 per thread suffices.
 _CSR_CONFIGS = [
     triton.Config({"BLOCK_R": t // bl, "BLOCK_L": bl}, num_warps=w)
     for bl in (16, 32, 64, 128, 256) for t in (1024, 2048) for w in (2, 4, 8, 16)
 ]
+
+
+_CSR_PER_THREAD = 8
 
 
 def _csr_width(avg_len: int) -> int:
@@ -432,7 +438,7 @@ def _prune_csr(configs, named_args, **kwargs):
     keep = [
         c for c in configs
         if c.kwargs["BLOCK_L"] in (p, min(256, 2 * p))
-        and _PER_THREAD[0] <= c.kwargs["BLOCK_R"] * c.kwargs["BLOCK_L"] / (32 * c.num_warps) <= _PER_THREAD[1]
+        and c.kwargs["BLOCK_R"] * c.kwargs["BLOCK_L"] == 32 * c.num_warps * _CSR_PER_THREAD
     ]
     return keep or configs[:1]
 
@@ -567,7 +573,7 @@ def layer_norm_gelu(
     if block_m is None and max_block_n is None and not _interpreting():
         _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"]),)](*args, **meta)
     else:
-        bm = block_m or min(_default_block_m(block_n, _FWD_TILES[1]), triton.next_power_of_2(m_rows))
+        bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), triton.next_power_of_2(m_rows))
         _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, bm),)](
             *args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n)
         )
@@ -621,7 +627,7 @@ def layer_norm_gelu_backward(
         if block_m is None and max_block_n is None and not _interpreting():
             _layer_norm_gelu_bwd_tuned[(g,)](*args, **meta)
         else:
-            bm = block_m or min(_default_block_m(block_n, _BWD_TILES[1]), triton.next_power_of_2(rows_per_program))
+            bm = block_m or min(_default_block_m(block_n, _BWD_SPACE["tiles"][1]), triton.next_power_of_2(rows_per_program))
             _layer_norm_gelu_bwd_kernel[(g,)](*args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n))
     if n:
         _column_sum_kernel[(triton.cdiv(n, _SUM_BLOCK_N),)](
