@@ -171,10 +171,14 @@ def _check_pair(query, ref, query_lengths, ref_lengths):
     if q.shape[0] != r.shape[0]:
         raise ValueError(f"ref: expected batch size {q.shape[0]} (as query), got {r.shape[0]}")
     dtype = _compute_dtype(q) if q.dtype == r.dtype else torch.promote_types(_compute_dtype(q), _compute_dtype(r))
+    self_query = ref is query
     q = q.to(dtype).contiguous()
-    r = r.to(dtype).contiguous()
+    r = q if self_query else r.to(dtype).contiguous()
     ql = _check_lengths("query_lengths", query_lengths, q.shape[0], q.shape[1], q.device)
-    rl = _check_lengths("ref_lengths", ref_lengths, r.shape[0], r.shape[1], r.device)
+    if self_query and ref_lengths is query_lengths:
+        rl = ql  # one tensor for both sides: the GPU path then sorts the cloud once
+    else:
+        rl = _check_lengths("ref_lengths", ref_lengths, r.shape[0], r.shape[1], r.device)
     return q, r, ql, rl, q_unbatched
 
 
