@@ -244,7 +244,9 @@ def _voxel_rows_kernel(
     coords_ptr,  # (R, 4) int32 output
     npts_ptr,  # (R,) int32 output
     p2v_ptr,  # (N,) int64 point_to_voxel (kept points written here)
-    nvox_ptr,  # (3, B) int64 output: num_voxels, num_dropped_points, num_dropped_voxels
+    nvox_ptr,  # (B,) int64 output: num_voxels
+    ndp_ptr,  # (B,) int64 output: num_dropped_points
+    ndv_ptr,  # (B,) int64 output: num_dropped_voxels
     num_points, num_channels, batch_size, num_rows,
     x_lo, y_lo, z_lo, vx, vy, vz,
     max_points, max_voxels, list_stride,
@@ -309,8 +311,8 @@ def _voxel_rows_kernel(
             n_s = tl.load(stats_ptr + batch_size + s, mask=ms, other=0) - tl.load(stats_ptr + s, mask=ms, other=0)
             kept = tl.minimum(n_s, max_voxels)
             tl.store(nvox_ptr + s, kept.to(tl.int64), mask=ms)
-            tl.store(nvox_ptr + batch_size + s, (tl.load(drop_ptr + s, mask=ms, other=-1) + 1).to(tl.int64), mask=ms)
-            tl.store(nvox_ptr + 2 * batch_size + s, (n_s - kept).to(tl.int64), mask=ms)
+            tl.store(ndp_ptr + s, (tl.load(drop_ptr + s, mask=ms, other=-1) + 1).to(tl.int64), mask=ms)
+            tl.store(ndv_ptr + s, (n_s - kept).to(tl.int64), mask=ms)
 
 
 # --- launchers -------------------------------------------------------------------------------
@@ -322,7 +324,7 @@ def _grid_size(voxel_size, point_cloud_range):
     return grid_size(voxel_size, point_cloud_range)
 
 
-def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, max_voxels):
+def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, max_voxels, pad_to_max=False):
     """Fill + main kernel. Returns the work views needed by the rows kernel / the caller."""
     n, num_channels = points.shape
     device = points.device
@@ -333,7 +335,7 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     pb = triton.next_power_of_2(max_points) if hard else 1
     list_stride = min(max_voxels, n) if hard else 0
     list_len = batch * list_stride * pb if hard else 0
-    coords_len = 0 if hard else 4 * n
+    coords_len = 4 * n if (not hard and pad_to_max) else 0  # -1 padded coords of the dynamic fixed form
     # one int32 buffer, one fill: every "empty" is -1 (keys: int64 -1 = two int32 -1)
     sizes = [2 * (cap + _BLOCK), cap, cap, 1, num_blocks, num_blocks, 2 * batch, batch, list_len, coords_len]
     work = torch.full((sum(sizes),), -1, dtype=torch.int32, device=device)
@@ -341,6 +343,8 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     keys = views[0].view(torch.int64)
     first, row, ticket, flags, desc, stats, drop, lists, coords = views[1:]
     p2v = torch.empty(n, dtype=torch.int64, device=device)
+    if not hard and not pad_to_max:
+        coords = torch.empty((n, 4), dtype=torch.int32, device=device)  # rows < M all written
     segmented = hard and lengths is not None
     _voxelize_kernel[(num_blocks,)](
         points, lengths if lengths is not None else ticket, keys, first, row, ticket, flags, desc, stats, drop,
@@ -385,9 +389,9 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
     voxels = torch.empty((rows, max_points_per_voxel, num_channels), dtype=points.dtype, device=device)
     coords = torch.empty((rows, 4), dtype=torch.int32, device=device)
     npts = torch.empty(rows, dtype=torch.int32, device=device)
-    counts = torch.empty((3, batch), dtype=torch.int64, device=device)
+    counts = [torch.empty(batch, dtype=torch.int64, device=device) for _ in range(3)]
     _voxel_rows_kernel[(max(triton.cdiv(rows, _ROWS), 1),)](
-        points, w["stats"], w["drop"], w["lists"], voxels, coords, npts, w["p2v"], counts,
+        points, w["stats"], w["drop"], w["lists"], voxels, coords, npts, w["p2v"], *counts,
         n, num_channels, batch, rows,
         *(float(v) for v in point_cloud_range[:3]), *(float(v) for v in voxel_size),
         max_points_per_voxel, max_voxels, w["list_stride"],
@@ -402,7 +406,8 @@ def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
     Returns:
         ``(point_to_voxel (N,) int64, coords (M or N, 4) int32, num_voxels (B,) int64)``.
         One fill and one launch (plus a subtraction for ``num_voxels``); the variable-size form
-        reads ``M`` on the host once, ``pad_to_max`` never syncs (``coords`` rows ≥ M are −1).
+        reads ``M`` on the host once (``coords`` is then a view of an ``(N, 4)`` buffer),
+        ``pad_to_max`` never syncs (``coords`` rows ≥ M are −1).
     """
     n = points.shape[0]
     device = points.device
@@ -411,11 +416,11 @@ def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
         return (torch.empty(0, dtype=torch.int64, device=device),
                 torch.empty((0, 4), dtype=torch.int32, device=device),
                 torch.zeros(batch, dtype=torch.int64, device=device))
-    w = _run_main(points, lengths, voxel_size, point_cloud_range, False, 1, 2**31 - 1)
+    w = _run_main(points, lengths, voxel_size, point_cloud_range, False, 1, 2**31 - 1, pad_to_max)
     stats = w["stats"].view(2, batch)
     num_voxels = (stats[1] - stats[0]).long()
     coords = w["coords"]
     if not pad_to_max:
         before, after = stats.tolist()  # the one host sync: M
-        coords = coords[: sum(a - s for s, a in zip(before, after))].clone()
+        coords = coords[: sum(a - s for s, a in zip(before, after))]  # a view: no copy launch
     return w["p2v"], coords, num_voxels
