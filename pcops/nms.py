@@ -33,11 +33,14 @@ def _check_boxes(name: str, boxes, *, bev: bool) -> torch.Tensor:
     if (bev and c not in (5,) and c < 7) or (not bev and c < 7):
         want = "5 (x, y, dx, dy, heading) or >= 7 (x, y, z, dx, dy, dz, heading, ...)" if bev else ">= 7"
         raise ValueError(f"{name}: expected shape (N, {want}), got {tuple(boxes.shape)}")
-    if boxes.device.type == "cpu" and boxes.numel():
-        cols = [2, 3] if c == 5 else [3, 4, 5]
-        if bool((boxes[:, cols] < 0).any()):
-            raise ValueError(f"{name}: box sizes must be >= 0 (negative dx/dy/dz found)")
     return boxes.contiguous()
+
+
+def _check_sizes_cpu(name: str, boxes: torch.Tensor) -> None:
+    """Negative sizes raise on the CPU (inside the CPU kernel, so compiled graphs check too)."""
+    cols = [2, 3] if boxes.shape[1] == 5 else [3, 4, 5]
+    if boxes.numel() and bool((boxes[:, cols] < 0).any()):
+        raise ValueError(f"{name}: box sizes must be >= 0 (negative dx/dy/dz found)")
 
 
 def _check_backend(backend: str) -> str:
@@ -192,6 +195,8 @@ def batched_nms_bev(
 
 @torch.library.custom_op("pcops::boxes_iou_bev", mutates_args=(), device_types="cpu")
 def _boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
+    _check_sizes_cpu("boxes_a", boxes_a)
+    _check_sizes_cpu("boxes_b", boxes_b)
     out_dtype = torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
     return _ref.boxes_iou_bev(boxes_a, boxes_b).to(out_dtype)
 
@@ -215,6 +220,8 @@ def _boxes_iou_bev_fake(boxes_a, boxes_b, backend):
 
 @torch.library.custom_op("pcops::boxes_iou_3d", mutates_args=(), device_types="cpu")
 def _boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
+    _check_sizes_cpu("boxes_a", boxes_a)
+    _check_sizes_cpu("boxes_b", boxes_b)
     out_dtype = torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
     return _ref.boxes_iou_3d(boxes_a, boxes_b).to(out_dtype)
 
@@ -248,6 +255,7 @@ def _nms_bev(
     padded: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_sizes_cpu("boxes", boxes)
     if padded:
         return _ref.nms_bev_padded(boxes, scores, iou_threshold, pre_max_size, post_max_size, idxs)
     keep = _ref.nms_bev(boxes, scores, iou_threshold, pre_max_size, post_max_size, idxs)

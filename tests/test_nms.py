@@ -1,0 +1,468 @@
+"""pcops.nms: rotated BEV/3D IoU and rotated NMS: reference vs an independent oracle, hard cases,
+threshold-edge cases, Triton (interpreter) and CUDA paths, registration, bad input."""
+import math
+
+import pytest
+import torch
+
+import pcops
+from pcops.reference import nms as ref
+from _util import generator, interpret, requires_cuda
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+def make_boxes(n, seed, span=(69.12, 79.36), dtype=torch.float32, device="cpu"):
+    """OpenPCDet-like car boxes (WORKLOADS.md ranges) in an area ``span`` metres wide, and scores."""
+    g = generator(seed)
+    u = lambda lo, hi: lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float64)
+    boxes = torch.stack([
+        u(0, span[0]), u(-span[1] / 2, span[1] / 2), u(-2, 0),
+        u(3.2, 4.7), u(1.4, 2.0), u(1.4, 1.7), u(-math.pi, math.pi),
+    ], 1)
+    scores = torch.rand(n, generator=g, dtype=torch.float64)
+    return boxes.to(dtype).to(device), scores.float().to(device)
+
+
+def hard_cases():
+    """Row-aligned ``(a, b)`` float32 ``(P, 7)`` pairs: the hard cases of issue 5."""
+    rows = []
+    for cx, cy in [(0.0, 0.0), (70.0, -39.5), (69.12, 39.68)]:
+        for h in [0.0, 0.3, -1.2, math.pi / 2, math.pi, 2.9]:
+            for dx, dy in [(3.9, 1.6), (4.0, 0.05), (0.6, 0.6), (4.0, 0.01)]:
+                base = [cx, cy, -1.0, dx, dy, 1.5, h]
+                c, s = math.cos(h), math.sin(h)
+                rows.append((base, base))  # identical
+                for d in (1e-4, -1e-4):  # shifted by 0.1 mm
+                    rows.append((base, [cx + d, cy, -1.0, dx, dy, 1.5, h]))
+                    rows.append((base, [cx + d * c, cy + d * s, -1.0, dx, dy, 1.5, h]))
+                    rows.append((base, [cx - d * s, cy + d * c, -1.0, dx, dy, 1.5, h]))
+                for k in (1, 2, 3, -1):  # the same rectangle, heading + k * 90 degrees
+                    ddx, ddy = (dy, dx) if k % 2 else (dx, dy)
+                    rows.append((base, [cx, cy, -1.0, ddx, ddy, 1.5, h + k * math.pi / 2]))
+                rows.append((base, [cx, cy, -1.0, dx * 0.5, dy * 0.5, 1.5, h]))  # nested, same centre
+                rows.append((base, [cx + 0.2 * dx * c, cy + 0.2 * dx * s, -1.0, dx * 0.5, dy * 0.5, 1.5, h + 0.01]))
+                rows.append((base, [cx, cy, -1.0, dx, dy, 1.5, h + 0.3]))  # same centre, rotated
+                for f in (1.0, 0.5, 0.25):  # shared edge (f = 1: touching), collinear overlaps
+                    rows.append((base, [cx + f * dx * c, cy + f * dx * s, -1.0, dx, dy, 1.5, h]))
+                    rows.append((base, [cx - f * dy * s, cy + f * dy * c, -1.0, dx, dy, 1.5, h]))
+                rows.append((base, [cx + dx * c - dy * s, cy + dx * s + dy * c, -1.0, dx, dy, 1.5, h]))  # corner
+                rows.append((base, [cx, cy, -1.0, dx, dy, 1.5, h + 1.0]))  # crossing
+                rows.append((base, [cx + 0.1, cy - 0.05, -1.0, dx, dy, 1.5, h + 0.001]))
+    a = torch.tensor([r[0] for r in rows], dtype=torch.float64).float()
+    b = torch.tensor([r[1] for r in rows], dtype=torch.float64).float()
+    return a, b
+
+
+def pair_iou(fn, a, b, chunk=64):
+    """Row-aligned IoU through a matrix function (diagonals of chunk × chunk blocks)."""
+    return torch.cat([fn(a[i:i + chunk], b[i:i + chunk]).diagonal() for i in range(0, a.shape[0], chunk)]).double()
+
+
+# --- an independent oracle: textbook Sutherland–Hodgman with Python floats ------------------
+
+
+def _sh_iou(a, b):
+    """IoU of two (x, y, dx, dy, heading) rectangles: clip a by b (variable-length polygons)."""
+    ox, oy = a[0], a[1]
+
+    def corners(x, y, dx, dy, h):
+        c, s = math.cos(h), math.sin(h)
+        return [(x - ox + c * u - s * v, y - oy + s * u + c * v)
+                for u, v in ((dx / 2, dy / 2), (-dx / 2, dy / 2), (-dx / 2, -dy / 2), (dx / 2, -dy / 2))]
+
+    poly, clip = corners(*a), corners(*b)
+    for k in range(4):
+        (x1, y1), (x2, y2) = clip[k], clip[(k + 1) % 4]
+        side = lambda p: (x2 - x1) * (p[1] - y1) - (y2 - y1) * (p[0] - x1)
+        out = []
+        for i in range(len(poly)):
+            cur, prev = poly[i], poly[i - 1]
+            sc, sp = side(cur), side(prev)
+            if (sc >= 0) != (sp >= 0):
+                t = sp / (sp - sc)
+                out.append((prev[0] + t * (cur[0] - prev[0]), prev[1] + t * (cur[1] - prev[1])))
+            if sc >= 0:
+                out.append(cur)
+        poly = out
+        if not poly:
+            return 0.0
+    inter = abs(math.fsum(poly[i - 1][0] * poly[i][1] - poly[i][0] * poly[i - 1][1] for i in range(len(poly)))) / 2
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _greedy_oracle(iou, order, valid, thr):
+    """Textbook greedy NMS on a precomputed IoU matrix (sorted positions) → kept sorted positions."""
+    keep = []
+    for i in range(len(order)):
+        if valid[i] and all(iou[k, i] <= thr for k in keep):
+            keep.append(i)
+    return keep
+
+
+# --- the reference ----------------------------------------------------------------------------
+
+
+def test_reference_matches_textbook_clipping_on_hard_cases_and_random_pairs():
+    a, b = hard_cases()
+    ra, rb = make_boxes(300, seed=1, span=(8, 8))[0], make_boxes(300, seed=2, span=(8, 8))[0]
+    a, b = torch.cat([a, ra]).double(), torch.cat([b, rb]).double()
+    got = torch.stack([ref.boxes_iou_bev(a[i:i + 1], b[i:i + 1])[0, 0] for i in range(a.shape[0])])
+    bev = lambda t: t[[0, 1, 3, 4, 6]].tolist()
+    want = torch.tensor([_sh_iou(bev(a[i]), bev(b[i])) for i in range(a.shape[0])], dtype=torch.float64)
+    assert (got - want).abs().max() < 1e-9
+
+
+def test_reference_exact_values():
+    sq = torch.tensor([[0.0, 0.0, 2.0, 2.0, 0.0]], dtype=torch.float64)
+    rot = torch.tensor([[0.0, 0.0, 2.0, 2.0, math.pi / 4]], dtype=torch.float64)
+    octagon = 8 * (math.sqrt(2) - 1)  # square ∩ the same square turned by 45 degrees
+    assert abs(ref.boxes_iou_bev(sq, rot).item() - octagon / (8 - octagon)) < 1e-14
+    for x0 in (0.0, 70.0):
+        a = torch.tensor([[x0, -39.0, 4.0, 1.0, 0.0]], dtype=torch.float64)
+        for s, want in [(1.0, 3 / 5), (2.0, 2 / 6), (4.0, 0.0), (4.5, 0.0)]:
+            b = a.clone()
+            b[0, 0] += s
+            assert ref.boxes_iou_bev(a, b).item() == want
+    # identical boxes: exactly 1 (float32 and float64, any heading), nested: the area ratio
+    boxes, _ = make_boxes(50, seed=3)
+    for dt in (torch.float32, torch.float64):
+        assert torch.equal(pcops.boxes_iou_bev(boxes.to(dt), boxes.to(dt)).diagonal(), torch.ones(50, dtype=dt))
+    inner = boxes.clone()
+    inner[:, 3:5] *= 0.5
+    ratio = pcops.boxes_iou_bev(boxes.double(), inner.double()).diagonal()
+    assert torch.equal(ratio, (inner[:, 3] * inner[:, 4]).double() / (boxes[:, 3] * boxes[:, 4]).double())
+
+
+def test_reference_3d():
+    a = torch.tensor([[0.0, 0.0, 0.0, 4.0, 2.0, 2.0, 0.3]], dtype=torch.float64)
+    b = a.clone()
+    b[0, 2] = 1.0  # half the height overlaps
+    assert abs(pcops.boxes_iou_3d(a, b).item() - 1 / 3) < 1e-15
+    b[0, 2] = 2.0  # touching in z
+    assert pcops.boxes_iou_3d(a, b).item() == 0.0
+    boxes, _ = make_boxes(40, seed=4, span=(10, 10))
+    want = ref.boxes_iou_bev(boxes, boxes) * 0  # noqa: F841 (shape)
+    got = pcops.boxes_iou_3d(boxes, boxes)
+    assert torch.equal(got.diagonal(), torch.ones(40))
+    assert got.shape == (40, 40) and got.dtype == torch.float32 and (got <= pcops.boxes_iou_bev(boxes, boxes) + 1e-7).all()
+
+
+def test_layouts_dtypes_and_invalid_boxes():
+    boxes, _ = make_boxes(30, seed=5, span=(10, 10))
+    bev = boxes[:, [0, 1, 3, 4, 6]]
+    full = pcops.boxes_iou_bev(boxes, boxes)
+    assert torch.equal(pcops.boxes_iou_bev(bev, bev), full)
+    assert torch.equal(pcops.boxes_iou_bev(bev, boxes), full)
+    wide = torch.cat([boxes, torch.randn(30, 2, generator=generator(0))], 1)  # (N, 9): velocities ignored
+    assert torch.equal(pcops.boxes_iou_bev(wide, wide), full)
+    for dt in (torch.float16, torch.bfloat16):
+        out = pcops.boxes_iou_bev(boxes.to(dt), boxes.to(dt))
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, ref.boxes_iou_bev(boxes.to(dt), boxes.to(dt)).float(), rtol=0, atol=1e-6)
+    assert pcops.boxes_iou_bev(boxes.double(), boxes.double()).dtype == torch.float64
+    bad = boxes.clone()
+    bad[0, 0] = float("nan")
+    bad[1, 6] = float("inf")
+    bad[2, 3] = float("inf")
+    out = pcops.boxes_iou_bev(bad, bad)
+    assert (out[:3] == 0).all() and (out[:, :3] == 0).all() and torch.equal(out[3:, 3:], full[3:, 3:])
+    assert pcops.boxes_iou_bev(boxes[:0], boxes).shape == (0, 30)
+
+
+# --- NMS (CPU path = reference) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,thr", [(0, 0.5), (1, 0.5), (2, 0.0), (67, 0.01), (131, 0.1), (131, 0.5), (257, 0.7)])
+def test_nms_reference_matches_textbook_greedy(n, thr):
+    boxes, scores = make_boxes(n, seed=n, span=(12, 12))
+    scores[::5] = scores[:1].clone()  # ties: the lower index first
+    keep = pcops.nms_bev(boxes, scores, thr)
+    order = torch.sort(scores, descending=True, stable=True).indices
+    iou = ref.boxes_iou_bev(boxes[order], boxes[order])
+    want = order[_greedy_oracle(iou, order, [True] * n, thr)]
+    assert keep.dtype == torch.int64 and keep.tolist() == want.tolist()
+
+
+def test_nms_threshold_edge_and_ties():
+    for x0 in (0.0, 70.0):
+        # IoU exactly 3/5 (exact in float32 and float64): suppressed only when IoU > threshold
+        boxes = torch.tensor([[x0, -39.0, 4.0, 1.0, 0.0], [x0 + 1.0, -39.0, 4.0, 1.0, 0.0]])
+        scores = torch.tensor([0.5, 0.9])
+        assert pcops.nms_bev(boxes, scores, 0.6).tolist() == [1, 0]
+        assert pcops.nms_bev(boxes, scores, 0.5999).tolist() == [1]
+        # touching boxes (IoU 0) survive threshold 0; identical boxes survive threshold 1
+        touch = torch.tensor([[x0, 0.0, 4.0, 1.0, 0.0], [x0 + 4.0, 0.0, 4.0, 1.0, 0.0]])
+        assert pcops.nms_bev(touch, scores, 0.0).tolist() == [1, 0]
+        same = torch.tensor([[x0, 0.0, 4.0, 1.0, 0.3]] * 3)
+        assert pcops.nms_bev(same, torch.tensor([0.2, 0.7, 0.7]), 1.0).tolist() == [1, 2, 0]
+        # equal scores: the lower index is kept
+        assert pcops.nms_bev(same, torch.tensor([0.2, 0.7, 0.7]), 0.5).tolist() == [1]
+
+
+def test_nms_pre_post_padded_batched_invalid():
+    boxes, scores = make_boxes(150, seed=7, span=(12, 12))
+    full = pcops.nms_bev(boxes, scores, 0.2)
+    assert pcops.nms_bev(boxes, scores, 0.2, post_max_size=5).tolist() == full[:5].tolist()
+    idx, count = pcops.nms_bev(boxes, scores, 0.2, post_max_size=500, padded=True)
+    assert idx.shape == (500,) and count.shape == () and count.dtype == torch.int64
+    assert int(count) == full.numel() and idx[:int(count)].tolist() == full.tolist() and (idx[int(count):] == -1).all()
+    order = torch.sort(scores, descending=True, stable=True).indices[:40]
+    pre = pcops.nms_bev(boxes, scores, 0.2, pre_max_size=40)
+    assert pre.tolist() == order[pcops.nms_bev(boxes[order], scores[order], 0.2)].tolist()
+    # groups never suppress each other: equal to per-group NMS, merged by score
+    groups = torch.randint(0, 3, (150,), generator=generator(1))
+    got = pcops.batched_nms_bev(boxes, scores, groups, 0.2)
+    per = torch.cat([torch.nonzero(groups == g).view(-1)[pcops.nms_bev(boxes[groups == g], scores[groups == g], 0.2)]
+                     for g in range(3)])
+    per = per[torch.sort(scores[per], descending=True, stable=True).indices]
+    assert got.tolist() == per.tolist()
+    idx, count = pcops.batched_nms_bev(boxes, scores, groups, 0.2, post_max_size=7, padded=True)
+    assert idx.tolist() == got[:7].tolist() and int(count) == 7
+    # invalid boxes and NaN scores are never kept and never suppress
+    bad, s = boxes.clone(), scores.clone()
+    top = torch.argmax(scores)
+    bad[top, 0] = float("nan")
+    s[full[1]] = float("nan")
+    keep = pcops.nms_bev(bad, s, 0.2)
+    assert int(top) not in keep.tolist() and int(full[1]) not in keep.tolist()
+    valid = torch.ones(150, dtype=torch.bool)
+    valid[[int(top), int(full[1])]] = False
+    sub = torch.nonzero(valid).view(-1)
+    assert keep.tolist() == sub[pcops.nms_bev(boxes[sub], scores[sub], 0.2)].tolist()
+
+
+@pytest.mark.parametrize("bad,exc,name", [
+    (dict(boxes=torch.zeros(4, 6)), ValueError, "boxes"),
+    (dict(boxes=torch.zeros(4)), ValueError, "boxes"),
+    (dict(boxes=torch.zeros(4, 7, dtype=torch.int32)), TypeError, "boxes"),
+    (dict(boxes="boxes"), TypeError, "boxes"),
+    (dict(boxes=torch.tensor([[0.0, 0, 0, 1, -1, 1, 0]] * 4)), ValueError, "boxes"),
+    (dict(scores=torch.zeros(3)), ValueError, "scores"),
+    (dict(scores=torch.zeros(4, 1)), ValueError, "scores"),
+    (dict(iou_threshold=1.5), ValueError, "iou_threshold"),
+    (dict(iou_threshold=-0.1), ValueError, "iou_threshold"),
+    (dict(iou_threshold=float("nan")), ValueError, "iou_threshold"),
+    (dict(iou_threshold="0.5"), TypeError, "iou_threshold"),
+    (dict(pre_max_size=0), ValueError, "pre_max_size"),
+    (dict(post_max_size=0), ValueError, "post_max_size"),
+    (dict(padded=True), ValueError, "post_max_size"),
+    (dict(padded=1), TypeError, "padded"),
+    (dict(backend="cpp"), ValueError, "backend"),
+])
+def test_nms_bad_input(bad, exc, name):
+    args = dict(boxes=torch.ones(4, 7), scores=torch.zeros(4), iou_threshold=0.5)
+    args.update(bad)
+    with pytest.raises(exc, match=name):
+        pcops.nms_bev(**args)
+
+
+def test_iou_and_batched_bad_input():
+    with pytest.raises(ValueError, match="boxes_b"):
+        pcops.boxes_iou_bev(torch.ones(2, 7), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="boxes_a"):
+        pcops.boxes_iou_3d(torch.ones(2, 5), torch.ones(2, 7))
+    with pytest.raises(ValueError, match="boxes_a"):
+        pcops.boxes_iou_bev(torch.tensor([[0.0, 0, -1, 1, 0]]), torch.ones(2, 5))
+    with pytest.raises(ValueError, match="idxs"):
+        pcops.batched_nms_bev(torch.ones(4, 7), torch.zeros(4), torch.zeros(3, dtype=torch.int64), 0.5)
+    with pytest.raises(TypeError, match="idxs"):
+        pcops.batched_nms_bev(torch.ones(4, 7), torch.zeros(4), torch.zeros(4), 0.5)
+
+
+def test_opcheck():
+    boxes, scores = make_boxes(37, seed=8, span=(10, 10))
+    torch.library.opcheck(torch.ops.pcops.boxes_iou_bev, (boxes, boxes[:11], "auto"))
+    torch.library.opcheck(torch.ops.pcops.boxes_iou_3d, (boxes.double(), boxes[:5].double(), "auto"))
+    groups = torch.arange(37) % 2
+    torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 20, True, "auto"))
+    torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, groups, 0.3, 30, 10, True, "auto"))
+    torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, None, False, "auto"),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_torch_compile_fullgraph_padded():
+    boxes, scores = make_boxes(60, seed=9, span=(10, 10))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def post(b, s):
+        idx, count = pcops.nms_bev(b * 1.0, s.sigmoid(), 0.1, pre_max_size=50, post_max_size=16, padded=True)
+        kept = idx >= 0
+        return b[idx.clamp(min=0)] * kept[:, None], count
+
+    got_boxes, got_count = post(boxes, scores)
+    idx, count = pcops.nms_bev(boxes, scores.sigmoid(), 0.1, pre_max_size=50, post_max_size=16, padded=True)
+    assert int(got_count) == int(count)
+    torch.testing.assert_close(got_boxes, boxes[idx.clamp(min=0)] * (idx >= 0)[:, None])
+
+
+# --- Triton kernels under the CPU interpreter ----------------------------------------------
+
+
+@interpret
+def test_triton_interpreter_iou_hard_cases():
+    from pcops.triton import nms as tri
+
+    a, b = hard_cases()
+    want = ref.boxes_iou_bev(a, b).diagonal() if a.shape[0] < 0 else pair_iou(ref.boxes_iou_bev, a, b)
+    got = pair_iou(lambda x, y: tri.boxes_iou(x, y, False), a, b)
+    assert (got - want).abs().max() <= 1e-5
+    same = (a == b).all(1)
+    assert (got[same] == 1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@interpret
+def test_triton_interpreter_iou_random(dtype):
+    from pcops.triton import nms as tri
+
+    a, _ = make_boxes(70, seed=10, span=(12, 12), dtype=dtype)
+    b, _ = make_boxes(45, seed=11, span=(12, 12), dtype=dtype)
+    b[::7] = a[:7]  # some identical pairs
+    b[1, 0] = float("nan")
+    got = tri.boxes_iou(a, b, False)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert (got.double() - ref.boxes_iou_bev(a, b)).abs().max() <= 1e-5
+    got3 = tri.boxes_iou(a, b, True)
+    assert (got3.double() - ref.boxes_iou_3d(a, b)).abs().max() <= 1e-5
+    assert (got[:, 1] == 0).all()
+
+
+@pytest.mark.parametrize("n,thr", [(1, 0.5), (63, 0.01), (65, 0.5), (131, 0.1), (131, 0.01)])
+@interpret
+def test_triton_interpreter_nms(n, thr):
+    from pcops.triton import nms as tri
+
+    boxes, scores = make_boxes(n, seed=n + 100, span=(14, 14))
+    scores[::4] = scores[:1].clone()
+    want = ref.nms_bev(boxes, scores, thr)
+    got, count = tri.nms_bev(boxes, scores, None, thr, None, None, False)
+    assert got.tolist() == want.tolist() and int(count) == want.numel()
+    idx, count = tri.nms_bev(boxes, scores, None, thr, None, 8, True)
+    assert idx[:int(count)].tolist() == want[:8].tolist() and (idx[int(count):] == -1).all() and idx.shape == (8,)
+
+
+@interpret
+def test_triton_interpreter_nms_groups_pre_invalid_edges():
+    from pcops.triton import nms as tri
+
+    boxes, scores = make_boxes(100, seed=12, span=(12, 12))
+    groups = torch.randint(0, 3, (100,), generator=generator(2))
+    boxes[5, 3] = -1.0  # negative size: invalid on the GPU path (the CPU path raises)
+    boxes[6, 1] = float("inf")
+    scores[7] = float("nan")
+    want = ref.nms_bev(boxes, scores, 0.1, pre_max_size=90, idxs=groups)
+    got, _ = tri.nms_bev(boxes, scores, groups, 0.1, 90, None, False)
+    assert got.tolist() == want.tolist()
+    assert not {5, 6, 7} & set(got.tolist())
+    # threshold edges: IoU exactly 3/5
+    edge = torch.tensor([[70.0, -39.0, 4.0, 1.0, 0.0], [71.0, -39.0, 4.0, 1.0, 0.0]])
+    s = torch.tensor([0.5, 0.9])
+    assert tri.nms_bev(edge, s, None, 0.6, None, None, False)[0].tolist() == [1, 0]
+    assert tri.nms_bev(edge, s, None, 0.5999, None, None, False)[0].tolist() == [1]
+    empty, count = tri.nms_bev(boxes[:0], scores[:0], None, 0.5, None, 4, True)
+    assert empty.tolist() == [-1] * 4 and int(count) == 0
+
+
+# --- the GPU paths --------------------------------------------------------------------------
+
+GPU = [pytest.mark.gpu, requires_cuda]
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_iou_matches_reference(backend):
+    a, b = hard_cases()
+    got = pair_iou(lambda x, y: pcops.boxes_iou_bev(x.cuda(), y.cuda(), backend=backend).cpu(), a, b)
+    assert (got - pair_iou(ref.boxes_iou_bev, a, b)).abs().max() <= 1e-5
+    assert (got[(a == b).all(1)] == 1).all()
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        x, _ = make_boxes(700, seed=13, span=(30, 30), dtype=dtype)
+        y, _ = make_boxes(333, seed=14, span=(30, 30), dtype=dtype)
+        got = pcops.boxes_iou_bev(x.cuda(), y.cuda(), backend=backend).cpu().double()
+        assert (got - ref.boxes_iou_bev(x, y)).abs().max() <= 1e-5
+        got3 = pcops.boxes_iou_3d(x.cuda(), y.cuda(), backend=backend).cpu().double()
+        assert (got3 - ref.boxes_iou_3d(x, y)).abs().max() <= 1e-5
+
+
+def _check_keep(got, want, boxes, scores, thr):
+    """Equal keep lists, unless an IoU lies within 1e-6 of the threshold (then no assertion)."""
+    if got.tolist() != want.tolist():
+        order = torch.sort(scores, descending=True, stable=True).indices
+        iou = ref.boxes_iou_bev(boxes[order], boxes[order])
+        assert ((iou - thr).abs() < 1e-6).any(), "keep lists differ away from the threshold"
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 1000, 4096])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_nms_matches_reference(backend, n):
+    for span, thr in [((69.12, 79.36), 0.01), ((69.12, 79.36), 0.5), ((20, 20), 0.1), ((20, 20), 0.7)]:
+        boxes, scores = make_boxes(n, seed=n, span=span)
+        scores[::3] = scores[:1].clone()
+        want = ref.nms_bev(boxes, scores, thr)
+        got = pcops.nms_bev(boxes.cuda(), scores.cuda(), thr, backend=backend).cpu()
+        _check_keep(got, want, boxes, scores, thr)
+        idx, count = pcops.nms_bev(boxes.cuda(), scores.cuda(), thr, pre_max_size=n - n // 4 or 1,
+                                   post_max_size=100, padded=True, backend=backend)
+        want = ref.nms_bev(boxes, scores, thr, pre_max_size=n - n // 4 or 1, post_max_size=100)
+        _check_keep(idx[:int(count)].cpu(), want, boxes, scores, thr)
+        assert (idx[int(count):] == -1).all()
+        groups = torch.randint(0, 4, (n,), generator=generator(n))
+        got = pcops.batched_nms_bev(boxes.cuda(), scores.cuda(), groups.cuda(), thr, backend=backend).cpu()
+        _check_keep(got, ref.nms_bev(boxes, scores, thr, idxs=groups), boxes, scores, thr)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_nms_edges_invalid_dtypes(backend):
+    edge = torch.tensor([[70.0, -39.0, 4.0, 1.0, 0.0], [71.0, -39.0, 4.0, 1.0, 0.0]], device="cuda")
+    s = torch.tensor([0.5, 0.9], device="cuda")
+    assert pcops.nms_bev(edge, s, 0.6, backend=backend).tolist() == [1, 0]
+    assert pcops.nms_bev(edge, s, 0.5999, backend=backend).tolist() == [1]
+    boxes, scores = make_boxes(300, seed=15, span=(15, 15))
+    boxes[5, 3] = -1.0
+    boxes[6, 1] = float("inf")
+    scores[7] = float("nan")
+    want = ref.nms_bev(boxes, scores, 0.1)
+    got = pcops.nms_bev(boxes.cuda(), scores.cuda(), 0.1, backend=backend).cpu()
+    _check_keep(got, want, boxes, scores, 0.1)
+    for dtype in (torch.float16, torch.bfloat16):
+        b, sc = boxes.to(dtype), scores.to(dtype)
+        _check_keep(pcops.nms_bev(b.cuda(), sc.cuda(), 0.1, backend=backend).cpu(), ref.nms_bev(b, sc, 0.1), b, sc, 0.1)
+    empty, count = pcops.nms_bev(boxes[:0].cuda(), scores[:0].cuda(), 0.5, post_max_size=3, padded=True, backend=backend)
+    assert empty.tolist() == [-1, -1, -1] and int(count) == 0
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_nms_cuda_graph_capture(backend):
+    boxes, scores = make_boxes(4096, seed=16)
+    static_b, static_s = boxes.cuda(), scores.cuda()
+    fn = lambda: pcops.nms_bev(static_b, static_s, 0.01, post_max_size=500, padded=True, backend=backend)
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        idx, count = fn()
+    b2, s2 = make_boxes(4096, seed=17)
+    static_b.copy_(b2)
+    static_s.copy_(s2)
+    graph.replay()
+    want = ref.nms_bev(b2, s2, 0.01, post_max_size=500)
+    _check_keep(idx[:int(count)].cpu(), want, b2, s2, 0.01)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_opcheck():
+    boxes, scores = make_boxes(200, seed=18, span=(15, 15), device="cuda")
+    torch.library.opcheck(torch.ops.pcops.boxes_iou_bev, (boxes, boxes[:50], "triton"))
+    torch.library.opcheck(torch.ops.pcops.boxes_iou_3d, (boxes, boxes[:50], "cuda"))
+    for backend in ("triton", "cuda"):
+        torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 64, True, backend))
