@@ -193,10 +193,11 @@ def test_sparse_conv3d_dtypes(dtype, tol):
 
 def test_sparse_conv3d_gradients():
     coords = make_coords(2, (4, 5, 4), 25, seed=9)
-    km = pcops.sparse_conv_kernel_map(coords, (4, 5, 4), kernel_size=3, stride=2, padding=1)
+    kernel, stride, padding = (3, 1, 2), (2, 1, 2), (1, 0, 0)
+    km = pcops.sparse_conv_kernel_map(coords, (4, 5, 4), kernel, stride, padding)
     g = generator(10)
     f = torch.randn(25, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(27, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
     b = torch.randn(2, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda f, w, b: pcops.sparse_conv3d(f, km, w, b), (f, w, b))
     # the backward equals the dense conv's
@@ -205,7 +206,7 @@ def test_sparse_conv3d_gradients():
     gf, gw = torch.autograd.grad(out, (f, w), grad)
     fd = f.detach().clone().requires_grad_(True)
     wd = w.detach().clone().requires_grad_(True)
-    y = dense_conv(densify(fd, coords, 2, (4, 5, 4)), wd, (3, 3, 3), 2, 1, 1)
+    y = dense_conv(densify(fd, coords, 2, (4, 5, 4)), wd, kernel, stride, padding, 1)
     oc = km.out_coords.long()
     gfd, gwd = torch.autograd.grad(y[oc[:, 0], :, oc[:, 1], oc[:, 2], oc[:, 3]], (fd, wd), grad)
     torch.testing.assert_close(gf, gfd)
@@ -358,6 +359,27 @@ def test_triton_interpreter_duplicates_and_out_of_grid():
     clean = ref.sparse_conv_kernel_map(coords, *args[1:])
     for a, b in zip((oc, pi, po, offs, out_in), clean):
         assert torch.equal(a, b)
+
+
+@interpret
+def test_triton_interpreter_full_tables(monkeypatch):
+    """Nearly full hash tables: long probe chains that wrap around the table end."""
+    from pcops.triton import kernel_map as tri
+
+    def tight(count, slack=2):
+        cap = triton_next_pow2(count + 1)
+        return cap, cap.bit_length() - 1
+
+    monkeypatch.setattr(tri, "_capacity", tight)
+    coords = make_coords(2, (4, 5, 6), 31, seed=22)  # 31 voxels in a 32-slot input table
+    for cfg in (CONFIGS[0], CONFIGS[3]):
+        got, args = _launch(coords, (4, 5, 6), *cfg)
+        for a, b in zip(got, ref.sparse_conv_kernel_map(*args)):
+            assert torch.equal(a, b)
+
+
+def triton_next_pow2(v):
+    return 1 << (v - 1).bit_length()
 
 
 @interpret

@@ -1,7 +1,8 @@
 """Triton kernels for sparse-convolution kernel maps on a GPU hash table.
 
 Keys: a voxel's linear index ``((b * D + z) * H + y) * W + x`` (int64). Tables: open
-addressing with linear probing in power-of-two int64 arrays (load ≤ 1/2), slot = bits
+addressing with linear probing in power-of-two int64 arrays (input table load ≤ 1/4, output
+table ≤ 1/2 of its bound), slot = bits
 ``[32 - log2(cap), 32)`` of ``(key ^ key >> 29) * 0x7FEB352D`` (multiplicative hashing keeps
 neighbouring keys apart). The input table stores *row indices* (claimed with ``atomic_cas``
 from −1; the key is re-read from ``coords``), so one int64 fill initialises it; duplicates
@@ -32,8 +33,9 @@ import triton.language as tl
 # (row, offset) lanes per program in the 2-D passes (64 rows × 32 offsets for 3×3×3: 8 lanes
 # per thread at 8 warps, few enough int64 temporaries to stay in registers)
 _TILE = 2048
-# elements per step of the one-program scan over the (offset, block) counts
-_SCAN_BLOCK = 4096
+# elements per step of the one-program scan over the (offset, block) counts (S1: 3 steps)
+_SCAN_BLOCK = 8192
+_SCAN_WARPS = 16
 _NUM_WARPS = 8
 # the hash tables hold at least this many slots
 _MIN_CAPACITY = 16
@@ -337,9 +339,9 @@ def _tile(num_k: int) -> tuple[int, int]:
     return max(2, _TILE // kpad), kpad
 
 
-def _capacity(count: int) -> tuple[int, int]:
-    """Power-of-two table size ≥ 2 × count (load ≤ 1/2) and its log2."""
-    cap = max(_MIN_CAPACITY, triton.next_power_of_2(2 * max(1, count)))
+def _capacity(count: int, slack: int = 2) -> tuple[int, int]:
+    """Power-of-two table size ≥ slack × count (load ≤ 1/slack) and its log2."""
+    cap = max(_MIN_CAPACITY, triton.next_power_of_2(slack * max(1, count)))
     return cap, cap.bit_length() - 1
 
 
@@ -370,7 +372,7 @@ def _pairs(out_in: torch.Tensor, counts: torch.Tensor, nb: int, block_m: int, kp
     dev = out_in.device
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
     base = torch.empty(num_k * nb, dtype=torch.int32, device=dev)
-    _kmap_scan_kernel[(1,)](counts, base, offsets, nb, num_k, BLOCK=_SCAN_BLOCK, num_warps=_NUM_WARPS)
+    _kmap_scan_kernel[(1,)](counts, base, offsets, nb, num_k, BLOCK=_SCAN_BLOCK, num_warps=_SCAN_WARPS)
     num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size
     pair_in = torch.empty(num_pairs, dtype=torch.int32, device=dev)
     pair_out = torch.empty(num_pairs, dtype=torch.int32, device=dev)
@@ -438,7 +440,8 @@ def sparse_conv_kernel_map(
         return (torch.empty((0, 4), dtype=torch.int32, device=dev), empty, empty.clone(),
                 torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
                 torch.empty((0, num_k), dtype=torch.int32, device=dev))
-    cap_in, log_in = _capacity(n)
+    # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
+    cap_in, log_in = _capacity(n, 4)
     axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
     if subm:
         bound, cap_out, log_out, jpad = 0, 0, 0, 1
