@@ -353,10 +353,13 @@ def small_blocks(monkeypatch):
 @pytest.mark.parametrize("n,p,v,lengths", [
     (1, 2, 3, None), (37, 1, 4, None), (211, 3, 9, None), (223, 2, 40, [100, 0, 23, 100]), (64, 5, 2, [0, 64]),
 ])
-@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("pad,inclusive", [(False, True), (True, True), (False, False)])
 @interpret
-def test_triton_interpreter(small_blocks, n, p, v, lengths, pad):
+def test_triton_interpreter(small_blocks, monkeypatch, n, p, v, lengths, pad, inclusive):
     tri = small_blocks
+    # the interpreter runs blocks in order, so every look-back would stop at its neighbour's
+    # inclusive prefix; without inclusive prefixes it must add aggregates back to a sample start
+    monkeypatch.setattr(tri, "_PUBLISH_INCLUSIVE", inclusive)
     pts = random_cloud(n, seed=n + p)
     lt = None if lengths is None else torch.tensor(lengths)
     vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]

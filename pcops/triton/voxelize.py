@@ -40,6 +40,8 @@ _BLOCK = 1024
 _LOOKBACK = 128
 # output rows per program of the rows kernel
 _ROWS = 16
+# tests only: False makes blocks publish aggregates only, so look-backs walk to a sample start
+_PUBLISH_INCLUSIVE = True
 
 
 @triton.jit
@@ -81,6 +83,7 @@ def _voxelize_kernel(
     PB: tl.constexpr,
     BLOCK: tl.constexpr,
     LOOKBACK: tl.constexpr,
+    PUBLISH_INCLUSIVE: tl.constexpr,
 ):
     t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
     lane = tl.arange(0, BLOCK)
@@ -181,7 +184,7 @@ def _voxelize_kernel(
         k = tl.min(tl.where(inclusive, lb, LOOKBACK), axis=0)
         carry += tl.sum(tl.where(m & (lb <= k), d >> 2, 0), axis=0)
         j = tl.where(k < LOOKBACK, -1, j - LOOKBACK)
-    if block_last < 0:
+    if PUBLISH_INCLUSIVE and block_last < 0:
         tl.atomic_xchg(desc_ptr + t, ((carry + agg) << 2) | 2, sem="release")
     local = tl.where(last_start >= 0, excl - last_start, carry + excl)  # voxel index in its sample (segment)
 
@@ -352,7 +355,7 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
         *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
         max_points, max_voxels, list_stride,
         HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=_BLOCK,
-        LOOKBACK=_LOOKBACK, num_warps=8,
+        LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, num_warps=8,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
                 list_stride=list_stride, batch=batch)
