@@ -36,7 +36,8 @@ def _draw_seed(device: torch.device, generator: torch.Generator | None) -> torch
         raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     gen_device = generator.device if generator is not None else device
     seed = torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device=gen_device, generator=generator)
-    return seed.to(device, non_blocking=True)
+    # host → device copies of 8 bytes need no wait; a device → host copy must complete before use
+    return seed.to(device, non_blocking=device.type == "cuda")
 
 
 def _check_p(dropout_p) -> float:

@@ -493,6 +493,10 @@ def test_gpu_dropout(p):
     torch.testing.assert_close(y[keep], y0[keep] / (1 - p))
     gen.manual_seed(5)  # same seed → same mask
     assert torch.equal(pcops.fused_layer_norm_gelu(x, w, b, dropout_p=p, training=True, generator=gen), y)
+    # a CPU generator: the seed is drawn on the host and copied to the device
+    host = [pcops.fused_layer_norm_gelu(x, w, b, dropout_p=p, training=True, generator=generator(3)) for _ in range(2)]
+    assert torch.equal(host[0], host[1])
+    _check_dropout_stats(host[0] != 0, p)
     g = torch.randn(512, 768, device="cuda")
     y.backward(g)  # the backward regenerates the same mask
     _, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh")
