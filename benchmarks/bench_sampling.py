@@ -76,6 +76,10 @@ def main():
             except Exception as e:  # report, keep benchmarking the rest
                 notes[f"{wl} {backend} error"] = repr(e)
                 continue
+            if backend == "cuda":
+                from pcops.cuda import sampling as cuda_fps
+
+                notes[f"{wl} cuda kernel"] = cuda_fps.last_launch
             t = timed(lambda: pcops.farthest_point_sample(pts, m, backend=backend), rep, args.quick)
             rows.append(row(wl, f"pcops fps {backend}", t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
                             identical_to_triton=bool(torch.equal(got, expected))))

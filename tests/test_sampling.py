@@ -1,4 +1,6 @@
 """pcops.sampling: FPS, KNN, ball query, gather — reference vs Triton/CUDA, gradients, registration, bad input."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -380,21 +382,41 @@ def test_gpu_fps_matches_reference(backend, batch, n, m):
     assert torch.equal(got.cpu(), expected)
 
 
+def load_scan_xyz():
+    """SCAN xyz from ``../shared/data`` or the GPU machine's ``.gpu/data`` copy (as the benchmarks), else skip."""
+    root = Path(__file__).resolve().parents[1]
+    for base in (root / ".." / "shared" / "data", root / ".gpu" / "data"):
+        path = base / "kitti" / "training" / "velodyne" / "000001.bin"
+        if path.exists():
+            raw = np.fromfile(path, dtype=np.float32).reshape(-1, 4)
+            return torch.from_numpy(raw[:, :3].copy())
+    pytest.skip("real KITTI samples not found (../shared/data or .gpu/data)")
+
+
 @pytest.mark.parametrize("backend", ["triton", "cuda", "auto"])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fps_duplicates_and_invariant(backend, kitti_dir):
+def test_gpu_fps_duplicates(backend):
     pts, lengths = make_clouds(2, 3000, seed=1, duplicates=True)
     expected = pcops.farthest_point_sample(pts, 2000, lengths)
     assert torch.equal(pcops.farthest_point_sample(pts.cuda(), 2000, lengths.cuda(), backend=backend).cpu(), expected)
-    raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
-    scan = torch.from_numpy(raw[:, :3].copy())
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda", "auto"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_kitti_matches_reference_and_invariant(backend):
+    scan = load_scan_xyz()
     out = pcops.farthest_point_sample(scan.cuda(), 1024, backend=backend).cpu()
     assert len(set(out.tolist())) == 1024
+    assert torch.equal(out[:200], pcops.farthest_point_sample(scan, 200))
     check_fps_invariant(scan, out[:256])
+    clouds = scan[torch.randperm(scan.shape[0], generator=generator(0))[: 8 * 16384]].view(8, 16384, 3)
+    got = pcops.farthest_point_sample(clouds.cuda(), 512, backend=backend).cpu()  # F1 shape, fewer samples
+    assert torch.equal(got, pcops.farthest_point_sample(clouds, 512))
 
 
-@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 1000, 777, 16), (3, 513, 2049, 32), (8, 4096, 4096, 16), (1, 100, 5, 8)])
+@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 1000, 777, 16), (3, 513, 2049, 32), (4, 2048, 4096, 16), (1, 100, 5, 8), (2, 300, 300, 64)])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_matches_reference(batch, nq, nr, k):
@@ -411,9 +433,8 @@ def test_gpu_knn_matches_reference(batch, nq, nr, k):
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_knn_kitti_and_backward(kitti_dir):
-    raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
-    scan = torch.from_numpy(raw[:, :3].copy()).cuda()
+def test_gpu_knn_kitti_and_backward():
+    scan = load_scan_xyz().cuda()
     d, i = pcops.knn(scan, scan, 16)
     sub = torch.randperm(scan.shape[0], generator=generator(3))[:2000].cuda()
     d_ref, i_ref = ref.knn(scan[None, sub], scan[None], torch.tensor([2000], device="cuda"),
@@ -501,3 +522,21 @@ def test_cluster_launch_structs_match_cuda_h():
     assert ctypes.sizeof(cu._LaunchAttribute) == 72  # id, pad to 8, 64-byte value union
     assert cu._LaunchConfig.stream.offset == 32 and cu._LaunchConfig.attrs.offset == 40
     assert ctypes.sizeof(cu._LaunchConfig) == 56
+
+
+@pytest.mark.parametrize("launch", ["_launch_ex", "_launch"])
+@pytest.mark.parametrize("cluster,ppt,n", [(16, 16, 120268), (16, 4, 20000), (8, 4, 16384), (2, 1, 700)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n):
+    """Each way of launching the cluster kernel, directly (the dispatcher would hide a failure)."""
+    from pcops.cuda import sampling as cu
+
+    if launch == "_launch_ex" and ppt not in (4, 8, 16):
+        pytest.skip("no runtime-shaped entry for this points-per-thread")
+    pts, _ = make_clouds(2, n, seed=5, scale=10.0)
+    lengths = torch.tensor([n, n // 3])
+    start = torch.tensor([0, 5])
+    out = torch.full((2, 64), -1, dtype=torch.int64, device="cuda")
+    getattr(cu, launch)(pts.cuda(), lengths.cuda(), start.cuda(), out, 64, cluster, ppt)
+    assert torch.equal(out.cpu(), ref.farthest_point_sample(pts, lengths, start, 64)), cu.last_launch

@@ -36,6 +36,7 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     ]
 _max_cluster: dict[int, int] = {}  # device index -> largest cluster size known to launch
 _available: dict[int, bool] = {}
+last_launch = ""  # which kernel the last call used (diagnostics for tests and benchmarks)
 
 
 def _config(n: int, max_cluster: int) -> tuple[int, int] | None:
@@ -76,6 +77,12 @@ def _launch(points, lengths, start_idx, out, num_samples, cluster, ppt):
         _allow_non_portable(kernel)
     batch, n, _ = points.shape
     kernel((cluster, batch), (_THREADS,), [points, lengths, start_idx, out, ctypes.c_int(n), ctypes.c_int(num_samples)])
+    _note(f"fps_c{cluster}_p{ppt} (cuLaunchKernel, compile-time cluster {cluster})")
+
+
+def _note(what: str) -> None:
+    global last_launch
+    last_launch = what
 
 
 def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
@@ -99,6 +106,7 @@ def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
     status = _cuda().cuLaunchKernelEx(ctypes.byref(config), kernel._func, params, None)
     if status != 0:
         raise RuntimeError(f"cuLaunchKernelEx(fps_rt_p{ppt}, cluster {cluster}) failed: CUDA error {status}")
+    _note(f"fps_rt_p{ppt} (cuLaunchKernelEx, cluster {cluster})")
 
 
 def farthest_point_sample(
@@ -130,6 +138,7 @@ def farthest_point_sample(
     if config is None:
         from ..triton import sampling as tri
 
+        _note("triton fallback")
         return tri.farthest_point_sample(points, lengths, start_idx, num_samples)
     _launch(points, lengths, start_idx, out, num_samples, *config)
     return out
