@@ -8,7 +8,7 @@ First come, first served (spconv's CPU voxelizer / mmcv's deterministic mode), v
 3. one *stable* sort of the keys (in point order): equal keys become contiguous runs in point
    order, so the first element of a run is the voxel's first point and the offset inside the
    run is the point's rank in its voxel;
-4. voxels are numbered by their first point (a sort of the run heads, one per voxel), which
+4. voxels are numbered by their first point (a prefix count of "first point" flags), which
    is sample-major because samples are contiguous runs of points; the per-sample cap
    ``max_voxels`` keeps the first ones, the per-voxel cap keeps ranks ``< max_points_per_voxel``.
 """
@@ -102,9 +102,11 @@ def _fcfs(points, voxel_size, point_cloud_range, lengths):
     heads = head.nonzero().squeeze(1)
     first_pos = _take(perm, heads)  # position (in idx) of each voxel's first point, key order
     count = torch.diff(heads, append=heads.new_tensor([num]))
-    order = torch.argsort(first_pos)  # voxels by first point (firsts are distinct)
-    nv = order.numel()
-    vid_of_run = _put(nv, order, torch.arange(nv, device=device), 0)
+    # number the voxels by first point: a prefix count of the "first point" flags (no sort)
+    nv = first_pos.numel()
+    is_first = torch.zeros(num, dtype=torch.bool, device=device).index_fill_(0, first_pos, True)
+    vid_of_run = (torch.cumsum(is_first, 0) - 1).index_select(0, first_pos)
+    order = _put(nv, vid_of_run, torch.arange(nv, device=device), 0)  # voxel (key order) of each vid
     rank_sorted = torch.arange(num, device=device) - _take(heads, run)
     vid = _put(num, perm, _take(vid_of_run, run), 0)
     rank = _put(num, perm, rank_sorted, 0)
