@@ -38,9 +38,9 @@ def pcops_ln_gelu(x, w, b):
 def segment_softmax(values, row, rows):
     vmax = torch.full((rows,), float("-inf"), device=values.device, dtype=values.dtype)
     vmax = vmax.scatter_reduce(0, row, values, reduce="amax", include_self=True)
-    e = (values - vmax[row]).exp()
+    e = (values - vmax.index_select(0, row)).exp()
     total = torch.zeros(rows, device=values.device, dtype=values.dtype).index_add_(0, row, e)
-    return e / total[row]
+    return e / total.index_select(0, row)
 
 
 def timed_pair(rows, wl, impl, fn, rep, floor_ms, items, baseline=None, graph=True):
