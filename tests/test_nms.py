@@ -95,6 +95,7 @@ def _sh_iou(a, b):
 def _greedy_oracle(iou, order, valid, thr):
     """Textbook greedy NMS on a precomputed IoU matrix (sorted positions) → kept sorted positions."""
     keep = []
+    iou = iou.numpy()
     for i in range(len(order)):
         if valid[i] and all(iou[k, i] <= thr for k in keep):
             keep.append(i)
@@ -305,8 +306,8 @@ def test_triton_interpreter_iou_hard_cases():
     from pcops.triton import nms as tri
 
     a, b = hard_cases()
-    want = ref.boxes_iou_bev(a, b).diagonal() if a.shape[0] < 0 else pair_iou(ref.boxes_iou_bev, a, b)
-    got = pair_iou(lambda x, y: tri.boxes_iou(x, y, False), a, b)
+    want = pair_iou(ref.boxes_iou_bev, a, b)
+    got = pair_iou(lambda x, y: tri.boxes_iou(x, y, False), a, b, chunk=32)
     assert (got - want).abs().max() <= 1e-5
     same = (a == b).all(1)
     assert (got[same] == 1).all()
