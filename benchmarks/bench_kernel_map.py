@@ -20,6 +20,7 @@ VOXEL = (0.05, 0.05, 0.1)
 LOW = (0.0, -40.0, -3.0)
 GRID_XYZ = (1408, 1600, 40)
 SHAPE = (40, 1600, 1408)  # (D, H, W) = (z, y, x)
+DEVICE = "cuda"
 
 
 def s1_coords(points: torch.Tensor) -> torch.Tensor:
@@ -49,7 +50,7 @@ def main():
     args = parse_args(__doc__)
     rep = 30 if args.quick else 100
     points, source = load_scan()
-    coords = s1_coords(points.cuda())
+    coords = s1_coords(points.to(DEVICE))
     n = coords.shape[0]
     rows, notes = [], {"scan": source, "voxels": n, "spatial_shape": SHAPE, "peers_unavailable": ["spconv", "torchsparse"]}
     maps = {
@@ -80,8 +81,8 @@ def main():
 
     # the plain-torch convolution on the subm map (16 → 16 channels), forward
     km = pcops.sparse_conv_kernel_map(coords, SHAPE, 3, subm=True)
-    f = torch.randn(n, 16, device="cuda")
-    w = torch.randn(27, 16, 16, device="cuda")
+    f = torch.randn(n, 16, device=DEVICE)
+    w = torch.randn(27, 16, 16, device=DEVICE)
     t = bench(lambda: pcops.sparse_conv3d(f, km, w), rep=rep)
     rows.append(row("S1 subm conv 16->16", "pcops sparse_conv3d (plain torch)", t, items=n, unit="voxels/s"))
     report(rows, "kernel_map", args.out, notes=notes)

@@ -24,6 +24,7 @@ ascending output order with no atomics.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -345,7 +346,8 @@ def _capacity(count: int, slack: int = 2) -> tuple[int, int]:
     return cap, cap.bit_length() - 1
 
 
-def _axis_enumeration(kernel_size, stride, dilation, transposed: bool):
+@functools.lru_cache(maxsize=256)
+def _axis_enumeration(kernel_size: tuple, stride: tuple, dilation: tuple, transposed: bool):
     """Per axis ``(g, q, inv, J)``: the offsets ``k`` with ``k * d = r (mod s)`` are
     ``k0 + j * q`` (``q = s / g``, ``g = gcd(d, s)``, ``k0 = (r / g) * inv mod q``, needs
     ``g | r``), at most ``J = ceil(K / q)`` of them; transposed: all ``K`` (``q = 1``)."""
@@ -363,7 +365,7 @@ def _axis_enumeration(kernel_size, stride, dilation, transposed: bool):
 
 def max_outputs_per_input(kernel_size, stride, dilation, transposed: bool) -> int:
     """How many distinct outputs one input voxel can reach (bounds the output table)."""
-    return math.prod(a[3] for a in _axis_enumeration(kernel_size, stride, dilation, transposed))
+    return math.prod(a[3] for a in _axis_enumeration(tuple(kernel_size), tuple(stride), tuple(dilation), transposed))
 
 
 def _pairs(out_in: torch.Tensor, counts: torch.Tensor, nb: int, block_m: int, kpad: int):
@@ -442,7 +444,7 @@ def sparse_conv_kernel_map(
                 torch.empty((0, num_k), dtype=torch.int32, device=dev))
     # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
     cap_in, log_in = _capacity(n, 4)
-    axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
+    axes = _axis_enumeration(tuple(kernel_size), tuple(stride), tuple(dilation), transposed)
     if subm:
         bound, cap_out, log_out, jpad = 0, 0, 0, 1
         block_n = _INSERT_LANES
