@@ -104,6 +104,9 @@ def main():
         dist_err = float((d - d_base).abs().max())  # cdist's |a|²+|b|²-2ab loses precision near 0
         rows.append(row(wl, "pcops knn triton", t, items=pairs, unit="queries/s", baseline=base,
                         idx_agree_with_cdist=agree, max_abs_dist_diff_vs_cdist=dist_err))
+        # about 12 launches (bounds, codes, sort, gather, boxes, search): the graph replay shows the kernels alone
+        tg = bench(lambda: pcops.knn(pts, pts, k), warmup=3, rep=max(20, rep // 2), graph=True)
+        rows.append(row(wl, "pcops knn triton (graph)", tg, items=pairs, unit="queries/s", baseline=base))
         if wl.startswith("K2"):
             del d_base, i_base
             torch.cuda.synchronize()
