@@ -57,6 +57,30 @@ def timed(fn, rep, quick):
     return bench(fn, warmup=5, rep=max(50, rep // (2 if quick else 1)))
 
 
+def tuning_rows(clouds, xyz):
+    """KNN tile shapes and FPS points-per-thread targets, a few repetitions each."""
+    from pcops.cuda import sampling as cuda_fps
+    from pcops.triton import sampling as tri
+
+    out = []
+    prep = bench(lambda: tri._morton_sort(xyz[None], torch.tensor([xyz.shape[0]], device="cuda"), tri._KNN_BR, tri._KNN_SB), rep=20)
+    out.append(row("K2 tuning", "prep only (codes, sort, boxes)", prep))
+    saved = (tri._KNN_BQ, tri._KNN_BR, tri._KNN_SB, tri._KNN_WARPS)
+    for bq, br, sb, warps in ((32, 32, 16, 4), (64, 64, 8, 8), (16, 32, 16, 2), (32, 32, 32, 4)):
+        tri._KNN_BQ, tri._KNN_BR, tri._KNN_SB, tri._KNN_WARPS = bq, br, sb, warps
+        for wl, pts in (("K1 K=16 tuning", clouds), ("K2 tuning", xyz[None])):
+            t = bench(lambda: pcops.knn(pts, pts, 16), warmup=2, rep=20)
+            out.append(row(wl, f"knn BQ={bq} BR={br} SB={sb} warps={warps}", t))
+    tri._KNN_BQ, tri._KNN_BR, tri._KNN_SB, tri._KNN_WARPS = saved
+    saved_ppt = cuda_fps._TARGET_PPT
+    for ppt in (2, 4, 8):
+        cuda_fps._TARGET_PPT = ppt
+        t = bench(lambda: pcops.farthest_point_sample(clouds, 4096, backend="cuda"), warmup=2, rep=10)
+        out.append(row("F1 tuning", f"fps cuda target PPT={ppt}: {cuda_fps.last_launch}", t))
+    cuda_fps._TARGET_PPT = saved_ppt
+    return out
+
+
 def main():
     args = parse_args(__doc__)
     rep = 50 if args.quick else 100
@@ -121,6 +145,9 @@ def main():
             torch_knn(pts, pts, k, chunk)
             torch.cuda.synchronize()
             notes["K2 peak extra memory MB (cdist+topk, chunk 8192)"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    # --- tuning data (one GPU run informs the defaults): tile shapes and cluster sizes -------
+    if not args.quick:
+        rows.extend(tuning_rows(clouds, xyz))
     notes["goals_ms"] = {"F1": 3.0, "F2": 20.0, "K1 K=16": 1.0, "K1 K=32": 1.5, "K2": 3.0}
     report(rows, "sampling", args.out, notes=notes)
     for k_, v in notes.items():
