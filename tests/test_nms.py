@@ -467,3 +467,17 @@ def test_gpu_opcheck():
     torch.library.opcheck(torch.ops.pcops.boxes_iou_3d, (boxes, boxes[:50], "cuda"))
     for backend in ("triton", "cuda"):
         torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 64, True, backend))
+
+
+@interpret
+def test_triton_interpreter_cuda_registration_with_triton_backend():
+    """The CUDA kernel registration's orchestration (sort, pre/post, padding, sync) on CPU tensors."""
+    from pcops import nms as op
+
+    boxes, scores = make_boxes(70, seed=19, span=(10, 10))
+    groups = torch.arange(70) % 2
+    idx, count = op._nms_bev_cuda(boxes, scores, groups, 0.2, 50, 12, True, "triton")
+    want = ref.nms_bev(boxes, scores, 0.2, pre_max_size=50, post_max_size=12, idxs=groups)
+    assert idx[:int(count)].tolist() == want.tolist() and idx.shape == (12,)
+    keep, count = op._nms_bev_cuda(boxes, scores, None, 0.2, None, None, False, "triton")
+    assert keep.tolist() == ref.nms_bev(boxes, scores, 0.2).tolist() and int(count) == keep.numel()

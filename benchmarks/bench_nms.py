@@ -1,0 +1,120 @@
+"""N1/N2: rotated BEV NMS, 4,096 boxes (IoU threshold 0.01 and 0.5) and 16,384 boxes (0.5).
+
+Boxes from WORKLOADS.md (``numpy.random.default_rng(0)`` per workload, x, y, z, dx, dy, dz,
+heading, score drawn in that order, one array of N at a time), on the GPU.
+
+Implementations, all in the same run:
+* pcops ``nms_bev`` (CUDA C++ mask + single-block pass, the default on CUDA; and the Triton
+  backend): the variable-length form (one host sync to size the output), the padded form eager
+  (no sync) and the padded form captured in a CUDA graph; plus OpenPCDet's PointPillars setting
+  (pre 4,096, post 500, padded, graph) on N1 at 0.01.
+* baseline, plain torch: the float64 clipping reference IoU (``pcops.reference.nms``) on the GPU
+  for the pairs whose bounding circles touch, ``IoU > thr`` copied to the host, greedy loop on
+  the host (the peers' structure: GPU mask, host loop); fewer repetitions (it is slow).
+* ``torchvision.ops.nms`` on the boxes' axis-aligned bounds (an easier problem: no rotation);
+  skipped with a note where torchvision is not installed.
+The peers measured elsewhere on the H200 (issue 5): OpenPCDet ``nms_gpu`` 2.2-2.5 ms (N1) and
+28.6 ms (N2), mmcv ``nms_rotated`` 50.4 ms (N2); they are not installed here.
+"""
+import math
+
+import numpy as np
+import torch
+
+from common import bench, parse_args, report, row
+
+import pcops
+from pcops.reference import nms as ref
+
+WORKLOADS = [("N1", 4096, 0.01), ("N1", 4096, 0.5), ("N2", 16384, 0.5)]
+
+
+def make(n):
+    rng = np.random.default_rng(0)
+    cols = [
+        rng.uniform(0, 69.12, n), rng.uniform(-39.68, 39.68, n), rng.uniform(-2, 0, n),
+        rng.uniform(3.2, 4.7, n), rng.uniform(1.4, 2.0, n), rng.uniform(1.4, 1.7, n), rng.uniform(-math.pi, math.pi, n),
+    ]
+    scores = rng.uniform(0, 1, n)
+    boxes = torch.from_numpy(np.stack(cols, 1)).float().cuda()
+    return boxes, torch.from_numpy(scores).float().cuda()
+
+
+def torch_baseline(boxes, scores, thr):
+    """Plain torch: sort, reference IoU of candidate pairs on the GPU, mask to the host, greedy loop."""
+    order = torch.sort(scores, descending=True, stable=True).indices
+    b = boxes[order]
+    over = (ref.boxes_iou_bev(b, b) > thr).cpu().numpy()
+    removed = np.zeros(len(order), dtype=bool)
+    keep = []
+    for i in range(len(order)):
+        if not removed[i]:
+            keep.append(i)
+            removed |= over[i]
+    return order[torch.tensor(keep, device=boxes.device)]
+
+
+def axis_aligned(boxes):
+    """(x1, y1, x2, y2) bounds of the rotated BEV rectangles (for torchvision's NMS)."""
+    c, s = boxes[:, 6].cos().abs(), boxes[:, 6].sin().abs()
+    hx = 0.5 * (boxes[:, 3] * c + boxes[:, 4] * s)
+    hy = 0.5 * (boxes[:, 3] * s + boxes[:, 4] * c)
+    return torch.stack([boxes[:, 0] - hx, boxes[:, 1] - hy, boxes[:, 0] + hx, boxes[:, 1] + hy], 1)
+
+
+def count_launches(fn):
+    """GPU activities (kernels, copies, memsets) of one call, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(names), names
+
+
+def main():
+    args = parse_args(__doc__)
+    rep = 30 if args.quick else 100
+    try:
+        import torchvision
+    except ImportError:
+        torchvision = None
+    rows, notes = [], {"torchvision": getattr(torchvision, "__version__", "not installed"),
+                       "peers_not_installed": "OpenPCDet iou3d_nms, mmcv nms_rotated (issue 5 quotes their H200 figures)"}
+    for wl, n, thr in WORKLOADS:
+        boxes, scores = make(n)
+        name = f"{wl} N={n} thr={thr}"
+        base_rep = 3 if n > 4096 else 5
+        base = bench(lambda: torch_baseline(boxes, scores, thr), warmup=1, rep=base_rep)
+        rows.append(row(name, "torch: ref IoU on GPU + host loop", base, items=n, unit="boxes/s", baseline=base))
+        want = torch_baseline(boxes, scores, thr)
+        if torchvision is not None:
+            aabb = axis_aligned(boxes)
+            t = bench(lambda: torchvision.ops.nms(aabb, scores, thr), rep=rep)
+            rows.append(row(name, "torchvision.ops.nms (axis-aligned)", t, items=n, unit="boxes/s", baseline=base))
+        for backend in ("cuda", "triton"):
+            got = pcops.nms_bev(boxes, scores, thr, backend=backend)
+            agree = got.tolist() == want.tolist()
+            var = lambda: pcops.nms_bev(boxes, scores, thr, backend=backend)
+            pad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True, backend=backend)
+            launches, names = count_launches(pad)
+            t = bench(var, rep=rep)
+            rows.append(row(name, f"pcops {backend} (1 sync)", t, items=n, unit="boxes/s", baseline=base,
+                            kept=got.numel(), agrees_with_baseline=agree))
+            t = bench(pad, rep=rep)
+            rows.append(row(name, f"pcops {backend} padded", t, items=n, unit="boxes/s", baseline=base,
+                            gpu_activities=launches, activity_names=names))
+            t = bench(pad, rep=rep, graph=True)
+            rows.append(row(name, f"pcops {backend} padded, graph", t, items=n, unit="boxes/s", baseline=base))
+        if wl == "N1" and thr == 0.01:
+            e1 = lambda: pcops.nms_bev(boxes, scores, thr, pre_max_size=4096, post_max_size=500, padded=True)
+            t = bench(e1, rep=rep, graph=True)
+            rows.append(row(name, "pcops pre 4096 / post 500, graph", t, items=n, unit="boxes/s", baseline=base))
+    report(rows, "nms", args.out, notes=notes)
+
+
+if __name__ == "__main__":
+    main()
