@@ -255,6 +255,13 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(coords, f, w), net(coords, f, w))
+    # forward + backward through the registered autograd
+    fc, wc = f.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    compiled(coords, fc, wc).sum().backward()
+    fe, we = f.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    net(coords, fe, we).sum().backward()
+    torch.testing.assert_close(fc.grad, fe.grad)
+    torch.testing.assert_close(wc.grad, we.grad)
 
 
 def _bad(coords=None, **kw):
