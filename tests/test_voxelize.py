@@ -369,6 +369,19 @@ def test_triton_interpreter(small_blocks, monkeypatch, n, p, v, lengths, pad, in
     assert_same(got, pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lt, vs, pcr, pad)))
 
 
+@pytest.mark.parametrize("p", [1, 16, 32])
+@interpret
+def test_triton_interpreter_dense_voxels(small_blocks, p):
+    """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops."""
+    tri = small_blocks
+    pts = random_cloud(250, seed=p)
+    vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
+    for lengths in (None, torch.tensor([120, 130])):
+        got = pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, p, 7, False))
+        assert_same(got, pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, p, 7, False)))
+        assert got.num_dropped_points.sum() > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @interpret
 def test_triton_interpreter_low_precision_and_default_blocks(dtype):

@@ -20,6 +20,10 @@ Hard voxelization is one fill and two launches (dynamic: one fill and one launch
       larger value and passes the smaller one on). Whatever the order of the atomics, position
       ``j`` ends holding the ``(j+1)``-th smallest point index of the voxel, and exactly the
       points of rank ≥ ``max_points_per_voxel`` fall off the end: the deterministic FCFS set.
+      (Proof: the values arriving at position ``j`` are always all values except the ``j``
+      largest, minus those that start below ``j``; a value may start at any position up to its
+      rank, so a snapshot of the list lets most points skip the positions already held by
+      earlier points, and points of full voxels drop at once.)
 3. ``_voxel_rows_kernel``, one program per block of output rows: maps a packed output row to
    its sample's list, gathers the points into ``voxels`` (zero padding written in the same
    pass), writes ``coords``, ``num_points``, ``point_to_voxel`` of the kept points and the
@@ -84,6 +88,7 @@ def _voxelize_kernel(
     BLOCK: tl.constexpr,
     LOOKBACK: tl.constexpr,
     PUBLISH_INCLUSIVE: tl.constexpr,
+    SNAP: tl.constexpr,
 ):
     t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
     lane = tl.arange(0, BLOCK)
@@ -211,18 +216,28 @@ def _voxelize_kernel(
 
     if HARD:
         tl.store(p2v_ptr + p64, tl.full((BLOCK,), -1, tl.int64), mask=live)
-        # FCFS cascade: position jj keeps the larger encoded index (= the smaller point index)
+        # FCFS cascade: a position keeps the larger encoded index (= the smaller point index) and
+        # passes the other value on. A value may start at any position s <= (number of larger
+        # values in its voxel): positions only ever grow, so a value seen at position j that is
+        # larger than ours proves j + 1 larger values; s >= max_points drops the point at once.
         keep = valid & (row >= 0)
         lst = lists_ptr + ((b.to(tl.int64) * list_stride + row) * PB)
         x = enc
-        act = keep
-        jj = t * 0
-        while (jj < max_points) & (tl.max(act.to(tl.int32), axis=0) > 0):
-            old = tl.atomic_max(lst + jj, x, mask=act)
-            act = act & (old != -1)
+        pos = tl.zeros((BLOCK,), tl.int32)
+        for j0 in range(0, PB, SNAP):
+            jj = j0 + tl.arange(0, SNAP)
+            snap = tl.load(lst[:, None] + jj[None, :], mask=keep[:, None] & (jj < max_points)[None, :], other=-1,
+                           volatile=True)
+            pos = tl.maximum(pos, tl.max(tl.where(snap > x[:, None], jj[None, :] + 1, 0), axis=1))
+        carrying = keep  # still holds a value that is not in the list
+        act = carrying & (pos < max_points)
+        while tl.max(act.to(tl.int32), axis=0) > 0:
+            old = tl.atomic_max(lst + pos, x, mask=act)
+            carrying = carrying & ~(act & (old == -1))
             x = tl.where(act, tl.minimum(old, x), x)
-            jj += 1
-        dropped = (valid & (row == -2)) | act  # voxel dropped, or a point pushed off the list
+            pos = tl.where(act, pos + 1, pos)
+            act = carrying & (pos < max_points)
+        dropped = (valid & (row == -2)) | carrying  # voxel dropped, or a point pushed off the list
         nd = tl.sum(dropped.to(tl.int32), axis=0)
         if HAS_LENGTHS:
             b_lo = tl.min(tl.where(live, b, batch_size), axis=0)
@@ -355,7 +370,7 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
         *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
         max_points, max_voxels, list_stride,
         HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=_BLOCK,
-        LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, num_warps=8,
+        LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), num_warps=8,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
                 list_stride=list_stride, batch=batch)
