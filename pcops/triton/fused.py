@@ -7,7 +7,7 @@ arithmetic (statistics, GELU and its derivative, Philox dropout) done in float32
   reads ``x`` once, writes ``y`` and the per-row ``mean``/``rstd`` (float32) for the backward.
   Bytes: ``2·M·N·size + 8·M``. Rows wider than ``_MAX_BLOCK_N`` are walked in chunks (three
   passes over the row, the later ones mostly from L2).
-- LayerNorm+GELU backward: ``G`` programs (a few per SM) each own a contiguous range of rows,
+- LayerNorm+GELU backward: ``G`` programs (8 per SM) each own a contiguous range of rows,
   write ``dx`` and one row of column partial sums of ``dz·x̂`` and ``dz``; a second kernel adds
   the ``G`` partial rows in a fixed order. No atomics, so ``dweight``/``dbias`` are
   bit-for-bit reproducible. Bytes: ``3·M·N·size`` plus ``2·G·N·4`` twice for the partials.
