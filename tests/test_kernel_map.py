@@ -390,6 +390,17 @@ def triton_next_pow2(v):
 
 
 @interpret
+def test_triton_interpreter_large_batch_index():
+    """Output keys beyond int32 (batch index 3e7): the int64 sort path."""
+    coords = make_coords(2, (8, 9, 10), 40, seed=23)
+    coords[:, 0] *= 30_000_000
+    for cfg in (CONFIGS[0], CONFIGS[3]):
+        got, args = _launch(coords, (8, 9, 10), *cfg)
+        for a, b in zip(got, ref.sparse_conv_kernel_map(*args)):
+            assert torch.equal(a, b)
+
+
+@interpret
 def test_triton_interpreter_pairs_from_table():
     from pcops.triton import kernel_map as tri
 
@@ -422,7 +433,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from pcops.triton import kernel_map as km
 
-PTRS = dict(coords_ptr="*i32", table_ptr="*i64", out_keys_ptr="*i64", out_coords_ptr="*i32", keys_ptr="*i64",
+PTRS = dict(coords_ptr="*i32", table_ptr="*i64", out_keys_ptr="*i64", out_keys32_ptr="*i32", out_coords_ptr="*i32",
+            keys_ptr="*i64",
             out_in_ptr="*i32", counts_ptr="*i32", base_ptr="*i32", offsets_ptr="*i32", pair_in_ptr="*i32",
             pair_out_ptr="*i32")
 
@@ -437,6 +449,8 @@ for gen, tr, copy, bn, jp in ((False, False, True, 256, 1), (True, False, False,
     build(km._kmap_insert_kernel, dict(GEN=gen, TRANSPOSED=tr, COPY=copy, BLOCK_N=bn, JPAD=jp, SINK_COPIES=16), 4)
 for fk, tr in ((False, False), (True, False), (True, True)):
     build(km._kmap_lookup_kernel, dict(FROM_KEYS=fk, TRANSPOSED=tr, BLOCK_M=64, KPAD=32), 8)
+PTRS["keys_ptr"] = "*i32"
+build(km._kmap_lookup_kernel, dict(FROM_KEYS=True, TRANSPOSED=False, BLOCK_M=64, KPAD=32), 8)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
 build(km._kmap_scan_kernel, dict(BLOCK=8192), 16)
 build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32), 8)
@@ -518,6 +532,12 @@ def test_gpu_s1_kitti(kitti_dir):
 @requires_cuda
 def test_gpu_duplicates_out_of_grid_inverse_and_conv():
     coords = make_coords(2, (9, 10, 11), 400, seed=30)
+    big = coords.clone()
+    big[:, 0] += 30_000_000  # int64 output keys
+    km = pcops.sparse_conv_kernel_map(big.cuda(), (9, 10, 11), 3, stride=2, padding=1)
+    km_ref = pcops.sparse_conv_kernel_map(big, (9, 10, 11), 3, stride=2, padding=1)
+    for a, b in zip(km[:1] + km[2:], km_ref[:1] + km_ref[2:]):
+        assert torch.equal(a.cpu(), b)
     dirty = torch.cat([coords, coords[[5, 9]], torch.tensor([[0, 99, 0, 0], [-1, 0, 0, 0]], dtype=torch.int32)])
     got = pcops.sparse_conv_kernel_map(dirty.cuda(), (9, 10, 11), 3, stride=2, padding=1)
     expected = pcops.sparse_conv_kernel_map(coords, (9, 10, 11), 3, stride=2, padding=1)

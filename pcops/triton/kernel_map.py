@@ -9,7 +9,8 @@ from −1; the key is re-read from ``coords``), so one int64 fill initialises it
 keep the lowest row (``atomic_min``), so lookups are deterministic. The output table (regular
 and transposed conv) stores candidate output *keys*; each program appends the keys it newly
 claimed to a list at a position from one ``atomic_add`` per probe round, and the list is then
-sorted (``torch.sort``), which makes the output order deterministic whatever the atomics did.
+sorted (``torch.sort``), which makes the output order deterministic whatever the atomics did
+(as int32 when ``(max batch + 1) · D'H'W' < 2^31``, the usual case: half the radix passes).
 Candidates are enumerated per input only over the offsets that can divide (per axis
 ``k = k0 + j * s / gcd(d, s)``: 8 of 27 for 3×3×3 stride 2), and ``atomic_cas`` (which has no
 mask) sends idle lanes to a contiguous sink with an impossible compare value, so finished
@@ -72,8 +73,9 @@ def _row_key(coords_ptr, row, mask, D, H, W):
 @triton.jit
 def _kmap_insert_kernel(
     coords_ptr,  # (N, 4) int32 (batch, z, y, x) input voxels
-    table_ptr,  # (cap_in + cap_out + 1 + sink,) int64, -1 = empty: input table | output table | counter | sink
+    table_ptr,  # (cap_in + cap_out + 2 + sink,) int64, -1 = empty: input table | output table | counter | max batch | sink
     out_keys_ptr,  # (bound,) int64 out: distinct candidate output keys, unordered (GEN)
+    out_keys32_ptr,  # (bound,) int32 out: the same keys truncated (used when the key space fits)
     out_coords_ptr,  # (N, 4) int32 out: a copy of coords (COPY: submanifold)
     n,  # N
     D, H, W,  # input grid
@@ -110,7 +112,7 @@ def _kmap_insert_kernel(
     row = r.to(tl.int64)
     # atomic_cas has no mask: idle lanes CAS a private, contiguous sink cell (coalesced, no
     # contention) against -2, which no cell ever holds, so they never write
-    sink = cap_in + cap_out + 1 + (pid % SINK_COPIES) * (BLOCK_N * JPAD)
+    sink = cap_in + cap_out + 2 + (pid % SINK_COPIES) * (BLOCK_N * JPAD)
 
     # 1) insert the row index; the key of an occupied slot is re-read from coords
     slot = _slot(key, log_in, cap_in)
@@ -165,6 +167,8 @@ def _kmap_insert_kernel(
         oslot = _slot(okey, log_out, cap_out)
         active2 = cand
         counter_ptr = table_ptr + cap_in + cap_out
+        # the largest batch index bounds the output key space: int32 keys sort in half the passes
+        tl.atomic_max(counter_ptr + 1, tl.max(tl.where(inside, b64, -1), axis=0))
         lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
         while _any2d(active2):
             cell = tl.where(active2, cap_in + oslot, sink + lane2)
@@ -177,6 +181,7 @@ def _kmap_insert_kernel(
             total = tl.sum(row_tot, axis=0)
             start = tl.atomic_add(counter_ptr, total.to(tl.int64)) + 1  # the counter starts at -1
             tl.store(out_keys_ptr + start + rank, okey, mask=claimed)
+            tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=claimed)
             active2 = active2 & ~claimed & (old != okey)
             oslot = tl.where(active2, (oslot + 1) & (cap_out - 1), oslot)
 
@@ -185,7 +190,7 @@ def _kmap_insert_kernel(
 def _kmap_lookup_kernel(
     coords_ptr,  # (N, 4) int32 input voxels
     table_ptr,  # (cap_in,) int64 input table: row index or -1
-    keys_ptr,  # (M,) int64 sorted output keys (FROM_KEYS)
+    keys_ptr,  # (M,) int64 or int32 sorted output keys (FROM_KEYS)
     out_coords_ptr,  # (M, 4) int32 out: decoded output voxels (FROM_KEYS)
     out_in_ptr,  # (M, K) int32 out: input row per (output, offset), -1 for none
     counts_ptr,  # (K, nb) int32 out: hits per offset and block of BLOCK_M outputs
@@ -205,7 +210,7 @@ def _kmap_lookup_kernel(
     m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     live = m < m_total
     if FROM_KEYS:
-        okey = tl.load(keys_ptr + m, mask=live, other=0)
+        okey = tl.load(keys_ptr + m, mask=live, other=0).to(tl.int64)
         ox = okey % Wo
         t = okey // Wo
         oy = t % Ho
@@ -454,15 +459,16 @@ def sparse_conv_kernel_map(
         jpad = triton.next_power_of_2(math.prod(a[3] for a in axes))
         block_n = max(2, _INSERT_LANES // jpad)
     sink = _SINK_COPIES * block_n * jpad
-    if cap_in + cap_out + 1 + sink >= 2**31:
+    if cap_in + cap_out + 2 + sink >= 2**31:
         raise ValueError(f"coords: {n} voxels need hash tables of {cap_in + cap_out} slots (limit 2^31)")
-    table = torch.full((cap_in + cap_out + 1 + sink,), -1, dtype=torch.int64, device=dev)  # launch 1
+    table = torch.full((cap_in + cap_out + 2 + sink,), -1, dtype=torch.int64, device=dev)  # launch 1
     out_keys = torch.empty(bound, dtype=torch.int64, device=dev)
+    out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
     out_coords = torch.empty((n, 4) if subm else (0, 4), dtype=torch.int32, device=dev)
     enum_args = [a[0] for a in axes] + [a[1] for a in axes] + [a[2] for a in axes] + [
         axes[1][3], axes[2][3], math.prod(a[3] for a in axes)]
     _kmap_insert_kernel[(triton.cdiv(n, block_n),)](  # launch 2
-        coords, table, out_keys, out_coords, n, D, H, W, cap_in, log_in, max(cap_out, 1), log_out,
+        coords, table, out_keys, out_keys32, out_coords, n, D, H, W, cap_in, log_in, max(cap_out, 1), log_out,
         Do, Ho, Wo, *kernel_size, *stride, *padding, *dilation, *enum_args,
         GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=jpad, SINK_COPIES=_SINK_COPIES,
         num_warps=4,
@@ -470,8 +476,12 @@ def sparse_conv_kernel_map(
     if subm:
         num_out, keys = n, out_keys
     else:
-        num_out = int(table[cap_in + cap_out]) + 1  # host sync: the output count is an output size
-        keys = torch.sort(out_keys[:num_out]).values  # linear keys sort lexicographically by (b, z, y, x)
+        # host sync: the output count is an output size (read with the largest batch index)
+        last, max_batch = table[cap_in + cap_out : cap_in + cap_out + 2].tolist()
+        num_out = last + 1
+        # linear keys sort lexicographically by (b, z, y, x); int32 keys when they fit (half the radix passes)
+        fits32 = (max_batch + 1) * Do * Ho * Wo < 2**31
+        keys = torch.sort((out_keys32 if fits32 else out_keys)[:num_out]).values
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
     if num_out == 0:
