@@ -105,6 +105,13 @@ def farthest_point_sample(
     Checks: ``lengths`` and ``start_idx`` ranges are checked on the CPU; on the GPU they would
     need a host synchronisation, so there lengths are clamped to ``[0, N]`` and a cloud whose
     ``start_idx`` is outside ``[0, length)`` gets a row of −1. No host synchronisation on the GPU.
+
+    GPU algorithm: one thread-block cluster of up to 16 CTAs per cloud (sm_90+, CUDA C++ from
+    ``csrc/fps.cu`` compiled at run time by NVRTC): the cloud and its running distances stay in
+    registers; a step is one distance update, a CTA reduction and one cluster barrier, with the
+    CTAs' candidates exchanged through distributed shared memory (clouds up to 131,072 points).
+    Elsewhere Triton: one program per cloud, in registers up to 16,384 points, beyond that
+    streaming the cloud from L2 every step (correct, slow).
     """
     points, unbatched = _check_cloud("points", points)
     batch, n, _ = points.shape
