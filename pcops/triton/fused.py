@@ -14,8 +14,10 @@ arithmetic (statistics, GELU and its derivative, Philox dropout) done in float32
 - Dropout draws ``tl.rand(seed, i)`` (Philox-4x32-10) for the flat element index ``i`` of the
   ``(M, N)`` output, so the backward regenerates the same mask from the seed instead of
   storing it; the seed is a 1-element int64 tensor read in the kernel (CUDA-graph friendly).
-- CSR softmax: a tile of ``BLOCK_R`` rows per program, walked in ``BLOCK_L``-wide column steps
-  up to the longest row of the tile (online max and sum, then a second pass that writes).
+- CSR softmax: a tile of ``BLOCK_R`` rows per program; the first ``BLOCK_L`` entries of each
+  row stay in registers (rows that fit are read once and written once), the rest is walked
+  in ``BLOCK_L``-wide steps up to the longest row of the tile (online max and sum, then a
+  second pass that writes).
 
 Tuning: the row-wise kernels go through ``triton.autotune`` keyed on the row length (``N``; the
 mean row length for the CSR softmax). Launchers take ``block_m``/``block_r`` (and
@@ -462,10 +464,17 @@ def _sparse_softmax_kernel(
     end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
     length = tl.maximum(end - start, 0)
     max_len = tl.max(length, axis=0).to(tl.int32)  # rows shorter than 2^31
-    # pass 1: online max and sum of exp (rows still at max −inf contribute nothing)
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    s = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for c0 in range(0, max_len, BLOCK_L):
+    # the first BLOCK_L entries of every row stay in registers: rows that fit (the common
+    # case when BLOCK_L ≥ the typical length) are read once; longer rows loop over the rest
+    cols0 = tl.arange(0, BLOCK_L)
+    mask0 = cols0[None, :] < length[:, None]
+    offs0 = start[:, None] + cols0[None, :]
+    v0 = tl.load(values_ptr + offs0, mask=mask0, other=float("-inf")).to(tl.float32)
+    m = tl.max(v0, axis=1)
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.exp(v0 - ref[:, None]), axis=1)
+    # pass 1 over the rest: online max and sum of exp (rows still at max −inf contribute nothing)
+    for c0 in range(BLOCK_L, max_len, BLOCK_L):
         cols = c0 + tl.arange(0, BLOCK_L)
         mask = cols[None, :] < length[:, None]
         v = tl.load(values_ptr + start[:, None] + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
@@ -476,8 +485,9 @@ def _sparse_softmax_kernel(
     # an all −inf (or empty) row: subtract 0, exp gives 0 and the row's outputs are 0
     ref = tl.where(m == float("-inf"), 0.0, m)
     inv = tl.where(s > 0, 1.0 / tl.where(s > 0, s, 1.0), 0.0)
-    # pass 2: write (the values are read again, mostly from L2)
-    for c0 in range(0, max_len, BLOCK_L):
+    tl.store(out_ptr + offs0, (tl.exp(v0 - ref[:, None]) * inv[:, None]).to(out_ptr.dtype.element_ty), mask=mask0)
+    # pass 2 over the rest: write (the values are read again, mostly from L2)
+    for c0 in range(BLOCK_L, max_len, BLOCK_L):
         cols = c0 + tl.arange(0, BLOCK_L)
         mask = cols[None, :] < length[:, None]
         offs = start[:, None] + cols[None, :]
@@ -504,17 +514,24 @@ def _sparse_softmax_bwd_kernel(
     end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
     length = tl.maximum(end - start, 0)
     max_len = tl.max(length, axis=0).to(tl.int32)  # rows shorter than 2^31
-    # pass 1: dot = Σ_row g·y
-    dot = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for c0 in range(0, max_len, BLOCK_L):
+    # the first BLOCK_L entries of every row stay in registers (rows that fit are read once)
+    cols0 = tl.arange(0, BLOCK_L)
+    mask0 = cols0[None, :] < length[:, None]
+    offs0 = start[:, None] + cols0[None, :]
+    g0 = tl.load(grad_ptr + offs0, mask=mask0, other=0.0).to(tl.float32)
+    y0 = tl.load(y_ptr + offs0, mask=mask0, other=0.0).to(tl.float32)
+    dot = tl.sum(g0 * y0, axis=1)
+    # pass 1 over the rest: dot = Σ_row g·y
+    for c0 in range(BLOCK_L, max_len, BLOCK_L):
         cols = c0 + tl.arange(0, BLOCK_L)
         mask = cols[None, :] < length[:, None]
         offs = start[:, None] + cols[None, :]
         g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         dot += tl.sum(g * y, axis=1)
-    # pass 2: dx = y · (g - dot)
-    for c0 in range(0, max_len, BLOCK_L):
+    # dx = y · (g - dot)
+    tl.store(dx_ptr + offs0, (y0 * (g0 - dot[:, None])).to(dx_ptr.dtype.element_ty), mask=mask0)
+    for c0 in range(BLOCK_L, max_len, BLOCK_L):
         cols = c0 + tl.arange(0, BLOCK_L)
         mask = cols[None, :] < length[:, None]
         offs = start[:, None] + cols[None, :]
