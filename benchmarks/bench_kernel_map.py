@@ -31,8 +31,9 @@ def s1_coords(points: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(idx[:, :1]), idx], 1).int()
 
 
-def count_kernels(fn) -> int | None:
-    """GPU kernels launched by one call (torch profiler), or None when the profiler cannot tell."""
+def count_kernels(fn) -> dict | None:
+    """GPU work of one call (torch profiler): kernel launches, and memcpy/memset operations (the
+    host syncs read their sizes through device-to-host copies); None when the profiler cannot tell."""
     try:
         from torch.profiler import ProfilerActivity, profile
 
@@ -41,7 +42,10 @@ def count_kernels(fn) -> int | None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        copies = [n for n in names if n.lower().startswith(("memcpy", "memset"))]
+        return {"kernels": len(names) - len(copies), "copies": len(copies),
+                "kernel_names": sorted({n[:60] for n in names if n not in copies})}
     except Exception:  # noqa: BLE001 - the count is informative only
         return None
 
