@@ -103,10 +103,15 @@ def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
     holders = [ctypes.c_void_p(t.data_ptr()) for t in (points, lengths, start_idx, out)]
     holders += [ctypes.c_int(n), ctypes.c_int(num_samples)]
     params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+    # a cluster shape the device cannot hold must fail here, not asynchronously in the launch
+    resident = ctypes.c_int(0)
+    status = _cuda().cuOccupancyMaxActiveClusters(ctypes.byref(resident), kernel._func, ctypes.byref(config))
+    if status != 0 or resident.value < 1:
+        raise RuntimeError(f"fps_rt_p{ppt}: {cluster}-CTA clusters cannot be resident (status {status}, {resident.value})")
     status = _cuda().cuLaunchKernelEx(ctypes.byref(config), kernel._func, params, None)
     if status != 0:
         raise RuntimeError(f"cuLaunchKernelEx(fps_rt_p{ppt}, cluster {cluster}) failed: CUDA error {status}")
-    _note(f"fps_rt_p{ppt} (cuLaunchKernelEx, cluster {cluster})")
+    _note(f"fps_rt_p{ppt} (cuLaunchKernelEx, cluster {cluster}, {resident.value} clusters resident at once)")
 
 
 def farthest_point_sample(
