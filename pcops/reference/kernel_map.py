@@ -37,9 +37,9 @@ def kernel_offsets(kernel_size, device) -> torch.Tensor:
     return torch.stack([g.reshape(-1) for g in grids], 1)
 
 
-def check_coords(coords: torch.Tensor, spatial_shape) -> torch.Tensor:
-    """Raise ``ValueError`` on out-of-grid or duplicate voxels; returns the sorted keys' permutation
-    and keys as ``(sorted_keys, perm)``."""
+def check_coords(coords: torch.Tensor, spatial_shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raise ``ValueError`` on out-of-grid or duplicate voxels; return ``(sorted_keys, perm)``:
+    the voxels' linear keys in ascending order and the rows they come from."""
     n = coords.shape[0]
     shape = torch.tensor(spatial_shape, device=coords.device)
     zyx = coords[:, 1:].long()
