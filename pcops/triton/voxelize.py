@@ -436,7 +436,7 @@ def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
                 torch.zeros(batch, dtype=torch.int64, device=device))
     w = _run_main(points, lengths, voxel_size, point_cloud_range, False, 1, 2**31 - 1, pad_to_max)
     stats = w["stats"].view(2, batch)
-    num_voxels = (stats[1] - stats[0]).long()
+    num_voxels = torch.sub(stats[1], stats[0], out=torch.empty(batch, dtype=torch.int64, device=device))  # 1 launch
     coords = w["coords"]
     if not pad_to_max:
         before, after = stats.tolist()  # the one host sync: M
