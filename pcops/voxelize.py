@@ -192,6 +192,9 @@ def voxel_reduce(
     Determinism: ``max`` is exact on every device. ``sum``/``mean`` add in point order on the CPU;
     on CUDA they use atomic adds (``index_add_``), so float results can differ in the last bits
     run to run. Indices ≥ M are not checked on CUDA (the CPU path raises).
+
+    Implementation: plain torch (``scatter_reduce_`` / ``index_add_``) on every device, a few
+    launches and no host sync, so it can be captured in a CUDA graph.
     """
     _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
     _checks.check_tensor("point_to_voxel", point_to_voxel, dtypes=_checks.INT_DTYPES, ndim=1)

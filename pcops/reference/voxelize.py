@@ -192,6 +192,11 @@ def dynamic_voxelize(
 # --- per-voxel reduction of point features ----------------------------------------------------
 
 
+def _counts(index: torch.Tensor, size: int) -> torch.Tensor:
+    """``bincount`` without a host sync on CUDA (so it can be graph-captured)."""
+    return torch.zeros(size, dtype=torch.int64, device=index.device).index_add_(0, index, torch.ones_like(index))
+
+
 def voxel_reduce(features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str):
     """``(out (M, F), arg (M, F) int64)``: the reduction over the points of each voxel (rows with
     ``point_to_voxel == -1`` ignored, empty voxels 0); ``arg`` is the winning point of ``max``
@@ -214,7 +219,7 @@ def voxel_reduce(features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxel
     out.index_add_(0, pv, features.to(acc_dtype))
     out = out[:num_voxels]
     if reduce == "mean":
-        cnt = torch.bincount(pv, minlength=num_voxels + 1)[:num_voxels]
+        cnt = _counts(pv, num_voxels + 1)[:num_voxels]
         out = out / cnt.clamp_min(1).to(acc_dtype)[:, None]
     return out.to(features.dtype), torch.empty((0, num_feat), dtype=torch.int64, device=features.device)
 
@@ -232,6 +237,6 @@ def voxel_reduce_backward(grad_out, features_shape, point_to_voxel, arg, reduce:
         return grad[:n]
     g = grad_out[pv] * valid[:, None].to(grad_out.dtype)
     if reduce == "mean":
-        cnt = torch.bincount(point_to_voxel.where(valid, num_voxels), minlength=num_voxels + 1)[:num_voxels]
+        cnt = _counts(point_to_voxel.where(valid, num_voxels), num_voxels + 1)[:num_voxels]
         g = g / cnt.clamp_min(1).to(grad_out.dtype)[pv][:, None]
     return g
