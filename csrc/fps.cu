@@ -79,7 +79,8 @@ __device__ __forceinline__ float sq_dist(float x, float y, float z, float cx, fl
 }
 
 // points: (B, N, 3) float32; lengths, starts: (B,) int64; out: (B, M) int64 pre-filled with -1.
-template <int PPT>
+// LAZY selects the per-point bookkeeping (see step 1); both give identical results.
+template <int PPT, bool LAZY>
 __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out,
                                             int n, int num_samples) {
@@ -119,30 +120,76 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
     if (rank == 0 && tid == 0) out[b * num_samples] = start;
   }
   for (int s = 1; s < steps; ++s) {
-    // 1. distances to the newest sample; the chosen point leaves the race
-    float best = -1.f;
-    int best_j = -1;
+    // 1. distances to the newest sample; the chosen point leaves the race. Then the warp's best
+    // candidate: `holder` is the one lane that holds it, at register slot `hold_j`.
+    bool holder, none;
+    int hold_j;
+    u64 key;
+    if constexpr (!LAZY) {
+      // track (value, slot) per point, reduce packed 64-bit keys
+      float best = -1.f;
+      int best_j = -1;
 #pragma unroll
-    for (int j = 0; j < PPT; ++j) {
-      const int i = lo + tid + j * FPS_THREADS;
-      float m = fminf(md[j], sq_dist(x[j], y[j], z[j], cx, cy, cz));
-      m = (i == sel) ? -1.f : m;
-      md[j] = m;
-      if (m > best) {  // strict: j ascending is index ascending, so ties keep the lowest index
-        best = m;
-        best_j = j;
+      for (int j = 0; j < PPT; ++j) {
+        const int i = lo + tid + j * FPS_THREADS;
+        float m = fminf(md[j], sq_dist(x[j], y[j], z[j], cx, cy, cz));
+        m = (i == sel) ? -1.f : m;
+        md[j] = m;
+        if (m > best) {  // strict: j ascending is index ascending, so ties keep the lowest index
+          best = m;
+          best_j = j;
+        }
       }
+      const unsigned my_index = (unsigned)(lo + tid + best_j * FPS_THREADS);
+      key = best_j >= 0 ? ((u64)__float_as_uint(best) << 32) | (u64)(0xFFFFFFFFu - my_index) : 0ull;
+      // keys of live candidates are distinct, so exactly one lane holds the max
+      const u64 wmax = warp_max(key);
+      holder = wmax != 0ull && key == wmax;
+      none = wmax == 0ull;
+      hold_j = best_j;
+    } else {
+      // track the value only (fewer instructions per point); the few lanes holding the warp's
+      // maximum look up its slot afterwards
+      const int delta = sel - lo - tid;  // the chosen point is ours iff delta == j * FPS_THREADS
+      float best = -1.f;
+#pragma unroll
+      for (int j = 0; j < PPT; ++j) {
+        float m = fminf(md[j], sq_dist(x[j], y[j], z[j], cx, cy, cz));
+        m = (delta == j * FPS_THREADS) ? -1.f : m;
+        md[j] = m;
+        best = fmaxf(best, m);
+      }
+      float wbest = best;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) wbest = fmaxf(wbest, __shfl_xor_sync(FULL_MASK, wbest, o));
+      int my_j = -1;
+      if (wbest >= 0.f && best == wbest) {
+#pragma unroll
+        for (int j = PPT - 1; j >= 0; --j) {
+          if (md[j] == wbest) my_j = j;  // descending: ends on the lowest slot, the lowest index
+        }
+      }
+      const unsigned my_index = my_j >= 0 ? (unsigned)(lo + tid + my_j * FPS_THREADS) : 0xFFFFFFFFu;
+      const unsigned holders = __ballot_sync(FULL_MASK, my_j >= 0);
+      int winner = __ffs(holders) - 1;
+      if (holders & (holders - 1)) {  // a tie across lanes (warp-uniform, rare): lowest index wins
+        unsigned m = my_index;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(FULL_MASK, m, o));
+        winner = __ffs(__ballot_sync(FULL_MASK, my_j >= 0 && my_index == m)) - 1;
+      }
+      holder = lane == winner;
+      none = winner < 0;
+      hold_j = my_j;
+      key = ((u64)__float_as_uint(wbest) << 32) | (u64)(0xFFFFFFFFu - my_index);
     }
-    const unsigned my_index = (unsigned)(lo + tid + best_j * FPS_THREADS);
-    const u64 key = best_j >= 0 ? ((u64)__float_as_uint(best) << 32) | (u64)(0xFFFFFFFFu - my_index) : 0ull;
 
-    // 2. warp, then CTA: keys of live candidates are distinct, so exactly one lane holds the max
-    const u64 wmax = warp_max(key);
-    if (wmax != 0ull && key == wmax) {
+    // 2. warp, then CTA
+    if (holder) {
       float wx = 0.f, wy = 0.f, wz = 0.f;
 #pragma unroll
       for (int j = 0; j < PPT; ++j) {
-        if (j == best_j) {  // unrolled select: the arrays stay in registers
+        if (j == hold_j) {  // unrolled select: the arrays stay in registers
           wx = x[j];
           wy = y[j];
           wz = z[j];
@@ -152,7 +199,7 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
       warp_best[warp].x = wx;
       warp_best[warp].y = wy;
       warp_best[warp].z = wz;
-    } else if (wmax == 0ull && lane == 0) {
+    } else if (none && lane == 0) {
       warp_best[warp].key = 0ull;
     }
     __syncthreads();
@@ -193,7 +240,12 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
       fps_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out, \
                         int n, int num_samples) {                                                              \
-    fps_cluster<PPT>(points, lengths, starts, out, n, num_samples);                                            \
+    fps_cluster<PPT, false>(points, lengths, starts, out, n, num_samples);                                     \
+  }                                                                                                            \
+  extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
+      fps_lazy_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts,           \
+                             long long* out, int n, int num_samples) {                                         \
+    fps_cluster<PPT, true>(points, lengths, starts, out, n, num_samples);                                      \
   }
 
 #define FPS_ENTRIES(C) FPS_ENTRY(C, 1) FPS_ENTRY(C, 2) FPS_ENTRY(C, 4) FPS_ENTRY(C, 8) FPS_ENTRY(C, 16)
@@ -204,7 +256,12 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                  \
       fps_rt_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out,     \
                     int n, int num_samples) {                                                                    \
-    fps_cluster<PPT>(points, lengths, starts, out, n, num_samples);                                              \
+    fps_cluster<PPT, false>(points, lengths, starts, out, n, num_samples);                                       \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                  \
+      fps_lazy_rt_p##PPT(const float* points, const long long* lengths, const long long* starts,               \
+                         long long* out, int n, int num_samples) {                                               \
+    fps_cluster<PPT, true>(points, lengths, starts, out, n, num_samples);                                        \
   }
 
 FPS_RUNTIME_ENTRY(4)

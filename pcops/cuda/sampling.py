@@ -17,6 +17,9 @@ from .._nvrtc import _cuda, get_kernel, nvrtc
 _THREADS = 512
 _MAX_PPT = 16
 _TARGET_PPT = 4  # points per thread before another CTA joins the cluster
+# per-point bookkeeping of csrc/fps.cu (identical results): False tracks (value, slot) per point
+# and reduces 64-bit keys; True tracks the value only and looks the slot up afterwards
+_LAZY = False
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
 
@@ -72,12 +75,13 @@ def _allow_non_portable(kernel) -> None:
 
 def _launch(points, lengths, start_idx, out, num_samples, cluster, ppt):
     """A kernel whose cluster shape is fixed at compile time (``__cluster_dims__``): cuLaunchKernel."""
-    kernel = get_kernel("fps.cu", f"fps_c{cluster}_p{ppt}", points.device)
+    name = f"fps{'_lazy' if _LAZY else ''}_c{cluster}_p{ppt}"
+    kernel = get_kernel("fps.cu", name, points.device)
     if cluster > 8:
         _allow_non_portable(kernel)
     batch, n, _ = points.shape
     kernel((cluster, batch), (_THREADS,), [points, lengths, start_idx, out, ctypes.c_int(n), ctypes.c_int(num_samples)])
-    _note(f"fps_c{cluster}_p{ppt} (cuLaunchKernel, compile-time cluster {cluster})")
+    _note(f"{name} (cuLaunchKernel, compile-time cluster {cluster})")
 
 
 def _note(what: str) -> None:
@@ -87,7 +91,8 @@ def _note(what: str) -> None:
 
 def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
     """The runtime-shaped kernel with a cluster-dimension launch attribute: cuLaunchKernelEx."""
-    kernel = get_kernel("fps.cu", f"fps_rt_p{ppt}", points.device)
+    name = f"fps{'_lazy' if _LAZY else ''}_rt_p{ppt}"
+    kernel = get_kernel("fps.cu", name, points.device)
     _allow_non_portable(kernel)
     batch, n, _ = points.shape
     attr = _LaunchAttribute()
@@ -107,11 +112,11 @@ def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
     resident = ctypes.c_int(0)
     status = _cuda().cuOccupancyMaxActiveClusters(ctypes.byref(resident), kernel._func, ctypes.byref(config))
     if status != 0 or resident.value < 1:
-        raise RuntimeError(f"fps_rt_p{ppt}: {cluster}-CTA clusters cannot be resident (status {status}, {resident.value})")
+        raise RuntimeError(f"{name}: {cluster}-CTA clusters cannot be resident (status {status}, {resident.value})")
     status = _cuda().cuLaunchKernelEx(ctypes.byref(config), kernel._func, params, None)
     if status != 0:
-        raise RuntimeError(f"cuLaunchKernelEx(fps_rt_p{ppt}, cluster {cluster}) failed: CUDA error {status}")
-    _note(f"fps_rt_p{ppt} (cuLaunchKernelEx, cluster {cluster}, {resident.value} clusters resident at once)")
+        raise RuntimeError(f"cuLaunchKernelEx({name}, cluster {cluster}) failed: CUDA error {status}")
+    _note(f"{name} (cuLaunchKernelEx, cluster {cluster}, {resident.value} clusters resident at once)")
 
 
 def farthest_point_sample(
