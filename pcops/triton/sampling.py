@@ -11,12 +11,14 @@ their points from global memory (L2) in chunks each step: simple and correct, no
 CUDA C++ cluster kernel (``csrc/fps.cu``) is the fast path for them.
 
 KNN: queries and references of each cloud are sorted along a Morton (Z-order) curve; the sorted
-references are cut into tiles of ``_KNN_BR`` with a bounding box each. A program owns a block of
-``_KNN_BQ`` sorted (hence spatially close) queries and their top K as packed int64 keys
-``(dist bits << 32) | original index`` (distinct keys; their order is (distance, index), so ties
-go to the lowest index whatever order tiles are visited in). Tiles are visited outward from the
-block's own position and skipped when the box is farther than every row's current K-th
-distance (a sound test: the rounded box distance never exceeds a rounded point distance).
+references are cut into tiles of ``_KNN_BR`` and superblocks of ``_KNN_SB`` tiles, each with a
+bounding box. A program owns a block of ``_KNN_BQ`` sorted (hence spatially close) queries and
+their top K as packed int64 keys ``(dist bits << 32) | original index`` (distinct keys; their
+order is (distance, index), so ties go to the lowest index whatever order tiles are visited in).
+Superblocks are visited outward from the block's own position along the curve; a superblock,
+then a tile, is skipped when its box is farther from the block's box than every row's current
+K-th distance (a sound test: the rounded box distance never exceeds a rounded point distance).
+A tile that survives is merged smallest-candidate-first, one row-wide min per inserted key.
 
 Ball query: one program per block of queries scans the references in index order, placing hits
 with a running count (cumsum) until every row has K hits.
