@@ -93,7 +93,7 @@ def _fcfs(points, voxel_size, point_cloud_range, lengths):
         b = _take(b_all, idx)
         key = key + b.to(key.dtype) * (gx * gy * gz)
     else:
-        b = torch.zeros(idx.numel(), dtype=torch.int64, device=device)
+        b = None  # one sample
     sk, perm = torch.sort(key, stable=True)  # runs of equal keys, each run in point order
     num = sk.numel()
     head = torch.ones(num, dtype=torch.bool, device=device)
@@ -111,7 +111,15 @@ def _fcfs(points, voxel_size, point_cloud_range, lengths):
     vid = _put(num, perm, _take(vid_of_run, run), 0)
     rank = _put(num, perm, rank_sorted, 0)
     fpos = _take(first_pos, order)
-    return idx, vid, rank, _take(count, order), _take(b, fpos), _take(c, fpos, 1), b
+    vb = torch.zeros(nv, dtype=torch.int64, device=device) if b is None else _take(b, fpos)
+    return idx, vid, rank, _take(count, order), vb, _take(c, fpos, 1), b
+
+
+def _per_sample(b: torch.Tensor | None, batch: int, total: int, device) -> torch.Tensor:
+    """``(B,)`` int64 count of entries per sample (``b is None``: one sample of ``total``)."""
+    if b is None:
+        return torch.full((1,), total, dtype=torch.int64, device=device)
+    return torch.bincount(b, minlength=batch)[:batch]
 
 
 def _coords(vb: torch.Tensor, vcell: torch.Tensor, rows: int) -> torch.Tensor:
@@ -141,7 +149,7 @@ def voxelize(
     device = points.device
     batch = 1 if lengths is None else lengths.numel()
     idx, vid, rank, count, vb, vcell, b = _fcfs(points, voxel_size, point_cloud_range, lengths)
-    nvox = torch.bincount(vb, minlength=batch)[:batch]  # voxels are sample-major
+    nvox = _per_sample(vb, batch, vb.numel(), device)  # voxels are sample-major
     start = torch.cumsum(nvox, 0) - nvox
     local = torch.arange(vb.numel(), device=device) - _take(start, vb)
     keep_v = local < max_voxels
@@ -164,8 +172,8 @@ def voxelize(
 
     num_voxels = nvox.clamp(max=max_voxels)
     num_dropped_voxels = nvox - num_voxels
-    in_range = torch.bincount(b, minlength=batch)[:batch]
-    kept = torch.bincount(_take(b, kp), minlength=batch)[:batch]
+    in_range = _per_sample(b, batch, idx.numel(), device)
+    kept = _per_sample(None if b is None else _take(b, kp), batch, kp.numel(), device)
     return voxels, coords, num_points, point_to_voxel, num_voxels, in_range - kept, num_dropped_voxels
 
 
@@ -185,7 +193,7 @@ def dynamic_voxelize(
     idx, vid, rank, count, vb, vcell, b = _fcfs(points, voxel_size, point_cloud_range, lengths)
     point_to_voxel = _put(n, idx, vid, -1)
     coords = _coords(vb, vcell, n if pad_to_max else vb.numel())
-    num_voxels = torch.bincount(vb, minlength=batch)[:batch]
+    num_voxels = _per_sample(vb, batch, vb.numel(), points.device)
     return point_to_voxel, coords, num_voxels
 
 
