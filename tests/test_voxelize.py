@@ -369,6 +369,21 @@ def test_triton_interpreter(small_blocks, monkeypatch, n, p, v, lengths, pad, in
     assert_same(got, pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lt, vs, pcr, pad)))
 
 
+@interpret
+def test_triton_interpreter_empty_and_out_of_range(small_blocks):
+    tri = small_blocks
+    vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
+    far = torch.full((70, 4), 100.0)
+    far[5] = float("nan")
+    for pts in (torch.zeros(0, 4), far):
+        for lengths in (None, torch.tensor([pts.shape[0], 0])):
+            for pad in (False, True):
+                assert_same(pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, 3, 5, pad)),
+                            pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, 3, 5, pad)))
+                assert_same(pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
+                            pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
+
+
 @pytest.mark.parametrize("p", [1, 16, 32])
 @interpret
 def test_triton_interpreter_dense_voxels(small_blocks, p):
