@@ -543,3 +543,48 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, lazy, monkeypatch
     out = torch.full((2, 64), -1, dtype=torch.int64, device="cuda")
     getattr(cu, launch)(pts.cuda(), lengths.cuda(), start.cuda(), out, 64, cluster, ppt)
     assert torch.equal(out.cpu(), ref.farthest_point_sample(pts, lengths, start, 64)), cu.last_launch
+
+
+# --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --
+
+
+_AOT_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pcops.triton import sampling as tri
+
+target = GPUTarget("cuda", 90, 32)
+
+
+def compile_(fn, types, constexprs, num_warps):
+    sig = dict(zip(fn.arg_names, types + ["constexpr"] * len(constexprs)))
+    triton.compile(ASTSource(fn, sig, constexprs), target=target,
+                   options={"num_warps": num_warps, "enable_fp_fusion": False})
+
+
+compile_(tri._fps_kernel, ["*fp32", "*i64", "*i64", "*i64", "i32", "i32"], dict(BLOCK=16384), 32)
+compile_(tri._fps_stream_kernel, ["*fp32", "*i64", "*i64", "*fp32", "*i64", "i32", "i32"], dict(CHUNK=4096), 16)
+compile_(tri._morton_kernel, ["*fp32", "*i64", "*fp32", "*fp32", "*i32", "i32"],
+         dict(BLOCK=1024, INVALID=1 << 30, CELLS=1024), 4)
+compile_(tri._sort_gather_kernel, ["*fp32", "*i64", "*i64", "*fp32", "*fp32", "i32", "i32"], dict(TILE=32), 4)
+knn_types = ["*fp32", "*i64", "*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i64", "*fp32", "*i64"] + ["i32"] * 4
+for kp in (2, 16, 32):
+    compile_(tri._knn_kernel, knn_types, dict(BQ=tri._KNN_BQ, BR=tri._KNN_BR, SB=tri._KNN_SB, KP=kp), tri._KNN_WARPS)
+compile_(tri._ball_query_kernel, ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "i32", "i32", "fp32", "i32"],
+         dict(BQ=tri._BALL_BQ, BR=tri._BALL_BR), 4)
+print("compiled")
+"""
+
+
+def test_triton_kernels_compile_for_sm90():
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    res = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
+        pytest.skip("ptxas not available")
+    assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
