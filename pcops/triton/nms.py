@@ -15,7 +15,9 @@ IoU of one pair, in float32 (``_pair_inter``):
    so they add no area and the result is continuous in the inputs: no special case for shared edges
    or corners), then take the shoelace area of the 16 points.
 
-Pairs whose bounding circles do not touch, invalid boxes (non-finite, negative size) and zero-area
+Divisions are IEEE (``tl.div_rn``: Triton's ``/`` is a 2-ulp approximation on NVIDIA), so an
+IoU of identical boxes is exactly 1 and exactly representable IoUs compare exactly with the
+threshold. Pairs whose bounding circles do not touch, invalid boxes (non-finite, negative size) and zero-area
 boxes give 0. NMS: ``_nms_mask_kernel`` writes the upper-triangular ``IoU > thr`` bitmask in
 64-bit words (sorted order), ``_nms_pass_kernel`` (one program) walks the 64-box tiles: it resolves
 a tile sequentially from its diagonal word block, then ORs the kept boxes' rows into the "removed"
@@ -65,7 +67,7 @@ def _slab(px, py, qx, qy, h):
     clamped onto the boundary line (collinear with the neighbouring exit/entry points: no area)."""
     d = qx - px
     par = d == 0.0
-    inv = 1.0 / tl.where(par, 1.0, d)
+    inv = tl.div_rn(1.0, tl.where(par, 1.0, d))
     ta = (-h - px) * inv
     tb = (h - px) * inv
     inside_par = tl.abs(px) <= h
@@ -238,7 +240,7 @@ def _boxes_iou_kernel(
         size_a = tl.where(oka[:, None], dxa * dya, 0.0)
         size_b = tl.where(okb[None, :], dxb * dyb, 0.0)
     union = size_a + size_b - inter
-    iou = tl.where(union > 0.0, inter / tl.where(union > 0.0, union, 1.0), 0.0)
+    iou = tl.where(union > 0.0, tl.div_rn(inter, tl.where(union > 0.0, union, 1.0)), 0.0)
     live = (rows < n)[:, None] & (cols < m)[None, :]
     tl.store(out_ptr + rows[:, None].to(tl.int64) * m + cols[None, :], iou.to(out_ptr.dtype.element_ty), mask=live)
 
@@ -282,7 +284,7 @@ def _nms_mask_kernel(
         if tl.max(cand.to(tl.int32)) > 0:
             inter = _pair_inter(xa, ya, dxa, dya, ha, xb, yb, dxb, dyb, hb)
             union = dxa * dya + dxb * dyb - inter
-            iou = tl.where(union > 0.0, inter / tl.where(union > 0.0, union, 1.0), 0.0)
+            iou = tl.where(union > 0.0, tl.div_rn(inter, tl.where(union > 0.0, union, 1.0)), 0.0)
             hit = cand & (iou > thr)
             # distinct powers of two: their sum is their OR
             word = tl.sum(tl.where(hit, tl.full([1, 64], 1, tl.int64) << lane[None, :].to(tl.int64), 0), axis=1)
