@@ -516,18 +516,24 @@ from pcops.triton import voxelize as tri
 target = GPUTarget("cuda", 90, 32)
 
 
-def compile_(fn, types, constexprs, num_warps):
-    names = fn.arg_names
-    sig = dict(zip(names, types + ["constexpr"] * len(constexprs)))
+def compile_(fn, types, constexprs, num_warps, ones=()):
+    # Triton's JIT turns int arguments equal to 1 into constexprs: compile such variants too
+    sig = dict(zip(fn.arg_names, types + ["constexpr"] * (len(fn.arg_names) - len(types))))
+    for name in ones:
+        sig[name] = "constexpr"
+        constexprs = {**constexprs, name: 1}
     triton.compile(ASTSource(fn, sig, constexprs), target=target, options={"num_warps": num_warps})
 
 
 main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 8 + ["*i64", "*i32"] + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
-for hl, hard, seg, pb in [(True, True, True, 32), (False, False, False, 1)]:
+for hl, hard, seg, pb, ones in [(True, True, True, 32, ()), (False, False, False, 1, ()),
+                                (True, True, True, 1, ("gz", "batch_size", "max_points", "list_stride"))]:
     compile_(tri._voxelize_kernel, main_types, dict(HAS_LENGTHS=hl, HARD=hard, SEGMENTED=seg, PB=pb, BLOCK=1024,
-             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8)), 8)
+             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8)), 8, ones)
 rows_types = ["*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6 + ["i32"] * 3
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128), 4)
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128), 4,
+         ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
 print("compiled")
 """
 

@@ -121,9 +121,9 @@ def _voxelize_kernel(
     px = tl.load(row_ptrs + 0, mask=live, other=0.0).to(tl.float32)
     py = tl.load(row_ptrs + 1, mask=live, other=0.0).to(tl.float32)
     pz = tl.load(row_ptrs + 2, mask=live, other=0.0).to(tl.float32)
-    cx, okx = _voxel_cell(px, x_lo, x_hi, vx, gx.to(tl.float32))
-    cy, oky = _voxel_cell(py, y_lo, y_hi, vy, gy.to(tl.float32))
-    cz, okz = _voxel_cell(pz, z_lo, z_hi, vz, gz.to(tl.float32))
+    cx, okx = _voxel_cell(px, x_lo, x_hi, vx, gx)
+    cy, oky = _voxel_cell(py, y_lo, y_hi, vy, gy)
+    cz, okz = _voxel_cell(pz, z_lo, z_hi, vz, gz)
     valid = in_batch & okx & oky & okz
     key = ((b.to(tl.int64) * gz + cz) * gy + cy) * gx + cx
     key = tl.where(valid, key, -1)
