@@ -156,10 +156,17 @@ def nms_bev(
         host sync at all (the whole post-processing can be captured in a CUDA graph).
 
     Invalid boxes (non-finite values, negative sizes on the GPU) are never kept and never suppress.
-    GPU scheme: one sort, one kernel for the upper-triangular ``IoU > thr`` bitmask (64-bit words,
-    pairs whose bounding circles do not touch are skipped), one single-block kernel for the greedy
-    pass; deterministic, and the same keep list as the float64 reference away from ties with the
-    threshold.
+
+    GPU scheme (Rotated NMS without a host round trip, unlike OpenPCDet's/mmcv's host loop): one
+    stable sort; one kernel for the upper-triangular ``IoU > thr`` bitmask in 64-bit words (pairs
+    whose bounding circles do not touch are culled before any clipping); one single-block kernel
+    for the greedy pass (a tile of 64 boxes is resolved sequentially from its diagonal block, then
+    the kept rows are ORed into the "removed" words of the later tiles; it stops once
+    ``post_max_size`` boxes are kept). GPU launches: ``nan_to_num`` + ``torch.sort`` + the two
+    kernels (+ one gather with ``idxs``, + a cast for non-float32 inputs on the CUDA backend);
+    the variable-length form adds the sync and a copy. Deterministic; the same keep list as the
+    float64 reference except where an IoU lies within ~1e-6 of the threshold (e.g. boxes that
+    only touch, at threshold 0).
     """
     return _nms_args(boxes, scores, None, iou_threshold, pre_max_size, post_max_size, padded, backend)
 
