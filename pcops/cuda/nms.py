@@ -11,8 +11,9 @@ _TILE = 64
 _MASK_THREADS = 256
 _PASS_THREADS = 1024
 _IOU_BLOCK = (32, 8)
-# the pass keeps one "removed" word per 64 boxes in shared memory (48 KB without opt-in)
-MAX_WORDS = 48 * 1024 // 8
+# the pass keeps one "removed" word per 64 boxes in dynamic shared memory: 48 KB without opt-in,
+# less the kernel's ~1 KB of static shared memory (M <= 376,832 boxes; Triton takes larger M)
+MAX_WORDS = (48 * 1024 - 2048) // 8
 
 
 def _as_f32(t: torch.Tensor) -> torch.Tensor:
