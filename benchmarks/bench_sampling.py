@@ -72,19 +72,20 @@ def tuning_rows(clouds, xyz):
             t = bench(lambda: pcops.knn(pts, pts, 16), warmup=2, rep=20)
             out.append(row(wl, f"knn BQ={bq} BR={br} SB={sb} warps={warps}", t))
     tri._KNN_BQ, tri._KNN_BR, tri._KNN_SB, tri._KNN_WARPS = saved
-    saved = (cuda_fps._TARGET_PPT, cuda_fps._LAZY)
+    saved = (cuda_fps._TARGET_PPT, cuda_fps._VARIANT)
     expected = pcops.farthest_point_sample(clouds, 4096, backend="triton")
-    for lazy in (False, True):
-        cuda_fps._LAZY = lazy
+    for variant in ("keys", "lazy", "flat"):
+        cuda_fps._VARIANT = variant
         for ppt in (2, 4, 8):
             cuda_fps._TARGET_PPT = ppt
             same = bool(torch.equal(pcops.farthest_point_sample(clouds, 4096, backend="cuda"), expected))
             t = bench(lambda: pcops.farthest_point_sample(clouds, 4096, backend="cuda"), warmup=2, rep=10)
             out.append(row("F1 tuning", f"fps cuda PPT={ppt}: {cuda_fps.last_launch}", t, identical_to_triton=same))
         cuda_fps._TARGET_PPT = 4
-        t = bench(lambda: pcops.farthest_point_sample(xyz[None], 16384, backend="cuda"), warmup=1, rep=5)
-        out.append(row("F2 tuning", f"fps cuda: {cuda_fps.last_launch}", t))
-    cuda_fps._TARGET_PPT, cuda_fps._LAZY = saved
+        if variant != "flat":  # F2 needs 16-CTA clusters: flat falls back to lazy there
+            t = bench(lambda: pcops.farthest_point_sample(xyz[None], 16384, backend="cuda"), warmup=1, rep=5)
+            out.append(row("F2 tuning", f"fps cuda: {cuda_fps.last_launch}", t))
+    cuda_fps._TARGET_PPT, cuda_fps._VARIANT = saved
     return out
 
 

@@ -64,6 +64,12 @@ __device__ __forceinline__ uint4 load_cluster_v4(unsigned addr) {
   return v;
 }
 
+__device__ __forceinline__ unsigned load_cluster_u32(unsigned addr) {
+  unsigned v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ u64 warp_max(u64 v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -79,13 +85,15 @@ __device__ __forceinline__ float sq_dist(float x, float y, float z, float cx, fl
 }
 
 // points: (B, N, 3) float32; lengths, starts: (B,) int64; out: (B, M) int64 pre-filled with -1.
-// LAZY selects the per-point bookkeeping (see step 1); both give identical results.
-template <int PPT, bool LAZY>
+// LAZY selects the per-point bookkeeping (see step 1), FLAT_C > 0 the flat exchange for clusters
+// of exactly FLAT_C CTAs (see step 2'); every combination gives identical results.
+template <int PPT, bool LAZY, int FLAT_C>
 __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out,
                                             int n, int num_samples) {
   __shared__ Candidate slot[2];                // this CTA's best, by step parity
   __shared__ Candidate warp_best[FPS_WARPS];  // each warp's best
+  __shared__ Candidate records[FLAT_C > 0 ? 2 : 1][FPS_WARPS];  // flat exchange: per parity, per warp
   const unsigned rank = cluster_rank(), csize = cluster_size();
   const long long b = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -184,46 +192,86 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
       key = ((u64)__float_as_uint(wbest) << 32) | (u64)(0xFFFFFFFFu - my_index);
     }
 
-    // 2. warp, then CTA
+    // the holder's coordinates (unrolled select: the arrays stay in registers)
+    float wx = 0.f, wy = 0.f, wz = 0.f;
     if (holder) {
-      float wx = 0.f, wy = 0.f, wz = 0.f;
 #pragma unroll
       for (int j = 0; j < PPT; ++j) {
-        if (j == hold_j) {  // unrolled select: the arrays stay in registers
+        if (j == hold_j) {
           wx = x[j];
           wy = y[j];
           wz = z[j];
         }
       }
-      warp_best[warp].key = key;
-      warp_best[warp].x = wx;
-      warp_best[warp].y = wy;
-      warp_best[warp].z = wz;
-    } else if (none && lane == 0) {
-      warp_best[warp].key = 0ull;
     }
-    __syncthreads();
     const int parity = s & 1;
-    if (warp == 0) {
-      const u64 k = lane < FPS_WARPS ? warp_best[lane].key : 0ull;
-      const u64 cmax = warp_max(k);
-      if (cmax != 0ull ? (lane < FPS_WARPS && k == cmax) : lane == 0) {
-        slot[parity] = cmax != 0ull ? warp_best[lane] : Candidate{0ull, 0.f, 0.f, 0.f, 0.f};
-      }
-    }
-    // 3. cluster: publish the CTA's best, read everyone's (double buffering makes one barrier
-    // per step enough: a CTA rewrites slot[parity] only after all CTAs passed the next barrier)
-    cluster_sync();
     u64 k = 0ull;
     float px = 0.f, py = 0.f, pz = 0.f;
-    if (lane < (int)csize) {
-      const unsigned addr = map_to_rank(shared_address(&slot[parity]), (unsigned)lane);
-      const uint4 a = load_cluster_v4(addr);
-      const uint4 c = load_cluster_v4(addr + 16);
-      k = ((u64)a.y << 32) | (u64)a.x;
-      px = __uint_as_float(a.z);
-      py = __uint_as_float(a.w);
-      pz = __uint_as_float(c.x);
+    if constexpr (FLAT_C == 0) {
+      // 2. warp records, then one warp reduces them to the CTA's best
+      if (holder) {
+        warp_best[warp].key = key;
+        warp_best[warp].x = wx;
+        warp_best[warp].y = wy;
+        warp_best[warp].z = wz;
+      } else if (none && lane == 0) {
+        warp_best[warp].key = 0ull;
+      }
+      __syncthreads();
+      if (warp == 0) {
+        const u64 kw = lane < FPS_WARPS ? warp_best[lane].key : 0ull;
+        const u64 cmax = warp_max(kw);
+        if (cmax != 0ull ? (lane < FPS_WARPS && kw == cmax) : lane == 0) {
+          slot[parity] = cmax != 0ull ? warp_best[lane] : Candidate{0ull, 0.f, 0.f, 0.f, 0.f};
+        }
+      }
+      // 3. cluster: publish the CTA's best, read everyone's (double buffering makes one barrier
+      // per step enough: a CTA rewrites slot[parity] only after all CTAs passed the next barrier)
+      cluster_sync();
+      if (lane < (int)csize) {
+        const unsigned addr = map_to_rank(shared_address(&slot[parity]), (unsigned)lane);
+        const uint4 a = load_cluster_v4(addr);
+        k = ((u64)a.y << 32) | (u64)a.x;
+        px = __uint_as_float(a.z);
+        py = __uint_as_float(a.w);
+        pz = __uint_as_float(load_cluster_u32(addr + 16));
+      }
+    } else {
+      // 2'. flat: every warp publishes its record; after the one cluster barrier each warp reads
+      // all FLAT_C * FPS_WARPS records itself (loads in flight together), no CTA-level stage
+      if (holder) {
+        records[parity][warp] = Candidate{key, wx, wy, wz, 0.f};
+      } else if (none && lane == 0) {
+        records[parity][warp].key = 0ull;
+      }
+      cluster_sync();
+      constexpr int kRecords = FLAT_C * FPS_WARPS;
+      constexpr int kPerLane = (kRecords + 31) / 32;
+      uint4 a[kPerLane];
+      unsigned zs[kPerLane];
+      const unsigned base = shared_address(&records[parity][0]);
+#pragma unroll
+      for (int t = 0; t < kPerLane; ++t) {
+        const int r = lane + 32 * t;
+        if (r < kRecords) {
+          const unsigned addr = map_to_rank(base + (unsigned)((r % FPS_WARPS) * sizeof(Candidate)), (unsigned)(r / FPS_WARPS));
+          a[t] = load_cluster_v4(addr);
+          zs[t] = load_cluster_u32(addr + 16);
+        } else {
+          a[t] = make_uint4(0u, 0u, 0u, 0u);
+          zs[t] = 0u;
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kPerLane; ++t) {
+        const u64 kk = ((u64)a[t].y << 32) | (u64)a[t].x;
+        if (kk > k) {
+          k = kk;
+          px = __uint_as_float(a[t].z);
+          py = __uint_as_float(a[t].w);
+          pz = __uint_as_float(zs[t]);
+        }
+      }
     }
     const u64 gmax = warp_max(k);
     const int winner = __ffs(__ballot_sync(FULL_MASK, k == gmax)) - 1;
@@ -240,12 +288,19 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
       fps_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out, \
                         int n, int num_samples) {                                                              \
-    fps_cluster<PPT, false>(points, lengths, starts, out, n, num_samples);                                     \
+    fps_cluster<PPT, false, 0>(points, lengths, starts, out, n, num_samples);                                     \
   }                                                                                                            \
   extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
       fps_lazy_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts,           \
                              long long* out, int n, int num_samples) {                                         \
-    fps_cluster<PPT, true>(points, lengths, starts, out, n, num_samples);                                      \
+    fps_cluster<PPT, true, 0>(points, lengths, starts, out, n, num_samples);                                      \
+  }
+
+#define FPS_FLAT_ENTRY(C, PPT)                                                                                \
+  extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
+      fps_flat_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts,           \
+                             long long* out, int n, int num_samples) {                                         \
+    fps_cluster<PPT, true, C>(points, lengths, starts, out, n, num_samples);                                   \
   }
 
 #define FPS_ENTRIES(C) FPS_ENTRY(C, 1) FPS_ENTRY(C, 2) FPS_ENTRY(C, 4) FPS_ENTRY(C, 8) FPS_ENTRY(C, 16)
@@ -256,12 +311,12 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                  \
       fps_rt_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out,     \
                     int n, int num_samples) {                                                                    \
-    fps_cluster<PPT, false>(points, lengths, starts, out, n, num_samples);                                       \
+    fps_cluster<PPT, false, 0>(points, lengths, starts, out, n, num_samples);                                       \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                  \
       fps_lazy_rt_p##PPT(const float* points, const long long* lengths, const long long* starts,               \
                          long long* out, int n, int num_samples) {                                               \
-    fps_cluster<PPT, true>(points, lengths, starts, out, n, num_samples);                                        \
+    fps_cluster<PPT, true, 0>(points, lengths, starts, out, n, num_samples);                                        \
   }
 
 FPS_RUNTIME_ENTRY(4)
@@ -273,3 +328,12 @@ FPS_ENTRIES(2)
 FPS_ENTRIES(4)
 FPS_ENTRIES(8)
 FPS_ENTRIES(16)
+
+// flat exchange (lazy bookkeeping) for portable cluster sizes: C * 16 records, C / 2 per lane
+#define FPS_FLAT_ENTRIES(C) \
+  FPS_FLAT_ENTRY(C, 1) FPS_FLAT_ENTRY(C, 2) FPS_FLAT_ENTRY(C, 4) FPS_FLAT_ENTRY(C, 8) FPS_FLAT_ENTRY(C, 16)
+
+FPS_FLAT_ENTRIES(1)
+FPS_FLAT_ENTRIES(2)
+FPS_FLAT_ENTRIES(4)
+FPS_FLAT_ENTRIES(8)

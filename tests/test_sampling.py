@@ -500,6 +500,7 @@ def test_fps_cu_compiles_with_every_entry_point():
         for ppt in (1, 2, 4, 8, 16):
             assert f"fps_c{cluster}_p{ppt}".encode() in cubin
             assert f"fps_lazy_c{cluster}_p{ppt}".encode() in cubin
+            assert cluster > 8 or f"fps_flat_c{cluster}_p{ppt}".encode() in cubin
     for ppt in (4, 8, 16):  # every points-per-thread a 16-CTA cluster can need
         assert f"fps_rt_p{ppt}".encode() in cubin and f"fps_lazy_rt_p{ppt}".encode() in cubin
 
@@ -525,18 +526,20 @@ def test_cluster_launch_structs_match_cuda_h():
     assert ctypes.sizeof(cu._LaunchConfig) == 56
 
 
-@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("variant", ["keys", "lazy", "flat"])
 @pytest.mark.parametrize("launch", ["_launch_ex", "_launch"])
 @pytest.mark.parametrize("cluster,ppt,n", [(16, 16, 120268), (16, 4, 20000), (8, 4, 16384), (2, 1, 700), (1, 8, 3001)])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, lazy, monkeypatch):
+def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypatch):
     """Each kernel variant and way of launching it, directly (the dispatcher would hide a failure)."""
     from pcops.cuda import sampling as cu
 
     if launch == "_launch_ex" and ppt not in (4, 8, 16):
         pytest.skip("no runtime-shaped entry for this points-per-thread")
-    monkeypatch.setattr(cu, "_LAZY", lazy)
+    if launch == "_launch_ex" and variant == "flat":
+        pytest.skip("the flat variant has compile-time cluster shapes only")
+    monkeypatch.setattr(cu, "_VARIANT", variant)
     pts, _ = make_clouds(2, n, seed=5, scale=10.0, duplicates=n < 5000)
     lengths = torch.tensor([n, n // 3])
     start = torch.tensor([0, 5])

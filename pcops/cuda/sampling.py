@@ -17,9 +17,11 @@ from .._nvrtc import _cuda, get_kernel, nvrtc
 _THREADS = 512
 _MAX_PPT = 16
 _TARGET_PPT = 4  # points per thread before another CTA joins the cluster
-# per-point bookkeeping of csrc/fps.cu (identical results): False tracks (value, slot) per point
-# and reduces 64-bit keys; True tracks the value only and looks the slot up afterwards
-_LAZY = False
+# kernel variant of csrc/fps.cu (identical results): "keys" tracks (value, slot) per point and
+# reduces 64-bit keys; "lazy" tracks the value only and looks the slot up afterwards; "flat" is
+# lazy with no CTA-level stage (each warp reads every warp's record of the cluster; clusters of
+# at most 8 CTAs, larger ones use "lazy")
+_VARIANT = "keys"
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
 
@@ -75,7 +77,8 @@ def _allow_non_portable(kernel) -> None:
 
 def _launch(points, lengths, start_idx, out, num_samples, cluster, ppt):
     """A kernel whose cluster shape is fixed at compile time (``__cluster_dims__``): cuLaunchKernel."""
-    name = f"fps{'_lazy' if _LAZY else ''}_c{cluster}_p{ppt}"
+    prefix = {"keys": "fps", "lazy": "fps_lazy", "flat": "fps_flat" if cluster <= 8 else "fps_lazy"}[_VARIANT]
+    name = f"{prefix}_c{cluster}_p{ppt}"
     kernel = get_kernel("fps.cu", name, points.device)
     if cluster > 8:
         _allow_non_portable(kernel)
@@ -91,7 +94,7 @@ def _note(what: str) -> None:
 
 def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
     """The runtime-shaped kernel with a cluster-dimension launch attribute: cuLaunchKernelEx."""
-    name = f"fps{'_lazy' if _LAZY else ''}_rt_p{ppt}"
+    name = f"{'fps' if _VARIANT == 'keys' else 'fps_lazy'}_rt_p{ppt}"
     kernel = get_kernel("fps.cu", name, points.device)
     _allow_non_portable(kernel)
     batch, n, _ = points.shape
