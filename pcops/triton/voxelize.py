@@ -134,11 +134,10 @@ def _voxelize_kernel(
     scratch = keys_ptr + cap + lane  # harmless CAS target for lanes with nothing to insert
     pending = valid
     while tl.max(pending.to(tl.int32), axis=0) > 0:
-        cur = tl.load(keys_ptr + slot, mask=pending, other=0)
-        try_cas = pending & (cur == -1)
-        old = tl.atomic_cas(tl.where(try_cas, keys_ptr + slot, scratch), tl.where(try_cas, -1, -3).to(tl.int64), key)
-        cur = tl.where(try_cas, old, cur)
-        hit = pending & ((cur == key) | (try_cas & (old == -1)))
+        # one CAS per probe (no load first: a load would cost a second round trip); it returns -1
+        # (inserted), our key (already there) or another key (probe on)
+        old = tl.atomic_cas(tl.where(pending, keys_ptr + slot, scratch), tl.where(pending, -1, -3).to(tl.int64), key)
+        hit = pending & ((old == -1) | (old == key))
         pending = pending & (~hit)
         slot = tl.where(pending, (slot + 1) & (cap - 1), slot)
     enc = (num_points - 1 - p).to(tl.int32)
@@ -224,7 +223,7 @@ def _voxelize_kernel(
         lst = lists_ptr + ((b.to(tl.int64) * list_stride + row) * PB)
         x = enc
         pos = tl.zeros((BLOCK,), tl.int32)
-        for j0 in range(0, PB, SNAP):
+        for j0 in tl.static_range(0, PB, SNAP):  # unrolled: the chunk loads are independent
             jj = j0 + tl.arange(0, SNAP)
             snap = tl.load(lst[:, None] + jj[None, :], mask=keep[:, None] & (jj < max_points)[None, :], other=-1,
                            volatile=True)
@@ -348,7 +347,8 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     device = points.device
     batch = 1 if lengths is None else lengths.numel()
     gx, gy, gz = _grid_size(voxel_size, point_cloud_range)
-    cap = max(triton.next_power_of_2(2 * n), 64)
+    # open addressing at load <= 1/2: twice the most voxels there can be (points, or grid cells)
+    cap = max(triton.next_power_of_2(2 * min(n, batch * gx * gy * gz)), 64)
     num_blocks = triton.cdiv(n, _BLOCK)
     pb = triton.next_power_of_2(max_points) if hard else 1
     list_stride = min(max_voxels, n) if hard else 0
