@@ -65,7 +65,7 @@ def _voxel_cell(v, lo, hi, size, cells):
 def _voxelize_kernel(
     points_ptr,  # (N, C) contiguous, any float dtype
     lengths_ptr,  # (B,) int32/int64 sample lengths (unused without HAS_LENGTHS)
-    keys_ptr,  # (CAP + BLOCK,) int64 hash keys, -1 = empty; the last BLOCK are CAS scratch
+    keys_ptr,  # (CAP,) int64 hash keys, -1 = empty
     first_ptr,  # (CAP,) int32 max of N - 1 - p over the slot's points (-1 = none)
     row_ptr,  # (CAP,) int32 voxel row (sample-local) of the slot, -2 dropped, -1 not yet known
     ticket_ptr,  # (1,) int32 block ticket, starts at -1
@@ -130,13 +130,14 @@ def _voxelize_kernel(
 
     # --- hash insert (linear probing) and first point per slot --------------------------------
     h = key * 0x9E3779B1
-    slot = tl.where(valid, (h ^ (h >> 17)) & (cap - 1), 0)
-    scratch = keys_ptr + cap + lane  # harmless CAS target for lanes with nothing to insert
+    # lanes with nothing to insert still take part in the (unmasked) CAS, with a comparand that
+    # never matches (-3) at a spread-out slot, so they write nothing and contend with no one
+    slot = tl.where(valid, (h ^ (h >> 17)) & (cap - 1), (p64 * 0x9E3779B1 >> 7) & (cap - 1))
     pending = valid
     while tl.max(pending.to(tl.int32), axis=0) > 0:
         # one CAS per probe (no load first: a load would cost a second round trip); it returns -1
         # (inserted), our key (already there) or another key (probe on)
-        old = tl.atomic_cas(tl.where(pending, keys_ptr + slot, scratch), tl.where(pending, -1, -3).to(tl.int64), key)
+        old = tl.atomic_cas(keys_ptr + slot, tl.where(pending, -1, -3).to(tl.int64), key)
         hit = pending & ((old == -1) | (old == key))
         pending = pending & (~hit)
         slot = tl.where(pending, (slot + 1) & (cap - 1), slot)
@@ -355,7 +356,7 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     list_len = batch * list_stride * pb if hard else 0
     coords_len = 4 * n if (not hard and pad_to_max) else 0  # -1 padded coords of the dynamic fixed form
     # one int32 buffer, one fill: every "empty" is -1 (keys: int64 -1 = two int32 -1)
-    sizes = [2 * (cap + _BLOCK), cap, cap, 1, num_blocks, num_blocks, 2 * batch, batch, list_len, coords_len]
+    sizes = [2 * cap, cap, cap, 1, num_blocks, num_blocks, 2 * batch, batch, list_len, coords_len]
     work = torch.full((sum(sizes),), -1, dtype=torch.int32, device=device)
     views = list(torch.split(work, sizes))
     keys = views[0].view(torch.int64)
