@@ -552,3 +552,13 @@ def test_triton_kernels_compile_for_sm90():
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("ptxas not available")
     assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_bad_lengths_device():
+    pts = torch.zeros(5, 4, device="cuda")
+    with pytest.raises(ValueError, match="lengths"):
+        pcops.voxelize(pts, (0.1, 0.1, 0.1), (0, 0, 0, 1, 1, 1), 4, 10, lengths=torch.tensor([5]))
+    with pytest.raises(ValueError, match="lengths"):
+        pcops.dynamic_voxelize(pts, (0.1, 0.1, 0.1), (0, 0, 0, 1, 1, 1), lengths=torch.tensor([5]))
