@@ -5,9 +5,9 @@ V2: BIG = SCAN tiled 10x, each copy jittered by N(0, 0.05 m) in x, y, z (seed 0)
 V3: SCAN, SECOND grid (0.05, 0.05, 0.1) m, 5 points, 40,000 voxels.
 Dynamic V1 / V2: per-point voxel index and the occupied voxels' coords, no caps.
 
-Baseline (same run): the plain-torch reference (``pcops.reference.voxelize``, one stable sort of
-the packed keys + a sort of the voxels' first points) run on the GPU; it produces the same
-deterministic FCFS output. Peers not installable here (mmcv, spconv) are not measured; the
+Baseline (same run): the plain-torch reference (``backend="torch"``: ``pcops.reference.voxelize``,
+one stable sort of the packed keys, a prefix count for the voxel order) run on the GPU; it
+produces the same deterministic FCFS output. Peers not installable here (mmcv, spconv) are not measured; the
 issue quotes mmcv on the same H200 class: random-order 0.73 / 1.36 ms, deterministic 28 / 415 ms
 (V1 / V2).
 
@@ -21,7 +21,6 @@ import torch
 from common import bench, bench_cpu, load_scan, parse_args, report, row
 
 import pcops
-from pcops.reference import voxelize as ref
 
 V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
           max_points_per_voxel=32, max_voxels=40000)
@@ -45,13 +44,13 @@ def main():
     for wl, pts_cpu, cfg in (("V1", scan, V1), ("V2", big, V1), ("V3", scan, V3)):
         pts = pts_cpu.cuda()
         n = pts.shape[0]
-        vs, pcr, mp, mv = cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"], cfg["max_voxels"]
+        vs, pcr = cfg["voxel_size"], cfg["point_cloud_range"]
         out = pcops.voxelize(pts, **cfg)
         check = pcops.voxelize(pts_cpu, **cfg)
         exact = all(torch.equal(a.cpu(), b) for a, b in zip(out, check))
         extra = dict(voxels=out.voxels.shape[0], dropped_points=int(out.num_dropped_points.sum()),
                      dropped_voxels=int(out.num_dropped_voxels.sum()), equal_to_cpu_reference=exact)
-        base = bench(lambda: ref.voxelize(pts, None, vs, pcr, mp, mv, False), rep=rep)
+        base = bench(lambda: pcops.voxelize(pts, **cfg, backend="torch"), rep=rep)
         rows.append(row(wl, "torch reference on GPU (sort)", base, items=n, baseline=base))
         t = bench(lambda: pcops.voxelize(pts, **cfg), rep=rep)
         rows.append(row(wl, "pcops eager", t, items=n, baseline=base, **extra))
@@ -61,7 +60,7 @@ def main():
         rows.append(row(wl, "pcops pad_to_max (graph)", t, items=n, baseline=base))
         if cfg is V1:
             dwl = f"dynamic {wl}"
-            dbase = bench(lambda: ref.dynamic_voxelize(pts, None, vs, pcr, False), rep=rep)
+            dbase = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, backend="torch"), rep=rep)
             rows.append(row(dwl, "torch reference on GPU (sort)", dbase, items=n, baseline=dbase))
             t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr), rep=rep)
             rows.append(row(dwl, "pcops eager", t, items=n, baseline=dbase))

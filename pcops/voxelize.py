@@ -62,6 +62,14 @@ class DynamicVoxels(NamedTuple):
     num_voxels: torch.Tensor
 
 
+_BACKENDS = ("triton", "torch")
+
+
+def _check_backend(backend):
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
+
+
 def _check_common(points, voxel_size, point_cloud_range, lengths):
     _checks.check_tensor("points", points, dtypes=_checks.FLOAT_DTYPES, ndim=2, min_last_dim=3)
     vs = _checks.check_floats("voxel_size", voxel_size, 3, positive=True)
@@ -89,6 +97,7 @@ def voxelize(
     lengths: torch.Tensor | None = None,
     *,
     pad_to_max: bool = False,
+    backend: str = "triton",
 ) -> Voxels:
     """Hard voxelization, first come first served (PointPillars, Lang et al. 2019; SECOND, Yan et al. 2018).
 
@@ -109,6 +118,9 @@ def voxelize(
             the ``M = num_voxels.sum()`` real rows come first, in the same order as the
             variable-size form (``out.voxels[:M]`` equals it), then padding rows with
             ``voxels`` 0, ``coords`` −1 (all four) and ``num_points`` 0. No host sync.
+        backend: the CUDA implementation: ``"triton"`` (default: hash table, see the module
+            docstring) or ``"torch"`` (the plain-torch reference run on the GPU: sort-based,
+            same output, several host syncs). Ignored on the CPU.
 
     Returns:
         ``Voxels(voxels, coords, num_points, point_to_voxel, num_voxels, num_dropped_points,
@@ -136,8 +148,9 @@ def voxelize(
         raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
+    _check_backend(backend)
     out = torch.ops.pcops.voxelize(
-        points.contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max
+        points.contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max, backend
     )
     return Voxels(*out)
 
@@ -149,10 +162,11 @@ def dynamic_voxelize(
     lengths: torch.Tensor | None = None,
     *,
     pad_to_max: bool = False,
+    backend: str = "triton",
 ) -> DynamicVoxels:
     """Dynamic voxelization (MVF, Zhou et al. 2019): the voxel of every point, no caps, nothing dropped.
 
-    Args and in-range semantics as ``pcops.voxelize`` (no caps).
+    Args (including ``backend``) and in-range semantics as ``pcops.voxelize`` (no caps).
 
     Returns:
         ``DynamicVoxels(point_to_voxel (N,) int64, coords (M, 4) int32, num_voxels (B,) int64)``:
@@ -166,7 +180,8 @@ def dynamic_voxelize(
         raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
-    out = torch.ops.pcops.dynamic_voxelize(points.contiguous(), lengths, list(vs), list(pcr), pad_to_max)
+    _check_backend(backend)
+    out = torch.ops.pcops.dynamic_voxelize(points.contiguous(), lengths, list(vs), list(pcr), pad_to_max, backend)
     return DynamicVoxels(*out)
 
 
@@ -223,19 +238,25 @@ def _voxelize(
     max_points_per_voxel: int,
     max_voxels: int,
     pad_to_max: bool,
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max)
 
 
 @_voxelize.register_kernel("cuda")
-def _voxelize_cuda(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max):
-    from .triton import voxelize as impl
+def _voxelize_cuda(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
+                   backend):
+    if backend == "torch":
+        impl = _ref
+    else:
+        from .triton import voxelize as impl
 
     return impl.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max)
 
 
 @_voxelize.register_fake
-def _voxelize_fake(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max):
+def _voxelize_fake(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
+                   backend):
     torch._check(points.dim() == 2 and points.shape[1] >= 3, lambda: "points: expected shape (N, C >= 3)")
     torch._check(len(voxel_size) == 3, lambda: "voxel_size: expected 3 values")
     torch._check(len(point_cloud_range) == 6, lambda: "point_cloud_range: expected 6 values")
@@ -264,19 +285,23 @@ def _dynamic_voxelize(
     voxel_size: list[float],
     point_cloud_range: list[float],
     pad_to_max: bool,
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
 
 
 @_dynamic_voxelize.register_kernel("cuda")
-def _dynamic_voxelize_cuda(points, lengths, voxel_size, point_cloud_range, pad_to_max):
-    from .triton import voxelize as impl
+def _dynamic_voxelize_cuda(points, lengths, voxel_size, point_cloud_range, pad_to_max, backend):
+    if backend == "torch":
+        impl = _ref
+    else:
+        from .triton import voxelize as impl
 
     return impl.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
 
 
 @_dynamic_voxelize.register_fake
-def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_to_max):
+def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_to_max, backend):
     torch._check(points.dim() == 2 and points.shape[1] >= 3, lambda: "points: expected shape (N, C >= 3)")
     n = points.shape[0]
     m = n if pad_to_max else torch.library.get_ctx().new_dynamic_size()

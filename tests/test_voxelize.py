@@ -258,8 +258,8 @@ def test_opcheck():
     vs, pcr = list(SMALL["voxel_size"]), list(SMALL["point_cloud_range"])
     for lengths in (None, torch.tensor([120, 80])):
         for pad in (False, True):
-            torch.library.opcheck(torch.ops.pcops.voxelize, (pts, lengths, vs, pcr, 3, 20, pad))
-            torch.library.opcheck(torch.ops.pcops.dynamic_voxelize, (pts, lengths, vs, pcr, pad))
+            torch.library.opcheck(torch.ops.pcops.voxelize, (pts, lengths, vs, pcr, 3, 20, pad, "triton"))
+            torch.library.opcheck(torch.ops.pcops.dynamic_voxelize, (pts, lengths, vs, pcr, pad, "triton"))
     p2v = pcops.dynamic_voxelize(pts, vs, pcr).point_to_voxel
     feats = torch.randn(200, 3, dtype=torch.float64, requires_grad=True)
     for reduce in ("mean", "max", "sum"):
@@ -313,6 +313,7 @@ def _bad(**kw):
     (_bad(lengths=torch.tensor([[5]])), ValueError, "lengths"),
     (_bad(lengths=torch.zeros(0, dtype=torch.int64)), ValueError, "lengths"),
     (_bad(pad_to_max=1), TypeError, "pad_to_max"),
+    (_bad(backend="cuda"), ValueError, "backend"),
 ])
 def test_bad_input(bad, exc, name):
     with pytest.raises(exc, match=name):
@@ -420,10 +421,13 @@ def test_triton_interpreter_kitti_subset(kitti_dir, small_blocks):
 # --- the GPU path -------------------------------------------------------------------------------
 
 
-def _gpu_case(pts, cfg, lengths=None, pad=False):
+def _gpu_case(pts, cfg, lengths=None, pad=False, torch_backend=False):
     out = pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(), pad_to_max=pad)
     expected = pcops.voxelize(pts, **cfg, lengths=lengths, pad_to_max=pad)
     assert_same(out, expected)
+    if torch_backend:
+        assert_same(pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(),
+                                   pad_to_max=pad, backend="torch"), expected)
     again = pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(), pad_to_max=pad)
     assert_same(again, out)  # run to run
     d = pcops.dynamic_voxelize(pts.cuda(), cfg["voxel_size"], cfg["point_cloud_range"],
@@ -453,7 +457,7 @@ def test_gpu_random(n, dtype):
 def test_gpu_kitti(kitti_dir):
     scan = kitti_scan(kitti_dir)
     for cfg in (V1, V3, dict(V1, max_voxels=5000, max_points_per_voxel=4)):
-        _gpu_case(scan, cfg)
+        _gpu_case(scan, cfg, torch_backend=True)
         _gpu_case(scan, cfg, pad=True)
     g = torch.Generator().manual_seed(0)
     big = torch.cat([scan + torch.cat([torch.randn(scan.shape[0], 3, generator=g) * 0.05, torch.zeros(scan.shape[0], 1)], 1)
@@ -461,7 +465,7 @@ def test_gpu_kitti(kitti_dir):
     _gpu_case(big, V1)
     two = torch.cat([scan, kitti_scan(kitti_dir, "000000")])
     lengths = torch.tensor([scan.shape[0], two.shape[0] - scan.shape[0]])
-    _gpu_case(two, V1, lengths)
+    _gpu_case(two, V1, lengths, torch_backend=True)
     _gpu_case(two, dict(V3, max_voxels=20000), lengths, pad=True)
 
 
@@ -491,8 +495,10 @@ def test_gpu_opcheck_and_reduce():
     pts = random_cloud(500, seed=12).cuda()
     vs, pcr = list(SMALL["voxel_size"]), list(SMALL["point_cloud_range"])
     for pad in (False, True):
-        torch.library.opcheck(torch.ops.pcops.voxelize, (pts, None, vs, pcr, 3, 20, pad))
-        torch.library.opcheck(torch.ops.pcops.dynamic_voxelize, (pts, torch.tensor([200, 300], device="cuda"), vs, pcr, pad))
+        for backend in ("triton", "torch"):
+            torch.library.opcheck(torch.ops.pcops.voxelize, (pts, None, vs, pcr, 3, 20, pad, backend))
+            torch.library.opcheck(torch.ops.pcops.dynamic_voxelize,
+                                  (pts, torch.tensor([200, 300], device="cuda"), vs, pcr, pad, backend))
     d = pcops.dynamic_voxelize(pts, vs, pcr)
     m = d.coords.shape[0]
     feats = torch.randn(500, 6, device="cuda", requires_grad=True)
