@@ -237,6 +237,26 @@ __device__ __forceinline__ void load_tile(int t, int k, const unsigned long long
   if ((k & 31) == 0) invalid32[k >> 5] = ballot;
 }
 
+// OR into acc the words w of the kept rows row0 + b, b = first, first + step, ... < 64: loads are
+// issued in groups of PASS_BATCH independent loads (one memory latency per group, not per row).
+#define PASS_BATCH 8
+__device__ __forceinline__ unsigned long long or_kept_rows(const unsigned long long* __restrict__ mask, long long row0,
+                                                           int words, int w, unsigned long long kept, int first,
+                                                           int step) {
+  unsigned long long acc = 0ull;
+  for (int b0 = first; b0 < NMS_TILE; b0 += PASS_BATCH * step) {
+    unsigned long long v[PASS_BATCH];
+#pragma unroll
+    for (int q = 0; q < PASS_BATCH; ++q) {
+      const int b = b0 + q * step;
+      v[q] = (b < NMS_TILE && ((kept >> b) & 1ull)) ? mask[(row0 + b) * words + w] : 0ull;
+    }
+#pragma unroll
+    for (int q = 0; q < PASS_BATCH; ++q) acc |= v[q];
+  }
+  return acc;
+}
+
 // Greedy pass over the bitmask in one block. out: (post,) int64 kept box indices (descending score),
 // -1 padded; count_out: () int64. Dynamic shared memory: words * 8 bytes ("removed" words).
 extern "C" __global__ void __launch_bounds__(PASS_THREADS)
@@ -256,17 +276,28 @@ nms_pass(const unsigned long long* __restrict__ mask, const float* __restrict__ 
   for (int t = 0; t < words && count < post; ++t) {
     const int cur = t & 1;
     if (tid == 0) {
-      // sequential greedy inside the tile: box b is kept unless removed by a kept box before it
-      unsigned long long rem = removed[t] | (unsigned long long)s_invalid[cur][0] |
-                               ((unsigned long long)s_invalid[cur][1] << 32);
-      unsigned long long kept = 0ull;
+      // Sequential greedy inside the tile: box b is kept unless removed by a kept box before it.
+      // Row b's diagonal word only has bits > b, so bit b of "removed" is final at step b and the
+      // kept set is its complement at the end. 32-bit halves keep the dependent chain at one bit
+      // test and one predicated OR per step (rows >= 32 only have bits in the high half).
+      const unsigned long long r0 = removed[t];
+      unsigned lo = (unsigned)r0 | s_invalid[cur][0];
+      unsigned hi = (unsigned)(r0 >> 32) | s_invalid[cur][1];
+      const unsigned long long* d = s_diag[cur];
 #pragma unroll
-      for (int b = 0; b < NMS_TILE; ++b) {
-        const unsigned long long free_bit = (~rem >> b) & 1ull;
-        kept |= free_bit << b;
-        rem |= s_diag[cur][b] & (0ull - free_bit);
+      for (int b = 0; b < 32; ++b) {
+        const unsigned long long row = d[b];
+        if (!((lo >> b) & 1u)) {
+          lo |= (unsigned)row;
+          hi |= (unsigned)(row >> 32);
+        }
       }
-      s_kept = kept;
+#pragma unroll
+      for (int b = 0; b < 32; ++b) {
+        const unsigned row_hi = (unsigned)(d[32 + b] >> 32);
+        if (!((hi >> b) & 1u)) hi |= row_hi;
+      }
+      s_kept = ~(((unsigned long long)hi << 32) | lo);
     } else if (tid >= 32 && tid < 32 + NMS_TILE && t + 1 < words) {
       // meanwhile, prefetch the next tile's diagonal block and validity
       load_tile(t + 1, tid - 32, mask, boxes, scores, order, m, words, stride, bev5, s_diag[cur ^ 1], s_invalid[cur ^ 1]);
@@ -283,23 +314,12 @@ nms_pass(const unsigned long long* __restrict__ mask, const float* __restrict__ 
     if (rest > 0 && kept && count < post) {
       const long long row0 = (long long)t * NMS_TILE;
       if (rest >= nt) {
-        for (int w = t + 1 + tid; w < words; w += nt) {
-          unsigned long long acc = 0ull;
-          unsigned long long k = kept;
-          while (k) {
-            const int b = __ffsll((long long)k) - 1;
-            k &= k - 1ull;
-            acc |= mask[(row0 + b) * words + w];
-          }
-          removed[w] |= acc;
-        }
+        for (int w = t + 1 + tid; w < words; w += nt) removed[w] |= or_kept_rows(mask, row0, words, w, kept, 0, 1);
       } else {
-        const int per_word = nt / rest;
+        const int per_word = min(nt / rest, NMS_TILE);
         const int g = tid / rest, w = t + 1 + tid % rest;
-        if (g < per_word && g < NMS_TILE) {
-          unsigned long long acc = 0ull;
-          for (int b = g; b < NMS_TILE; b += per_word)
-            if ((kept >> b) & 1ull) acc |= mask[(row0 + b) * words + w];
+        if (g < per_word) {
+          const unsigned long long acc = or_kept_rows(mask, row0, words, w, kept, g, per_word);
           if (acc) atomicOr(&removed[w], acc);
         }
       }
