@@ -146,9 +146,9 @@ def _voxelize_kernel(
     tl.debug_barrier()
     tl.atomic_xchg(flags_ptr + t, 1, sem="release")
 
-    # wait until every earlier block has inserted its points
-    for c0 in range(0, t, LOOKBACK):
-        offs = c0 + tl.arange(0, LOOKBACK)
+    # wait until every earlier block has inserted its points (BLOCK flags per round trip)
+    for c0 in range(0, t, BLOCK):
+        offs = c0 + lane
         m = offs < t
         f = tl.atomic_add(flags_ptr + offs, 0, mask=m, sem="acquire")
         todo = m & (f < 0)
