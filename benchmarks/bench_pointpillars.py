@@ -5,6 +5,7 @@ reference ops, OpenPCDet's module structure: the baseline), and the pcops fast p
 kernel, folded BatchNorm, fused head, sync-free post-processing), eager and CUDA-graph captured,
 fp32 (TF32 convolutions, PyTorch's default) and fp16; per-stage medians (CUDA events around each
 stage of an eager run) and the total (CUDA events around the whole call, median of ≥ 50 runs).
+Graph stages: each stage captured in its own CUDA graph and replayed alone (the split of the graph total).
 E2: 8 scans (the KITTI samples repeated) packed as one batch of 8; scans per second.
 
 Weights are random (seeded, BatchNorm statistics from SCAN, see ``PointPillars.randomize_``):
@@ -42,6 +43,42 @@ def stage_rows(model, pts, lengths, workload, impl, rep, base_stages):
     return rows, timer.summary()
 
 
+def graph_stage_rows(model, scan_gpu, tag, rep):
+    """Each stage of the captured pipeline in its own CUDA graph (inputs from the previous stage):
+    the per-stage split of the graph-captured total."""
+    from pcops.models.pointpillars import GraphedPointPillars, _fixed_voxelize
+    import torch.nn.functional as F
+
+    cfg, dev = model.config, scan_gpu.device
+    fp = model._fast_params(dev)
+    cap = -(-max(scan_gpu.shape[0], 131_072) // 1024) * 1024
+    static = torch.full((cap, 4), GraphedPointPillars.PAD_VALUE, device=dev)
+    static[: scan_gpu.shape[0]] = scan_gpu[:, :4]
+    lengths = torch.tensor([cap], dtype=torch.int32, device=dev)
+    with torch.no_grad():
+        vox = _fixed_voxelize(static, cfg, lengths)
+        canvas = model._pfn_scatter(vox.voxels, vox.num_points, vox.coords, 1, fp, count=vox.count)
+        x = model._backbone_fast(canvas, fp)
+        out = F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1)
+    stages = {
+        "voxelize": lambda: _fixed_voxelize(static, cfg, lengths),
+        "pfn+scatter": lambda: model._pfn_scatter(vox.voxels, vox.num_points, vox.coords, 1, fp, count=vox.count),
+        "backbone": lambda: model._backbone_fast(canvas, fp),
+        "head": lambda: F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1),
+        "post": lambda: model._post_fast(out),
+    }
+    rows = []
+    total = 0.0
+    with torch.no_grad():
+        for name, fn in stages.items():
+            t = bench(fn, rep=rep, graph=True)
+            total += t["median_ms"]
+            rows.append(row(f"E1 stage {name}", f"pcops graph {tag} (stage alone)", t))
+    rows.append(row("E1 stage total", f"pcops graph {tag} (sum of stages)",
+                    {"median_ms": total, "min_ms": total, "max_ms": total, "runs": rep}))
+    return rows
+
+
 def main():
     args = parse_args(__doc__)
     rep = 30 if args.quick else 100
@@ -75,6 +112,7 @@ def main():
         t = bench(graphed.graph.replay, rep=rep)
         rows.append(row("E1 total", f"pcops graph {tag} (replay only)", t, items=1, unit="scans/s", baseline=base))
         del graphed
+        rows += graph_stage_rows(model, pts, tag, rep)
     # fp32 with the backbone in NCHW (channels_last=False), graph-captured: the memory-format choice
     model.impl, model.dtype, model.channels_last = "fast", torch.float32, False
     graphed = model.capture(pts)
