@@ -527,3 +527,20 @@ def test_triton_kernels_compile_for_sm90(tmp_path):
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("Triton's ptxas is not available")
     assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
+
+
+@interpret
+def test_triton_interpreter_threshold_edges_rotated():
+    """Rotated pairs: thresholds 2e-6 below / above the float64 IoU decide as the reference does."""
+    from pcops.triton import nms as tri
+
+    g = generator(20)
+    for k in range(6):
+        a = torch.tensor([[70.0 - k, -39.0 + k, 3.9, 1.6, -2.0 + k]])
+        shift = torch.tensor([[0.3 + 0.2 * torch.rand(1, generator=g).item(), 0.4, 0.0, 0.0, 0.5 * k]])
+        boxes = torch.cat([a, a + shift])
+        v = ref.boxes_iou_bev(boxes[:1], boxes[1:]).item()
+        scores = torch.tensor([0.9, 0.4])
+        for thr, want in [(v - 2e-6, [0]), (v + 2e-6, [0, 1])]:
+            assert ref.nms_bev(boxes, scores, thr).tolist() == want
+            assert tri.nms_bev(boxes, scores, None, thr, None, None, False)[0].tolist() == want
