@@ -39,8 +39,50 @@ def boxes_iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> to
     return out.to(torch.float64) if boxes_a.dtype == torch.float64 else out
 
 
+def nms_mask(boxes: torch.Tensor, order: torch.Tensor, groups: torch.Tensor | None, iou_threshold: float) -> torch.Tensor:
+    """Upper-triangular ``IoU > thr`` bitmask ``(M, ceil(M/64))`` int64 of the sorted boxes (1 launch).
+
+    Args:
+        boxes: ``(N, C)`` float32 contiguous, C = 5 or ≥ 7.
+        order: ``(M,)`` int64 sorted position → box index; groups: ``(M,)`` int64 or None.
+    """
+    dev = boxes.device
+    m = order.shape[0]
+    words = (m + _TILE - 1) // _TILE
+    mask = torch.empty((m, words), dtype=torch.int64, device=dev)
+    if m:
+        g = groups if groups is not None else order
+        get_kernel("nms.cu", "nms_mask", dev)(
+            (words * (words + 1) // 2,), (_MASK_THREADS,),
+            [boxes, order, g, ctypes.c_int(int(groups is not None)), ctypes.c_int(m), ctypes.c_int(words),
+             ctypes.c_int(boxes.shape[1]), ctypes.c_int(int(boxes.shape[1] == 5)), ctypes.c_float(iou_threshold), mask],
+        )
+    return mask
+
+
+def nms_pass(mask: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, order: torch.Tensor,
+             out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy pass in one block of 1024 threads (1 launch): ``(indices (out_len,) −1 padded, count ())``.
+
+    Args:
+        mask: from :func:`nms_mask`; boxes ``(N, C)`` and scores ``(N,)`` float32 contiguous.
+    """
+    dev = boxes.device
+    m, words = mask.shape
+    out = torch.empty((out_len,), dtype=torch.int64, device=dev)
+    count = torch.empty((), dtype=torch.int64, device=dev)
+    get_kernel("nms.cu", "nms_pass", dev)(
+        (1,), (_PASS_THREADS,),
+        [mask, boxes, scores, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len),
+         ctypes.c_int(boxes.shape[1]), ctypes.c_int(int(boxes.shape[1] == 5)), out, count],
+        shared_mem=words * 8,
+    )
+    return out, count
+
+
 def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bitmask + greedy pass on score-sorted boxes; no host sync (2 launches).
+    """Bitmask + greedy pass on score-sorted boxes; no host sync (2 launches, plus casts for
+    non-float32 inputs).
 
     Args:
         boxes: ``(N, C)`` contiguous, C = 5 or ≥ 7 (cast to float32 if needed).
@@ -51,23 +93,6 @@ def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int)
     Returns:
         ``(indices (out_len,) int64, count () int64)``.
     """
-    dev = boxes.device
     b, s = _as_f32(boxes), _as_f32(scores)
-    m = order.shape[0]
-    words = (m + _TILE - 1) // _TILE
-    mask = torch.empty((m, words), dtype=torch.int64, device=dev)
-    out = torch.empty((out_len,), dtype=torch.int64, device=dev)
-    count = torch.empty((), dtype=torch.int64, device=dev)
-    stride, bev5 = ctypes.c_int(b.shape[1]), ctypes.c_int(int(b.shape[1] == 5))
-    g = groups if groups is not None else order
-    get_kernel("nms.cu", "nms_mask", dev)(
-        (words * (words + 1) // 2,), (_MASK_THREADS,),
-        [b, order, g, ctypes.c_int(int(groups is not None)), ctypes.c_int(m), ctypes.c_int(words), stride, bev5,
-         ctypes.c_float(iou_threshold), mask],
-    )
-    get_kernel("nms.cu", "nms_pass", dev)(
-        (1,), (_PASS_THREADS,),
-        [mask, b, s, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len), stride, bev5, out, count],
-        shared_mem=words * 8,
-    )
-    return out, count
+    mask = nms_mask(b, order, groups, iou_threshold)
+    return nms_pass(mask, b, s, order, out_len)
