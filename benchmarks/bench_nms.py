@@ -25,6 +25,7 @@ from common import bench, parse_args, report, row
 
 import pcops
 from pcops.reference import nms as ref
+from pcops.triton import nms as tri
 
 WORKLOADS = [("N1", 4096, 0.01), ("N1", 4096, 0.5), ("N2", 16384, 0.5)]
 
@@ -75,6 +76,14 @@ def count_launches(fn):
     return len(names), names
 
 
+def _impl(backend):
+    if backend == "cuda":
+        from pcops.cuda import nms as impl
+    else:
+        from pcops.triton import nms as impl
+    return impl
+
+
 def main():
     args = parse_args(__doc__)
     rep = 30 if args.quick else 100
@@ -109,6 +118,15 @@ def main():
                             gpu_activities=launches, activity_names=names))
             t = bench(pad, rep=rep, graph=True)
             rows.append(row(name, f"pcops {backend} padded, graph", t, items=n, unit="boxes/s", baseline=base))
+            # stages (graph-free, eager launches): sort, mask, pass
+            impl = _impl(backend)
+            order = tri.sort_order(scores, None)
+            mask = impl.nms_mask(boxes, order, None, thr)
+            t_sort = bench(lambda: tri.sort_order(scores, None), rep=rep)
+            t_mask = bench(lambda: impl.nms_mask(boxes, order, None, thr), rep=rep)
+            t_pass = bench(lambda: impl.nms_pass(mask, boxes, scores, order, n), rep=rep)
+            for stage, tt in (("sort", t_sort), ("mask kernel", t_mask), ("pass kernel", t_pass)):
+                rows.append(row(name, f"  stage {backend}: {stage}", tt, items=n, unit="boxes/s"))
         if wl == "N1" and thr == 0.01:
             e1 = lambda: pcops.nms_bev(boxes, scores, thr, pre_max_size=4096, post_max_size=500, padded=True)
             t = bench(e1, rep=rep, graph=True)
