@@ -74,7 +74,7 @@ def tuning_rows(clouds, xyz):
     tri._KNN_BQ, tri._KNN_BR, tri._KNN_SB, tri._KNN_WARPS = saved
     saved = (cuda_fps._TARGET_PPT, cuda_fps._VARIANT)
     expected = pcops.farthest_point_sample(clouds, 4096, backend="triton")
-    for variant in ("keys", "lazy", "flat"):
+    for variant in cuda_fps._VARIANTS:
         cuda_fps._VARIANT = variant
         for ppt in (2, 4, 8):
             cuda_fps._TARGET_PPT = ppt

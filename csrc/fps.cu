@@ -79,16 +79,37 @@ __device__ __forceinline__ u64 warp_max(u64 v) {
   return v;
 }
 
+// x[j], y[j], z[j] for a run-time j, by an unrolled select: the arrays stay in registers.
+template <int PPT>
+__device__ __forceinline__ void select_slot(const float (&x)[PPT], const float (&y)[PPT], const float (&z)[PPT], int j,
+                                            float& sx, float& sy, float& sz) {
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    if (i == j) {
+      sx = x[i];
+      sy = y[i];
+      sz = z[i];
+    }
+  }
+}
+
 __device__ __forceinline__ float sq_dist(float x, float y, float z, float cx, float cy, float cz) {
   float dx = __fsub_rn(x, cx), dy = __fsub_rn(y, cy), dz = __fsub_rn(z, cz);
   return __fadd_rn(__fadd_rn(__fmul_rn(dx, dx), __fmul_rn(dy, dy)), __fmul_rn(dz, dz));
 }
 
 // points: (B, N, 3) float32; lengths, starts: (B,) int64; out: (B, M) int64 pre-filled with -1.
-// LAZY selects the per-point bookkeeping (see step 1), FLAT_C > 0 the flat exchange for clusters
-// of exactly FLAT_C CTAs (see step 2'); every combination gives identical results.
-template <int PPT, bool LAZY, int FLAT_C>
-__device__ __forceinline__ void fps_cluster(const float* __restrict__ points, const long long* __restrict__ lengths,
+// MODE selects the per-point bookkeeping (see step 1): MODE_KEYS, MODE_LAZY, or MODE_PRUNED, which
+// also needs `sorted` (B, N, 3), each cloud in Morton order, and `perm` (B, N) int32, the original
+// index of each sorted point. FLAT_C > 0 selects the flat exchange for clusters of exactly FLAT_C
+// CTAs (see step 2'). Every combination gives identical results.
+#define MODE_KEYS 0
+#define MODE_LAZY 1
+#define MODE_PRUNED 2
+
+template <int PPT, int MODE, int FLAT_C>
+__device__ __forceinline__ void fps_cluster(const float* __restrict__ points, const float* __restrict__ sorted,
+                                            const int* __restrict__ perm, const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out,
                                             int n, int num_samples) {
   __shared__ Candidate slot[2];                // this CTA's best, by step parity
@@ -103,20 +124,54 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   const int steps = (start >= 0 && start < length) ? min(length, num_samples) : 0;
   const float* p = points + b * (long long)n * 3;
 
-  // this CTA's contiguous share [lo, hi); thread tid owns lo + tid + j * FPS_THREADS
+  // this CTA's contiguous share [lo, hi); thread tid owns lo + tid + j * FPS_THREADS, or in
+  // MODE_PRUNED (sorted points) warp w owns the contiguous, hence compact, run of 32 * PPT
+  // points from lo + w * 32 * PPT, lane l the points lo + w * 32 * PPT + j * 32 + l
   const int share = (length + (int)csize - 1) / (int)csize;
   const int lo = (int)rank * share;
   const int hi = min(lo + share, length);
+  const float* src = MODE == MODE_PRUNED ? sorted + b * (long long)n * 3 : p;
   float x[PPT], y[PPT], z[PPT], md[PPT];
+  int oi[MODE == MODE_PRUNED ? PPT : 1];  // original indices (MODE_PRUNED)
+  float bx_lo = __int_as_float(0x7f800000), by_lo = bx_lo, bz_lo = bx_lo;  // the warp's box
+  float bx_hi = -bx_lo, by_hi = -bx_lo, bz_hi = -bx_lo;
 #pragma unroll
   for (int j = 0; j < PPT; ++j) {
-    const int i = lo + tid + j * FPS_THREADS;
+    const int i = MODE == MODE_PRUNED ? lo + warp * 32 * PPT + j * 32 + lane : lo + tid + j * FPS_THREADS;
     const bool valid = i < hi;
-    x[j] = valid ? p[3 * i + 0] : 0.f;
-    y[j] = valid ? p[3 * i + 1] : 0.f;
-    z[j] = valid ? p[3 * i + 2] : 0.f;
+    x[j] = valid ? src[3 * i + 0] : 0.f;
+    y[j] = valid ? src[3 * i + 1] : 0.f;
+    z[j] = valid ? src[3 * i + 2] : 0.f;
     md[j] = valid ? __int_as_float(0x7f800000) : -1.f;  // -1: padding, later chosen points
+    if constexpr (MODE == MODE_PRUNED) {
+      oi[j] = valid ? perm[b * (long long)n + i] : -1;
+      if (valid) {
+        bx_lo = fminf(bx_lo, x[j]);
+        by_lo = fminf(by_lo, y[j]);
+        bz_lo = fminf(bz_lo, z[j]);
+        bx_hi = fmaxf(bx_hi, x[j]);
+        by_hi = fmaxf(by_hi, y[j]);
+        bz_hi = fmaxf(bz_hi, z[j]);
+      }
+    }
   }
+  if constexpr (MODE == MODE_PRUNED) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      bx_lo = fminf(bx_lo, __shfl_xor_sync(FULL_MASK, bx_lo, o));
+      by_lo = fminf(by_lo, __shfl_xor_sync(FULL_MASK, by_lo, o));
+      bz_lo = fminf(bz_lo, __shfl_xor_sync(FULL_MASK, bz_lo, o));
+      bx_hi = fmaxf(bx_hi, __shfl_xor_sync(FULL_MASK, bx_hi, o));
+      by_hi = fmaxf(by_hi, __shfl_xor_sync(FULL_MASK, by_hi, o));
+      bz_hi = fmaxf(bz_hi, __shfl_xor_sync(FULL_MASK, bz_hi, o));
+    }
+  }
+  // MODE_PRUNED: the warp's largest min-distance after its last update (+inf: never updated)
+  // and the record it published then, republished while the warp skips
+  float warp_max_md = __int_as_float(0x7f800000);
+  bool cached_none = true;
+  u64 cached_key = 0ull;
+  float cached_x = 0.f, cached_y = 0.f, cached_z = 0.f;
   cluster_sync();  // every CTA of the cluster runs before any remote shared-memory access
 
   int sel = (int)start;
@@ -129,11 +184,11 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   }
   for (int s = 1; s < steps; ++s) {
     // 1. distances to the newest sample; the chosen point leaves the race. Then the warp's best
-    // candidate: `holder` is the one lane that holds it, at register slot `hold_j`.
+    // candidate: `holder` is the one lane that publishes it, with its key and coordinates.
     bool holder, none;
-    int hold_j;
     u64 key;
-    if constexpr (!LAZY) {
+    float wx = 0.f, wy = 0.f, wz = 0.f;
+    if constexpr (MODE == MODE_KEYS) {
       // track (value, slot) per point, reduce packed 64-bit keys
       float best = -1.f;
       int best_j = -1;
@@ -154,8 +209,8 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
       const u64 wmax = warp_max(key);
       holder = wmax != 0ull && key == wmax;
       none = wmax == 0ull;
-      hold_j = best_j;
-    } else {
+      if (holder) select_slot<PPT>(x, y, z, best_j, wx, wy, wz);
+    } else if constexpr (MODE == MODE_LAZY) {
       // track the value only (fewer instructions per point); the few lanes holding the warp's
       // maximum look up its slot afterwards
       const int delta = sel - lo - tid;  // the chosen point is ours iff delta == j * FPS_THREADS
@@ -188,21 +243,61 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
       }
       holder = lane == winner;
       none = winner < 0;
-      hold_j = my_j;
       key = ((u64)__float_as_uint(wbest) << 32) | (u64)(0xFFFFFFFFu - my_index);
-    }
-
-    // the holder's coordinates (unrolled select: the arrays stay in registers)
-    float wx = 0.f, wy = 0.f, wz = 0.f;
-    if (holder) {
+      if (holder) select_slot<PPT>(x, y, z, my_j, wx, wy, wz);
+    } else {
+      // MODE_PRUNED: a warp whose box is farther from the new sample than every min-distance it
+      // holds cannot change (d >= box distance > max min-distance; rounding is monotone, so the
+      // test is exact): it skips the update and republishes its record. Late in the sampling,
+      // when min-distances are small, most warps skip. The branch is warp-uniform.
+      const float gx = fmaxf(fmaxf(__fsub_rn(bx_lo, cx), __fsub_rn(cx, bx_hi)), 0.f);
+      const float gy = fmaxf(fmaxf(__fsub_rn(by_lo, cy), __fsub_rn(cy, by_hi)), 0.f);
+      const float gz = fmaxf(fmaxf(__fsub_rn(bz_lo, cz), __fsub_rn(cz, bz_hi)), 0.f);
+      const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
+      if (!(lower > warp_max_md)) {
+        float best = -1.f;
 #pragma unroll
-      for (int j = 0; j < PPT; ++j) {
-        if (j == hold_j) {
-          wx = x[j];
-          wy = y[j];
-          wz = z[j];
+        for (int j = 0; j < PPT; ++j) {
+          float m = fminf(md[j], sq_dist(x[j], y[j], z[j], cx, cy, cz));
+          m = (oi[j] == sel) ? -1.f : m;
+          md[j] = m;
+          best = fmaxf(best, m);
         }
+        float wbest = best;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) wbest = fmaxf(wbest, __shfl_xor_sync(FULL_MASK, wbest, o));
+        // slots are not in index order here: the lowest original index among the holders wins
+        unsigned my_oi = 0xFFFFFFFFu;
+        int my_j = -1;
+        if (wbest >= 0.f && best == wbest) {
+#pragma unroll
+          for (int j = 0; j < PPT; ++j) {
+            if (md[j] == wbest && (unsigned)oi[j] < my_oi) {
+              my_oi = (unsigned)oi[j];
+              my_j = j;
+            }
+          }
+        }
+        unsigned m = my_oi;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(FULL_MASK, m, o));
+        const int winner = __ffs(__ballot_sync(FULL_MASK, my_j >= 0 && my_oi == m)) - 1;
+        float hx = 0.f, hy = 0.f, hz = 0.f;
+        if (lane == winner) select_slot<PPT>(x, y, z, my_j, hx, hy, hz);
+        const int from = winner < 0 ? 0 : winner;
+        cached_x = __shfl_sync(FULL_MASK, hx, from);
+        cached_y = __shfl_sync(FULL_MASK, hy, from);
+        cached_z = __shfl_sync(FULL_MASK, hz, from);
+        cached_none = winner < 0;
+        cached_key = cached_none ? 0ull : ((u64)__float_as_uint(wbest) << 32) | (u64)(0xFFFFFFFFu - m);
+        warp_max_md = cached_none ? -1.f : wbest;
       }
+      holder = lane == 0 && !cached_none;
+      none = cached_none;
+      key = cached_key;
+      wx = cached_x;
+      wy = cached_y;
+      wz = cached_z;
     }
     const int parity = s & 1;
     u64 k = 0ull;
@@ -288,19 +383,19 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
       fps_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out, \
                         int n, int num_samples) {                                                              \
-    fps_cluster<PPT, false, 0>(points, lengths, starts, out, n, num_samples);                                     \
+    fps_cluster<PPT, MODE_KEYS, 0>(points, points, nullptr, lengths, starts, out, n, num_samples);                                     \
   }                                                                                                            \
   extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
       fps_lazy_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts,           \
                              long long* out, int n, int num_samples) {                                         \
-    fps_cluster<PPT, true, 0>(points, lengths, starts, out, n, num_samples);                                      \
+    fps_cluster<PPT, MODE_LAZY, 0>(points, points, nullptr, lengths, starts, out, n, num_samples);                                      \
   }
 
 #define FPS_FLAT_ENTRY(C, PPT)                                                                                \
   extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
       fps_flat_c##C##_p##PPT(const float* points, const long long* lengths, const long long* starts,           \
                              long long* out, int n, int num_samples) {                                         \
-    fps_cluster<PPT, true, C>(points, lengths, starts, out, n, num_samples);                                   \
+    fps_cluster<PPT, MODE_LAZY, C>(points, points, nullptr, lengths, starts, out, n, num_samples);                                   \
   }
 
 #define FPS_ENTRIES(C) FPS_ENTRY(C, 1) FPS_ENTRY(C, 2) FPS_ENTRY(C, 4) FPS_ENTRY(C, 8) FPS_ENTRY(C, 16)
@@ -311,12 +406,12 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
   extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                  \
       fps_rt_p##PPT(const float* points, const long long* lengths, const long long* starts, long long* out,     \
                     int n, int num_samples) {                                                                    \
-    fps_cluster<PPT, false, 0>(points, lengths, starts, out, n, num_samples);                                       \
+    fps_cluster<PPT, MODE_KEYS, 0>(points, points, nullptr, lengths, starts, out, n, num_samples);                                       \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                  \
       fps_lazy_rt_p##PPT(const float* points, const long long* lengths, const long long* starts,               \
                          long long* out, int n, int num_samples) {                                               \
-    fps_cluster<PPT, true, 0>(points, lengths, starts, out, n, num_samples);                                        \
+    fps_cluster<PPT, MODE_LAZY, 0>(points, points, nullptr, lengths, starts, out, n, num_samples);                                        \
   }
 
 FPS_RUNTIME_ENTRY(4)
@@ -337,3 +432,30 @@ FPS_FLAT_ENTRIES(1)
 FPS_FLAT_ENTRIES(2)
 FPS_FLAT_ENTRIES(4)
 FPS_FLAT_ENTRIES(8)
+
+// MODE_PRUNED: sorted points and original indices as extra arguments. Portable sizes use the flat
+// exchange; the runtime-shaped entry (16-CTA clusters) the two-stage one.
+#define FPS_PRUNED_ENTRY(C, PPT)                                                                              \
+  extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(FPS_THREADS, 1)                    \
+      fps_pruned_c##C##_p##PPT(const float* points, const float* sorted, const int* perm,                      \
+                               const long long* lengths, const long long* starts, long long* out, int n,       \
+                               int num_samples) {                                                              \
+    fps_cluster<PPT, MODE_PRUNED, C>(points, sorted, perm, lengths, starts, out, n, num_samples);              \
+  }
+#define FPS_PRUNED_RUNTIME_ENTRY(PPT)                                                                          \
+  extern "C" __global__ void __launch_bounds__(FPS_THREADS, 1)                                                \
+      fps_pruned_rt_p##PPT(const float* points, const float* sorted, const int* perm, const long long* lengths, \
+                           const long long* starts, long long* out, int n, int num_samples) {                  \
+    fps_cluster<PPT, MODE_PRUNED, 0>(points, sorted, perm, lengths, starts, out, n, num_samples);              \
+  }
+#define FPS_PRUNED_ENTRIES(C)                                                                                  \
+  FPS_PRUNED_ENTRY(C, 1) FPS_PRUNED_ENTRY(C, 2) FPS_PRUNED_ENTRY(C, 4) FPS_PRUNED_ENTRY(C, 8)                 \
+  FPS_PRUNED_ENTRY(C, 16)
+
+FPS_PRUNED_ENTRIES(1)
+FPS_PRUNED_ENTRIES(2)
+FPS_PRUNED_ENTRIES(4)
+FPS_PRUNED_ENTRIES(8)
+FPS_PRUNED_RUNTIME_ENTRY(4)
+FPS_PRUNED_RUNTIME_ENTRY(8)
+FPS_PRUNED_RUNTIME_ENTRY(16)

@@ -393,6 +393,22 @@ def load_scan_xyz():
     pytest.skip("real KITTI samples not found (../shared/data or .gpu/data)")
 
 
+@pytest.mark.parametrize("variant", ["keys", "lazy", "flat", "pruned"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_variants_through_the_op(variant, monkeypatch):
+    """Every csrc/fps.cu variant behind ``backend="cuda"``: uneven batches, F1/F2-like sizes."""
+    from pcops.cuda import sampling as cu
+
+    monkeypatch.setattr(cu, "_VARIANT", variant)
+    for batch, n, m in [(3, 1000, 1000), (8, 16384, 256), (1, 120268, 128), (2, 40000, 300)]:
+        pts, lengths = make_clouds(batch, n, seed=n, scale=10.0, duplicates=n == 1000)
+        start = (torch.arange(batch) * 7) % lengths.clamp_min(1)
+        expected = pcops.farthest_point_sample(pts, m, lengths, start)
+        got = pcops.farthest_point_sample(pts.cuda(), m, lengths.cuda(), start.cuda(), backend="cuda")
+        assert torch.equal(got.cpu(), expected), (n, cu.last_launch)
+
+
 @pytest.mark.parametrize("backend", ["triton", "cuda", "auto"])
 @pytest.mark.gpu
 @requires_cuda
@@ -489,6 +505,7 @@ def test_gpu_cuda_graph_capture():
 
 def test_fps_cu_compiles_with_every_entry_point():
     from pcops import _nvrtc
+    from pcops.cuda import sampling as cu
 
     try:
         cubin = _nvrtc.compile_source((_nvrtc.CSRC_DIR / "fps.cu").read_text(), "fps.cu", "sm_90")
@@ -496,13 +513,14 @@ def test_fps_cu_compiles_with_every_entry_point():
         if "NVRTC not found" in str(e):
             pytest.skip(str(e))
         raise
-    for cluster in (1, 2, 4, 8, 16):
-        for ppt in (1, 2, 4, 8, 16):
-            assert f"fps_c{cluster}_p{ppt}".encode() in cubin
-            assert f"fps_lazy_c{cluster}_p{ppt}".encode() in cubin
-            assert cluster > 8 or f"fps_flat_c{cluster}_p{ppt}".encode() in cubin
-    for ppt in (4, 8, 16):  # every points-per-thread a 16-CTA cluster can need
-        assert f"fps_rt_p{ppt}".encode() in cubin and f"fps_lazy_rt_p{ppt}".encode() in cubin
+    for variant in cu._VARIANTS:
+        for cluster in (1, 2, 4, 8, 16):
+            for ppt in (1, 2, 4, 8, 16):
+                assert cu._kernel_name(variant, cluster, ppt, runtime_shape=False).encode() in cubin
+        for ppt in (4, 8, 16):  # every points-per-thread a 16-CTA cluster can need
+            assert cu._kernel_name(variant, 16, ppt, runtime_shape=True).encode() in cubin
+    assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
+    assert cu._kernel_name("flat", 16, 4, False) == "fps_lazy_c16_p4"
 
 
 def test_fps_cluster_config():
@@ -526,7 +544,7 @@ def test_cluster_launch_structs_match_cuda_h():
     assert ctypes.sizeof(cu._LaunchConfig) == 56
 
 
-@pytest.mark.parametrize("variant", ["keys", "lazy", "flat"])
+@pytest.mark.parametrize("variant", ["keys", "lazy", "flat", "pruned"])
 @pytest.mark.parametrize("launch", ["_launch_ex", "_launch"])
 @pytest.mark.parametrize("cluster,ppt,n", [(16, 16, 120268), (16, 4, 20000), (8, 4, 16384), (2, 1, 700), (1, 8, 3001)])
 @pytest.mark.gpu
@@ -539,13 +557,14 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
         pytest.skip("no runtime-shaped entry for this points-per-thread")
     if launch == "_launch_ex" and variant == "flat":
         pytest.skip("the flat variant has compile-time cluster shapes only")
-    monkeypatch.setattr(cu, "_VARIANT", variant)
     pts, _ = make_clouds(2, n, seed=5, scale=10.0, duplicates=n < 5000)
     lengths = torch.tensor([n, n // 3])
     start = torch.tensor([0, 5])
-    out = torch.full((2, 64), -1, dtype=torch.int64, device="cuda")
-    getattr(cu, launch)(pts.cuda(), lengths.cuda(), start.cuda(), out, 64, cluster, ppt)
-    assert torch.equal(out.cpu(), ref.farthest_point_sample(pts, lengths, start, 64)), cu.last_launch
+    m = 64 if n > 5000 else 600  # small clouds: run until the duplicates tie
+    out = torch.full((2, m), -1, dtype=torch.int64, device="cuda")
+    inputs = cu._Inputs(pts.cuda(), lengths.cuda(), start.cuda(), out, m)
+    getattr(cu, launch)(inputs, cluster, ppt, variant)
+    assert torch.equal(out.cpu(), ref.farthest_point_sample(pts, lengths, start, m)), cu.last_launch
 
 
 # --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --

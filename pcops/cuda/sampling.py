@@ -2,8 +2,19 @@
 
 One cluster of ``C`` CTAs (512 threads, ``PPT`` points per thread in registers) samples one
 cloud; ``C`` grows (1, 2, 4, 8, 16) until each thread holds about ``_TARGET_PPT`` points, so a
-16k-point cloud uses 8 SMs and a 120k-point scan 16 (a non-portable cluster size: where the
-device refuses it, 8 is used, and clouds too large for 8 × 512 × 16 points go to Triton).
+16k-point cloud uses 8 SMs and a 120k-point scan 16 (a non-portable cluster size, launched with
+``cuLaunchKernelEx``; where the device refuses it, 8 is used, and clouds too large for
+8 × 512 × 16 points go to Triton).
+
+Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``):
+
+- ``"keys"``: each thread tracks (value, slot) of its best point; warps reduce 64-bit keys.
+- ``"lazy"``: each thread tracks the value only; the lanes holding the warp maximum find its slot.
+- ``"flat"``: lazy, and no CTA-level stage: after the cluster barrier every warp reads all warp
+  records of the cluster (clusters of ≤ 8 CTAs; 16-CTA clusters use ``"lazy"``).
+- ``"pruned"``: the cloud is first sorted along a Morton curve (one Triton kernel and a sort) so
+  each warp owns a compact run of points with a bounding box; a warp skips its update whenever
+  its box is farther from the new sample than its largest min-distance (exact, see the kernel).
 """
 from __future__ import annotations
 
@@ -17,13 +28,14 @@ from .._nvrtc import _cuda, get_kernel, nvrtc
 _THREADS = 512
 _MAX_PPT = 16
 _TARGET_PPT = 4  # points per thread before another CTA joins the cluster
-# kernel variant of csrc/fps.cu (identical results): "keys" tracks (value, slot) per point and
-# reduces 64-bit keys; "lazy" tracks the value only and looks the slot up afterwards; "flat" is
-# lazy with no CTA-level stage (each warp reads every warp's record of the cluster; clusters of
-# at most 8 CTAs, larger ones use "lazy")
 _VARIANT = "keys"
+_VARIANTS = ("keys", "lazy", "flat", "pruned")
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
+
+_max_cluster: dict[int, int] = {}  # device index -> largest cluster size known to launch
+_available: dict[int, bool] = {}
+last_launch = ""  # which kernel the last call used (diagnostics for tests and benchmarks)
 
 
 class _LaunchAttributeValue(ctypes.Union):
@@ -39,9 +51,6 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
         ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
         ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint),
     ]
-_max_cluster: dict[int, int] = {}  # device index -> largest cluster size known to launch
-_available: dict[int, bool] = {}
-last_launch = ""  # which kernel the last call used (diagnostics for tests and benchmarks)
 
 
 def _config(n: int, max_cluster: int) -> tuple[int, int] | None:
@@ -51,6 +60,17 @@ def _config(n: int, max_cluster: int) -> tuple[int, int] | None:
         cluster *= 2
     ppt = triton.next_power_of_2(max(1, triton.cdiv(triton.cdiv(n, cluster), _THREADS)))
     return (cluster, ppt) if ppt <= _MAX_PPT else None
+
+
+def _kernel_name(variant: str, cluster: int, ppt: int, runtime_shape: bool) -> str:
+    """The ``csrc/fps.cu`` entry point: compile-time cluster shape, or runtime-shaped (``_rt_``)."""
+    if runtime_shape:
+        prefix = {"keys": "fps", "lazy": "fps_lazy", "flat": "fps_lazy", "pruned": "fps_pruned"}[variant]
+        return f"{prefix}_rt_p{ppt}"
+    prefix = {"keys": "fps", "lazy": "fps_lazy", "flat": "fps_flat", "pruned": "fps_pruned"}[variant]
+    if cluster > 8 and variant in ("flat", "pruned"):  # compiled for portable cluster sizes only
+        prefix = "fps_lazy"
+    return f"{prefix}_c{cluster}_p{ppt}"
 
 
 def fps_supported(points: torch.Tensor) -> bool:
@@ -69,53 +89,73 @@ def fps_supported(points: torch.Tensor) -> bool:
     return _available[index] and _config(points.shape[1], _max_cluster.get(index, 16)) is not None
 
 
+def _note(what: str) -> None:
+    global last_launch
+    last_launch = what
+
+
 def _allow_non_portable(kernel) -> None:
     status = _cuda().cuFuncSetAttribute(kernel._func, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
     if status != 0:
         raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUDA error {status}")
 
 
-def _launch(points, lengths, start_idx, out, num_samples, cluster, ppt):
+class _Inputs:
+    """Kernel arguments of one call; the Morton-sorted copy for ``fps_pruned_*`` is made on demand."""
+
+    def __init__(self, points, lengths, start_idx, out, num_samples):
+        self.points, self.lengths, self.start_idx, self.out = points, lengths, start_idx, out
+        self.num_samples = num_samples
+        self._sorted = None
+
+    def args(self, name: str) -> list:
+        n = self.points.shape[1]
+        tail = [self.lengths, self.start_idx, self.out, ctypes.c_int(n), ctypes.c_int(self.num_samples)]
+        if not name.startswith("fps_pruned"):
+            return [self.points, *tail]
+        if self._sorted is None:
+            from ..triton.sampling import _morton_order
+
+            perm = _morton_order(self.points, self.lengths)
+            ordered = torch.gather(self.points, 1, perm[..., None].expand(-1, -1, 3)).contiguous()
+            self._sorted = (ordered, perm.to(torch.int32))
+        return [self.points, *self._sorted, *tail]
+
+
+def _launch(inputs: _Inputs, cluster: int, ppt: int, variant: str | None = None) -> None:
     """A kernel whose cluster shape is fixed at compile time (``__cluster_dims__``): cuLaunchKernel."""
-    prefix = {"keys": "fps", "lazy": "fps_lazy", "flat": "fps_flat" if cluster <= 8 else "fps_lazy"}[_VARIANT]
-    name = f"{prefix}_c{cluster}_p{ppt}"
-    kernel = get_kernel("fps.cu", name, points.device)
+    name = _kernel_name(variant or _VARIANT, cluster, ppt, runtime_shape=False)
+    kernel = get_kernel("fps.cu", name, inputs.points.device)
     if cluster > 8:
         _allow_non_portable(kernel)
-    batch, n, _ = points.shape
-    kernel((cluster, batch), (_THREADS,), [points, lengths, start_idx, out, ctypes.c_int(n), ctypes.c_int(num_samples)])
+    batch = inputs.points.shape[0]
+    kernel((cluster, batch), (_THREADS,), inputs.args(name))
     _note(f"{name} (cuLaunchKernel, compile-time cluster {cluster})")
 
 
-def _note(what: str) -> None:
-    global last_launch
-    last_launch = what
-
-
-def _launch_ex(points, lengths, start_idx, out, num_samples, cluster, ppt):
+def _launch_ex(inputs: _Inputs, cluster: int, ppt: int, variant: str | None = None) -> None:
     """The runtime-shaped kernel with a cluster-dimension launch attribute: cuLaunchKernelEx."""
-    name = f"{'fps' if _VARIANT == 'keys' else 'fps_lazy'}_rt_p{ppt}"
-    kernel = get_kernel("fps.cu", name, points.device)
+    name = _kernel_name(variant or _VARIANT, cluster, ppt, runtime_shape=True)
+    device = inputs.points.device
+    kernel = get_kernel("fps.cu", name, device)
     _allow_non_portable(kernel)
-    batch, n, _ = points.shape
     attr = _LaunchAttribute()
     attr.id = _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.cluster_dim[:] = [cluster, 1, 1]
     config = _LaunchConfig()
-    config.grid[:] = [cluster, batch, 1]
+    config.grid[:] = [cluster, inputs.points.shape[0], 1]
     config.block[:] = [_THREADS, 1, 1]
     config.shared_mem = 0
-    config.stream = torch.cuda.current_stream(points.device).cuda_stream
+    config.stream = torch.cuda.current_stream(device).cuda_stream
     config.attrs = ctypes.pointer(attr)
     config.num_attrs = 1
-    holders = [ctypes.c_void_p(t.data_ptr()) for t in (points, lengths, start_idx, out)]
-    holders += [ctypes.c_int(n), ctypes.c_int(num_samples)]
-    params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
     # a cluster shape the device cannot hold must fail here, not asynchronously in the launch
     resident = ctypes.c_int(0)
     status = _cuda().cuOccupancyMaxActiveClusters(ctypes.byref(resident), kernel._func, ctypes.byref(config))
     if status != 0 or resident.value < 1:
         raise RuntimeError(f"{name}: {cluster}-CTA clusters cannot be resident (status {status}, {resident.value})")
+    holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in inputs.args(name)]
+    params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
     status = _cuda().cuLaunchKernelEx(ctypes.byref(config), kernel._func, params, None)
     if status != 0:
         raise RuntimeError(f"cuLaunchKernelEx({name}, cluster {cluster}) failed: CUDA error {status}")
@@ -138,11 +178,12 @@ def farthest_point_sample(
         return out
     index = points.device.index if points.device.index is not None else torch.cuda.current_device()
     config = _config(n, _max_cluster.get(index, 16)) if batch <= 65535 else None
+    inputs = _Inputs(points, lengths, start_idx, out, num_samples)
     if config is not None and config[0] > 8:
         # non-portable cluster size: the launch-attribute path, then the compile-time shape
         for launch in (_launch_ex, _launch):
             try:
-                launch(points, lengths, start_idx, out, num_samples, *config)
+                launch(inputs, *config)
                 return out
             except RuntimeError:
                 pass
@@ -153,5 +194,5 @@ def farthest_point_sample(
 
         _note("triton fallback")
         return tri.farthest_point_sample(points, lengths, start_idx, num_samples)
-    _launch(points, lengths, start_idx, out, num_samples, *config)
+    _launch(inputs, *config)
     return out

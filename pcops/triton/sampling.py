@@ -369,18 +369,7 @@ def _morton_sort(points: torch.Tensor, lengths: torch.Tensor, tile: int, group: 
         ``S = cdiv(cdiv(N, tile), group)``; padding sorts last, empty tiles get inverted boxes.
     """
     batch, n, _ = points.shape
-    valid = torch.arange(n, device=points.device)[None, :] < lengths[:, None]
-    lo = points.masked_fill(~valid[..., None], float("inf")).amin(1)
-    hi = points.masked_fill(~valid[..., None], -float("inf")).amax(1)
-    extent = (hi - lo).nan_to_num(0.0, 0.0, 0.0).clamp_min(1e-6)
-    lo = lo.nan_to_num(0.0, 0.0, 0.0).contiguous()
-    cells = 1 << _MORTON_BITS
-    scale = ((cells - 1) / extent).contiguous()
-    code = torch.empty((batch, n), dtype=torch.int32, device=points.device)
-    _morton_kernel[(triton.cdiv(n, _MORTON_BLOCK), batch)](
-        points, lengths, lo, scale, code, n, BLOCK=_MORTON_BLOCK, INVALID=_INVALID_CODE, CELLS=cells, **_NO_FMA
-    )
-    perm = torch.sort(code, dim=1, stable=True).indices
+    perm = _morton_order(points, lengths)
     num_sb = triton.cdiv(triton.cdiv(n, tile), group)
     ordered = torch.empty_like(points)
     boxes = torch.empty((batch, num_sb * group, 8), dtype=torch.float32, device=points.device)
@@ -392,6 +381,24 @@ def _morton_sort(points: torch.Tensor, lengths: torch.Tensor, tile: int, group: 
     superboxes[..., :3] = grouped[..., :3].amin(2)
     superboxes[..., 3:6] = grouped[..., 3:6].amax(2)
     return ordered, perm, boxes, superboxes
+
+
+def _morton_order(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``(B, N)`` int64: each cloud's point indices in Morton order of 10-bit cells of its
+    bounding box (stable; padding last). No host synchronisation."""
+    batch, n, _ = points.shape
+    valid = torch.arange(n, device=points.device)[None, :] < lengths[:, None]
+    lo = points.masked_fill(~valid[..., None], float("inf")).amin(1)
+    hi = points.masked_fill(~valid[..., None], -float("inf")).amax(1)
+    extent = (hi - lo).nan_to_num(0.0, 0.0, 0.0).clamp_min(1e-6)
+    lo = lo.nan_to_num(0.0, 0.0, 0.0).contiguous()
+    cells = 1 << _MORTON_BITS
+    scale = ((cells - 1) / extent).contiguous()
+    code = torch.empty((batch, n), dtype=torch.int32, device=points.device)
+    _morton_kernel[(triton.cdiv(n, _MORTON_BLOCK), batch)](
+        points, lengths, lo, scale, code, n, BLOCK=_MORTON_BLOCK, INVALID=_INVALID_CODE, CELLS=cells, **_NO_FMA
+    )
+    return torch.sort(code, dim=1, stable=True).indices
 
 
 def knn(
