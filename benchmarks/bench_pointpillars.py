@@ -9,8 +9,9 @@ Graph stages: each stage captured in its own CUDA graph and replayed alone (the 
 E2: 8 scans (the KITTI samples repeated) packed as one batch of 8; scans per second.
 
 Weights are random (seeded, BatchNorm statistics from SCAN, see ``PointPillars.randomize_``):
-the time does not depend on them except through the number of boxes reaching NMS (always the
-4,096 top-scoring anchors in the fast path; the reference path's count is in the notes).
+the time does not depend on them except through the boxes reaching NMS (the fast path always
+hands the 4,096 top-scoring anchors to the padded NMS, those under the score threshold marked
+invalid with a NaN score; the reference path's detection count is in the notes).
 Goals (issue 8): E1 ≤ 1.5 ms fp32 and ≤ 1.0 ms fp16 graph-captured; E2 ≥ 2,000 scans/s fp16.
 """
 from __future__ import annotations

@@ -23,8 +23,12 @@ Two implementations of one model, chosen by ``impl``:
     its convolution (and ZeroPad2d folded into the convolution's padding), optionally fp16 and
     channels-last; the three head convolutions as one 1×1 convolution of 18+42+12 channels; the
     score max and top-k on the raw logits, decoding only the 4,096 top anchors; and
-    ``pcops.nms_bev(..., padded=True)`` with fixed-size outputs. The post-processing has no host
-    synchronisation, which is what :class:`GraphedPointPillars` captures in one CUDA graph.
+    ``pcops.nms_bev(..., padded=True)`` with fixed-size outputs, the top anchors under the score
+    threshold given a NaN score (never kept, never suppressing: the kept set equals OpenPCDet's
+    threshold-then-top-k). On CUDA the post-processing has no host synchronisation, which is what
+    :class:`GraphedPointPillars` captures in one CUDA graph (on the CPU the invalid tail is cut
+    before the NMS, a free sync there). On the CPU the fused PFN is the same folded arithmetic in
+    torch followed by ``pcops.pillar_scatter``.
 
 Deliberate matches with OpenPCDet (checked against its source; see also ``box_coder.py``):
 
@@ -285,7 +289,6 @@ def _fold_sequential(seq: nn.Sequential) -> list[_FoldedConv]:
 class _FastParams(NamedTuple):
     pfn_weight: torch.Tensor  # (10, C) float32
     pfn_bias: torch.Tensor  # (C,) float32
-    pfn_linear: nn.Linear | None  # for multi-layer VFEs (reference VFE used instead)
     blocks: list[list[_FoldedConv]]
     deblocks: list[_FoldedConv]
     head_weight: torch.Tensor  # (18 + 42 + 12, C, 1, 1)
@@ -641,7 +644,6 @@ class PointPillars(nn.Module):
         fp = _FastParams(
             pfn_weight=None if w is None else w.to(device),
             pfn_bias=None if b is None else b.to(device),
-            pfn_linear=None,
             blocks=[[conv(c) for c in _fold_sequential(blk)] for blk in self.backbone_2d.blocks],
             deblocks=[conv(_fold_sequential(d)[0]) for d in self.backbone_2d.deblocks],
             head_weight=hw,
