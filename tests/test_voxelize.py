@@ -353,6 +353,7 @@ def small_blocks(monkeypatch):
 
 @pytest.mark.parametrize("n,p,v,lengths", [
     (1, 2, 3, None), (37, 1, 4, None), (211, 3, 9, None), (223, 2, 40, [100, 0, 23, 100]), (64, 5, 2, [0, 64]),
+    (200, 2, 3, [10, 0] * 10),  # more than 16 samples: the per-sample loop instead of one vector
 ])
 @pytest.mark.parametrize("pad,inclusive", [(False, True), (True, True), (False, False)])
 @interpret
@@ -532,13 +533,15 @@ def compile_(fn, types, constexprs, num_warps, ones=()):
 
 
 main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 8 + ["*i64", "*i32"] + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
-for hl, hard, seg, pb, ones in [(True, True, True, 32, ()), (False, False, False, 1, ()),
-                                (True, True, True, 1, ("gz", "batch_size", "max_points", "list_stride"))]:
+for hl, hard, seg, pb, bmax, ones in [(True, True, True, 32, 4, ()), (False, False, False, 1, 0, ()),
+                                      (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride")),
+                                      (True, False, False, 1, 0, ())]:
     compile_(tri._voxelize_kernel, main_types, dict(HAS_LENGTHS=hl, HARD=hard, SEGMENTED=seg, PB=pb, BLOCK=1024,
-             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8)), 8, ones)
+             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax), 8, ones)
 rows_types = ["*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6 + ["i32"] * 3
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128), 4)
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128), 4,
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8), 4)
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0), 4)
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1), 4,
          ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
 print("compiled")
 """

@@ -89,6 +89,7 @@ def _voxelize_kernel(
     LOOKBACK: tl.constexpr,
     PUBLISH_INCLUSIVE: tl.constexpr,
     SNAP: tl.constexpr,
+    BMAX: tl.constexpr,  # > 0: next power of 2 >= B, samples handled as one vector; 0: a loop over B
 ):
     t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
     lane = tl.arange(0, BLOCK)
@@ -98,17 +99,27 @@ def _voxelize_kernel(
 
     # --- sample of each point (samples are contiguous runs) --------------------------------
     if HAS_LENGTHS:
-        b = tl.full((BLOCK,), batch_size, tl.int32)
-        s_start = tl.zeros((BLOCK,), tl.int32)
-        s_end = tl.zeros((BLOCK,), tl.int32)
-        acc = t * 0
-        for i in range(batch_size):
-            end = acc + tl.load(lengths_ptr + i).to(tl.int32)
-            inside = (p >= acc) & (p < end)
-            b = tl.where(inside, i, b)
-            s_start = tl.where(inside, acc, s_start)
-            s_end = tl.where(inside, end, s_end)
-            acc = end
+        if BMAX > 0:
+            # all sample ends at once (one round trip): b = number of ends <= p
+            j = tl.arange(0, BMAX)
+            ends = tl.cumsum(tl.load(lengths_ptr + j, mask=j < batch_size, other=0).to(tl.int32), axis=0)
+            ends = tl.where(j < batch_size, ends, 2147483647)
+            le = ends[None, :] <= p[:, None]
+            b = tl.sum(le.to(tl.int32), axis=1)
+            s_start = tl.max(tl.where(le, ends[None, :], 0), axis=1)
+            s_end = tl.min(tl.where(le, 2147483647, ends[None, :]), axis=1)
+        else:
+            b = tl.full((BLOCK,), batch_size, tl.int32)
+            s_start = tl.zeros((BLOCK,), tl.int32)
+            s_end = tl.zeros((BLOCK,), tl.int32)
+            acc = t * 0
+            for i in range(batch_size):
+                end = acc + tl.load(lengths_ptr + i).to(tl.int32)
+                inside = (p >= acc) & (p < end)
+                b = tl.where(inside, i, b)
+                s_start = tl.where(inside, acc, s_start)
+                s_end = tl.where(inside, end, s_end)
+                acc = end
         in_batch = live & (b < batch_size)
     else:
         b = tl.zeros((BLOCK,), tl.int32)
@@ -272,20 +283,32 @@ def _voxel_rows_kernel(
     CB: tl.constexpr,
     ROWS: tl.constexpr,
     SB: tl.constexpr,
+    BMAX: tl.constexpr,  # as in _voxelize_kernel
 ):
     pid = tl.program_id(0)
     r = pid * ROWS + tl.arange(0, ROWS)
     # packed output row -> (sample, row in the sample)
-    b = tl.full((ROWS,), -1, tl.int32)
-    base = tl.zeros((ROWS,), tl.int32)
-    cum = pid * 0
-    for i in range(batch_size):
-        n_i = tl.load(stats_ptr + batch_size + i) - tl.load(stats_ptr + i)
-        k_i = tl.minimum(n_i, max_voxels)
-        inside = (r >= cum) & (r < cum + k_i)
-        b = tl.where(inside, i, b)
-        base = tl.where(inside, cum, base)
-        cum += k_i
+    if BMAX > 0:
+        j = tl.arange(0, BMAX)
+        mj = j < batch_size
+        n_j = tl.load(stats_ptr + batch_size + j, mask=mj, other=0) - tl.load(stats_ptr + j, mask=mj, other=0)
+        incl = tl.cumsum(tl.minimum(n_j, max_voxels), axis=0)  # kept rows up to and including sample j
+        incl = tl.where(mj, incl, 2147483647)
+        le = incl[None, :] <= r[:, None]
+        b = tl.sum(le.to(tl.int32), axis=1)
+        base = tl.max(tl.where(le, incl[None, :], 0), axis=1)
+        b = tl.where(b < batch_size, b, -1)
+    else:
+        b = tl.full((ROWS,), -1, tl.int32)
+        base = tl.zeros((ROWS,), tl.int32)
+        cum = pid * 0
+        for i in range(batch_size):
+            n_i = tl.load(stats_ptr + batch_size + i) - tl.load(stats_ptr + i)
+            k_i = tl.minimum(n_i, max_voxels)
+            inside = (r >= cum) & (r < cum + k_i)
+            b = tl.where(inside, i, b)
+            base = tl.where(inside, cum, base)
+            cum += k_i
     in_rows = r < num_rows
     real = in_rows & (b >= 0)
     lrow = (b.to(tl.int64) * list_stride + (r - base)).to(tl.int64)
@@ -336,6 +359,11 @@ def _voxel_rows_kernel(
 # --- launchers -------------------------------------------------------------------------------
 
 
+def _bmax(batch: int) -> int:
+    """Samples as one vector up to 16 of them (one round trip instead of one per sample)."""
+    return triton.next_power_of_2(batch) if batch <= 16 else 0
+
+
 def _grid_size(voxel_size, point_cloud_range):
     from ..reference.voxelize import grid_size
 
@@ -371,7 +399,7 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
         *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
         max_points, max_voxels, list_stride,
         HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=_BLOCK,
-        LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), num_warps=8,
+        LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), BMAX=_bmax(batch), num_warps=8,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
                 list_stride=list_stride, batch=batch)
@@ -414,7 +442,7 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
         n, num_channels, batch, rows,
         *(float(v) for v in point_cloud_range[:3]), *(float(v) for v in voxel_size),
         max_points_per_voxel, max_voxels, w["list_stride"],
-        PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=_ROWS, SB=128, num_warps=4,
+        PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=_ROWS, SB=128, BMAX=_bmax(batch), num_warps=4,
     )
     return voxels, coords, npts, w["p2v"], counts[0], counts[1], counts[2]
 
