@@ -110,6 +110,9 @@ def farthest_point_sample(
     ``csrc/fps.cu`` compiled at run time by NVRTC): the cloud and its running distances stay in
     registers; a step is one distance update, a CTA reduction and one cluster barrier, with the
     CTAs' candidates exchanged through distributed shared memory (clouds up to 131,072 points).
+    The cloud is first sorted along a Morton curve so each warp holds a compact run of points,
+    and a warp skips the update when its bounding box is farther from the new sample than all
+    its current distances (exact; most warps skip once the samples are dense).
     Elsewhere Triton: one program per cloud, in registers up to 16,384 points, beyond that
     streaming the cloud from L2 every step (correct, slow).
     """
