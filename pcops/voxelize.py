@@ -140,6 +140,9 @@ def voxelize(
     Determinism and syncs: bit-identical output run to run and between the CPU reference and
     the GPU path. The variable-size form syncs the host once (to learn ``M``); with
     ``pad_to_max=True`` there is no host sync. GPU: one fill plus 2 Triton launches.
+
+    Not differentiable: ``voxels`` carries no gradient to ``points`` (for learned per-point
+    features use ``dynamic_voxelize`` + ``voxel_reduce``, which has a backward).
     """
     vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths)
     max_points_per_voxel = _checks.check_int("max_points_per_voxel", max_points_per_voxel, min_value=1)
@@ -150,7 +153,7 @@ def voxelize(
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
     _check_backend(backend)
     out = torch.ops.pcops.voxelize(
-        points.contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max, backend
+        points.detach().contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max, backend
     )
     return Voxels(*out)
 
@@ -181,7 +184,7 @@ def dynamic_voxelize(
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
     _check_backend(backend)
-    out = torch.ops.pcops.dynamic_voxelize(points.contiguous(), lengths, list(vs), list(pcr), pad_to_max, backend)
+    out = torch.ops.pcops.dynamic_voxelize(points.detach().contiguous(), lengths, list(vs), list(pcr), pad_to_max, backend)
     return DynamicVoxels(*out)
 
 

@@ -241,6 +241,16 @@ def test_voxel_reduce(reduce):
     assert r32.dtype == torch.float16
 
 
+def test_points_requiring_grad_are_detached():
+    pts = random_cloud(50, seed=2).requires_grad_(True)
+    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 3, 10)
+    assert not out.voxels.requires_grad
+    d = pcops.dynamic_voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"])
+    feat = pcops.voxel_reduce(pts, d.point_to_voxel, d.coords.shape[0], "mean")
+    feat.sum().backward()
+    assert pts.grad is not None and torch.isfinite(pts.grad).all()
+
+
 def test_voxel_reduce_max_ties_go_to_lowest_index():
     f = torch.tensor([[1.0, 2.0], [1.0, 5.0], [0.0, 5.0], [3.0, 3.0]], requires_grad=True)
     p2v = torch.tensor([0, 0, 0, -1])
