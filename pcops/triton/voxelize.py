@@ -20,8 +20,9 @@ Hard voxelization is one fill and two launches (dynamic: one fill and one launch
       larger value and passes the smaller one on). Whatever the order of the atomics, position
       ``j`` ends holding the ``(j+1)``-th smallest point index of the voxel, and exactly the
       points of rank ≥ ``max_points_per_voxel`` fall off the end: the deterministic FCFS set.
-      (Proof: the values arriving at position ``j`` are always all values except the ``j``
-      largest, minus those that start below ``j``; a value may start at any position up to its
+      (Proof: the values that ever reach position ``j`` are exactly those that are not among
+      the ``j`` largest and do not start beyond ``j``, so the largest of them, which stays
+      there, is the ``(j+1)``-th largest. That holds for any start position up to a value's
       rank, so a snapshot of the list lets most points skip the positions already held by
       earlier points, and points of full voxels drop at once.)
 3. ``_voxel_rows_kernel``, one program per block of output rows: maps a packed output row to
