@@ -33,6 +33,8 @@ for _m in _OP_MODULES:
         __all__.append(_n)
 del _m
 
+from . import nn  # noqa: E402  (module forms: pcops.nn.LayerNormGELU)
+
 
 def _register_models_from_source() -> None:
     """Make ``pcops.models`` importable from a source checkout (``PYTHONPATH=.``).
