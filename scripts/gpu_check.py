@@ -29,6 +29,9 @@ def main() -> int:
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--bench-timeout", type=int, default=180)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--marker", default="gpu", help="pytest -m expression on the GPU ('' for all tests)")
+    p.add_argument("--test-timeout", type=int, default=240, help="seconds per test file")
+    p.add_argument("--jobs", type=int, default=6, help="test files run side by side")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -36,13 +39,43 @@ def main() -> int:
     env.pop("TRITON_INTERPRET", None)
     summary = {"tests": None, "benchmarks": {}}
     if not a.skip_tests:
+        # one pytest process per test file, several side by side (Triton compiles on the CPU),
+        # each bounded in time so that one hung kernel cannot eat the whole GPU slot
         t0 = time.time()
-        cmd = [sys.executable, "-m", "pytest", *a.tests.split(), "-q", "-rfEs", "-p", "no:cacheprovider", *a.pytest_args.split()]
-        with open(out / "pytest.log", "w") as log:
-            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-        tail = (out / "pytest.log").read_text().splitlines()[-40:]
-        summary["tests"] = {"returncode": rc, "seconds": round(time.time() - t0, 1), "tail": tail}
-        print("\n".join(tail[-25:]))
+        files = []
+        for target in a.tests.split():
+            path = ROOT / target
+            files += sorted(path.glob("test_*.py")) if path.is_dir() else [path]
+        extra = a.pytest_args.split() + (["-m", a.marker] if a.marker else [])
+        try:
+            import pytest_timeout  # noqa: F401
+
+            extra += ["--timeout=120"]
+        except ImportError:
+            pass
+        running, results = [], {}
+        pending = list(files)
+        while pending or running:
+            while pending and len(running) < a.jobs:
+                f = pending.pop(0)
+                log = open(out / f"pytest_{f.stem}.log", "w")
+                cmd = [sys.executable, "-m", "pytest", str(f), "-q", "-rfEs", "-p", "no:cacheprovider", "--durations=8", *extra]
+                running.append((f, log, time.time(), subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)))
+            time.sleep(0.5)
+            for item in list(running):
+                f, log, started, proc = item
+                if proc.poll() is None and time.time() - started > a.test_timeout:
+                    proc.kill()
+                    proc.wait()
+                    log.write(f"\nKILLED after {a.test_timeout} s\n")
+                if proc.poll() is not None:
+                    log.close()
+                    running.remove(item)
+                    lines = (out / f"pytest_{f.stem}.log").read_text().splitlines()
+                    results[f.stem] = {"returncode": proc.returncode, "seconds": round(time.time() - started, 1),
+                                       "last": lines[-1] if lines else ""}
+                    print(f"--- {f.stem}: rc={proc.returncode} {results[f.stem]['seconds']} s: {results[f.stem]['last']}")
+        summary["tests"] = {"seconds": round(time.time() - t0, 1), "files": results}
     if not a.skip_bench:
         names = a.bench or sorted(p.stem[len("bench_"):] for p in (ROOT / "benchmarks").glob("bench_*.py"))
         for name in names:
