@@ -544,3 +544,62 @@ def test_triton_interpreter_threshold_edges_rotated():
         for thr, want in [(v - 2e-6, [0]), (v + 2e-6, [0, 1])]:
             assert ref.nms_bev(boxes, scores, thr).tolist() == want
             assert tri.nms_bev(boxes, scores, None, thr, None, None, False)[0].tolist() == want
+
+
+_HOST_SHIM = r"""
+#include <cmath>
+#define __device__
+#define __forceinline__ inline
+"""
+_HOST_MAIN = r"""
+extern "C" void iou_pairs(const float* a, const float* b, int n, float* out) {
+  for (int i = 0; i < n; ++i) {
+    Box A = load_box(a, i, 7, 0, true), B = load_box(b, i, 7, 0, true);
+    float inter = (A.ok && B.ok && circles_touch(A, B)) ? pair_inter(A, B) : 0.f;
+    float sa = A.ok ? A.dx * A.dy : 0.f, sb = B.ok ? B.dx * B.dy : 0.f;
+    float u = sa + sb - inter;
+    out[i] = u > 0.f ? inter / u : 0.f;
+  }
+}
+"""
+
+
+def test_cuda_geometry_compiled_for_the_host(tmp_path):
+    """csrc/nms.cu's device geometry (everything before the kernels), compiled as host C++ with FMA
+    contraction like nvcc's default, matches the reference on the hard cases and random pairs."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from pcops import _nvrtc
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = (_nvrtc.CSRC_DIR / "nms.cu").read_text()
+    helpers = src[: src.index("// IoU matrix: one thread per pair.")]
+    for f in ("fabsf", "fminf", "fmaxf", "floorf", "sqrtf"):
+        helpers = helpers.replace(f, "std::" + f[:-1])
+    (tmp_path / "geo.cpp").write_text(_HOST_SHIM + helpers + _HOST_MAIN)
+    lib_path = tmp_path / "libgeo.so"
+    flags = ["-O2", "-ffp-contract=fast", "-shared", "-fPIC"]
+    res = subprocess.run([cxx, *flags, "-o", str(lib_path), str(tmp_path / "geo.cpp")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lib = ctypes.CDLL(str(lib_path))
+
+    def host_iou(a, b):
+        a, b = a.float().contiguous(), b.float().contiguous()
+        out = torch.empty(a.shape[0])
+        lib.iou_pairs(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()), a.shape[0], ctypes.c_void_p(out.data_ptr()))
+        return out.double()
+
+    a, b = hard_cases()
+    got = host_iou(a, b)
+    assert (got - pair_iou(ref.boxes_iou_bev, a, b)).abs().max() <= 1e-5
+    assert (got[(a == b).all(1)] == 1).all()
+    ra, _ = make_boxes(1000, seed=21, span=(30, 30))
+    rb, _ = make_boxes(1000, seed=22, span=(30, 30))
+    rb[:, :2] = ra[:, :2] + (rb[:, :2] - 15) * 0.2  # mostly overlapping pairs
+    assert (host_iou(ra, rb) - pair_iou(ref.boxes_iou_bev, ra, rb)).abs().max() <= 1e-5
+    edge = torch.tensor([[70.0, -39.0, 0, 4.0, 1.0, 1, 0.0], [71.0, -39.0, 0, 4.0, 1.0, 1, 0.0]])
+    assert host_iou(edge[:1], edge[1:]).item() == torch.tensor(0.6).item()
