@@ -456,6 +456,9 @@ FPS_PRUNED_ENTRIES(1)
 FPS_PRUNED_ENTRIES(2)
 FPS_PRUNED_ENTRIES(4)
 FPS_PRUNED_ENTRIES(8)
+// portable fallback for 65k..131k-point clouds where 16-CTA clusters are refused: 32 points per
+// thread spill part of the arrays to local memory, touched only by the warps that update
+FPS_PRUNED_ENTRY(8, 32)
 FPS_PRUNED_RUNTIME_ENTRY(4)
 FPS_PRUNED_RUNTIME_ENTRY(8)
 FPS_PRUNED_RUNTIME_ENTRY(16)

@@ -519,6 +519,7 @@ def test_fps_cu_compiles_with_every_entry_point():
                 assert cu._kernel_name(variant, cluster, ppt, runtime_shape=False).encode() in cubin
         for ppt in (4, 8, 16):  # every points-per-thread a 16-CTA cluster can need
             assert cu._kernel_name(variant, 16, ppt, runtime_shape=True).encode() in cubin
+    assert cu._kernel_name("pruned", 8, 32, False).encode() in cubin
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
     assert cu._kernel_name("flat", 16, 4, False) == "fps_lazy_c16_p4"
 
@@ -532,6 +533,7 @@ def test_fps_cluster_config():
     assert cu._config(120268, 8) is None  # too large for portable clusters: Triton
     assert cu._config(131072, 16) == (16, 16) and cu._config(131073, 16) is None
     assert cu._config(16385, 16) == (16, 4)
+    assert cu._config(120268, 8, max_ppt=32) == (8, 32)  # the pruned fallback without 16-CTA clusters
 
 
 def test_cluster_launch_structs_match_cuda_h():
@@ -546,7 +548,8 @@ def test_cluster_launch_structs_match_cuda_h():
 
 @pytest.mark.parametrize("variant", ["keys", "lazy", "flat", "pruned"])
 @pytest.mark.parametrize("launch", ["_launch_ex", "_launch"])
-@pytest.mark.parametrize("cluster,ppt,n", [(16, 16, 120268), (16, 4, 20000), (8, 4, 16384), (2, 1, 700), (1, 8, 3001)])
+@pytest.mark.parametrize("cluster,ppt,n", [(16, 16, 120268), (16, 4, 20000), (8, 4, 16384), (2, 1, 700), (1, 8, 3001),
+                                           (8, 32, 120268)])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypatch):
@@ -557,6 +560,8 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
         pytest.skip("no runtime-shaped entry for this points-per-thread")
     if launch == "_launch_ex" and variant == "flat":
         pytest.skip("the flat variant has compile-time cluster shapes only")
+    if ppt == 32 and (variant != "pruned" or launch == "_launch_ex"):
+        pytest.skip("32 points per thread: the pruned variant's portable fallback only")
     pts, _ = make_clouds(2, n, seed=5, scale=10.0, duplicates=n < 5000)
     lengths = torch.tensor([n, n // 3])
     start = torch.tensor([0, 5])

@@ -53,13 +53,23 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     ]
 
 
-def _config(n: int, max_cluster: int) -> tuple[int, int] | None:
+def _config(n: int, max_cluster: int, max_ppt: int = _MAX_PPT) -> tuple[int, int] | None:
     """``(cluster size, points per thread)`` for clouds of ``n`` points, or None if too large."""
     cluster = 1
     while cluster < max_cluster and cluster * _THREADS * _TARGET_PPT < n:
         cluster *= 2
     ppt = triton.next_power_of_2(max(1, triton.cdiv(triton.cdiv(n, cluster), _THREADS)))
-    return (cluster, ppt) if ppt <= _MAX_PPT else None
+    return (cluster, ppt) if ppt <= max_ppt else None
+
+
+def _plan(n: int, index: int) -> tuple[int, int] | None:
+    """The configuration for this device: 16-CTA clusters unless refused; then the pruned variant
+    still covers 131,072 points with 8 CTAs of 32 points per thread (``fps_pruned_c8_p32``)."""
+    max_cluster = _max_cluster.get(index, 16)
+    config = _config(n, max_cluster)
+    if config is None and max_cluster == 8 and _VARIANT == "pruned":
+        config = _config(n, 8, max_ppt=32)
+    return config
 
 
 def _kernel_name(variant: str, cluster: int, ppt: int, runtime_shape: bool) -> str:
@@ -86,7 +96,7 @@ def fps_supported(points: torch.Tensor) -> bool:
         _available[index] = ok
     if points.shape[0] > 65535:  # clouds are grid.y
         return False
-    return _available[index] and _config(points.shape[1], _max_cluster.get(index, 16)) is not None
+    return _available[index] and _plan(points.shape[1], index) is not None
 
 
 def _note(what: str) -> None:
@@ -177,7 +187,7 @@ def farthest_point_sample(
     if batch == 0 or n == 0:
         return out
     index = points.device.index if points.device.index is not None else torch.cuda.current_device()
-    config = _config(n, _max_cluster.get(index, 16)) if batch <= 65535 else None
+    config = _plan(n, index) if batch <= 65535 else None
     inputs = _Inputs(points, lengths, start_idx, out, num_samples)
     if config is not None and config[0] > 8:
         # non-portable cluster size: the launch-attribute path, then the compile-time shape
@@ -188,7 +198,7 @@ def farthest_point_sample(
             except RuntimeError:
                 pass
         _max_cluster[index] = 8  # the device refuses 16-CTA clusters: stay with portable sizes
-        config = _config(n, 8)
+        config = _plan(n, index)
     if config is None:
         from ..triton import sampling as tri
 
