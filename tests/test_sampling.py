@@ -524,6 +524,57 @@ def test_fps_cu_compiles_with_every_entry_point():
     assert cu._kernel_name("flat", 16, 4, False) == "fps_lazy_c16_p4"
 
 
+def pruned_fps_model(points, m, start, group):
+    """A numpy model of csrc/fps.cu's pruned variant for one cloud: Morton-sorted points in groups
+    (a warp's run), a group skips its update when its box is farther from the new sample than its
+    largest min-distance, and republishes its last (max, lowest original index) record."""
+    p = points.numpy().astype(np.float32)
+    n = p.shape[0]
+    cells = np.clip(((p - p.min(0)) / np.maximum(p.max(0) - p.min(0), 1e-6) * 1023).astype(np.int64), 0, 1023)
+    code = np.zeros(n, dtype=np.int64)
+    for bit in range(10):  # interleave the bits: a Morton (Z-order) code
+        for axis in range(3):
+            code |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
+    perm = np.argsort(code, kind="stable")
+    s = p[perm]
+    groups = [slice(g, min(g + group, n)) for g in range(0, n, group)]
+    lo = np.stack([s[g].min(0) for g in groups])
+    hi = np.stack([s[g].max(0) for g in groups])
+    min_d = np.full(n, np.inf, dtype=np.float32)
+    group_max = np.full(len(groups), np.inf, dtype=np.float32)
+    records = [None] * len(groups)
+    out, sel, skipped = [start], start, 0
+    for _ in range(min(m, n) - 1):
+        c = p[sel]
+        gap = np.maximum(np.maximum(lo - c, c - hi), np.float32(0))
+        lower = (gap[:, 0] * gap[:, 0] + gap[:, 1] * gap[:, 1]) + gap[:, 2] * gap[:, 2]
+        for g, sl in enumerate(groups):
+            if lower[g] > group_max[g]:
+                skipped += 1
+                continue
+            d = s[sl] - c
+            upd = np.minimum(min_d[sl], (d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1]) + d[:, 2] * d[:, 2])
+            upd[perm[sl] == sel] = -1
+            min_d[sl] = upd
+            best = upd.max()
+            records[g] = (best, perm[sl][upd == best].min()) if best >= 0 else None
+            group_max[g] = best if best >= 0 else -1
+        best = max(r[0] for r in records if r is not None)
+        sel = int(min(r[1] for r in records if r is not None and r[0] == best))
+        out.append(sel)
+    return out + [-1] * (m - len(out)), skipped / max(1, len(groups) * (min(m, n) - 1))
+
+
+def test_pruned_fps_model_is_exact(kitti_dir):
+    """The box skip of the pruned CUDA variant changes no index (rounding is monotone), ties included."""
+    raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
+    pts = torch.from_numpy(raw[torch.randperm(raw.shape[0], generator=generator(2))[:1200].numpy(), :3].copy())
+    pts[1::5] = pts[0:-1:5][: pts[1::5].shape[0]]  # duplicates: exact ties
+    got, skipped = pruned_fps_model(pts, 600, 3, group=32)
+    assert got == fps_oracle(pts, 600, 3)
+    assert skipped > 0.5  # most group updates are skipped
+
+
 def test_fps_cluster_config():
     from pcops.cuda import sampling as cu
 
