@@ -15,6 +15,17 @@
 // their bit patterns order like the floats, and a larger key means a larger distance or, on a
 // tie, a lower index. The distance arithmetic uses explicit round-to-nearest intrinsics (no FMA
 // contraction), matching the plain-torch reference bit for bit.
+//
+// Variants (template MODE / FLAT_C, entry-point prefixes; pcops/cuda/sampling.py picks one):
+//   fps_*        MODE_KEYS: each thread tracks (value, slot) of its best point, warps reduce keys;
+//   fps_lazy_*   MODE_LAZY: each thread tracks the value only, holders of the warp max find the slot;
+//   fps_flat_*   MODE_LAZY with the flat exchange (2'): no CTA stage, every warp reads all warp
+//                records of the cluster (compile-time cluster sizes <= 8);
+//   fps_pruned_* MODE_PRUNED: Morton-sorted input, each warp owns a compact run of points and
+//                skips its update while its bounding box is farther from the new sample than its
+//                largest min-distance (exact: rounding is monotone), republishing its last record.
+// *_c{C}_p{PPT} entries have a compile-time cluster shape (cuLaunchKernel); *_rt_p{PPT} entries
+// take it from a launch attribute (cuLaunchKernelEx), the documented way to use 16-CTA clusters.
 
 typedef unsigned long long u64;
 
