@@ -66,7 +66,7 @@ def tuning_rows(clouds, xyz):
     prep = bench(lambda: tri._morton_sort(xyz[None], torch.tensor([xyz.shape[0]], device="cuda"), tri._KNN_BR, tri._KNN_SB), rep=20)
     out.append(row("K2 tuning", "prep only (codes, sort, boxes)", prep))
     saved = (tri._KNN_BQ, tri._KNN_BR, tri._KNN_SB, tri._KNN_WARPS)
-    for bq, br, sb, warps in ((32, 32, 16, 4), (64, 64, 8, 8), (16, 32, 16, 2), (32, 32, 32, 4)):
+    for bq, br, sb, warps in ((32, 32, 16, 4), (64, 64, 8, 8), (16, 32, 16, 2)):
         tri._KNN_BQ, tri._KNN_BR, tri._KNN_SB, tri._KNN_WARPS = bq, br, sb, warps
         for wl, pts in (("K1 K=16 tuning", clouds), ("K2 tuning", xyz[None])):
             t = bench(lambda: pcops.knn(pts, pts, 16), warmup=2, rep=20)
