@@ -95,7 +95,9 @@ def main():
     scan, source = load_scan()
     xyz = scan[:, :3].contiguous().cuda()
     clouds = f1_clouds(scan[:, :3]).cuda()
-    rows, notes = [], {"scan": source, "scan_points": xyz.shape[0]}
+    from pcops.cuda import sampling as cuda_fps
+
+    rows, notes = [], {"scan": source, "scan_points": xyz.shape[0], "fps cuda variant": cuda_fps._VARIANT}
 
     # --- FPS -------------------------------------------------------------------------------
     for wl, pts, m in (("F1 8x16384->4096", clouds, 4096), ("F2 120268->16384", xyz[None], 16384)):
@@ -109,8 +111,6 @@ def main():
                 notes[f"{wl} {backend} error"] = repr(e)
                 continue
             if backend == "cuda":
-                from pcops.cuda import sampling as cuda_fps
-
                 notes[f"{wl} cuda kernel"] = cuda_fps.last_launch
             t = timed(lambda: pcops.farthest_point_sample(pts, m, backend=backend), rep, args.quick)
             rows.append(row(wl, f"pcops fps {backend}", t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
