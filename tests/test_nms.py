@@ -110,6 +110,7 @@ def test_reference_matches_textbook_clipping_on_hard_cases_and_random_pairs():
     ra, rb = make_boxes(300, seed=1, span=(8, 8))[0], make_boxes(300, seed=2, span=(8, 8))[0]
     a, b = torch.cat([a, ra]).double(), torch.cat([b, rb]).double()
     got = torch.stack([ref.boxes_iou_bev(a[i:i + 1], b[i:i + 1])[0, 0] for i in range(a.shape[0])])
+    assert (ref.boxes_iou_bev_aligned(a, b) - got).abs().max() < 1e-12
     bev = lambda t: t[[0, 1, 3, 4, 6]].tolist()
     want = torch.tensor([_sh_iou(bev(a[i]), bev(b[i])) for i in range(a.shape[0])], dtype=torch.float64)
     assert (got - want).abs().max() < 1e-9
@@ -306,7 +307,7 @@ def test_triton_interpreter_iou_hard_cases():
     from pcops.triton import nms as tri
 
     a, b = hard_cases()
-    want = pair_iou(ref.boxes_iou_bev, a, b)
+    want = ref.boxes_iou_bev_aligned(a, b)
     got = pair_iou(lambda x, y: tri.boxes_iou(x, y, False), a, b, chunk=32)
     assert (got - want).abs().max() <= 1e-5
     same = (a == b).all(1)
@@ -374,7 +375,7 @@ def test_triton_interpreter_nms_groups_pre_invalid_edges():
 def test_gpu_iou_matches_reference(backend):
     a, b = hard_cases()
     got = pair_iou(lambda x, y: pcops.boxes_iou_bev(x.cuda(), y.cuda(), backend=backend).cpu(), a, b)
-    assert (got - pair_iou(ref.boxes_iou_bev, a, b)).abs().max() <= 1e-5
+    assert (got - ref.boxes_iou_bev_aligned(a, b)).abs().max() <= 1e-5
     assert (got[(a == b).all(1)] == 1).all()
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         x, _ = make_boxes(700, seed=13, span=(30, 30), dtype=dtype)
@@ -595,11 +596,11 @@ def test_cuda_geometry_compiled_for_the_host(tmp_path):
 
     a, b = hard_cases()
     got = host_iou(a, b)
-    assert (got - pair_iou(ref.boxes_iou_bev, a, b)).abs().max() <= 1e-5
+    assert (got - ref.boxes_iou_bev_aligned(a, b)).abs().max() <= 1e-5
     assert (got[(a == b).all(1)] == 1).all()
     ra, _ = make_boxes(1000, seed=21, span=(30, 30))
     rb, _ = make_boxes(1000, seed=22, span=(30, 30))
     rb[:, :2] = ra[:, :2] + (rb[:, :2] - 15) * 0.2  # mostly overlapping pairs
-    assert (host_iou(ra, rb) - pair_iou(ref.boxes_iou_bev, ra, rb)).abs().max() <= 1e-5
+    assert (host_iou(ra, rb) - ref.boxes_iou_bev_aligned(ra, rb)).abs().max() <= 1e-5
     edge = torch.tensor([[70.0, -39.0, 0, 4.0, 1.0, 1, 0.0], [71.0, -39.0, 0, 4.0, 1.0, 1, 0.0]])
     assert host_iou(edge[:1], edge[1:]).item() == torch.tensor(0.6).item()

@@ -150,6 +150,21 @@ def boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
     return torch.where(union > 0, inter / torch.where(union > 0, union, 1.0), 0.0)
 
 
+def boxes_iou_bev_aligned(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
+    """``(P,)`` float64 BEV IoU of row-aligned pairs ``boxes_a[i], boxes_b[i]`` (same rules as
+    :func:`boxes_iou_bev`; for tests and hard-case tables)."""
+    a, b = bev_columns(boxes_a).double(), bev_columns(boxes_b).double()
+    va, vb = box_valid(a), box_valid(b)
+    dummy = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64, device=a.device)
+    ok = va & vb & (a[:, 2] > 0) & (a[:, 3] > 0) & (b[:, 2] > 0) & (b[:, 3] > 0)
+    inter = torch.cat([intersection_area_pairs(torch.where(ok[s:s + _CHUNK, None], a[s:s + _CHUNK], dummy),
+                                               torch.where(ok[s:s + _CHUNK, None], b[s:s + _CHUNK], dummy))
+                       for s in range(0, a.shape[0], _CHUNK)] or [a.new_zeros(0)])
+    inter = torch.where(ok, inter, 0.0)
+    union = torch.where(va, a[:, 2] * a[:, 3], 0.0) + torch.where(vb, b[:, 2] * b[:, 3], 0.0) - inter
+    return torch.where(union > 0, inter / torch.where(union > 0, union, 1.0), 0.0)
+
+
 def boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
     """``(N, M)`` float64 3D IoU of ``(N, ≥7)`` boxes: BEV overlap × height overlap over the union volume.
 
