@@ -64,11 +64,12 @@ def boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str 
 
     Accuracy: the CPU path is float64 polygon clipping (``pcops.reference.nms``). The GPU path
     computes in float32 in box ``a``'s own frame (local origin, slab clipping, see
-    ``pcops.triton.nms``) and stays within 1e-5 of float64 on random pairs and hard cases
-    (identical boxes give exactly 1, as does one box inside an identical one; shifted by 1e-4 m,
-    rotated by k·90°, nested, shared edges/corners, thin boxes, x ≈ 70 m). fp16/bf16 boxes
-    are computed in float32. Invalid boxes give 0 (see the module docstring). No host sync on
-    the GPU.
+    ``pcops.triton.nms``; the CUDA C++ backend runs the same arithmetic) and stays within 1e-5 of
+    float64 (measured: ~2e-7 on random pairs, ≤ 4e-6 on the hard cases: shifted by 1e-4 m, rotated
+    by k·90°, nested, shared edges/corners, 1 cm thin boxes, x ≈ 70 m); identical boxes give
+    exactly 1 and a box nested in another the exact area ratio ``dx·dy / dx'·dy'``. fp16/bf16
+    boxes are computed in float32. Invalid boxes give 0; negative sizes raise on the CPU (see the
+    module docstring). No host sync on the GPU.
     """
     boxes_a = _check_boxes("boxes_a", boxes_a, bev=True)
     boxes_b = _check_boxes("boxes_b", boxes_b, bev=True)
