@@ -385,11 +385,13 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     list_len = batch * list_stride * pb if hard else 0
     coords_len = 4 * n if (not hard and pad_to_max) else 0  # -1 padded coords of the dynamic fixed form
     # one int32 buffer, one fill: every "empty" is -1 (keys: int64 -1 = two int32 -1)
-    sizes = [2 * cap, cap, cap, 1, num_blocks, num_blocks, 2 * batch, batch, list_len, coords_len]
+    # coords first: the tensor returned to the caller then starts at storage offset 0 (as the fake
+    # function promises), and the int64 keys stay 8-byte aligned (coords_len is a multiple of 4)
+    sizes = [coords_len, 2 * cap, cap, cap, 1, num_blocks, num_blocks, 2 * batch, batch, list_len]
     work = torch.full((sum(sizes),), -1, dtype=torch.int32, device=device)
     views = list(torch.split(work, sizes))
-    keys = views[0].view(torch.int64)
-    first, row, ticket, flags, desc, stats, drop, lists, coords = views[1:]
+    keys = views[1].view(torch.int64)
+    coords, first, row, ticket, flags, desc, stats, drop, lists = views[0], *views[2:]
     p2v = torch.empty(n, dtype=torch.int64, device=device)
     if not hard and not pad_to_max:
         coords = torch.empty((n, 4), dtype=torch.int32, device=device)  # rows < M all written
