@@ -2,8 +2,9 @@
 
     python scripts/gpu_check.py OUT_DIR [--tests PATTERN] [--bench NAME ...] [--skip-tests]
 
-Writes ``OUT_DIR/pytest.log``, ``OUT_DIR/<benchmark>.json`` (device, torch/triton versions,
-commit, date in each) and ``OUT_DIR/summary.json``. Meant for a short rented GPU slot: run it
+Writes ``OUT_DIR/pytest_<file>.log``, ``OUT_DIR/bench_<name>.log``, ``OUT_DIR/<benchmark>.json``
+(device, torch/triton versions, commit, date in each), ``OUT_DIR/summary.json``, and all of it
+again as one archive ``OUT_DIR.tgz`` beside the folder. Meant for a short rented GPU slot: run it
 from the repository root on the GPU machine (``PYTHONPATH=.`` or an editable install).
 """
 from __future__ import annotations
@@ -86,11 +87,16 @@ def main() -> int:
                 rc, text = r.returncode, r.stdout + r.stderr
             except subprocess.TimeoutExpired as e:
                 rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            (out / f"bench_{name}.log").write_text(text) if rc != 0 else None
             summary["benchmarks"][name] = {"returncode": rc, "seconds": round(time.time() - t0, 1)}
+            (out / f"bench_{name}.log").write_text(text)
             print(f"--- bench_{name}: rc={rc} ({time.time() - t0:.1f} s)")
             print("\n".join(text.splitlines()[-30:]))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    # one archive of everything: remote GPU slots often return only a few files
+    import tarfile
+
+    with tarfile.open(out.parent / f"{out.name}.tgz", "w:gz") as tar:
+        tar.add(out, arcname=out.name)
     return 0
 
 
