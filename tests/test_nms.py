@@ -1,5 +1,6 @@
 """pcops.nms: rotated BEV/3D IoU and rotated NMS: reference vs an independent oracle, hard cases,
 threshold-edge cases, Triton (interpreter) and CUDA paths, registration, bad input."""
+import functools
 import math
 
 import pytest
@@ -8,6 +9,19 @@ import torch
 import pcops
 from pcops.reference import nms as ref
 from _util import generator, interpret, requires_cuda
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_cpu_thread():
+    """The float64 reference runs many small elementwise ops: with several intra-op threads on a
+    busy or over-subscribed host they run 10-50x slower than on one thread (measured: 0.07 s on one
+    thread vs 2.3 s on two for a 700 x 333 IoU matrix on a loaded 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 # --- inputs ---------------------------------------------------------------------------------
 
@@ -369,28 +383,44 @@ def test_triton_interpreter_nms_groups_pre_invalid_edges():
 
 # --- the GPU paths --------------------------------------------------------------------------
 
+# The CPU oracles below are cached: both backends compare with the same float64 values.
+
+
+@functools.lru_cache(maxsize=None)
+def _hard_iou_oracle():
+    a, b = hard_cases()
+    return a, b, ref.boxes_iou_bev_aligned(a, b)
+
+
+@functools.lru_cache(maxsize=None)
+def _random_iou_oracle(dtype):
+    x, _ = make_boxes(700, seed=13, span=(30, 30), dtype=dtype)
+    y, _ = make_boxes(333, seed=14, span=(30, 30), dtype=dtype)
+    return x, y, ref.boxes_iou_bev(x, y), ref.boxes_iou_3d(x, y)
+
+
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_iou_matches_reference(backend):
-    a, b = hard_cases()
+    a, b, want = _hard_iou_oracle()
     got = pair_iou(lambda x, y: pcops.boxes_iou_bev(x.cuda(), y.cuda(), backend=backend).cpu(), a, b)
-    assert (got - ref.boxes_iou_bev_aligned(a, b)).abs().max() <= 1e-5
+    assert (got - want).abs().max() <= 1e-5
     assert (got[(a == b).all(1)] == 1).all()
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        x, _ = make_boxes(700, seed=13, span=(30, 30), dtype=dtype)
-        y, _ = make_boxes(333, seed=14, span=(30, 30), dtype=dtype)
+        x, y, want, want3 = _random_iou_oracle(dtype)
         got = pcops.boxes_iou_bev(x.cuda(), y.cuda(), backend=backend).cpu().double()
-        assert (got - ref.boxes_iou_bev(x, y)).abs().max() <= 1e-5
+        assert (got - want).abs().max() <= 1e-5
         got3 = pcops.boxes_iou_3d(x.cuda(), y.cuda(), backend=backend).cpu().double()
-        assert (got3 - ref.boxes_iou_3d(x, y)).abs().max() <= 1e-5
+        assert (got3 - want3).abs().max() <= 1e-5
 
 
 def _check_keep(got, want, boxes, scores, thr):
     """Equal keep lists, unless an IoU lies within 1e-6 of the threshold (then no assertion)."""
     if got.tolist() != want.tolist():
         order = torch.sort(scores, descending=True, stable=True).indices
-        iou = ref.boxes_iou_bev(boxes[order], boxes[order])
+        dev = "cuda" if torch.cuda.is_available() else "cpu"  # the float64 reference, on the GPU for speed
+        iou = ref.boxes_iou_bev(boxes[order].to(dev), boxes[order].to(dev)).cpu()
         assert ((iou - thr).abs() < 1e-6).any(), "keep lists differ away from the threshold"
 
 
@@ -398,6 +428,19 @@ def _ref_nms(boxes, scores, thr, **kw):
     """The float64 reference, run on the GPU (plain torch on any device) for speed."""
     kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     return ref.nms_bev(boxes.cuda(), scores.cuda(), thr, **kw).cpu()
+
+
+@functools.lru_cache(maxsize=None)
+def _nms_case(n, span, thr):
+    """Inputs and reference keep lists of one ``test_gpu_nms_matches_reference`` case (shared by
+    both backends): boxes, scores, groups, plain / pre-post / grouped keep lists."""
+    boxes, scores = make_boxes(n, seed=n, span=span)
+    scores[::3] = scores[:1].clone()
+    pre = max(1, n - n // 4)
+    groups = torch.randint(0, 4, (n,), generator=generator(n))
+    return (boxes, scores, groups, pre, _ref_nms(boxes, scores, thr),
+            _ref_nms(boxes, scores, thr, pre_max_size=pre, post_max_size=100),
+            _ref_nms(boxes, scores, thr, idxs=groups))
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
@@ -409,20 +452,26 @@ def test_gpu_nms_matches_reference(backend, n):
     if n <= 1000:  # dense scenes: many suppressions
         configs += [((20, 20), 0.1), ((20, 20), 0.7)]
     for span, thr in configs:
-        boxes, scores = make_boxes(n, seed=n, span=span)
-        scores[::3] = scores[:1].clone()
-        want = _ref_nms(boxes, scores, thr)
+        boxes, scores, groups, pre, want, want_pre, want_groups = _nms_case(n, span, thr)
         got = pcops.nms_bev(boxes.cuda(), scores.cuda(), thr, backend=backend).cpu()
         _check_keep(got, want, boxes, scores, thr)
-        pre = max(1, n - n // 4)
         idx, count = pcops.nms_bev(boxes.cuda(), scores.cuda(), thr, pre_max_size=pre,
                                    post_max_size=100, padded=True, backend=backend)
-        want = _ref_nms(boxes, scores, thr, pre_max_size=pre, post_max_size=100)
-        _check_keep(idx[:int(count)].cpu(), want, boxes, scores, thr)
+        _check_keep(idx[:int(count)].cpu(), want_pre, boxes, scores, thr)
         assert (idx[int(count):] == -1).all()
-        groups = torch.randint(0, 4, (n,), generator=generator(n))
         got = pcops.batched_nms_bev(boxes.cuda(), scores.cuda(), groups.cuda(), thr, backend=backend).cpu()
-        _check_keep(got, _ref_nms(boxes, scores, thr, idxs=groups), boxes, scores, thr)
+        _check_keep(got, want_groups, boxes, scores, thr)
+
+
+@functools.lru_cache(maxsize=None)
+def _invalid_nms_oracle(dtype):
+    """300 boxes with a negative size, an infinite centre and a NaN score; CPU reference keep list."""
+    boxes, scores = make_boxes(300, seed=15, span=(15, 15))
+    boxes[5, 3] = -1.0
+    boxes[6, 1] = float("inf")
+    scores[7] = float("nan")
+    b, sc = boxes.to(dtype), scores.to(dtype)
+    return b, sc, ref.nms_bev(b, sc, 0.1)
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
@@ -433,17 +482,11 @@ def test_gpu_nms_edges_invalid_dtypes(backend):
     s = torch.tensor([0.5, 0.9], device="cuda")
     assert pcops.nms_bev(edge, s, 0.6, backend=backend).tolist() == [1, 0]
     assert pcops.nms_bev(edge, s, 0.5999, backend=backend).tolist() == [1]
-    boxes, scores = make_boxes(300, seed=15, span=(15, 15))
-    boxes[5, 3] = -1.0
-    boxes[6, 1] = float("inf")
-    scores[7] = float("nan")
-    want = ref.nms_bev(boxes, scores, 0.1)
-    got = pcops.nms_bev(boxes.cuda(), scores.cuda(), 0.1, backend=backend).cpu()
-    _check_keep(got, want, boxes, scores, 0.1)
-    for dtype in (torch.float16, torch.bfloat16):
-        b, sc = boxes.to(dtype), scores.to(dtype)
-        _check_keep(pcops.nms_bev(b.cuda(), sc.cuda(), 0.1, backend=backend).cpu(), ref.nms_bev(b, sc, 0.1), b, sc, 0.1)
-    empty, count = pcops.nms_bev(boxes[:0].cuda(), scores[:0].cuda(), 0.5, post_max_size=3, padded=True, backend=backend)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        b, sc, want = _invalid_nms_oracle(dtype)
+        _check_keep(pcops.nms_bev(b.cuda(), sc.cuda(), 0.1, backend=backend).cpu(), want, b, sc, 0.1)
+    empty = torch.zeros(0, 7, device="cuda")
+    empty, count = pcops.nms_bev(empty, torch.zeros(0, device="cuda"), 0.5, post_max_size=3, padded=True, backend=backend)
     assert empty.tolist() == [-1, -1, -1] and int(count) == 0
 
 
@@ -463,8 +506,13 @@ def test_gpu_nms_cuda_graph_capture(backend):
     static_b.copy_(b2)
     static_s.copy_(s2)
     graph.replay()
-    want = _ref_nms(b2, s2, 0.01, post_max_size=500)
-    _check_keep(idx[:int(count)].cpu(), want, b2, s2, 0.01)
+    _check_keep(idx[:int(count)].cpu(), _graph_oracle(), b2, s2, 0.01)
+
+
+@functools.lru_cache(maxsize=None)
+def _graph_oracle():
+    b2, s2 = make_boxes(4096, seed=17)
+    return _ref_nms(b2, s2, 0.01, post_max_size=500)
 
 
 @pytest.mark.gpu

@@ -26,8 +26,10 @@ import torch
 
 # relative tolerance of the inclusive inside tests (float64)
 _TOL = 1e-12
-# pairs per chunk of the exact clipping (each pair holds a 64-vertex polygon)
+# pairs per chunk of the exact clipping (each pair holds a 64-vertex polygon): small on the CPU
+# (cache-sized temporaries), large on a GPU (fewer launches)
 _CHUNK = 1 << 15
+_CHUNK_GPU = 1 << 18
 
 
 def bev_columns(boxes: torch.Tensor) -> torch.Tensor:
@@ -43,73 +45,82 @@ def box_valid(bev: torch.Tensor) -> torch.Tensor:
 
 
 def _corners(cx, cy, dx, dy, heading):
-    """``(P, 4, 2)`` corners, counter-clockwise, of rectangles centred at ``(cx, cy)``."""
-    c, s = torch.cos(heading), torch.sin(heading)
+    """Corners ``x, y`` (each ``(P, 4)``), counter-clockwise, of rectangles centred at ``(cx, cy)``."""
+    c, s = torch.cos(heading)[:, None], torch.sin(heading)[:, None]
     hx, hy = dx / 2, dy / 2
     # local corners (+,+), (-,+), (-,-), (+,-): counter-clockwise
     lx = torch.stack([hx, -hx, -hx, hx], -1)
     ly = torch.stack([hy, hy, -hy, -hy], -1)
-    x = cx[:, None] + lx * c[:, None] - ly * s[:, None]
-    y = cy[:, None] + lx * s[:, None] + ly * c[:, None]
-    return torch.stack([x, y], -1)
+    return cx[:, None] + lx * c - ly * s, cy[:, None] + lx * s + ly * c
 
 
-def _clip(poly: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
-    """Keep the part of ``poly (P, K, 2)`` left of the line ``a → b`` (``(P, 2)`` each); ``(P, 2K, 2)``.
+def _inward_normal(ax, ay, bx, by):
+    """Unit normal ``(nx, ny)`` (each ``(P, 1)``) of the lines ``a → b``, pointing to their left (inside)."""
+    e = torch.stack([bx - ax, by - ay], -1)
+    e = e / e.norm(dim=-1, keepdim=True)
+    return -e[..., 1], e[..., 0]
+
+
+def _clip(px, py, ax, ay, bx, by, tol):
+    """Keep the part of the polygons ``(px, py)`` (each ``(P, K)``) left of the lines ``a → b``
+    (``ax, ay, bx, by``: ``(P, 1)``); returns ``x, y`` (each ``(P, 2K)``).
 
     Each edge ``p → q`` emits two points: ``p`` or the entry point, ``q`` or the exit point; an edge
     wholly outside emits the projections of its ends on the line. Every point emitted from outside
-    lies on the line, so the detours add no area.
+    lies on the line, so the detours add no area. (x and y are kept apart: the same arithmetic as
+    on ``(P, K, 2)`` point arrays, with fewer copies.)
     """
-    e = b - a
-    e = e / e.norm(dim=-1, keepdim=True)
-    normal = torch.stack([-e[:, 1], e[:, 0]], -1)[:, None, :]  # unit, pointing inside
-    p = poly
-    q = poly.roll(-1, dims=1)
-    dp = ((p - a[:, None, :]) * normal).sum(-1)
-    dq = ((q - a[:, None, :]) * normal).sum(-1)
-    pin = dp >= -tol[:, None]
-    qin = dq >= -tol[:, None]
+    nx, ny = _inward_normal(ax, ay, bx, by)
+    qx, qy = px.roll(-1, dims=1), py.roll(-1, dims=1)
+    dp = (px - ax) * nx + (py - ay) * ny  # signed distances to the line
+    dq = (qx - ax) * nx + (qy - ay) * ny
+    pin = dp >= -tol
+    qin = dq >= -tol
     cross = pin != qin
-    t = torch.where(cross, dp / torch.where(cross, dp - dq, 1.0), 0.0).clamp(0, 1)[..., None]
-    x = p + t * (q - p)
-    proj_p = p - dp[..., None] * normal
-    proj_q = q - dq[..., None] * normal
-    first = torch.where(pin[..., None], p, torch.where(qin[..., None], x, proj_p))
-    second = torch.where(qin[..., None], q, torch.where(pin[..., None], x, proj_q))
-    return torch.stack([first, second], 2).reshape(p.shape[0], -1, 2)
+    t = torch.where(cross, dp / torch.where(cross, dp - dq, 1.0), 0.0).clamp(0, 1)
+    out = []
+    for p, q, n in ((px, qx, nx), (py, qy, ny)):
+        x = p + t * (q - p)  # the crossing point
+        first = torch.where(pin, p, torch.where(qin, x, p - dp * n))
+        second = torch.where(qin, q, torch.where(pin, x, q - dq * n))
+        out.append(torch.stack([first, second], 2).reshape(p.shape[0], -1))
+    return out
 
 
-def _inside_all(points: torch.Tensor, rect: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
-    """``(P,)`` bool: every point of ``points (P, K, 2)`` is inside ``rect (P, 4, 2)`` (within ``tol``)."""
-    inside = torch.ones(points.shape[:2], dtype=torch.bool, device=points.device)
+def _inside_all(px, py, rx, ry, tol):
+    """``(P,)`` bool: every point ``(px, py)`` (``(P, K)``) is inside the rectangles ``(rx, ry)``
+    (``(P, 4)``) within ``tol`` (``(P, 1)``)."""
+    inside = torch.ones(px.shape, dtype=torch.bool, device=px.device)
     for k in range(4):
-        a, b = rect[:, k], rect[:, (k + 1) % 4]
-        e = b - a
-        e = e / e.norm(dim=-1, keepdim=True)
-        normal = torch.stack([-e[:, 1], e[:, 0]], -1)[:, None, :]
-        inside &= ((points - a[:, None, :]) * normal).sum(-1) >= -tol[:, None]
+        ax, ay, bx, by = rx[:, k:k + 1], ry[:, k:k + 1], rx[:, (k + 1) % 4:(k + 1) % 4 + 1], ry[:, (k + 1) % 4:(k + 1) % 4 + 1]
+        nx, ny = _inward_normal(ax, ay, bx, by)
+        inside &= (px - ax) * nx + (py - ay) * ny >= -tol
     return inside.all(1)
 
 
 def intersection_area_pairs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Intersection area of row-aligned rectangles ``a, b (P, 5)`` float64 (valid, positive sizes)."""
+    """Intersection area of row-aligned rectangles ``a, b (P, 5)`` float64 (valid, positive sizes).
+
+    Vectorised over the ``P`` pairs (no Python loop over pairs): four clipping steps on
+    fixed-size ``(P, 4·2^k)`` vertex arrays, then the shoelace formula.
+    """
     # local origin: the centre of a
     zero = torch.zeros_like(a[:, 0])
-    ca = _corners(zero, zero, a[:, 2], a[:, 3], a[:, 4])
-    cb = _corners(b[:, 0] - a[:, 0], b[:, 1] - a[:, 1], b[:, 2], b[:, 3], b[:, 4])
+    ax, ay = _corners(zero, zero, a[:, 2], a[:, 3], a[:, 4])
+    bx, by = _corners(b[:, 0] - a[:, 0], b[:, 1] - a[:, 1], b[:, 2], b[:, 3], b[:, 4])
     scale = (b[:, 0] - a[:, 0]).abs() + (b[:, 1] - a[:, 1]).abs() + a[:, 2] + a[:, 3] + b[:, 2] + b[:, 3]
-    tol = _TOL * scale
-    poly = ca
+    tol = (_TOL * scale)[:, None]
+    px, py = ax, ay
     for k in range(4):
-        poly = _clip(poly, cb[:, k], cb[:, (k + 1) % 4], tol)
-    nxt = poly.roll(-1, dims=1)
-    area = 0.5 * (poly[..., 0] * nxt[..., 1] - poly[..., 1] * nxt[..., 0]).sum(-1)
+        j = (k + 1) % 4
+        px, py = _clip(px, py, bx[:, k:k + 1], by[:, k:k + 1], bx[:, j:j + 1], by[:, j:j + 1], tol)
+    qx, qy = px.roll(-1, dims=1), py.roll(-1, dims=1)
+    area = 0.5 * (px * qy - py * qx).sum(-1)
     area = area.clamp(min=0)
     # one rectangle inside the other: the intersection is that rectangle, exactly
     area_a, area_b = a[:, 2] * a[:, 3], b[:, 2] * b[:, 3]
-    area = torch.where(_inside_all(cb, ca, tol), area_b, area)
-    area = torch.where(_inside_all(ca, cb, tol), area_a, area)
+    area = torch.where(_inside_all(bx, by, ax, ay, tol), area_b, area)
+    area = torch.where(_inside_all(ax, ay, bx, by, tol), area_a, area)
     return torch.minimum(area, torch.minimum(area_a, area_b))
 
 
@@ -134,8 +145,9 @@ def overlap_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
     cand = _pair_candidates(a, b) & (va & pos_a)[:, None] & (vb & pos_b)[None, :]
     out = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64, device=a.device)
     ii, jj = cand.nonzero(as_tuple=True)
-    for s in range(0, ii.numel(), _CHUNK):
-        i, j = ii[s:s + _CHUNK], jj[s:s + _CHUNK]
+    chunk = _CHUNK if a.device.type == "cpu" else _CHUNK_GPU
+    for s in range(0, ii.numel(), chunk):
+        i, j = ii[s:s + chunk], jj[s:s + chunk]
         out[i, j] = intersection_area_pairs(a[i], b[j])
     return out
 
@@ -210,8 +222,9 @@ def nms_bev(
     if idxs is not None:
         g = idxs[order]
         iou = torch.where(g[:, None] == g[None, :], iou, 0.0)
-    suppressed = ~(box_valid(bev) & ~torch.isnan(scores[order]))
-    over = iou > iou_threshold
+    # the greedy loop runs on the host (one copy of the mask, no per-box device sync)
+    suppressed = (~(box_valid(bev) & ~torch.isnan(scores[order]))).cpu().numpy()
+    over = (iou > iou_threshold).cpu().numpy()
     keep: list[int] = []
     for i in range(order.numel()):
         if suppressed[i]:
