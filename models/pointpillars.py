@@ -390,8 +390,10 @@ class PointPillars(nn.Module):
 
         Accepts the checkpoint file (``{'model_state': ..., 'epoch': ..., ...}``), the bare state
         dict, or one saved from a ``DistributedDataParallel`` wrapper (``module.`` prefixes).
-        ``global_step`` is optional. With ``strict`` (default), a missing, unexpected or mis-shaped
-        key raises ``KeyError``/``ValueError`` listing them; nothing is loaded in that case.
+        ``global_step`` is optional. A missing or mis-shaped key always raises
+        (``KeyError``/``ValueError``, listing them: weights are never left silently random);
+        ``strict`` (default) also refuses unexpected keys, ``strict=False`` ignores them.
+        Nothing is loaded when it raises.
         Returns ``self``.
         """
         state = path_or_state_dict
@@ -422,7 +424,7 @@ class PointPillars(nn.Module):
         )
         if bad_shape:
             raise ValueError("path_or_state_dict: mis-shaped weights:\n  " + "\n  ".join(bad_shape))
-        if strict and (missing or unexpected):
+        if missing or (strict and unexpected):
             msg = []
             if missing:
                 msg.append(f"missing keys ({len(missing)}): {missing[:20]}{' ...' if len(missing) > 20 else ''}")
@@ -517,8 +519,10 @@ class PointPillars(nn.Module):
             raise TypeError(f"points: expected dtype float32, got {points.dtype}")
         if lengths is None:
             return 1
-        if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.dtype not in (torch.int32, torch.int64):
-            raise ValueError("lengths: expected a 1-D int32/int64 tensor of points per scan")
+        if not isinstance(lengths, torch.Tensor) or lengths.dtype not in (torch.int32, torch.int64):
+            raise TypeError("lengths: expected a 1-D int32/int64 tensor of points per scan")
+        if lengths.dim() != 1:
+            raise ValueError(f"lengths: expected a 1-D tensor of points per scan, got shape {tuple(lengths.shape)}")
         if lengths.numel() < 1:
             raise ValueError("lengths: expected at least one scan")
         return lengths.numel()

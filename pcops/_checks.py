@@ -8,6 +8,7 @@ parts with ``torch._check`` so ``torch.compile`` sees the same contract.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Iterable, Sequence
 
 import torch
@@ -68,8 +69,9 @@ def check_int(name: str, v, *, min_value: int | None = None) -> int:
     """A Python int (bools and floats refused), optionally bounded below."""
     if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point():
         v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):  # numpy ints are Integral too
         raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    v = int(v)
     if min_value is not None and v < min_value:
         raise ValueError(f"{name}: expected an int >= {min_value}, got {v}")
     return v
@@ -77,7 +79,7 @@ def check_int(name: str, v, *, min_value: int | None = None) -> int:
 
 def check_float(name: str, v, *, min_value=None, max_value=None, min_open=False, max_open=False) -> float:
     """A real number in [min, max] (or open ends), returned as float."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):  # numpy floats are Real too
         raise TypeError(f"{name}: expected a float, got {type(v).__name__}")
     v = float(v)
     if v != v:

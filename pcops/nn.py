@@ -29,7 +29,9 @@ class LayerNormGELU(nn.Module):
             if len(normalized_shape) != 1:
                 raise ValueError(f"normalized_shape: expected one dimension, got {tuple(normalized_shape)}")
             normalized_shape = normalized_shape[0]
-        if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, int) or normalized_shape < 1:
+        if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, int):
+            raise TypeError(f"normalized_shape: expected an int, got {type(normalized_shape).__name__}")
+        if normalized_shape < 1:
             raise ValueError(f"normalized_shape: expected an int >= 1, got {normalized_shape!r}")
         self.normalized_shape = normalized_shape
         self.eps = eps

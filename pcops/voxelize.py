@@ -320,8 +320,10 @@ def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_t
 def _voxel_reduce(
     features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if point_to_voxel.device.type == "cpu" and point_to_voxel.numel() and bool((point_to_voxel >= num_voxels).any()):
-        raise ValueError(f"point_to_voxel: entries must be < num_voxels={num_voxels} (or -1)")
+    if point_to_voxel.device.type == "cpu" and point_to_voxel.numel() and bool(
+        ((point_to_voxel >= num_voxels) | (point_to_voxel < -1)).any()
+    ):
+        raise ValueError(f"point_to_voxel: entries must be in [0, num_voxels={num_voxels}) or -1")
     return _ref.voxel_reduce(features, point_to_voxel, num_voxels, reduce)
 
 

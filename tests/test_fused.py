@@ -263,6 +263,8 @@ def test_layer_norm_gelu_module():
     assert "dropout_p=0.5" in repr(m)
     with pytest.raises(ValueError, match="normalized_shape"):
         pcops.nn.LayerNormGELU(0)
+    with pytest.raises(TypeError, match="normalized_shape"):
+        pcops.nn.LayerNormGELU(16.0)
 
 
 def test_opcheck():

@@ -39,6 +39,13 @@ def test_reference_matches_sequential_assignment(num_pillars, channels, batch_si
         torch.testing.assert_close(out, dense_oracle(f, c, batch_size, *hw), rtol=0, atol=0)
 
 
+def test_numpy_scalars_accepted():
+    np = pytest.importorskip("numpy")
+    f, c = make_pillars(5, 3, 2, 4, 6, seed=11)
+    out = pcops.pillar_scatter(f, c, np.int64(2), (np.int32(4), np.int64(6)))
+    assert torch.equal(out, pcops.pillar_scatter(f, c, 2, (4, 6)))
+
+
 def test_duplicates_highest_index_wins_and_gets_gradient():
     f = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
     c = torch.tensor([[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.int32)
@@ -88,6 +95,7 @@ def test_torch_compile_fullgraph():
     (dict(coords=torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
     (dict(coords=torch.tensor([[0, 0, 4, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
     (dict(backend="cpp"), ValueError, "backend"),
+    (dict(coords=torch.zeros(3, 4, dtype=torch.int32, device="meta")), ValueError, "coords"),
 ])
 def test_bad_input(bad, exc, name):
     args = dict(features=torch.zeros(3, 2), coords=torch.zeros(3, 4, dtype=torch.int32), batch_size=1, grid_hw=(4, 4))

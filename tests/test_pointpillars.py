@@ -151,6 +151,8 @@ def test_checkpoint_wrong_keys(tiny_state):
     missing = {k: v for k, v in tiny_state.items() if k != "dense_head.conv_box.weight"}
     with pytest.raises(KeyError, match="missing keys.*conv_box.weight"):
         m.load_openpcdet(missing)
+    with pytest.raises(KeyError, match="missing keys.*conv_box.weight"):
+        m.load_openpcdet(missing, strict=False)  # never silently random
     extra = {**tiny_state, "dense_head.conv_extra.weight": torch.zeros(1)}
     with pytest.raises(KeyError, match="unexpected keys.*conv_extra"):
         m.load_openpcdet(extra)
@@ -171,6 +173,8 @@ def test_bad_points():
         m(torch.zeros(10, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="lengths"):
         m(torch.zeros(10, 4), lengths=torch.zeros(2, 2, dtype=torch.int64))
+    with pytest.raises(TypeError, match="lengths"):
+        m(torch.zeros(10, 4), lengths=torch.zeros(2))
     with pytest.raises(ValueError, match="impl"):
         PointPillars(impl="fastest")
 

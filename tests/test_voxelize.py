@@ -342,6 +342,8 @@ def test_bad_input_dynamic_and_reduce():
         pcops.voxel_reduce(f, p2v[:3], 2)
     with pytest.raises(ValueError, match="point_to_voxel"):
         pcops.voxel_reduce(f, p2v, 1)
+    with pytest.raises(ValueError, match="point_to_voxel"):
+        pcops.voxel_reduce(f, torch.tensor([0, -5, 1, 0]), 2)
     with pytest.raises(TypeError, match="point_to_voxel"):
         pcops.voxel_reduce(f, p2v.float(), 2)
     with pytest.raises(ValueError, match="num_voxels"):
