@@ -11,12 +11,19 @@ Implementations, all in the same run:
 * baseline, plain torch: the float64 clipping reference IoU (``pcops.reference.nms``) on the GPU
   for the pairs whose bounding circles touch, ``IoU > thr`` copied to the host, greedy loop on
   the host (the peers' structure: GPU mask, host loop); fewer repetitions (it is slow).
+
+Repetitions: 100 (``--quick``: 30) per row, except the slow rows: the baseline (5 at N1, 2 at
+N2) and, with ``--quick``, the Triton backend (10 at N1, 5 at N2: about 8 and 110 ms per call on
+the H200), so that ``--quick`` stays within about 35 s. Each row's ``runs`` says how many were timed; the notes give
+the wall-clock seconds spent per workload.
 * ``torchvision.ops.nms`` on the boxes' axis-aligned bounds (an easier problem: no rotation);
   skipped with a note where torchvision is not installed.
 The peers measured elsewhere on the H200 (issue 5): OpenPCDet ``nms_gpu`` 2.2-2.5 ms (N1) and
 28.6 ms (N2), mmcv ``nms_rotated`` 50.4 ms (N2); they are not installed here.
 """
 import math
+import os
+import time
 
 import numpy as np
 import torch
@@ -87,50 +94,58 @@ def _impl(backend):
 def main():
     args = parse_args(__doc__)
     rep = 30 if args.quick else 100
+    warm = 3 if args.quick else 10
     try:
         import torchvision
     except ImportError:
         torchvision = None
     rows, notes = [], {"torchvision": getattr(torchvision, "__version__", "not installed"),
-                       "peers_not_installed": "OpenPCDet iou3d_nms, mmcv nms_rotated (issue 5 quotes their H200 figures)"}
+                       "peers_not_installed": "OpenPCDet iou3d_nms, mmcv nms_rotated (issue 5 quotes their H200 figures)",
+                       "host_cpus": len(os.sched_getaffinity(0)), "torch_cpu_threads": torch.get_num_threads(),
+                       "wall_s": {}}
     for wl, n, thr in WORKLOADS:
+        t0 = time.perf_counter()
         boxes, scores = make(n)
         name = f"{wl} N={n} thr={thr}"
-        base_rep = 3 if n > 4096 else 5
-        base = bench(lambda: torch_baseline(boxes, scores, thr), warmup=1, rep=base_rep)
+        want = torch_baseline(boxes, scores, thr)  # also the baseline's warm-up
+        base = bench(lambda: torch_baseline(boxes, scores, thr), warmup=0, rep=2 if n > 4096 else 5)
         rows.append(row(name, "torch: ref IoU on GPU + host loop", base, items=n, unit="boxes/s", baseline=base))
-        want = torch_baseline(boxes, scores, thr)
         if torchvision is not None:
             aabb = axis_aligned(boxes)
-            t = bench(lambda: torchvision.ops.nms(aabb, scores, thr), rep=rep)
+            t = bench(lambda: torchvision.ops.nms(aabb, scores, thr), warmup=warm, rep=rep)
             rows.append(row(name, "torchvision.ops.nms (axis-aligned)", t, items=n, unit="boxes/s", baseline=base))
         for backend in ("cuda", "triton"):
-            got = pcops.nms_bev(boxes, scores, thr, backend=backend)
+            # the Triton backend takes about 8 ms (N1) and 110 ms (N2) per call on the H200:
+            # fewer repetitions with --quick (10 at N1, 5 at N2)
+            slow = args.quick and backend == "triton" and n > 4096
+            r, w = (5, 1) if slow else (10, warm) if args.quick and backend == "triton" else (rep, warm)
+            got = pcops.nms_bev(boxes, scores, thr, backend=backend)  # compiles; the first warm-up
             agree = got.tolist() == want.tolist()
             var = lambda: pcops.nms_bev(boxes, scores, thr, backend=backend)
             pad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True, backend=backend)
             launches, names = count_launches(pad)
-            t = bench(var, rep=rep)
+            t = bench(var, warmup=w, rep=r)
             rows.append(row(name, f"pcops {backend} (1 sync)", t, items=n, unit="boxes/s", baseline=base,
                             kept=got.numel(), agrees_with_baseline=agree))
-            t = bench(pad, rep=rep)
+            t = bench(pad, warmup=w, rep=r)
             rows.append(row(name, f"pcops {backend} padded", t, items=n, unit="boxes/s", baseline=base,
                             gpu_activities=launches, activity_names=names))
-            t = bench(pad, rep=rep, graph=True)
+            t = bench(pad, warmup=0 if slow else w, rep=r, graph=True)  # graph=True runs 3 calls before capture
             rows.append(row(name, f"pcops {backend} padded, graph", t, items=n, unit="boxes/s", baseline=base))
             # stages (graph-free, eager launches): sort, mask, pass
             impl = _impl(backend)
             order = tri.sort_order(scores, None)
             mask = impl.nms_mask(boxes, order, None, thr)
-            t_sort = bench(lambda: tri.sort_order(scores, None), rep=rep)
-            t_mask = bench(lambda: impl.nms_mask(boxes, order, None, thr), rep=rep)
-            t_pass = bench(lambda: impl.nms_pass(mask, boxes, scores, order, n), rep=rep)
+            t_sort = bench(lambda: tri.sort_order(scores, None), warmup=warm, rep=rep)
+            t_mask = bench(lambda: impl.nms_mask(boxes, order, None, thr), warmup=w, rep=r)
+            t_pass = bench(lambda: impl.nms_pass(mask, boxes, scores, order, n), warmup=warm, rep=rep)
             for stage, tt in (("sort", t_sort), ("mask kernel", t_mask), ("pass kernel", t_pass)):
                 rows.append(row(name, f"  stage {backend}: {stage}", tt, items=n, unit="boxes/s"))
         if wl == "N1" and thr == 0.01:
             e1 = lambda: pcops.nms_bev(boxes, scores, thr, pre_max_size=4096, post_max_size=500, padded=True)
-            t = bench(e1, rep=rep, graph=True)
+            t = bench(e1, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, "pcops pre 4096 / post 500, graph", t, items=n, unit="boxes/s", baseline=base))
+        notes["wall_s"][name] = round(time.perf_counter() - t0, 2)
     report(rows, "nms", args.out, notes=notes)
 
 
