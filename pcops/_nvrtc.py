@@ -25,7 +25,16 @@ from pathlib import Path
 
 import torch
 
-CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
+def _csrc_dir() -> Path:
+    """``csrc/`` of a source checkout (or editable install), else the copy a wheel ships in ``pcops/csrc``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "csrc", here / "csrc"):
+        if any(candidate.glob("*.cu")):
+            return candidate
+    return here.parent / "csrc"
+
+
+CSRC_DIR = _csrc_dir()
 
 _lock = threading.Lock()
 _nvrtc_lib = None
