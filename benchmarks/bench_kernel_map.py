@@ -11,7 +11,7 @@ out for subm) take ≈ 1-2 µs at 4.3 TB/s.
 """
 import torch
 
-from common import bench, load_scan, parse_args, report, row
+from common import bench, gpu_activities, load_scan, parse_args, report, row
 
 import pcops
 from pcops.reference import kernel_map as ref
@@ -29,25 +29,6 @@ def s1_coords(points: torch.Tensor) -> torch.Tensor:
     keep = ((idx >= 0) & (idx < torch.tensor(GRID_XYZ, device=points.device))).all(1)
     idx = torch.unique(idx[keep][:, [2, 1, 0]], dim=0)
     return torch.cat([torch.zeros_like(idx[:, :1]), idx], 1).int()
-
-
-def count_kernels(fn) -> dict | None:
-    """GPU work of one call (torch profiler): kernel launches, and memcpy/memset operations (the
-    host syncs read their sizes through device-to-host copies); None when the profiler cannot tell."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
-
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        copies = [n for n in names if n.lower().startswith(("memcpy", "memset"))]
-        return {"kernels": len(names) - len(copies), "copies": len(copies),
-                "kernel_names": sorted({n[:60] for n in names if n not in copies})}
-    except Exception:  # noqa: BLE001 - the count is informative only
-        return None
 
 
 def main():
@@ -76,7 +57,7 @@ def main():
         t = bench(fn, rep=rep)
         km = fn()
         rows.append(row(wl, "pcops triton (public op)", t, items=n, unit="voxels/s", baseline=base,
-                        launches=count_kernels(fn), outputs=km.out_coords.shape[0], pairs=km.pair_in.numel()))
+                        launches=gpu_activities(fn), outputs=km.out_coords.shape[0], pairs=km.pair_in.numel()))
         t = bench(lambda: tri.sparse_conv_kernel_map(*ref_args), rep=rep)
         rows.append(row(wl, "pcops triton launcher (no dispatch)", t, items=n, unit="voxels/s", baseline=base))
         # exactness in the same run

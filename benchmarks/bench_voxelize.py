@@ -18,7 +18,7 @@ loader path; goal <= 5 ms on V1).
 """
 import torch
 
-from common import bench, bench_cpu, load_scan, parse_args, report, row
+from common import bench, bench_cpu, gpu_activities, load_scan, parse_args, report, row
 
 import pcops
 
@@ -33,20 +33,6 @@ def make_big(scan):
     big = scan.repeat(10, 1)
     big[:, :3] += torch.randn(big.shape[0], 3, generator=g) * 0.05
     return big
-
-
-def count_kernels(fn) -> dict:
-    """GPU kernels (and memsets/copies) one call launches, from the profiler; {} if unavailable."""
-    try:
-        fn()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        return {"gpu_ops": len(names), "names": sorted(set(names))}
-    except Exception as e:  # profiling is a diagnostic, never a failure
-        return {"error": repr(e)}
 
 
 def main():
@@ -84,9 +70,9 @@ def main():
             rows.append(row(dwl, "pcops pad_to_max (graph)", t, items=n, baseline=dbase))
     scan_gpu = scan.cuda()
     launches = {
-        "hard": count_kernels(lambda: pcops.voxelize(scan_gpu, **V1)),
-        "hard pad_to_max": count_kernels(lambda: pcops.voxelize(scan_gpu, **V1, pad_to_max=True)),
-        "dynamic": count_kernels(lambda: pcops.dynamic_voxelize(scan_gpu, V1["voxel_size"], V1["point_cloud_range"])),
+        "hard": gpu_activities(lambda: pcops.voxelize(scan_gpu, **V1)),
+        "hard pad_to_max": gpu_activities(lambda: pcops.voxelize(scan_gpu, **V1, pad_to_max=True)),
+        "dynamic": gpu_activities(lambda: pcops.dynamic_voxelize(scan_gpu, V1["voxel_size"], V1["point_cloud_range"])),
     }
     print("GPU ops per call:", {k: v.get("gpu_ops") for k, v in launches.items()})
     torch.set_num_threads(1)

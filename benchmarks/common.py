@@ -145,3 +145,32 @@ def parse_args(description: str) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="folder for the JSON result")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     return p.parse_args()
+
+
+def gpu_activities(fn, iters: int = 10) -> dict:
+    """What one call of ``fn`` runs on the GPU, from the torch profiler (a diagnostic, never a failure).
+
+    Returns ``{"kernels": n, "copies": n (memcpy/memset, e.g. a host sync reading a size),
+    "per_call_us": {name: mean µs per call}, "gpu_us": total GPU µs per call}`` averaged over
+    ``iters`` calls after one warm-up, or ``{"error": ...}`` when the profiler is unavailable.
+    The per-kernel times say where a pipeline's GPU time goes; compare their sum with the
+    event-timed median to see the host/launch overhead.
+    """
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        per: dict[str, float] = {}
+        for e in events:
+            per[e.name[:80]] = per.get(e.name[:80], 0.0) + e.device_time / iters
+        copies = sum(1 for e in events if e.name.lower().startswith(("memcpy", "memset"))) / iters
+        return {"kernels": len(events) / iters - copies, "copies": copies,
+                "per_call_us": dict(sorted(per.items(), key=lambda kv: -kv[1])), "gpu_us": sum(per.values())}
+    except Exception as e:  # noqa: BLE001 - informative only
+        return {"error": repr(e)}
