@@ -358,6 +358,156 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 )(_layer_norm_gelu_bwd_kernel)
 
 
+# --- LayerNorm+GELU backward, selectable variant: persistent row tiles -----------------------
+# Not the default (the default above is what the H200 validated); the launcher runs it when
+# ``variant=`` names an entry of ``BWD_VARIANTS`` or when the module-level ``BWD_VARIANT`` does
+# (the benchmark sweeps both ways). Rows with N ≤ ``_TILED_MAX_N`` only; wider rows keep the
+# default kernel.
+#
+# What differs from the default kernel, and why it should be faster:
+# - few registers (4-8 values per thread, below) so many programs share an SM, and a
+#   persistent grid: G = SMs × as many programs as can reside at once (from the loaded
+#   kernel's register count), each walking the row tiles pid, pid + G, pid + 2G, … (aligned
+#   BLOCK_M-row tiles, no ragged per-program row ranges, no second wave);
+# - software prefetch (``prefetch``): the x/dy tile of the next step is loaded before the
+#   current one is computed, so every program keeps two tiles of loads in flight instead of
+#   stalling on a full memory latency per step (launched with num_stages=1: Triton's own
+#   loop pipelining does not apply to these loads anyway);
+# - dweight/dbias partials accumulate in a [BLOCK_M, BLOCK_N] float32 register tile and are
+#   reduced over rows once per program, not with a cross-warp (shared memory + barrier)
+#   reduction every step;
+# - the column-sum kernel (shared with the default) adds G ≈ 5-8·SMs partial rows.
+# The maths is the default's (x̂ and gelu'(z) recomputed from x, mean, rstd; dropout mask
+# regenerated from the seed); only the float32 summation order of the row sums and of
+# dweight/dbias differs, so gradients agree with the default to float32 rounding, and the
+# result is deterministic for a given device (G depends only on the SM count).
+#
+# Registers (sm_90, Triton 3.6's ptxas, measured without a GPU): values per thread drive them
+# (~12-16 registers each: x, dy, x̂, dz, two accumulators, 64-bit addresses), so the variants
+# keep 4-8 per thread: L2 (bf16, BLOCK_N 256) 4 per thread, 4 warps: 64 registers with the
+# prefetch (8 programs = 32 warps per SM), 56 without; L3 (fp32, BLOCK_N 64): 91 / 72; the
+# default kernel's configs use 80-200. (At 16 per thread this kernel needs 254 registers and
+# spills; Triton's loop pipelining does not touch these loads: no cp.async at any num_stages.)
+#
+# Prediction (H200, graph-captured). Bytes in flight per SM with "tiled" on L2: 8 programs ×
+# 2 tiles × 512 elements × 2 tensors × 2 B = 32 KB, above the ≈ 25 KB Little's law asks for
+# (4.3 TB/s × ≈ 0.8 µs / 132 SMs), against ≈ 1-2 tiles per SM-resident program and a full
+# latency per step in the default. L2 (131,072 × 256 bf16): the kernel moves x, dy, dx
+# (192 MB, floor 0.045 ms) at ≈ 75-85 % of copy bandwidth → ≈ 0.055-0.06 ms, against
+# ≈ 0.33 ms for the default kernel (0.44 ms fwd+bwd − 0.052 fwd − ≈ 0.045 for autograd's
+# accumulation into x.grad). L2 fwd+bwd ≈ 0.052 + 0.06 + 0.045 + ≈ 0.005 ≈ 0.16 ms (goal
+# 0.12, which autograd's x.grad accumulation alone puts near this benchmark's floor).
+# L1 (4,096 × 768 fp32, 37.7 MB backward, 4,096 one-row tiles): ≈ 0.015 ms backward,
+# fwd+bwd ≈ 0.04 ms (0.049 now). L3 (131,072 × 64 fp32, 96 MB): ≈ 0.028 ms backward,
+# fwd+bwd ≈ 0.08 ms (0.097 now).
+#
+# Each entry: ``per_thread`` values per thread per step and ``warps`` (BLOCK_M = per_thread ·
+# 32 · warps / BLOCK_N rows, at least 1; rows wider than that get more warps, up to 16),
+# ``prefetch``, ``per_sm``: programs per SM of the persistent grid, None = as many as the
+# compiled kernel's registers let reside at once (read from the loaded kernel on first use,
+# cached), an int = that many.
+BWD_VARIANTS = {
+    # 4 values per thread, 4 warps, two tiles in flight per program
+    "tiled": dict(per_thread=4, warps=4, prefetch=True, per_sm=None),
+    # the same without the prefetch: more resident programs hide the latency instead
+    "tiled-noprefetch": dict(per_thread=4, warps=4, prefetch=False, per_sm=None),
+    # 8 values per thread (twice the bytes per load, ~2x the registers, half the programs)
+    "tiled-8": dict(per_thread=8, warps=4, prefetch=True, per_sm=None),
+    # 4 values per thread, 8 warps (longer tiles: fewer loop steps, fewer programs)
+    "tiled-w8": dict(per_thread=4, warps=8, prefetch=True, per_sm=None),
+}
+# the variant ``layer_norm_gelu_backward`` runs when its ``variant`` is None: None = the default
+# kernel. The benchmark sets it to sweep the variants through the public op and autograd.
+BWD_VARIANT: str | None = None
+_TILED_MAX_N = 1024
+
+
+@triton.jit(do_not_specialize=["num_programs"])
+def _layer_norm_gelu_bwd_tiled_kernel(
+    dy_ptr,  # (M, N) upstream gradient, dtype of x
+    x_ptr,  # (M, N) forward input
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    mean_ptr,  # (M,) float32 saved by the forward
+    rstd_ptr,  # (M,) float32 saved by the forward
+    seed_ptr,  # (1,) int64 Philox seed of the forward (read only when HAS_DROPOUT)
+    dx_ptr,  # (M, N) output
+    dw_part_ptr,  # (G, N) float32 output: this program's column sums of dz·x̂
+    db_part_ptr,  # (G, N) float32 output: this program's column sums of dz
+    M,  # rows
+    N,  # row length, ≤ BLOCK_N
+    num_programs,  # G: program pid owns the row tiles pid, pid + G, … (G ≤ cdiv(M, BLOCK_M))
+    dropout_p,
+    APPROX_TANH: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next tile before computing the current one
+    BLOCK_N: tl.constexpr,  # next_pow2(N)
+    BLOCK_M: tl.constexpr,  # rows per tile
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_DROPOUT:
+        seed = tl.load(seed_ptr)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    # element offset from a tile to the same place in the program's next tile
+    stride = num_programs.to(tl.int64) * BLOCK_M * N
+    if PREFETCH:
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        x_next = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        g_next = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+        mean_next = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+        rstd_next = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+    for tile in range(pid, num_tiles, num_programs):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if PREFETCH:
+            x_raw = x_next
+            g_raw = g_next
+            mean = mean_next
+            rstd = rstd_next
+            # the next tile of this program (fully masked past the last tile)
+            next_rows = rows + num_programs * BLOCK_M
+            next_ok = next_rows < M
+            next_mask = next_ok[:, None] & col_ok[None, :]
+            x_next = tl.load(x_ptr + offs + stride, mask=next_mask, other=0.0)
+            g_next = tl.load(dy_ptr + offs + stride, mask=next_mask, other=0.0)
+            mean_next = tl.load(mean_ptr + next_rows, mask=next_ok, other=0.0)
+            rstd_next = tl.load(rstd_ptr + next_rows, mask=next_ok, other=0.0)
+        else:
+            x_raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            g_raw = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+        g = g_raw.to(tl.float32)
+        if HAS_DROPOUT:
+            keep = tl.rand(seed, offs) >= dropout_p
+            g = tl.where(keep, g * keep_scale, 0.0)
+        xhat = tl.where(mask, (x_raw.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        # the default kernel's maths: dz = g · gelu'(z), dx = rstd · (dx̂ - x̂ · mean(dx̂ · x̂) - mean(dx̂))
+        dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
+        dw_acc += dz * xhat
+        db_acc += dz
+        dxhat = dz * w[None, :]
+        c1 = tl.sum(dxhat * xhat, axis=1) / N
+        c2 = tl.sum(dxhat, axis=1) / N
+        dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    part_off = pid.to(tl.int64) * N
+    tl.store(dw_part_ptr + part_off + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    tl.store(db_part_ptr + part_off + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+
+
 @triton.jit
 def _swish_dropout_residual_kernel(
     x_ptr,  # (numel,) contiguous
@@ -615,7 +765,7 @@ def layer_norm_gelu_backward(
     mean: torch.Tensor, rstd: torch.Tensor, approximate: str,
     dropout_p: float = 0.0, seed: torch.Tensor | None = None, *,
     block_m: int | None = None, num_warps: int | None = None, max_block_n: int | None = None,
-    num_programs: int | None = None,
+    num_programs: int | None = None, variant: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact gradients of ``layer_norm_gelu`` w.r.t. ``x``, ``weight`` and ``bias``.
 
@@ -623,6 +773,10 @@ def layer_norm_gelu_backward(
         grad_y: ``(M, N)`` contiguous, dtype of ``x``; x, weight, bias: as the forward.
         mean, rstd: ``(M,)`` float32 from the forward; dropout_p, seed: the forward's.
         block_m, num_warps, max_block_n: as the forward; num_programs: ``G`` (default: a few per SM).
+        variant: ``"default"`` (the autotuned kernel), a key of ``BWD_VARIANTS`` (the persistent
+            row-tile kernel with that config; rows wider than 1024 still take the default), or
+            None (default): the module-level ``BWD_VARIANT`` (None = ``"default"``).
+            ``block_m``/``num_warps``/``num_programs`` override the variant's config.
     Returns:
         ``(dx (M, N), dweight (N,), dbias (N,))``. dweight/dbias are summed over rows in two
         fixed-order stages (per-program partials, then a column sum): deterministic.
@@ -633,6 +787,16 @@ def layer_norm_gelu_backward(
     dweight = torch.empty_like(weight)
     dbias = torch.empty_like(bias)
     block_n, one_tile = _row_block_n(n, max_block_n)
+    if variant is None:
+        variant = BWD_VARIANT or "default"
+    if variant != "default":
+        if variant not in BWD_VARIANTS:
+            raise ValueError(f"variant: expected 'default' or one of {tuple(BWD_VARIANTS)}, got {variant!r}")
+        if one_tile and block_n <= _TILED_MAX_N:
+            return _layer_norm_gelu_backward_tiled(
+                grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed, dx, dweight, dbias,
+                BWD_VARIANTS[variant], block_n, block_m, num_warps, num_programs,
+            )
     if num_programs is None:
         num_programs = _num_sms(x.device) * (_BWD_PROGRAMS_PER_SM if x.device.type == "cuda" else 3)
     rows_per_program = triton.cdiv(max(m_rows, 1), max(1, min(num_programs, m_rows)))
@@ -652,6 +816,76 @@ def layer_norm_gelu_backward(
         _column_sum_kernel[(triton.cdiv(n, _SUM_BLOCK_N),)](
             dw_part, db_part, dweight, dbias, g, n, BLOCK_G=_SUM_BLOCK_G, BLOCK_N=_SUM_BLOCK_N, num_warps=_SUM_WARPS
         )
+    return dx, dweight, dbias
+
+
+_TILED_PER_SM: dict = {}  # compiled-kernel key → programs per SM (occupancy from its registers)
+
+
+def _tiled_programs_per_sm(args, meta, config, device: torch.device) -> int:
+    """Programs of ``_layer_norm_gelu_bwd_tiled_kernel`` that fit on one SM at once.
+
+    ``config["per_sm"]`` when given; else from the compiled kernel's registers (compiled and
+    loaded once per specialisation by ``warmup``, no launch, no sync): 64K registers, 64 warps,
+    32 programs and 228 KB of shared memory per SM (sm_80/sm_90), registers allocated per warp in
+    units of 256. Falls back to 4 when the kernel cannot be inspected.
+    """
+    if config["per_sm"] is not None:
+        return config["per_sm"]
+    key = (device.index, args[1].dtype, args[2].dtype, tuple(sorted(meta.items())))
+    if key not in _TILED_PER_SM:
+        try:
+            k = _layer_norm_gelu_bwd_tiled_kernel.warmup(*args, grid=(1,), **meta)
+            if hasattr(k, "result"):
+                k = k.result()
+            k._init_handles()
+            warps = meta["num_warps"]
+            regs_per_warp = -(-max(1, k.n_regs) * 32 // 256) * 256
+            fit = min(65536 // (regs_per_warp * warps), 64 // warps, 32,
+                      (228 * 1024) // (k.metadata.shared + 1024))
+            _TILED_PER_SM[key] = max(1, fit)
+        except Exception:  # noqa: BLE001 - an inspection failure only costs occupancy
+            _TILED_PER_SM[key] = 4
+    return _TILED_PER_SM[key]
+
+
+def _tiled_shape(block_n: int, config: dict) -> tuple[int, int]:
+    """``(BLOCK_M, num_warps)`` for a ``BWD_VARIANTS`` config and row block ``block_n``."""
+    per_thread, warps = config["per_thread"], config["warps"]
+    while per_thread * 32 * warps < block_n and warps < 16:
+        warps *= 2
+    return max(1, per_thread * 32 * warps // block_n), warps
+
+
+def _layer_norm_gelu_backward_tiled(
+    grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed, dx, dweight, dbias,
+    config, block_n, block_m, num_warps, num_programs,
+):
+    """``layer_norm_gelu_backward`` with ``_layer_norm_gelu_bwd_tiled_kernel`` (a ``BWD_VARIANTS`` config)."""
+    m_rows, n = x.shape
+    bm, warps = _tiled_shape(block_n, config)
+    bm = min(block_m or bm, triton.next_power_of_2(max(m_rows, 1)))
+    warps = num_warps or warps
+    tiles = triton.cdiv(m_rows, bm)
+    meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, PREFETCH=config["prefetch"],
+                BLOCK_N=block_n, BLOCK_M=bm, num_warps=warps, num_stages=1)
+    if num_programs is None and tiles:
+        if x.device.type == "cuda" and not _interpreting():
+            probe = (grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, mean, mean, m_rows, n, 2, float(dropout_p))
+            num_programs = _num_sms(x.device) * _tiled_programs_per_sm(probe, meta, config, x.device)
+        else:
+            num_programs = 3  # the interpreter: a few programs, several tiles each
+    g = min(max(1, num_programs or 1), tiles)  # 0 without rows: the column sum then writes zeros
+    dw_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
+    db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
+    if g:
+        _layer_norm_gelu_bwd_tiled_kernel[(g,)](
+            grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, dw_part, db_part,
+            m_rows, n, g, float(dropout_p), **meta,
+        )
+    _column_sum_kernel[(triton.cdiv(n, _SUM_BLOCK_N),)](
+        dw_part, db_part, dweight, dbias, g, n, BLOCK_G=_SUM_BLOCK_G, BLOCK_N=_SUM_BLOCK_N, num_warps=_SUM_WARPS
+    )
     return dx, dweight, dbias
 
 
