@@ -654,3 +654,194 @@ def test_cuda_geometry_compiled_for_the_host(tmp_path):
     assert (host_iou(ra, rb) - ref.boxes_iou_bev_aligned(ra, rb)).abs().max() <= 1e-5
     edge = torch.tensor([[70.0, -39.0, 0, 4.0, 1.0, 1, 0.0], [71.0, -39.0, 0, 4.0, 1.0, 1, 0.0]])
     assert host_iou(edge[:1], edge[1:]).item() == torch.tensor(0.6).item()
+
+
+# --- the CUDA pass kernels, emulated on the host ------------------------------------------------
+# csrc/nms.cu's nms_pass and nms_pass_v2, compiled as host C++ with a SIMT shim: one std::thread
+# per CUDA thread, std::barrier for __syncthreads and for the warp intrinsics (ballot, shuffle,
+# OR-reduction; every lane must reach them, as on the GPU: a missed one deadlocks, caught by the
+# subprocess timeout). Checks the kernels' logic (tiles, pipelining, rounds, early exit, padding)
+# on random bitmasks against a plain greedy loop; the GPU tests check them on real masks.
+
+_SIMT_SHIM = r"""
+#include <math.h>
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+struct Dim3 { unsigned x = 0, y = 1, z = 1; };
+static thread_local Dim3 threadIdx;
+static Dim3 blockDim;
+static std::barrier<>* g_block;
+struct Warp { std::barrier<> bar{32}; unsigned long long slot[32]; };
+static Warp* g_warps;
+static unsigned long long* g_dyn_smem;
+static inline void __syncthreads() { g_block->arrive_and_wait(); }
+template <class F> static unsigned long long warp_op(unsigned long long v, F f) {
+  Warp& w = g_warps[threadIdx.x / 32];
+  w.slot[threadIdx.x % 32] = v;
+  w.bar.arrive_and_wait();
+  unsigned long long r = f(w.slot);
+  w.bar.arrive_and_wait();
+  return r;
+}
+static inline unsigned __ballot_sync(unsigned, bool p) {
+  return (unsigned)warp_op(p, [](unsigned long long* s) {
+    unsigned long long r = 0; for (int i = 0; i < 32; ++i) r |= (unsigned long long)(s[i] != 0) << i; return r; });
+}
+static inline unsigned __reduce_or_sync(unsigned, unsigned v) {
+  return (unsigned)warp_op(v, [](unsigned long long* s) {
+    unsigned long long r = 0; for (int i = 0; i < 32; ++i) r |= s[i]; return r; });
+}
+static inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
+  return (unsigned)warp_op(v, [src](unsigned long long* s) { return s[src & 31]; });
+}
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
+static inline int __ffsll(long long v) { return __builtin_ffsll(v); }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline unsigned long long atomicOr(unsigned long long* p, unsigned long long v) {
+  return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
+}
+"""
+
+_SIMT_MAIN = r"""
+typedef void (*Pass)(const unsigned long long*, const float*, const float*, const long long*, int, int, int, int,
+                     int, long long*, long long*);
+// stdin: cases of 8 int32 (variant, threads, m, words, post, stride, bev5, n) then mask, boxes,
+// scores, order; stdout: per case post int64 indices and the count.
+int main() {
+  int h[8];
+  while (fread(h, 4, 8, stdin) == 8) {
+    const int variant = h[0], threads = h[1], m = h[2], words = h[3], post = h[4], stride = h[5], bev5 = h[6], n = h[7];
+    std::vector<unsigned long long> mask((size_t)m * words);
+    std::vector<float> boxes((size_t)n * stride), scores(n);
+    std::vector<long long> order(m), out(post + 1), count(1);
+    if (fread(mask.data(), 8, mask.size(), stdin) != mask.size() || fread(boxes.data(), 4, boxes.size(), stdin) != boxes.size() ||
+        fread(scores.data(), 4, n, stdin) != (size_t)n || fread(order.data(), 8, m, stdin) != (size_t)m) return 2;
+    std::vector<unsigned long long> smem(words + 1, 0x5a5a5a5a5a5a5a5aull);  // garbage, as on the GPU
+    g_dyn_smem = smem.data();
+    blockDim.x = threads;
+    g_block = new std::barrier<>(threads);
+    g_warps = new Warp[threads / 32];
+    Pass k = variant == 2 ? nms_pass_v2 : nms_pass;
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i)
+      pool.emplace_back([&, i] {
+        threadIdx.x = i;
+        k(mask.data(), boxes.data(), scores.data(), order.data(), m, words, post, stride, bev5, out.data(), count.data());
+      });
+    for (auto& th : pool) th.join();
+    delete g_block;
+    delete[] g_warps;
+    fwrite(out.data(), 8, post, stdout);
+    fwrite(count.data(), 8, 1, stdout);
+  }
+  return 0;
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _simt_pass_binary(tmp_dir):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from pcops import _nvrtc
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = (_nvrtc.CSRC_DIR / "nms.cu").read_text()
+    helpers = src[: src.index("// IoU matrix: one thread per pair.")]
+    passes = src[src.index("// Diagonal block and invalid bits of tile t"):]
+    passes = passes.replace("extern __shared__ unsigned long long removed[];",
+                            "unsigned long long* removed = g_dyn_smem;").replace("__shared__", "static")
+    passes = passes.replace('extern "C" ', "")
+    cpp = Path(tmp_dir) / "pass.cpp"
+    cpp.write_text(_SIMT_SHIM + helpers + passes + _SIMT_MAIN)
+    exe = Path(tmp_dir) / "pass_emu"
+    res = subprocess.run([cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-o", str(exe), str(cpp)],
+                         capture_output=True, text=True)
+    if res.returncode != 0 and "barrier" in res.stderr and "No such file" in res.stderr:
+        pytest.skip("the host C++ library has no <barrier>")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return str(exe)
+
+
+def _pass_case(m, n, density, seed, chain=False):
+    """A random strictly upper-triangular ``(m, ceil(m/64))`` bitmask, boxes with a few invalid ones
+    (negative size, infinite centre, NaN score) and a random order of m of the n boxes."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    words = -(-m // 64)
+    bits = np.triu(rng.random((m, words * 64)) < density, 1)
+    if chain:  # each box suppresses the next: the in-tile greedy is one long dependency chain
+        bits[np.arange(m - 1), np.arange(1, m)] = True
+    bits[:, m:] = False
+    mask = np.packbits(bits, axis=1, bitorder="little").view("<u8").reshape(m, words)
+    boxes = np.stack([rng.uniform(0, 60, n), rng.uniform(-30, 30, n), rng.uniform(-2, 0, n),
+                      rng.uniform(3, 5, n), rng.uniform(1, 2, n), rng.uniform(1, 2, n), rng.uniform(-3, 3, n)], 1)
+    boxes = boxes.astype(np.float32)
+    scores = rng.random(n).astype(np.float32)
+    bad = rng.choice(n, size=max(1, n // 20), replace=False)
+    boxes[bad[0::3], 3] = -1.0
+    boxes[bad[1::3], 0] = np.inf
+    scores[bad[2::3]] = np.nan
+    order = rng.permutation(n)[:m].astype(np.int64)
+    return mask, bits, boxes, scores, order
+
+
+def _greedy_on_mask(bits, boxes, scores, order, post):
+    import numpy as np
+
+    valid = np.isfinite(boxes).all(1) & (boxes[:, 3:6] >= 0).all(1) & ~np.isnan(scores)
+    removed = ~valid[order]
+    keep = []
+    for i in range(len(order)):
+        if not removed[i]:
+            keep.append(int(order[i]))
+            removed |= bits[i, :len(order)]
+    count = min(len(keep), post)
+    return keep[:post] + [-1] * (post - count), count
+
+
+@pytest.mark.parametrize("threads", [96, 1024])
+def test_cuda_pass_kernels_emulated_on_the_host(tmp_path_factory, threads):
+    """nms_pass and nms_pass_v2 give the plain greedy result of random bitmasks (sparse, dense and
+    chained), with early exit at post and -1 padding; 96 threads make nms_pass_v2's workers loop
+    over more words than threads."""
+    import struct
+    import subprocess
+
+    import numpy as np
+
+    exe = _simt_pass_binary(str(tmp_path_factory.mktemp("simt")))
+    cases = [(1, 1, 0.0, 5), (63, 80, 0.05, 70), (64, 64, 0.3, 64), (65, 100, 0.02, 3), (300, 320, 0.01, 300),
+             (300, 320, 0.2, 400), (700, 700, 0.003, 50), (200, 210, 0.0, 200, True), (250, 250, 0.01, 0)]
+    if threads == 96:
+        cases += [(4300, 4400, 0.0004, 4300)]
+    payload, expected = b"", []
+    for k, (m, n, density, post, *chain) in enumerate(cases):
+        mask, bits, boxes, scores, order = _pass_case(m, n, density, seed=k, chain=bool(chain))
+        expected.append(_greedy_on_mask(bits, boxes, scores, order, post))
+        for variant in (1, 2):
+            payload += struct.pack("8i", variant, threads, m, mask.shape[1], post, 7, 0, n)
+            payload += mask.tobytes() + boxes.tobytes() + scores.tobytes() + order.tobytes()
+    res = subprocess.run([exe], input=payload, capture_output=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = np.frombuffer(res.stdout, dtype=np.int64)
+    at = 0
+    for (m, n, density, post, *chain), (want, want_count) in zip(cases, expected):
+        for variant in (1, 2):
+            out, count = got[at:at + post].tolist(), int(got[at + post])
+            at += post + 1
+            assert (out, count) == (want, want_count), f"nms_pass v{variant}, m={m}, density={density}, post={post}"
+    assert at == got.size
