@@ -341,7 +341,8 @@ nms_pass(const unsigned long long* __restrict__ mask, const float* __restrict__ 
 //    the initial "removed" words: an invalid box is a box removed from the start (its row is never
 //    ORed, as in nms_pass);
 //  * warp 0 (the leader) resolves tile t from register-held diagonal words (lane l holds rows l and
-//    l + 32), prefetched one tile ahead with the same rows' next word and their box indices. The
+//    l + 32), prefetched one tile ahead with the same rows' next word and their box indices (two
+//    alternating register sets: the prefetch stays in flight across the barrier). The
 //    resolve runs in rounds of two warp OR-reductions (__reduce_or_sync): every undecided box that
 //    no earlier undecided box suppresses is kept, then the boxes those suppress are removed (about
 //    100 cycles a round; random scenes need 1-3). After NMS_ROUNDS rounds the rest goes one kept
@@ -368,20 +369,71 @@ __device__ __forceinline__ unsigned long long pick_rows(unsigned long long s, in
   return (((s >> lane) & 1ull) ? r0 : 0ull) | (((s >> (lane + 32)) & 1ull) ? r1 : 0ull);
 }
 
-// The leader's registers for tile t: rows 64t + lane (0) and 64t + lane + 32 (1): their diagonal
+// The leader's registers for a tile t: rows 64t + lane (0) and 64t + lane + 32 (1): their diagonal
 // word t (d), their word t + 1 (n) and their box index (o); zero / -1 past the end.
+struct Lead {
+  unsigned long long d0, d1, n0, n1;
+  long long o0, o1;
+};
+
 __device__ __forceinline__ void load_leader(const unsigned long long* __restrict__ mask,
                                             const long long* __restrict__ order, int m, int words, int t, int lane,
-                                            unsigned long long& d0, unsigned long long& d1, unsigned long long& n0,
-                                            unsigned long long& n1, long long& o0, long long& o1) {
+                                            Lead& L) {
   const int r0 = t * NMS_TILE + lane, r1 = r0 + 32;
   const bool a = t < words && r0 < m, b = t < words && r1 < m, next = t + 1 < words;
-  d0 = a ? mask[(long long)r0 * words + t] : 0ull;
-  d1 = b ? mask[(long long)r1 * words + t] : 0ull;
-  n0 = (a && next) ? mask[(long long)r0 * words + t + 1] : 0ull;
-  n1 = (b && next) ? mask[(long long)r1 * words + t + 1] : 0ull;
-  o0 = a ? order[r0] : -1;
-  o1 = b ? order[r1] : -1;
+  L.d0 = a ? mask[(long long)r0 * words + t] : 0ull;
+  L.d1 = b ? mask[(long long)r1 * words + t] : 0ull;
+  L.n0 = (a && next) ? mask[(long long)r0 * words + t + 1] : 0ull;
+  L.n1 = (b && next) ? mask[(long long)r1 * words + t + 1] : 0ull;
+  L.o0 = a ? order[r0] : -1;
+  L.o1 = b ? order[r1] : -1;
+}
+
+// The leader (warp 0) on tile t: prefetch tile t + 1 into nxt, resolve tile t from cur (removed[t]
+// holds the invalid bits and the kept rows of tiles <= t - 2, carry those of tile t - 1), write
+// the kept box indices, set carry to the kept rows at word t + 1, publish the kept set, its compact
+// list and the running count for the workers. The caller alternates two Lead sets (no register
+// copies that would wait for the prefetch before the barrier).
+__device__ __forceinline__ void leader_tile(const unsigned long long* __restrict__ mask,
+                                            const long long* __restrict__ order, int m, int words, int post, int t,
+                                            int lane, const Lead& cur, Lead& nxt, const unsigned long long* removed,
+                                            unsigned long long& carry, int& count, long long* __restrict__ out,
+                                            unsigned long long* s_kept, int* s_count, int* s_total,
+                                            unsigned char* list) {
+  load_leader(mask, order, m, words, t + 1, lane, nxt);
+  unsigned long long und = ~(removed[t] | carry), kept = 0ull;
+  for (int round = 0; und && round < NMS_ROUNDS; ++round) {
+    // rows only have bits above their own: a box no undecided earlier box suppresses is kept
+    const unsigned long long fresh = und & ~warp_or64(pick_rows(und, lane, cur.d0, cur.d1));
+    kept |= fresh;
+    und &= ~(fresh | warp_or64(pick_rows(fresh, lane, cur.d0, cur.d1)));
+  }
+  while (und) {  // the lowest undecided box is kept (every box before it is decided)
+    const int b = __ffsll((long long)und) - 1;
+    const unsigned long long src = b < 32 ? cur.d0 : cur.d1;
+    const unsigned lo = __shfl_sync(FULL_MASK, (unsigned)src, b & 31);
+    const unsigned hi = __shfl_sync(FULL_MASK, (unsigned)(src >> 32), b & 31);
+    kept |= 1ull << b;
+    und &= ~((((unsigned long long)hi << 32) | lo) | (1ull << b));
+  }
+  const unsigned klo = (unsigned)kept, khi = (unsigned)(kept >> 32), below = (1u << lane) - 1u;
+  if ((klo >> lane) & 1u) {
+    const int rank = __popc(klo & below);
+    if (count + rank < post) out[count + rank] = cur.o0;
+    list[rank] = (unsigned char)lane;
+  }
+  if ((khi >> lane) & 1u) {
+    const int rank = __popc(klo) + __popc(khi & below);
+    if (count + rank < post) out[count + rank] = cur.o1;
+    list[rank] = (unsigned char)(lane + 32);
+  }
+  carry = warp_or64(pick_rows(kept, lane, cur.n0, cur.n1));
+  count += __popcll(kept);
+  if (lane == 0) {
+    *s_kept = kept;
+    *s_count = count;
+    *s_total = count;
+  }
 }
 
 // OR of word w of the rows row0 + list[k], k = first, first + step, ... < nk (PASS_BATCH loads in flight).
@@ -445,55 +497,22 @@ nms_pass_v2(const unsigned long long* __restrict__ mask, const float* __restrict
   }
   if (tid == 0) s_total = 0;
 
-  unsigned long long d0 = 0ull, d1 = 0ull, n0 = 0ull, n1 = 0ull, carry = 0ull;
-  long long o0 = -1, o1 = -1;
+  Lead la, lb;  // the leader's registers: tile t in la when t is even, in lb when odd
+  unsigned long long carry = 0ull;
   int count = 0;  // the leader's running count (equal to s_count of the last tile)
-  if (tid < 32) load_leader(mask, order, m, words, 0, lane, d0, d1, n0, n1, o0, o1);
+  if (tid < 32) load_leader(mask, order, m, words, 0, lane, la);
   __syncthreads();
 
   bool stop = post <= 0;
   for (int t = 0; t < words && !stop; ++t) {
     const int cur = t & 1;
     if (tid < 32) {
-      // leader: resolve tile t. removed[t] holds the invalid bits and tiles <= t - 2 (workers);
-      // carry holds tile t - 1's kept rows at word t.
-      unsigned long long e0, e1, f0, f1;
-      long long p0, p1;
-      load_leader(mask, order, m, words, t + 1, lane, e0, e1, f0, f1, p0, p1);  // prefetch tile t + 1
-      unsigned long long und = ~(removed[t] | carry), kept = 0ull;
-      for (int round = 0; und && round < NMS_ROUNDS; ++round) {
-        // rows only have bits above their own: a box no undecided earlier box suppresses is kept
-        const unsigned long long fresh = und & ~warp_or64(pick_rows(und, lane, d0, d1));
-        kept |= fresh;
-        und &= ~(fresh | warp_or64(pick_rows(fresh, lane, d0, d1)));
-      }
-      while (und) {  // the lowest undecided box is kept (every box before it is decided)
-        const int b = __ffsll((long long)und) - 1;
-        const unsigned long long src = b < 32 ? d0 : d1;
-        const unsigned lo = __shfl_sync(FULL_MASK, (unsigned)src, b & 31);
-        const unsigned hi = __shfl_sync(FULL_MASK, (unsigned)(src >> 32), b & 31);
-        kept |= 1ull << b;
-        und &= ~((((unsigned long long)hi << 32) | lo) | (1ull << b));
-      }
-      const unsigned klo = (unsigned)kept, khi = (unsigned)(kept >> 32), below = (1u << lane) - 1u;
-      if ((klo >> lane) & 1u) {
-        const int rank = __popc(klo & below);
-        if (count + rank < post) out[count + rank] = o0;
-        s_list[cur][rank] = (unsigned char)lane;
-      }
-      if ((khi >> lane) & 1u) {
-        const int rank = __popc(klo) + __popc(khi & below);
-        if (count + rank < post) out[count + rank] = o1;
-        s_list[cur][rank] = (unsigned char)(lane + 32);
-      }
-      carry = warp_or64(pick_rows(kept, lane, n0, n1));
-      count += __popcll(kept);
-      if (lane == 0) {
-        s_kept[cur] = kept;
-        s_count[cur] = count;
-        s_total = count;
-      }
-      d0 = e0; d1 = e1; n0 = f0; n1 = f1; o0 = p0; o1 = p1;
+      if (cur == 0)
+        leader_tile(mask, order, m, words, post, t, lane, la, lb, removed, carry, count, out, &s_kept[0], &s_count[0],
+                    &s_total, s_list[0]);
+      else
+        leader_tile(mask, order, m, words, post, t, lane, lb, la, removed, carry, count, out, &s_kept[1], &s_count[1],
+                    &s_total, s_list[1]);
     } else if (t > 0) {
       // workers: tile t - 1's kept rows remove boxes of words t + 1 .. words - 1
       const int prev = cur ^ 1, rest = words - t - 1;

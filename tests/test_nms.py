@@ -845,3 +845,79 @@ def test_cuda_pass_kernels_emulated_on_the_host(tmp_path_factory, threads):
             at += post + 1
             assert (out, count) == (want, want_count), f"nms_pass v{variant}, m={m}, density={density}, post={post}"
     assert at == got.size
+
+
+def _cuda_pass_v2():
+    """``pcops.cuda.nms`` with the greedy pass of ``nms_pass_v2`` (a private variant), for ``tri.nms_bev``."""
+    import types
+
+    from pcops.cuda import nms as cuda_impl
+
+    return types.SimpleNamespace(nms_sorted=functools.partial(cuda_impl.nms_sorted, pass_variant="v2"))
+
+
+def test_cuda_pass_variant_is_checked():
+    from pcops.cuda import nms as cuda_impl
+
+    z = torch.zeros(1, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="pass_variant"):
+        cuda_impl.nms_pass(z, torch.zeros(1, 7), torch.zeros(1), torch.zeros(1, dtype=torch.int64), 1, pass_variant="v3")
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 1000, 4096])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_nms_pass_v2_matches_v1_and_reference(n):
+    """nms_pass_v2 gives exactly nms_pass's outputs (indices, padding, count) on the cases of
+    test_gpu_nms_matches_reference: plain, pre/post padded and grouped."""
+    from pcops.cuda import nms as cuda_impl
+    from pcops.triton import nms as tri
+
+    v2 = _cuda_pass_v2()
+    configs = [((69.12, 79.36), 0.01), ((69.12, 79.36), 0.5)]
+    if n <= 1000:
+        configs += [((20, 20), 0.1), ((20, 20), 0.7)]
+    for span, thr in configs:
+        boxes, scores, groups, pre, want, want_pre, want_groups = _nms_case(n, span, thr)
+        b, s, g = boxes.cuda(), scores.cuda(), groups.cuda()
+        for idxs, pre_max, post, padded, want_keep in [(None, None, None, False, want), (None, pre, 100, True, want_pre),
+                                                       (g, None, None, False, want_groups), (None, None, 7, True, want)]:
+            idx1, count1 = tri.nms_bev(b, s, idxs, thr, pre_max, post, padded, cuda_impl)
+            idx2, count2 = tri.nms_bev(b, s, idxs, thr, pre_max, post, padded, v2)
+            assert idx2.tolist() == idx1.tolist() and int(count2) == int(count1), (n, span, thr, pre_max, post)
+            k = int(count2)
+            _check_keep(idx2[:k].cpu(), want_keep[:k] if post == 7 else want_keep, boxes, scores, thr)
+            if padded:
+                assert (idx2[k:] == -1).all()
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_nms_pass_v2_invalid_boxes_and_graph():
+    """nms_pass_v2 on boxes with a negative size, an infinite centre and a NaN score, and inside a
+    CUDA graph (replayed on new boxes): the same outputs as nms_pass."""
+    from pcops.cuda import nms as cuda_impl
+    from pcops.triton import nms as tri
+
+    v2 = _cuda_pass_v2()
+    b, sc, want = _invalid_nms_oracle(torch.float32)
+    b, sc = b.cuda().contiguous(), sc.cuda()
+    got1 = tri.nms_bev(b, sc, None, 0.1, None, None, False, cuda_impl)
+    got2 = tri.nms_bev(b, sc, None, 0.1, None, None, False, v2)
+    assert got2[0].tolist() == got1[0].tolist() and int(got2[1]) == int(got1[1])
+    _check_keep(got2[0].cpu(), want, b.cpu(), sc.cpu(), 0.1)
+    boxes, scores = make_boxes(4096, seed=16)
+    static_b, static_s = boxes.cuda(), scores.cuda()
+    fn = lambda impl: tri.nms_bev(static_b, static_s, None, 0.01, None, 500, True, impl)
+    fn(v2)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        idx, count = fn(v2)
+    b2, s2 = make_boxes(4096, seed=17)
+    static_b.copy_(b2)
+    static_s.copy_(s2)
+    graph.replay()
+    idx1, count1 = fn(cuda_impl)
+    assert idx.tolist() == idx1.tolist() and int(count) == int(count1)
+    _check_keep(idx[:int(count)].cpu(), _graph_oracle(), b2, s2, 0.01)

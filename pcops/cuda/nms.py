@@ -60,18 +60,25 @@ def nms_mask(boxes: torch.Tensor, order: torch.Tensor, groups: torch.Tensor | No
     return mask
 
 
+_PASS_KERNELS = {"v1": "nms_pass", "v2": "nms_pass_v2"}
+
+
 def nms_pass(mask: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, order: torch.Tensor,
-             out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+             out_len: int, *, pass_variant: str = "v1") -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy pass in one block of 1024 threads (1 launch): ``(indices (out_len,) −1 padded, count ())``.
 
     Args:
         mask: from :func:`nms_mask`; boxes ``(N, C)`` and scores ``(N,)`` float32 contiguous.
+        pass_variant: private, for benchmarking: ``"v1"`` (default, ``nms_pass``) or ``"v2"``
+            (``nms_pass_v2``: pipelined, warp-level tile resolve; the same outputs).
     """
+    if pass_variant not in _PASS_KERNELS:
+        raise ValueError(f"pass_variant: expected one of {sorted(_PASS_KERNELS)}, got {pass_variant!r}")
     dev = boxes.device
     m, words = mask.shape
     out = torch.empty((out_len,), dtype=torch.int64, device=dev)
     count = torch.empty((), dtype=torch.int64, device=dev)
-    get_kernel("nms.cu", "nms_pass", dev)(
+    get_kernel("nms.cu", _PASS_KERNELS[pass_variant], dev)(
         (1,), (_PASS_THREADS,),
         [mask, boxes, scores, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len),
          ctypes.c_int(boxes.shape[1]), ctypes.c_int(int(boxes.shape[1] == 5)), out, count],
@@ -80,7 +87,8 @@ def nms_pass(mask: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, orde
     return out, count
 
 
-def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int, *,
+               pass_variant: str = "v1") -> tuple[torch.Tensor, torch.Tensor]:
     """Bitmask + greedy pass on score-sorted boxes; no host sync (2 launches, plus casts for
     non-float32 inputs).
 
@@ -90,9 +98,10 @@ def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int)
         order: ``(M,)`` int64 sorted position → box index, ``M ≤ 64 · MAX_WORDS``.
         groups: ``(M,)`` int64 group per sorted box, or None.
         out_len: length of the −1 padded output.
+        pass_variant: private, the greedy pass kernel (see :func:`nms_pass`); default ``"v1"``.
     Returns:
         ``(indices (out_len,) int64, count () int64)``.
     """
     b, s = _as_f32(boxes), _as_f32(scores)
     mask = nms_mask(b, order, groups, iou_threshold)
-    return nms_pass(mask, b, s, order, out_len)
+    return nms_pass(mask, b, s, order, out_len, pass_variant=pass_variant)
