@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import pcops
 from pcops.kernel_map import KernelMap
 from pcops.reference import kernel_map as ref
-from _util import generator, gpu, interpret, requires_cuda
+from _util import generator, gpu, interpret, requires_cuda, run_compiler_script
 
 
 def make_coords(batch_size, shape, num, seed, device="cpu"):
@@ -461,18 +461,7 @@ print("compiled")
 def test_triton_kernels_compile_for_sm90():
     """The real Triton compiler (not the interpreter) accepts every kernel variant: PTX + ptxas for
     sm_90, no GPU needed (catches what the interpreter lets through)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root) + ((":" + env["PYTHONPATH"]) if env.get("PYTHONPATH") else "")
-    res = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    if res.returncode != 0 and ("ptxas" in res.stderr and "not found" in res.stderr):
-        pytest.skip("no ptxas for the Triton CUDA backend")
-    assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
+    run_compiler_script(_AOT_SCRIPT, timeout=300)
 
 
 # --- the GPU path ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 
 import pcops
 from pcops.reference import sampling as ref
-from _util import generator, interpret, requires_cuda
+from _util import generator, interpret, requires_cuda, run_compiler_script
 
 
 def make_clouds(batch, n, seed, dtype=torch.float32, device="cpu", scale=1.0, full_first=True, duplicates=False):
@@ -724,13 +724,4 @@ print("compiled")
 
 
 def test_triton_kernels_compile_for_sm90():
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    res = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
-        pytest.skip("ptxas not available")
-    assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
+    run_compiler_script(_AOT_SCRIPT)

@@ -6,7 +6,7 @@ import torch
 
 import pcops
 from pcops.reference import voxelize as ref
-from _util import generator, interpret, requires_cuda
+from _util import generator, interpret, requires_cuda, run_compiler_script
 
 V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
           max_points_per_voxel=32, max_voxels=40000)
@@ -562,17 +562,7 @@ print("compiled")
 def test_triton_kernels_compile_for_sm90():
     """The interpreter does not type-check like the compiler: compile the real kernels for sm_90
     ahead of time (no GPU needed; Triton ships ptxas)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    res = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
-        pytest.skip("ptxas not available")
-    assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
+    run_compiler_script(_AOT_SCRIPT, timeout=300)
 
 
 @pytest.mark.gpu
