@@ -921,3 +921,37 @@ def test_gpu_nms_pass_v2_invalid_boxes_and_graph():
     idx1, count1 = fn(cuda_impl)
     assert idx.tolist() == idx1.tolist() and int(count) == int(count1)
     _check_keep(idx[:int(count)].cpu(), _graph_oracle(), b2, s2, 0.01)
+
+
+def test_cuda_pass_kernels_compile_without_spills():
+    """nms_pass and nms_pass_v2 (1024 threads: at most 64 registers) compile for sm_90 with no
+    local-memory spills (ptxas' verbose log through NVRTC)."""
+    import ctypes
+    import re
+
+    from pcops import _nvrtc
+
+    try:
+        lib = _nvrtc.nvrtc()
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"NVRTC not available: {e}")
+    src = (_nvrtc.CSRC_DIR / "nms.cu").read_text()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"nms.cu", 0, None, None) == 0
+    try:
+        opts = [b"--gpu-architecture=sm_90", b"--std=c++17", b"-default-device", b"--ptxas-options=-v"]
+        status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    text = log.value.decode(errors="replace")
+    assert status == 0, text
+    for kernel in ("nms_pass", "nms_pass_v2"):
+        part = text.split(f"Function properties for {kernel}\n", 1)
+        if len(part) < 2:
+            pytest.skip("this NVRTC does not forward ptxas' verbose log")
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", part[1])
+        assert spills and spills.groups() == ("0", "0"), part[1][:300]
