@@ -8,6 +8,16 @@ Baselines: a plain-torch segment softmax (``scatter_reduce`` amax + exp + ``inde
 row index of every entry precomputed, as graph libraries keep it) and ``torch.sparse.softmax``
 on the equivalent COO tensor. pcops: Triton and CUDA C++ (NVRTC) both.
 
+Backward variants (``pcops.triton.fused.BWD_VARIANTS``, not the default): for each of L1-L3,
+graph-captured rows ``pcops triton bwd=<variant> (fwd+bwd)`` (the public op and autograd, the
+variant selected with the module-level ``BWD_VARIANT``) and ``(bwd kernel)`` rows timing the
+backward op alone (``torch.ops.pcops.layer_norm_gelu_backward``; floor: x, dy read, dx written)
+for the default and each variant; the notes record each variant's max |gradient − default's|
+(dx, dweight, dbias), its grid, and the per-kernel GPU time of L2 fwd+bwd (torch profiler).
+The fwd+bwd rows include autograd's accumulation into ``x.grad`` (the leaves keep their grads
+across calls): ``+3·M·N·size`` bytes not in ``floor``. ``--bwd-variants a,b`` picks the
+variants (``none``: skip).
+
 Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
 checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
 captured pipeline sees). ``floor`` = bytes that must move (inputs once, outputs once) / 4.3 TB/s;
@@ -18,9 +28,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import bench, parse_args, report, row
+from common import bench, gpu_activities, parse_args, report, row
 
 import pcops
+from pcops.triton import fused as tri
 
 BANDWIDTH = 4.3e12  # bytes/s, the measured H200 copy bandwidth of WORKLOADS.md
 LN_WORKLOADS = [("L1", 4096, 768, torch.float32), ("L2", 131072, 256, torch.bfloat16), ("L3", 131072, 64, torch.float32)]
@@ -62,7 +73,7 @@ def timed_pair(rows, wl, impl, fn, rep, floor_ms, items, baseline=None, graph=Tr
     return out
 
 
-def bench_layer_norm(rows, rep, compile_baseline):
+def bench_layer_norm(rows, rep, compile_baseline, variants=(), variant_notes=None):
     compiled = torch.compile(torch_ln_gelu, dynamic=False) if compile_baseline else None
     for wl, m, n, dtype in LN_WORKLOADS:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -94,6 +105,71 @@ def bench_layer_norm(rows, rep, compile_baseline):
         for impl, fn in fb.items():
             t = timed_pair(rows, wl, impl + " (fwd+bwd)", fn, rep, fb_floor, m, base)
             base = base or t
+        if variants or variant_notes is not None:
+            bench_bwd_variants(rows, rep, wl, x, w, b, dy, (base or {}).get(True), list(variants),
+                               variant_notes if variant_notes is not None else {})
+
+
+def graph_row(rows, wl, impl, fn, rep, floor_ms, items, baseline=None):
+    """A CUDA-graph-only timing row (``baseline``: a graph timing of the same workload)."""
+    try:
+        t = bench(fn, rep=rep, graph=True)
+    except Exception as e:  # reported, not fatal
+        print(f"{wl} {impl}: {type(e).__name__}: {e}")
+        return None
+    rows.append(row(wl, impl + " [graph]", t, items=items, unit="rows/s", baseline=baseline,
+                    floor_ms=floor_ms, of_floor=floor_ms / t["median_ms"]))
+    return t
+
+
+def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
+    """The selectable backward variants on one workload (graph-captured); fills ``notes[wl]``."""
+    m, n = x.shape
+    size = x.element_size()
+    fb_floor = 5 * m * n * size / BANDWIDTH * 1e3
+    bwd_floor = 3 * m * n * size / BANDWIDTH * 1e3
+    _, mean, rstd = torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None)
+
+    def bwd_op():
+        return torch.ops.pcops.layer_norm_gelu_backward(dy, x, w, b, mean, rstd, "tanh", 0.0, None)
+
+    def grads():
+        leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+        pcops_ln_gelu(*leaves).backward(dy)
+        return [t.grad.float() for t in leaves]
+
+    info = {}
+    bwd_base = None
+    xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
+    try:
+        tri.BWD_VARIANT = None
+        reference = grads()
+        bwd_base = graph_row(rows, wl, "pcops triton bwd=default (bwd kernel)", bwd_op, rep, bwd_floor, m)
+        for name in variants:
+            tri.BWD_VARIANT = name
+            tri._TILED_LAST.clear()
+            got = grads()
+            diff = {k: (a - d).abs().max().item() for k, a, d in zip(("dx", "dweight", "dbias"), got, reference)}
+            scale = {k: d.abs().max().item() for k, d in zip(("dx", "dweight", "dbias"), reference)}
+            plan = dict(tri._TILED_LAST)  # BLOCK_M, num_warps, programs of the launch grads() made
+            info[name] = {"max_abs_diff_vs_default": diff, "max_abs_default": scale, **plan}
+            print(f"{wl} bwd={name}: max |grad - default| {diff}; launch {plan}")
+            fb = graph_row(rows, wl, f"pcops triton bwd={name} (fwd+bwd)", lambda: pcops_ln_gelu(xr, wr, br).backward(dy),
+                           rep, fb_floor, m, fb_base)
+            bw = graph_row(rows, wl, f"pcops triton bwd={name} (bwd kernel)", bwd_op, rep, bwd_floor, m, bwd_base)
+            info[name]["fwd+bwd_graph_ms"] = fb and fb["median_ms"]
+            info[name]["bwd_graph_ms"] = bw and bw["median_ms"]
+        if wl == "L2":  # where the GPU time of fwd+bwd goes, default vs the first variant
+            fn = lambda: pcops_ln_gelu(xr, wr, br).backward(dy)  # noqa: E731
+            tri.BWD_VARIANT = None
+            info["profile_fwd+bwd_default"] = gpu_activities(fn)
+            if variants:
+                tri.BWD_VARIANT = variants[0]
+                info[f"profile_fwd+bwd_{variants[0]}"] = gpu_activities(fn)
+    finally:
+        tri.BWD_VARIANT = None
+    info["default_bwd_graph_ms"] = bwd_base and bwd_base["median_ms"]
+    notes[wl] = info
 
 
 def bench_sparse_softmax(rows, rep):
@@ -143,6 +219,9 @@ def main():
 
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline (saves its warm-up)")
+    extra.add_argument("--bwd-variants", default="all",
+                       help="LayerNorm+GELU backward variants to sweep: comma-separated names of "
+                            "pcops.triton.fused.BWD_VARIANTS, 'all' (default) or 'none'")
     known, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = parse_args(__doc__)
@@ -151,7 +230,17 @@ def main():
     t0 = time.perf_counter()
     bench_sparse_softmax(rows, rep)
     t1 = time.perf_counter()
-    bench_layer_norm(rows, rep, compile_baseline=not known.no_compile)
+    if known.bwd_variants == "all":
+        variants = list(tri.BWD_VARIANTS)
+    elif known.bwd_variants == "none":
+        variants = []
+    else:
+        variants = [v for v in known.bwd_variants.split(",") if v]
+        unknown = [v for v in variants if v not in tri.BWD_VARIANTS]
+        if unknown:
+            raise SystemExit(f"--bwd-variants: unknown {unknown}; known: {list(tri.BWD_VARIANTS)}")
+    variant_notes = {} if variants else None
+    bench_layer_norm(rows, rep, compile_baseline=not known.no_compile, variants=variants, variant_notes=variant_notes)
     t2 = time.perf_counter()
     notes = {
         "bandwidth_for_floor": BANDWIDTH,
@@ -159,6 +248,15 @@ def main():
         "wall_s": {"Q1 (incl. autotune, NVRTC)": t1 - t0, "L1-L3 (incl. autotune, torch.compile)": t2 - t1},
         "timing": "eager rows include host launch cost; [graph] rows are CUDA-graph replays of the same call",
     }
+    if variant_notes is not None:
+        notes["bwd_variants"] = {
+            "what": "LayerNorm+GELU backward variants (pcops.triton.fused.BWD_VARIANTS; the default kernel is "
+                    "unchanged). max_abs_diff_vs_default: max |variant - default| of dx, dweight, dbias "
+                    "(float32 of the outputs; max_abs_default gives the scale); fwd+bwd rows include autograd's "
+                    "x.grad accumulation",
+            "predicted_ms": {"L2 bwd kernel": 0.058, "L2 fwd+bwd": 0.16, "L1 fwd+bwd": 0.04, "L3 fwd+bwd": 0.08},
+            **variant_notes,
+        }
     report(rows, "fused", args.out, notes=notes)
 
 

@@ -382,39 +382,47 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 # dweight/dbias differs, so gradients agree with the default to float32 rounding, and the
 # result is deterministic for a given device (G depends only on the SM count).
 #
-# Registers (sm_90, Triton 3.6's ptxas, measured without a GPU): values per thread drive them
-# (~12-16 registers each: x, dy, x̂, dz, two accumulators, 64-bit addresses), so the variants
-# keep 4-8 per thread: L2 (bf16, BLOCK_N 256) 4 per thread, 4 warps: 64 registers with the
-# prefetch (8 programs = 32 warps per SM), 56 without; L3 (fp32, BLOCK_N 64): 91 / 72; the
-# default kernel's configs use 80-200. (At 16 per thread this kernel needs 254 registers and
-# spills; Triton's loop pipelining does not touch these loads: no cp.async at any num_stages.)
+# Registers and layout (sm_90, Triton 3.6's compiler and ptxas, measured here without a GPU,
+# with the launch-time divisibility hints): each value per thread costs ~8-12 registers (x, dy,
+# x̂, dz, two accumulators), so the variants keep 4-8 per thread. Triton lays a [BLOCK_M, BLOCK_N]
+# tile out as 16-byte (or 8-byte) vectors along a row, 32 lanes along the row, warps over rows
+# when a warp spans a whole row: the two row sums (mean(dx̂), mean(dx̂·x̂)) are then warp
+# shuffles; when a row is wider than a warp's share the sums cross warps (shared memory and a
+# barrier, twice per step). ``whole_rows`` raises the values per thread (up to 8) so that a warp
+# spans a row. Measured for L2 (bf16, BLOCK_N 256): "tiled" 8 per thread, 4 rows × 4 warps, 72
+# registers (7 programs = 28 warps per SM), 16-byte loads; "tiled-split" 4 per thread, 2 rows,
+# 2 warps per row, 56 registers, 8-byte loads. L3 (fp32, BLOCK_N 64): 48 registers (10 per SM).
+# The default kernel's configs: 64-120. (Triton's loop pipelining does not touch these loads:
+# no cp.async at any num_stages, hence the explicit prefetch.)
 #
-# Prediction (H200, graph-captured). Bytes in flight per SM with "tiled" on L2: 8 programs ×
-# 2 tiles × 512 elements × 2 tensors × 2 B = 32 KB, above the ≈ 25 KB Little's law asks for
-# (4.3 TB/s × ≈ 0.8 µs / 132 SMs), against ≈ 1-2 tiles per SM-resident program and a full
-# latency per step in the default. L2 (131,072 × 256 bf16): the kernel moves x, dy, dx
-# (192 MB, floor 0.045 ms) at ≈ 75-85 % of copy bandwidth → ≈ 0.055-0.06 ms, against
-# ≈ 0.33 ms for the default kernel (0.44 ms fwd+bwd − 0.052 fwd − ≈ 0.045 for autograd's
+# Prediction (H200, graph-captured). Bytes in flight per SM with "tiled" on L2: 7 programs ×
+# 2 tiles × 1,024 elements × 2 tensors × 2 B = 56 KB, well above the ≈ 25 KB Little's law asks
+# (4.3 TB/s × ≈ 0.8 µs / 132 SMs), against one tile and a full latency per step (plus two
+# cross-warp column reductions per step) in the default. L2 (131,072 × 256 bf16): the kernel
+# moves x, dy, dx (192 MB, floor 0.045 ms) at ≈ 75-85 % of copy bandwidth → ≈ 0.055-0.06 ms,
+# against ≈ 0.33 ms for the default kernel (0.44 ms fwd+bwd − 0.052 fwd − ≈ 0.045 for autograd's
 # accumulation into x.grad). L2 fwd+bwd ≈ 0.052 + 0.06 + 0.045 + ≈ 0.005 ≈ 0.16 ms (goal
 # 0.12, which autograd's x.grad accumulation alone puts near this benchmark's floor).
 # L1 (4,096 × 768 fp32, 37.7 MB backward, 4,096 one-row tiles): ≈ 0.015 ms backward,
 # fwd+bwd ≈ 0.04 ms (0.049 now). L3 (131,072 × 64 fp32, 96 MB): ≈ 0.028 ms backward,
 # fwd+bwd ≈ 0.08 ms (0.097 now).
 #
-# Each entry: ``per_thread`` values per thread per step and ``warps`` (BLOCK_M = per_thread ·
-# 32 · warps / BLOCK_N rows, at least 1; rows wider than that get more warps, up to 16),
-# ``prefetch``, ``per_sm``: programs per SM of the persistent grid, None = as many as the
-# compiled kernel's registers let reside at once (read from the loaded kernel on first use,
-# cached), an int = that many.
+# Each entry: ``per_thread`` values per thread per step and ``warps``; ``whole_rows``: raise
+# ``per_thread`` up to 8 so a warp spans a row (rows wider than per_thread · 32 · warps get more
+# warps, up to 16; BLOCK_M = per_thread · 32 · warps / BLOCK_N, at least 1); ``prefetch``;
+# ``per_sm``: programs per SM of the persistent grid, None = as many as the compiled kernel's
+# registers let reside at once (read from the loaded kernel on first use, cached), an int =
+# that many.
 BWD_VARIANTS = {
-    # 4 values per thread, 4 warps, two tiles in flight per program
-    "tiled": dict(per_thread=4, warps=4, prefetch=True, per_sm=None),
+    # a warp per row (up to 256 bf16/fp16 or fp32 values), 4 warps, two tiles in flight
+    "tiled": dict(per_thread=4, warps=4, whole_rows=True, prefetch=True, per_sm=None),
     # the same without the prefetch: more resident programs hide the latency instead
-    "tiled-noprefetch": dict(per_thread=4, warps=4, prefetch=False, per_sm=None),
-    # 8 values per thread (twice the bytes per load, ~2x the registers, half the programs)
-    "tiled-8": dict(per_thread=8, warps=4, prefetch=True, per_sm=None),
-    # 4 values per thread, 8 warps (longer tiles: fewer loop steps, fewer programs)
-    "tiled-w8": dict(per_thread=4, warps=8, prefetch=True, per_sm=None),
+    "tiled-noprefetch": dict(per_thread=4, warps=4, whole_rows=True, prefetch=False, per_sm=None),
+    # 4 values per thread whatever the row length (rows split across warps: fewer registers,
+    # more programs, cross-warp row sums)
+    "tiled-split": dict(per_thread=4, warps=4, whole_rows=False, prefetch=True, per_sm=None),
+    # a warp per row, 8 warps (twice the rows per step, half the programs)
+    "tiled-w8": dict(per_thread=4, warps=8, whole_rows=True, prefetch=True, per_sm=None),
 }
 # the variant ``layer_norm_gelu_backward`` runs when its ``variant`` is None: None = the default
 # kernel. The benchmark sets it to sweep the variants through the public op and autograd.
@@ -820,6 +828,7 @@ def layer_norm_gelu_backward(
 
 
 _TILED_PER_SM: dict = {}  # compiled-kernel key → programs per SM (occupancy from its registers)
+_TILED_LAST: dict = {}  # the last tiled launch's BLOCK_M, num_warps, programs (read by the benchmark)
 
 
 def _tiled_programs_per_sm(args, meta, config, device: torch.device) -> int:
@@ -832,7 +841,7 @@ def _tiled_programs_per_sm(args, meta, config, device: torch.device) -> int:
     """
     if config["per_sm"] is not None:
         return config["per_sm"]
-    key = (device.index, args[1].dtype, args[2].dtype, tuple(sorted(meta.items())))
+    key = (device.index, args[1].dtype, args[2].dtype, args[3].dtype, tuple(sorted(meta.items())))
     if key not in _TILED_PER_SM:
         try:
             k = _layer_norm_gelu_bwd_tiled_kernel.warmup(*args, grid=(1,), **meta)
@@ -852,6 +861,8 @@ def _tiled_programs_per_sm(args, meta, config, device: torch.device) -> int:
 def _tiled_shape(block_n: int, config: dict) -> tuple[int, int]:
     """``(BLOCK_M, num_warps)`` for a ``BWD_VARIANTS`` config and row block ``block_n``."""
     per_thread, warps = config["per_thread"], config["warps"]
+    if config["whole_rows"]:
+        per_thread = max(per_thread, min(8, block_n // 32))
     while per_thread * 32 * warps < block_n and warps < 16:
         warps *= 2
     return max(1, per_thread * 32 * warps // block_n), warps
@@ -876,6 +887,7 @@ def _layer_norm_gelu_backward_tiled(
         else:
             num_programs = 3  # the interpreter: a few programs, several tiles each
     g = min(max(1, num_programs or 1), tiles)  # 0 without rows: the column sum then writes zeros
+    _TILED_LAST.update(block_m=bm, num_warps=warps, programs=g)
     dw_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     if g:
