@@ -857,15 +857,17 @@ def test_bwd_variants_compile_for_sm90_without_spills():
         assert int(fields["regs"]) <= 128, line
 
 
-@pytest.mark.parametrize("rows,width,dtype", [(4096, 256, torch.bfloat16), (3001, 64, torch.float32),
-                                              (257, 768, torch.float32), (100, 1000, torch.float16)])
+# widths and dtypes the other GPU tests already autotune (the default kernels' configs are
+# cached), so each case adds only the variant's compilations; dropout with "tiled" only
+@pytest.mark.parametrize("rows,width,dtype", [(4096, 256, torch.float32), (257, 768, torch.float32),
+                                              (2000, 127, torch.bfloat16)])
 @pytest.mark.parametrize("variant", _VARIANTS)
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_bwd_variant_matches_default_and_reference(variant, rows, width, dtype):
     from pcops.triton import fused as tri
 
-    for p, seed_value in ((0.0, None), (0.2, 17)):
+    for p, seed_value in ((0.0, None), (0.2, 17))[: 2 if variant == "tiled" else 1]:
         x, w, b = make_ln(rows, width, seed=27, dtype=dtype, device="cuda")
         seed = None if seed_value is None else torch.tensor([seed_value], device="cuda")
         _, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, seed)
@@ -891,8 +893,8 @@ def test_gpu_bwd_variant_matches_default_and_reference(variant, rows, width, dty
 def test_gpu_bwd_variant_through_autograd_and_cuda_graph(monkeypatch):
     from pcops.triton import fused as tri
 
-    x, w, b = make_ln(2048, 256, seed=28, dtype=torch.bfloat16, device="cuda")
-    dy = torch.randn(2048, 256, generator=generator(8)).to(torch.bfloat16).cuda()
+    x, w, b = make_ln(2048, 127, seed=28, dtype=torch.bfloat16, device="cuda")
+    dy = torch.randn(2048, 127, generator=generator(8)).to(torch.bfloat16).cuda()
 
     def grads():
         leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
