@@ -32,7 +32,7 @@ import time
 import numpy as np
 import torch
 
-from common import bench, parse_args, report, row
+from common import bench, gpu_activities, parse_args, report, row
 
 import pcops
 from pcops.reference import nms as ref
@@ -72,19 +72,6 @@ def axis_aligned(boxes):
     hx = 0.5 * (boxes[:, 3] * c + boxes[:, 4] * s)
     hy = 0.5 * (boxes[:, 3] * s + boxes[:, 4] * c)
     return torch.stack([boxes[:, 0] - hx, boxes[:, 1] - hy, boxes[:, 0] + hx, boxes[:, 1] + hy], 1)
-
-
-def count_launches(fn):
-    """GPU activities (kernels, copies, memsets) of one call, from the profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return len(names), names
 
 
 def _impl(backend):
@@ -139,13 +126,13 @@ def main():
             agree = got.tolist() == want.tolist()
             var = lambda: pcops.nms_bev(boxes, scores, thr, backend=backend)
             pad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True, backend=backend)
-            launches, names = count_launches(pad)
+            activities = gpu_activities(pad, iters=1 if slow else 5)
             t = bench(var, warmup=w, rep=r)
             rows.append(row(name, f"pcops {backend} (1 sync)", t, items=n, unit="boxes/s", baseline=base,
                             kept=got.numel(), agrees_with_baseline=agree))
             t = bench(pad, warmup=w, rep=r)
             rows.append(row(name, f"pcops {backend} padded", t, items=n, unit="boxes/s", baseline=base,
-                            gpu_activities=launches, activity_names=names))
+                            gpu_activities=activities))
             t = bench(pad, warmup=0 if slow else w, rep=r, graph=True)  # graph=True runs 3 calls before capture
             rows.append(row(name, f"pcops {backend} padded, graph", t, items=n, unit="boxes/s", baseline=base))
             # stages (graph-free, eager launches): sort, mask, pass
