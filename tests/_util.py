@@ -24,7 +24,7 @@ def devices():
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
-def run_compiler_script(script: str, *args: str, timeout: int = 600):
+def run_compiler_script(script: str, *args: str, timeout: int = 600, extra_env: dict | None = None):
     """Run ``script`` in a fresh Python without ``TRITON_INTERPRET`` (so ``@triton.jit`` kernels are
     real JIT functions) and assert it printed ``compiled``.
 
@@ -39,6 +39,7 @@ def run_compiler_script(script: str, *args: str, timeout: int = 600):
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    env.update(extra_env or {})
     res = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("no ptxas for Triton's CUDA backend")
