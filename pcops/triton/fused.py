@@ -11,6 +11,8 @@ arithmetic (statistics, GELU and its derivative, Philox dropout) done in float32
   write ``dx`` and one row of column partial sums of ``dz·x̂`` and ``dz``; a second kernel adds
   the ``G`` partial rows in a fixed order. No atomics, so ``dweight``/``dbias`` are
   bit-for-bit reproducible. Bytes: ``3·M·N·size`` plus ``2·G·N·4`` twice for the partials.
+  Selectable, not the default: ``BWD_VARIANTS`` (persistent row tiles, a warp per row,
+  prefetch of the next tile), chosen with the launcher's ``variant`` or ``BWD_VARIANT``.
 - Dropout draws ``tl.rand(seed, i)`` (Philox-4x32-10) for the flat element index ``i`` of the
   ``(M, N)`` output, so the backward regenerates the same mask from the seed instead of
   storing it; the seed is a 1-element int64 tensor read in the kernel (CUDA-graph friendly).
