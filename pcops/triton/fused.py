@@ -131,6 +131,40 @@ def _gelu_grad(z, APPROX_TANH: tl.constexpr):
 
 
 @triton.jit
+def _dropout_params(seed_ptr, dropout_p, HAS_DROPOUT: tl.constexpr):
+    """``(seed, 1/(1-p))`` for ``_dropout``, read once per program (placeholders without dropout)."""
+    if HAS_DROPOUT:
+        seed = tl.load(seed_ptr)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+    else:
+        seed = 0
+        keep_scale = 1.0
+    return seed, keep_scale
+
+
+@triton.jit
+def _dropout(v, seed, offs, dropout_p, keep_scale, HAS_DROPOUT: tl.constexpr):
+    """``v`` kept (scaled by 1/(1-p)) or zeroed by Philox on the flat element index ``offs``:
+    the forward and the backward regenerate the same mask from the same seed."""
+    if HAS_DROPOUT:
+        keep = tl.rand(seed, offs) >= dropout_p
+        v = tl.where(keep, v * keep_scale, 0.0)
+    return v
+
+
+@triton.jit
+def _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+              HAS_DROPOUT: tl.constexpr, APPROX_TANH: tl.constexpr):
+    """One backward tile (float32 ``x``, ``g``): ``(x̂, dz)`` with x̂ recomputed from the saved
+    statistics and ``dz = g·gelu'(z)`` at the recomputed pre-activation ``z = x̂·w + b``
+    (``g`` first goes back through the dropout mask)."""
+    g = _dropout(g, seed, offs, dropout_p, keep_scale, HAS_DROPOUT)
+    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
+    return xhat, dz
+
+
+@triton.jit
 def _layer_norm_gelu_fwd_kernel(
     x_ptr,  # (M, N) contiguous, float32/float16/bfloat16
     w_ptr,  # (N,) weight
@@ -153,9 +187,7 @@ def _layer_norm_gelu_fwd_kernel(
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     row_off = rows.to(tl.int64) * N
-    if HAS_DROPOUT:
-        seed = tl.load(seed_ptr)
-        keep_scale = 1.0 / (1.0 - dropout_p)
+    seed, keep_scale = _dropout_params(seed_ptr, dropout_p, HAS_DROPOUT)
     if ONE_TILE:
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -169,10 +201,7 @@ def _layer_norm_gelu_fwd_kernel(
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         h = _gelu(xc * rstd[:, None] * w[None, :] + b[None, :], APPROX_TANH)
-        if HAS_DROPOUT:
-            # Philox on the flat element index: the backward regenerates the same mask
-            keep = tl.rand(seed, offs) >= dropout_p
-            h = tl.where(keep, h * keep_scale, 0.0)
+        h = _dropout(h, seed, offs, dropout_p, keep_scale, HAS_DROPOUT)
         tl.store(y_ptr + offs, h.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # wide rows: pass 1 the mean, pass 2 the variance, pass 3 the output
@@ -199,9 +228,7 @@ def _layer_norm_gelu_fwd_kernel(
             w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
             b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
             h = _gelu((x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :], APPROX_TANH)
-            if HAS_DROPOUT:
-                keep = tl.rand(seed, offs) >= dropout_p
-                h = tl.where(keep, h * keep_scale, 0.0)
+            h = _dropout(h, seed, offs, dropout_p, keep_scale, HAS_DROPOUT)
             tl.store(y_ptr + offs, h.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
@@ -233,9 +260,7 @@ def _layer_norm_gelu_bwd_kernel(
     row_begin = pid * rows_per_program
     row_end = tl.minimum(row_begin + rows_per_program, M)
     part_off = pid.to(tl.int64) * N
-    if HAS_DROPOUT:
-        seed = tl.load(seed_ptr)
-        keep_scale = 1.0 / (1.0 - dropout_p)
+    seed, keep_scale = _dropout_params(seed_ptr, dropout_p, HAS_DROPOUT)
     if ONE_TILE:
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -252,12 +277,8 @@ def _layer_norm_gelu_bwd_kernel(
             rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_DROPOUT:
-                keep = tl.rand(seed, offs) >= dropout_p
-                g = tl.where(keep, g * keep_scale, 0.0)
-            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-            # dz = g · gelu'(z): the GELU derivative at the recomputed pre-activation
-            dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
+            xhat, dz = _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+                                 HAS_DROPOUT, APPROX_TANH)
             dw_acc += tl.sum(dz * xhat, axis=0)
             db_acc += tl.sum(dz, axis=0)
             # the normalisation derivative: dx = rstd · (dx̂ - mean(dx̂) - x̂ · mean(dx̂ · x̂))
@@ -293,11 +314,9 @@ def _layer_norm_gelu_bwd_kernel(
                 b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_DROPOUT:
-                    keep = tl.rand(seed, offs) >= dropout_p
-                    g = tl.where(keep, g * keep_scale, 0.0)
-                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                dxhat = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH) * w[None, :]
+                xhat, dz = _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+                                     HAS_DROPOUT, APPROX_TANH)
+                dxhat = dz * w[None, :]
                 s1 += dxhat * xhat
                 s2 += dxhat
             c1 = tl.sum(s1, axis=1) / N
@@ -312,11 +331,8 @@ def _layer_norm_gelu_bwd_kernel(
                 b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_DROPOUT:
-                    keep = tl.rand(seed, offs) >= dropout_p
-                    g = tl.where(keep, g * keep_scale, 0.0)
-                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
+                xhat, dz = _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+                                     HAS_DROPOUT, APPROX_TANH)
                 dxhat = dz * w[None, :]
                 dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
                 tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -459,9 +475,7 @@ def _layer_norm_gelu_bwd_tiled_kernel(
     col_ok = cols < N
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    if HAS_DROPOUT:
-        seed = tl.load(seed_ptr)
-        keep_scale = 1.0 / (1.0 - dropout_p)
+    seed, keep_scale = _dropout_params(seed_ptr, dropout_p, HAS_DROPOUT)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     num_tiles = tl.cdiv(M, BLOCK_M)
@@ -499,13 +513,9 @@ def _layer_norm_gelu_bwd_tiled_kernel(
             g_raw = tl.load(dy_ptr + offs, mask=mask, other=0.0)
             mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-        g = g_raw.to(tl.float32)
-        if HAS_DROPOUT:
-            keep = tl.rand(seed, offs) >= dropout_p
-            g = tl.where(keep, g * keep_scale, 0.0)
-        xhat = tl.where(mask, (x_raw.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
         # the default kernel's maths: dz = g · gelu'(z), dx = rstd · (dx̂ - x̂ · mean(dx̂ · x̂) - mean(dx̂))
-        dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
+        xhat, dz = _bwd_tile(x_raw.to(tl.float32), g_raw.to(tl.float32), offs, mask, mean, rstd, w, b, seed,
+                             dropout_p, keep_scale, HAS_DROPOUT, APPROX_TANH)
         dw_acc += dz * xhat
         db_acc += dz
         dxhat = dz * w[None, :]
