@@ -21,6 +21,18 @@ _PILLAR_BLOCK = 256
 
 
 @triton.jit
+def _pillar_cell(coords_ptr, p, live, batch_size, grid_h, grid_w):
+    """``(batch, y, x, inside)`` of pillars ``p`` (``z`` is not needed); pillars outside the
+    grid (or past the end: ``live`` false) are not ``inside`` and are skipped by every pass,
+    so nothing is ever read or written out of bounds."""
+    b = tl.load(coords_ptr + p * 4 + 0, mask=live, other=-1)
+    y = tl.load(coords_ptr + p * 4 + 2, mask=live, other=-1)
+    x = tl.load(coords_ptr + p * 4 + 3, mask=live, other=-1)
+    inside = live & (b >= 0) & (b < batch_size) & (y >= 0) & (y < grid_h) & (x >= 0) & (x < grid_w)
+    return b, y, x, inside
+
+
+@triton.jit
 def _pillar_winner_kernel(
     coords_ptr,  # (P, 4) int32 (batch, z, y, x), contiguous
     winner_ptr,  # (B*H*W,) int32, pre-filled with -1
@@ -33,11 +45,7 @@ def _pillar_winner_kernel(
     pid = tl.program_id(0)
     p = pid * BLOCK + tl.arange(0, BLOCK)
     live = p < num_pillars
-    b = tl.load(coords_ptr + p * 4 + 0, mask=live, other=-1)
-    y = tl.load(coords_ptr + p * 4 + 2, mask=live, other=-1)
-    x = tl.load(coords_ptr + p * 4 + 3, mask=live, other=-1)
-    # pillars outside the grid are skipped: nothing is ever written out of bounds
-    inside = live & (b >= 0) & (b < batch_size) & (y >= 0) & (y < grid_h) & (x >= 0) & (x < grid_w)
+    b, y, x, inside = _pillar_cell(coords_ptr, p, live, batch_size, grid_h, grid_w)
     cell = (b * grid_h + y) * grid_w + x
     # the highest pillar index wins a shared cell, whatever the order of the atomics
     tl.atomic_max(winner_ptr + cell, p, mask=inside)
@@ -93,10 +101,7 @@ def _pillar_gather_kernel(
     pid = tl.program_id(0)
     p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
     live = p < num_pillars
-    b = tl.load(coords_ptr + p * 4 + 0, mask=live, other=-1)
-    y = tl.load(coords_ptr + p * 4 + 2, mask=live, other=-1)
-    x = tl.load(coords_ptr + p * 4 + 3, mask=live, other=-1)
-    inside = live & (b >= 0) & (b < batch_size) & (y >= 0) & (y < grid_h) & (x >= 0) & (x < grid_w)
+    b, y, x, inside = _pillar_cell(coords_ptr, p, live, batch_size, grid_h, grid_w)
     cell = (y * grid_w + x).to(tl.int64)
     hw = grid_h * grid_w
     owner = tl.load(winner_ptr + b * hw + cell, mask=inside, other=-1)
