@@ -221,9 +221,12 @@ def knn(
     may vary between runs. ``idx`` is not differentiable.
 
     GPU algorithm: queries and references are sorted along a Morton (Z-order) curve per cloud,
-    the references cut into tiles with bounding boxes; each program keeps the top K of a block
-    of queries in registers and skips every tile whose box is farther than its current K-th
-    distance. No host synchronisation.
+    the references cut into tiles of 128 with bounding boxes (and superblocks of 8 tiles). For
+    ``K ≤ 32`` a CUDA C++ kernel (``csrc/knn.cu``, NVRTC) gives each query one thread with its
+    top K sorted in registers; a block of 128 sorted queries visits superblocks outward from its
+    own position along the curve and reads a tile only if some query is within its current K-th
+    distance of the tile's box (an exact test). Larger ``K`` (or no NVRTC) uses the Triton kernel
+    of the same scheme, a block of queries per program. No host synchronisation.
     """
     k = _checks.check_int("k", k, min_value=1)
     q, r, ql, rl, unbatched = _check_pair(query, ref, query_lengths, ref_lengths)
@@ -240,6 +243,10 @@ def _knn(query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, re
 def _knn_cuda(query, ref, query_lengths, ref_lengths, k):
     if query.dtype == torch.float64:  # the kernels work in float32; float64 keeps the exact reference
         return _ref.knn(query, ref, query_lengths, ref_lengths, k)
+    from .cuda import knn as cuda_knn
+
+    if cuda_knn.supported(query, k):  # CUDA C++ (NVRTC), K <= 32: one thread per query
+        return cuda_knn.knn(query, ref, query_lengths, ref_lengths, k)
     from .triton import sampling as impl
 
     return impl.knn(query, ref, query_lengths, ref_lengths, k)

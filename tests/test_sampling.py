@@ -510,6 +510,24 @@ def test_gpu_knn_matches_reference(batch, nq, nr, k):
     assert torch.equal(i, is_ref) and torch.equal(d, ds_ref)
 
 
+@pytest.mark.parametrize("k", [1, 3, 17, 32])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_cuda_kernel_ties_and_k(k):
+    """The CUDA C++ kernel (K <= 32, KP = next power of two slots) on clouds with duplicate points
+    (ties resolve to the lowest index), padded lengths, several superblocks, against the reference."""
+    from pcops.cuda import knn as cuda_knn
+
+    q, ql = make_clouds(3, 2500, seed=40 + k, scale=6.0, duplicates=True, device="cuda")
+    r, rl = make_clouds(3, 1800, seed=50 + k, scale=6.0, duplicates=True, device="cuda")
+    assert cuda_knn.supported(q, k)
+    for a, b, la, lb in ((q, r, ql, rl), (q, q, ql, ql)):
+        d, i = cuda_knn.knn(a, b, la, lb, k)
+        d_ref, i_ref = ref.knn(a, b, la, lb, k)
+        assert torch.equal(i, i_ref)
+        assert torch.equal(d, d_ref)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_kitti_and_backward():

@@ -1,0 +1,75 @@
+"""Launcher for ``csrc/knn.cu``: exact KNN, one thread per query, top K in registers.
+
+The clouds are Morton-sorted and boxed by the Triton helpers of ``pcops.triton.sampling`` (the
+same preprocessing as the Triton KNN); the search kernel is CUDA C++ compiled with NVRTC. It
+handles ``K ≤ 32`` (the kernel keeps ``KP = next power of two ≥ K`` slots); larger ``K`` goes to
+the Triton kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import triton
+
+from .._nvrtc import get_kernel, nvrtc
+
+_QB = 128  # queries per block = references per tile; must match QB in csrc/knn.cu
+_SB = 8  # tiles per superblock
+MAX_K = 32
+
+_available: dict[int, bool] = {}
+
+
+def supported(query: torch.Tensor, k: int) -> bool:
+    """Whether the CUDA C++ kernel can run here: NVRTC present, ``K ≤ 32``, batch ≤ 65,535."""
+    if k > MAX_K or query.shape[0] > 65535:
+        return False
+    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    if index not in _available:
+        try:
+            nvrtc()
+            _available[index] = True
+        except RuntimeError:
+            _available[index] = False
+    return _available[index]
+
+
+def knn(
+    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as ``pcops.triton.sampling.knn`` for ``K ≤ 32``; no host synchronisation.
+
+    Args:
+        query: ``(B, Nq, 3)`` float32 contiguous; ref: ``(B, Nr, 3)`` float32 contiguous.
+        query_lengths, ref_lengths: ``(B,)`` int64 (clamped to the padded sizes).
+        k: ``1 ≤ K ≤ 32``.
+    Returns:
+        ``(dists (B, Nq, K) float32, idx (B, Nq, K) int64)``, ascending, ``inf`` / −1 padded.
+        Launches: the Morton sort of each side (about 14 small ops; a self-KNN with one lengths
+        tensor sorts once) and one search kernel.
+    """
+    from ..triton.sampling import _morton_sort
+
+    batch, nq, _ = query.shape
+    nr = ref.shape[1]
+    dists = torch.empty((batch, nq, k), dtype=torch.float32, device=query.device)
+    idx = torch.empty((batch, nq, k), dtype=torch.int64, device=query.device)
+    if dists.numel() == 0:
+        return dists, idx
+    if nr == 0:
+        return dists.fill_(float("inf")), idx.fill_(-1)
+    r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, _QB, _SB)
+    same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query_lengths.data_ptr() == ref_lengths.data_ptr()
+    if same:  # self-KNN: one sort serves both sides
+        q_sorted, q_perm = r_sorted, r_perm
+    else:
+        q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, _QB)
+    kp = triton.next_power_of_2(k)
+    kernel = get_kernel("knn.cu", f"knn_sorted_k{kp}", query.device)
+    kernel(
+        (triton.cdiv(nq, _QB), batch), (_QB,),
+        [q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, query_lengths, ref_lengths, dists, idx,
+         ctypes.c_int(nq), ctypes.c_int(nr), ctypes.c_int(superboxes.shape[1]), ctypes.c_int(_SB), ctypes.c_int(k)],
+    )
+    return dists, idx
