@@ -44,38 +44,40 @@ def stage_rows(model, pts, lengths, workload, impl, rep, base_stages):
     return rows, timer.summary()
 
 
-def graph_stage_rows(model, scan_gpu, tag, rep):
+def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=False):
     """Each stage of the captured pipeline in its own CUDA graph (inputs from the previous stage):
-    the per-stage split of the graph-captured total."""
-    from pcops.models.pointpillars import GraphedPointPillars, _fixed_voxelize
+    the per-stage split of the graph-captured total, for one scan or a batch (a list of scans)."""
+    from pcops.models.pointpillars import GraphedPointPillars, _cudnn_benchmark, _fixed_voxelize
     import torch.nn.functional as F
 
-    cfg, dev = model.config, scan_gpu.device
+    scans_gpu = scans_gpu if isinstance(scans_gpu, (list, tuple)) else [scans_gpu]
+    cfg, dev, bsz = model.config, scans_gpu[0].device, len(scans_gpu)
     fp = model._fast_params(dev)
-    cap = -(-max(scan_gpu.shape[0], 131_072) // 1024) * 1024
-    static = torch.full((cap, 4), GraphedPointPillars.PAD_VALUE, device=dev)
-    static[: scan_gpu.shape[0]] = scan_gpu[:, :4]
-    lengths = torch.tensor([cap], dtype=torch.int32, device=dev)
-    with torch.no_grad():
+    cap = -(-max(max(s.shape[0] for s in scans_gpu), 131_072) // 1024) * 1024
+    static = torch.full((bsz * cap, 4), GraphedPointPillars.PAD_VALUE, device=dev)
+    for b, s in enumerate(scans_gpu):
+        static[b * cap : b * cap + s.shape[0]] = s[:, :4]
+    lengths = torch.full((bsz,), cap, dtype=torch.int32, device=dev)
+    with torch.no_grad(), _cudnn_benchmark(cudnn_benchmark):
         vox = _fixed_voxelize(static, cfg, lengths)
-        canvas = model._pfn_scatter(vox.voxels, vox.num_points, vox.coords, 1, fp, count=vox.count)
+        canvas = model._pfn_scatter(vox.voxels, vox.num_points, vox.coords, bsz, fp, count=vox.count)
         x = model._backbone_fast(canvas, fp)
         out = F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1)
-    stages = {
-        "voxelize": lambda: _fixed_voxelize(static, cfg, lengths),
-        "pfn+scatter": lambda: model._pfn_scatter(vox.voxels, vox.num_points, vox.coords, 1, fp, count=vox.count),
-        "backbone": lambda: model._backbone_fast(canvas, fp),
-        "head": lambda: F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1),
-        "post": lambda: model._post_fast(out),
-    }
-    rows = []
-    total = 0.0
-    with torch.no_grad():
+        stages = {
+            "voxelize": lambda: _fixed_voxelize(static, cfg, lengths),
+            "pfn+scatter": lambda: model._pfn_scatter(vox.voxels, vox.num_points, vox.coords, bsz, fp, count=vox.count),
+            "backbone": lambda: model._backbone_fast(canvas, fp),
+            "head": lambda: F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1),
+            "post": lambda: model._post_fast(out),
+        }
+        rows = []
+        total = 0.0
+        impl = f"pcops graph {tag}{' cudnn.benchmark' if cudnn_benchmark else ''} (stage alone)"
         for name, fn in stages.items():
             t = bench(fn, rep=rep, graph=True)
             total += t["median_ms"]
-            rows.append(row(f"E1 stage {name}", f"pcops graph {tag} (stage alone)", t))
-    rows.append(row("E1 stage total", f"pcops graph {tag} (sum of stages)",
+            rows.append(row(f"{workload} stage {name}", impl, t))
+    rows.append(row(f"{workload} stage total", impl.replace("(stage alone)", "(sum of stages)"),
                     {"median_ms": total, "min_ms": total, "max_ms": total, "runs": rep}))
     return rows
 
@@ -114,6 +116,14 @@ def main():
         rows.append(row("E1 total", f"pcops graph {tag} (replay only)", t, items=1, unit="scans/s", baseline=base))
         del graphed
         rows += graph_stage_rows(model, pts, tag, rep)
+        # cuDNN's measured algorithm choice for the backbone (set for warm-up and capture only)
+        graphed = model.capture(pts, cudnn_benchmark=True)
+        t = bench(lambda: graphed(pts), rep=rep)
+        rows.append(row("E1 total", f"pcops graph {tag} cudnn.benchmark", t, items=1, unit="scans/s", baseline=base))
+        notes[f"E1 detections graph {tag} cudnn.benchmark"] = int(graphed(pts).count[0])
+        del graphed
+        if tag == "fp16":
+            rows += graph_stage_rows(model, pts, tag, rep, cudnn_benchmark=True)
     # fp32 with the backbone in NCHW (channels_last=False), graph-captured: the memory-format choice
     model.impl, model.dtype, model.channels_last = "fast", torch.float32, False
     graphed = model.capture(pts)
@@ -138,6 +148,13 @@ def main():
         t = bench(lambda: graphed(batch, lengths), rep=rep)
         rows.append(row("E2 B=8", f"pcops graph {tag}", t, items=8, unit="scans/s", baseline=base8))
         del graphed
+        graphed = model.capture(batch, lengths, cudnn_benchmark=True)
+        t = bench(lambda: graphed(batch, lengths), rep=rep)
+        rows.append(row("E2 B=8", f"pcops graph {tag} cudnn.benchmark", t, items=8, unit="scans/s", baseline=base8))
+        del graphed
+        if tag == "fp16":
+            rows += graph_stage_rows(model, [s.cuda() for s in scans], tag, max(10, rep // 3), workload="E2",
+                                     cudnn_benchmark=True)
     model.impl, model.dtype = "reference", torch.float32
     report(rows, "bench_pointpillars", args.out, notes)
 

@@ -64,6 +64,8 @@ folding) and, for exactly tied scores, in the order of ties.
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 import os
 import warnings
@@ -784,9 +786,22 @@ class PointPillars(nn.Module):
         return Detections(boxes, scores, labels, count)
 
     # ----- CUDA graph
-    def capture(self, example_points: torch.Tensor, example_lengths=None, max_points: int | None = None) -> "GraphedPointPillars":
+    def capture(self, example_points: torch.Tensor, example_lengths=None, max_points: int | None = None,
+                cudnn_benchmark: bool = False) -> "GraphedPointPillars":
         """Capture the fast path in one CUDA graph; see :class:`GraphedPointPillars`."""
-        return GraphedPointPillars(self, example_points, example_lengths, max_points=max_points)
+        return GraphedPointPillars(self, example_points, example_lengths, max_points=max_points,
+                                   cudnn_benchmark=cudnn_benchmark)
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(on: bool):
+    """``torch.backends.cudnn.benchmark`` switched on inside the block (if ``on``), then restored."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = previous or on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
 
 
 class GraphedPointPillars:
@@ -809,6 +824,10 @@ class GraphedPointPillars:
     Unused capacity is filled with points far outside the range (``PAD_VALUE`` metres), which the
     voxelizer drops. The outputs are static tensors overwritten by the next call (``clone()`` to keep them).
     The weights are folded at capture time: after changing them, capture again.
+    ``cudnn_benchmark=True`` lets cuDNN time its convolution algorithms during the warm-up
+    (``torch.backends.cudnn.benchmark`` is set for the warm-up and the capture only, then restored):
+    the captured backbone uses the fastest measured algorithms, whose float rounding may differ
+    slightly from the heuristic choice of the eager path.
     ``dropped_voxels`` holds the device-side count of pillars that did not fit (``max_voxels_test``
     per scan), as OpenPCDet's voxelizer drops them; read it to check (it costs a sync).
     """
@@ -816,7 +835,7 @@ class GraphedPointPillars:
     PAD_VALUE = -1.0e4
 
     def __init__(self, model: PointPillars, example_points: torch.Tensor, example_lengths=None,
-                 max_points: int | None = None):
+                 max_points: int | None = None, cudnn_benchmark: bool = False):
         if not isinstance(model, PointPillars):
             raise TypeError(f"model: expected a PointPillars, got {type(model).__name__}")
         model._check_points(example_points, None)
@@ -837,15 +856,18 @@ class GraphedPointPillars:
         self.static_lengths = torch.full((self.batch_size,), self.max_points, dtype=torch.int32, device=self.device)
         self._fp = model._fast_params(self.device)
         self._copy_in(example_points, example_lengths)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), torch.no_grad():
-            for _ in range(3):
-                self._run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
-            self.outputs = self._run()
+        if not isinstance(cudnn_benchmark, bool):
+            raise TypeError(f"cudnn_benchmark: expected a bool, got {type(cudnn_benchmark).__name__}")
+        with _cudnn_benchmark(cudnn_benchmark):
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream), torch.no_grad():
+                for _ in range(3):
+                    self._run()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), torch.no_grad():
+                self.outputs = self._run()
 
     def _run(self) -> Detections:
         det, self.dropped_voxels = self.model._forward_static(self.static_points, self.static_lengths, self._fp)
