@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from common import bench, load_scan, parse_args, report, row
+from common import gpu_activities, bench, load_scan, parse_args, report, row
 
 from pcops.models.pointpillars import PointPillars
 from pcops.models.timing import StageTimer, null_timer
@@ -42,6 +42,9 @@ def stage_rows(model, pts, lengths, workload, impl, rep, base_stages):
         base = base_stages.get(name) if base_stages else None
         rows.append(row(f"{workload} stage {name}", impl, {**s, "runs": rep}, baseline=base))
     return rows, timer.summary()
+
+
+PROFILES: dict | None = {}  # per-kernel GPU time of some stages, written into the JSON notes
 
 
 def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=False):
@@ -71,6 +74,12 @@ def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=
             "post": lambda: model._post_fast(out),
         }
         rows = []
+        if cudnn_benchmark and PROFILES is not None:  # where the GPU time of the big stages goes
+            for name in ("backbone", "post"):
+                prof = gpu_activities(stages[name], iters=5)
+                if "per_call_us" in prof:
+                    prof["per_call_us"] = {k: round(v, 1) for k, v in list(prof["per_call_us"].items())[:12]}
+                PROFILES[f"{workload} {tag} {name}"] = prof
         total = 0.0
         impl = f"pcops graph {tag}{' cudnn.benchmark' if cudnn_benchmark else ''} (stage alone)"
         for name, fn in stages.items():
@@ -156,6 +165,7 @@ def main():
             rows += graph_stage_rows(model, [s.cuda() for s in scans], tag, max(10, rep // 3), workload="E2",
                                      cudnn_benchmark=True)
     model.impl, model.dtype = "reference", torch.float32
+    notes["gpu_activities (µs per call, top kernels)"] = PROFILES
     report(rows, "bench_pointpillars", args.out, notes)
 
 
