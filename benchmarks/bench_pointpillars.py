@@ -75,7 +75,7 @@ def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=
         }
         rows = []
         if cudnn_benchmark and PROFILES is not None:  # where the GPU time of the big stages goes
-            for name in ("backbone", "post"):
+            for name in ("voxelize", "pfn+scatter", "backbone", "post"):
                 prof = gpu_activities(stages[name], iters=5)
                 if "per_call_us" in prof:
                     prof["per_call_us"] = {k: round(v, 1) for k, v in list(prof["per_call_us"].items())[:12]}
