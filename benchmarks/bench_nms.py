@@ -16,10 +16,10 @@ Repetitions: 100 (``--quick``: 30) per row, except the slow rows: the baseline (
 N2) and, with ``--quick``, the Triton backend (10 at N1, 5 at N2: about 8 and 110 ms per call on
 the H200), so that ``--quick`` stays within about 35 s. Each row's ``runs`` says how many were timed; the notes give
 the wall-clock seconds spent per workload.
-* pass v2 rows (CUDA): the same pipeline with the private pipelined pass kernel ``nms_pass_v2``
-  (``pass_variant="v2"``; not the default), graph-captured and kernel-only; the notes'
-  ``pass_v2_equals_v1`` say per workload whether its outputs (pass kernel on the same mask,
-  padded N and padded 500) equal the default pass's, computed in the run.
+* pass v1 rows (CUDA): the same pipeline with the first pass kernel ``nms_pass``
+  (``pass_variant="v1"``; the default is the pipelined ``nms_pass_v2``), graph-captured and
+  kernel-only; the notes' ``pass_v2_equals_v1`` say per workload whether the outputs (pass kernel
+  on the same mask, padded N and padded 500) are equal, computed in the run.
 * ``torchvision.ops.nms`` on the boxes' axis-aligned bounds (an easier problem: no rotation);
   skipped with a note where torchvision is not installed.
 The peers measured elsewhere on the H200 (issue 5): OpenPCDet ``nms_gpu`` 2.2-2.5 ms (N1) and
@@ -82,8 +82,8 @@ def _impl(backend):
     return impl
 
 
-def pass_v2_impl():
-    """``pcops.cuda.nms`` with its private pipelined pass kernel (``pass_variant="v2"``), for
+def pass_impl(variant):
+    """``pcops.cuda.nms`` with the private pass kernel ``variant`` (``"v1"`` or ``"v2"``), for
     ``pcops.triton.nms.nms_bev`` (the path ``pcops.nms_bev(backend="cuda")`` takes, without the
     custom-op dispatch; rows with it are graph-captured or kernel-only, so that costs nothing)."""
     import functools
@@ -91,7 +91,7 @@ def pass_v2_impl():
 
     from pcops.cuda import nms as cuda_impl
 
-    return types.SimpleNamespace(nms_sorted=functools.partial(cuda_impl.nms_sorted, pass_variant="v2"))
+    return types.SimpleNamespace(nms_sorted=functools.partial(cuda_impl.nms_sorted, pass_variant=variant))
 
 
 def main():
@@ -145,31 +145,31 @@ def main():
             for stage, tt in (("sort", t_sort), ("mask kernel", t_mask), ("pass kernel", t_pass)):
                 rows.append(row(name, f"  stage {backend}: {stage}", tt, items=n, unit="boxes/s"))
             if backend == "cuda":
-                # the private pipelined pass kernel nms_pass_v2 (not the default): same mask, same sort
-                v2 = pass_v2_impl()
-                out1, c1 = impl.nms_pass(mask, boxes, scores, order, n)
+                # the first pass kernel nms_pass (v1) vs the default nms_pass_v2: same mask, same sort
+                v1, v2 = pass_impl("v1"), pass_impl("v2")
+                out1, c1 = impl.nms_pass(mask, boxes, scores, order, n, pass_variant="v1")
                 out2, c2 = impl.nms_pass(mask, boxes, scores, order, n, pass_variant="v2")
-                pad2 = lambda: tri.nms_bev(boxes, scores, None, thr, None, n, True, v2)
-                p1, p2 = pad(), pad2()
-                post1 = tri.nms_bev(boxes, scores, None, thr, None, 500, True, impl)
+                pad1 = lambda: tri.nms_bev(boxes, scores, None, thr, None, n, True, v1)
+                p1, p2 = pad1(), pad()
+                post1 = tri.nms_bev(boxes, scores, None, thr, None, 500, True, v1)
                 post2 = tri.nms_bev(boxes, scores, None, thr, None, 500, True, v2)
                 same = (out1.tolist() == out2.tolist() and int(c1) == int(c2) and p1[0].tolist() == p2[0].tolist()
                         and int(p1[1]) == int(p2[1]) and post1[0].tolist() == post2[0].tolist()
                         and int(post1[1]) == int(post2[1]))
                 notes["pass_v2_equals_v1"][name] = same
-                t = bench(pad2, warmup=w, rep=r, graph=True)
-                rows.append(row(name, "pcops cuda padded, graph (pass v2)", t, items=n, unit="boxes/s", baseline=base,
-                                equals_v1=same))
-                t = bench(lambda: impl.nms_pass(mask, boxes, scores, order, n, pass_variant="v2"), warmup=warm, rep=rep)
-                rows.append(row(name, "  stage cuda: pass kernel v2", t, items=n, unit="boxes/s", equals_v1=same))
+                t = bench(pad1, warmup=w, rep=r, graph=True)
+                rows.append(row(name, "pcops cuda padded, graph (pass v1)", t, items=n, unit="boxes/s", baseline=base,
+                                equals_v2=same))
+                t = bench(lambda: impl.nms_pass(mask, boxes, scores, order, n, pass_variant="v1"), warmup=warm, rep=rep)
+                rows.append(row(name, "  stage cuda: pass kernel v1", t, items=n, unit="boxes/s", equals_v2=same))
         if wl == "N1" and thr == 0.01:
             e1 = lambda: pcops.nms_bev(boxes, scores, thr, pre_max_size=4096, post_max_size=500, padded=True)
             t = bench(e1, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, "pcops pre 4096 / post 500, graph", t, items=n, unit="boxes/s", baseline=base))
-            v2 = pass_v2_impl()
-            e1v2 = lambda: tri.nms_bev(boxes, scores, None, thr, 4096, 500, True, v2)
-            t = bench(e1v2, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, "pcops cuda pre 4096 / post 500, graph (pass v2)", t, items=n, unit="boxes/s",
+            v1 = pass_impl("v1")
+            e1v1 = lambda: tri.nms_bev(boxes, scores, None, thr, 4096, 500, True, v1)
+            t = bench(e1v1, warmup=warm, rep=rep, graph=True)
+            rows.append(row(name, "pcops cuda pre 4096 / post 500, graph (pass v1)", t, items=n, unit="boxes/s",
                             baseline=base))
         notes["wall_s"][name] = round(time.perf_counter() - t0, 2)
     report(rows, "nms", args.out, notes=notes)

@@ -64,13 +64,13 @@ _PASS_KERNELS = {"v1": "nms_pass", "v2": "nms_pass_v2"}
 
 
 def nms_pass(mask: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, order: torch.Tensor,
-             out_len: int, *, pass_variant: str = "v1") -> tuple[torch.Tensor, torch.Tensor]:
+             out_len: int, *, pass_variant: str = "v2") -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy pass in one block of 1024 threads (1 launch): ``(indices (out_len,) −1 padded, count ())``.
 
     Args:
         mask: from :func:`nms_mask`; boxes ``(N, C)`` and scores ``(N,)`` float32 contiguous.
-        pass_variant: private, for benchmarking: ``"v1"`` (default, ``nms_pass``) or ``"v2"``
-            (``nms_pass_v2``: pipelined, warp-level tile resolve; the same outputs).
+        pass_variant: private, for benchmarking: ``"v2"`` (default, ``nms_pass_v2``: pipelined,
+            warp-level tile resolve) or ``"v1"`` (``nms_pass``, the first version; the same outputs).
     """
     if pass_variant not in _PASS_KERNELS:
         raise ValueError(f"pass_variant: expected one of {sorted(_PASS_KERNELS)}, got {pass_variant!r}")
@@ -88,7 +88,7 @@ def nms_pass(mask: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, orde
 
 
 def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int, *,
-               pass_variant: str = "v1") -> tuple[torch.Tensor, torch.Tensor]:
+               pass_variant: str = "v2") -> tuple[torch.Tensor, torch.Tensor]:
     """Bitmask + greedy pass on score-sorted boxes; no host sync (2 launches, plus casts for
     non-float32 inputs).
 
@@ -98,7 +98,7 @@ def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int,
         order: ``(M,)`` int64 sorted position → box index, ``M ≤ 64 · MAX_WORDS``.
         groups: ``(M,)`` int64 group per sorted box, or None.
         out_len: length of the −1 padded output.
-        pass_variant: private, the greedy pass kernel (see :func:`nms_pass`); default ``"v1"``.
+        pass_variant: private, the greedy pass kernel (see :func:`nms_pass`); default ``"v2"``.
     Returns:
         ``(indices (out_len,) int64, count () int64)``.
     """
