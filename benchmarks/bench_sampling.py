@@ -80,6 +80,47 @@ def timed(fn, rep, quick, warm=None):
     return bench(fn, warmup=5, rep=max(50, rep // (2 if quick else 1))), result
 
 
+# csrc/fps.cu variants measured on every run (the lead picks the default from these rows):
+# (variant, smallest cluster size). fps_tile_* takes the fewest CTAs that hold the cloud, at least
+# the given number: F1 (16,384 points) 1, 2 or 4 CTAs per cloud, F2 (120,268 points) 8.
+FPS_VARIANTS = {
+    "F1": [("tile", 1), ("tile", 2), ("tile_async", 2), ("tile", 4), ("tile_async", 4), ("pruned", 1)],
+    "F2": [("tile", 8), ("tile_async", 8), ("pruned", 1)],
+}
+
+
+def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
+    """One row per csrc/fps.cu variant (``fps <variant> c<CTAs per cloud>``), the Morton sort alone,
+    and notes: the kernel each row launched and whether its indices equal Triton's."""
+    from pcops.cuda import sampling as cu
+
+    out = []
+    saved = (cu._VARIANT, cu._tile_min_cluster)
+    ok = cu.fps_supported(pts)
+    for variant, min_cluster in FPS_VARIANTS[wl[:2]] if ok else []:
+        cu._VARIANT, cu._tile_min_cluster = variant, min_cluster
+        fps = lambda mm=m: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
+        try:
+            t, got = timed(fps, rep, quick, warm=lambda: fps(32))
+        except Exception as e:  # report, keep benchmarking the rest
+            notes[f"{wl} {variant} c{min_cluster} error"] = repr(e)[:300]
+            continue
+        launch = cu.last_launch
+        cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
+        label = f"fps {variant} c{cluster}" if cluster else f"fps {variant} (cluster kernel)"
+        same = bool(torch.equal(got, expected)) if expected is not None else None
+        notes[f"{wl} {label}"] = f"{launch}; identical to triton: {same}"
+        out.append(row(wl, label, t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
+                       identical_to_triton=same, kernel=launch))
+    cu._VARIANT, cu._tile_min_cluster = saved
+    if ok:
+        lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
+        dummy = torch.empty(0, dtype=torch.int64, device=pts.device)
+        prep = bench(lambda: cu._Inputs(pts, lengths, lengths, dummy, m).sorted(), warmup=3, rep=20)
+        out.append(row(wl, "fps prep only (Morton sort)", prep))
+    return out
+
+
 def tuning_rows(clouds, xyz):
     """KNN tile shapes and FPS points-per-thread targets, a few repetitions each."""
     from pcops.cuda import sampling as cuda_fps
@@ -143,6 +184,7 @@ def main():
             same = bool(torch.equal(got, expected)) if expected is not None else None
             rows.append(row(wl, f"pcops fps {backend}", t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
                             identical_to_triton=same))
+        rows.extend(fps_variant_rows(wl, pts, m, base, expected, rep, args.quick, notes))
         if wl.startswith("F2"):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

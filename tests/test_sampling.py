@@ -438,7 +438,7 @@ def load_scan_xyz():
     pytest.skip("real KITTI samples not found (../shared/data or .gpu/data)")
 
 
-@pytest.mark.parametrize("variant", ["keys", "lazy", "flat", "pruned"])
+@pytest.mark.parametrize("variant", ["keys", "lazy", "flat", "pruned", "tile", "tile_async"])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_fps_variants_through_the_op(variant, monkeypatch):
@@ -601,6 +601,10 @@ def test_fps_cu_compiles_with_every_entry_point():
         for ppt in (4, 8, 16):  # every points-per-thread a 16-CTA cluster can need
             assert cu._kernel_name(variant, 16, ppt, runtime_shape=True).encode() in cubin
     assert cu._kernel_name("pruned", 8, 32, False).encode() in cubin
+    for cluster in cu._TILE_CLUSTERS:
+        for exchange in ("bar", "async"):
+            assert cu._tile_kernel_name(cluster, exchange).encode() in cubin
+    assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
     assert cu._kernel_name("flat", 16, 4, False) == "fps_lazy_c16_p4"
 
@@ -656,6 +660,94 @@ def test_pruned_fps_model_is_exact(kitti_dir):
     assert skipped > 0.5  # most group updates are skipped
 
 
+def morton_permutation(p):
+    """numpy: indices of ``p (N, 3)`` in Morton order of 10-bit cells of its box (any order is exact)."""
+    cells = np.clip(((p - p.min(0)) / np.maximum(p.max(0) - p.min(0), 1e-6) * 1023).astype(np.int64), 0, 1023)
+    code = np.zeros(p.shape[0], dtype=np.int64)
+    for bit in range(10):
+        for axis in range(3):
+            code |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
+    return np.argsort(code, kind="stable")
+
+
+def tile_fps_model(points, m, start, cluster, warps=16):
+    """A numpy model of csrc/fps.cu's fps_tile kernel for one cloud: Morton-sorted points split
+    over ``cluster`` CTAs; in each, 32-point groups dealt round-robin to ``warps`` warps, each group
+    with a box and its maximum min-distance; only groups whose box is not farther than that maximum
+    update; a warp recomputes its record (max, lowest original index among its groups holding the
+    max) only if one of its groups updated, else republishes it; the records of all warps of all
+    CTAs are reduced to (largest distance, lowest index). Returns (indices, fraction of group updates)."""
+    p = points.numpy().astype(np.float32)
+    n = p.shape[0]
+    perm = morton_permutation(p)
+    s = p[perm]
+    share = -(-n // cluster)
+    # groups of every CTA: (rank, first sorted position, end), the warp that owns each
+    groups, owner = [], []
+    for rank in range(cluster):
+        lo, hi = rank * share, min((rank + 1) * share, n)
+        for g, g0 in enumerate(range(lo, hi, 32)):
+            groups.append(slice(g0, min(g0 + 32, hi)))
+            owner.append((rank, g % warps))
+    lo_box = np.stack([s[g].min(0) for g in groups])
+    hi_box = np.stack([s[g].max(0) for g in groups])
+    gmax = np.full(len(groups), np.inf, dtype=np.float32)
+    min_d = np.full(n, np.inf, dtype=np.float32)
+    warp_groups: dict = {}
+    for g, w in enumerate(owner):
+        warp_groups.setdefault(w, []).append(g)
+    records = {w: (-1.0, -1, None) for w in warp_groups}
+    out, sel, updates = [start], start, 0
+    for _ in range(min(m, n) - 1):
+        c = p[sel]
+        gap = np.maximum(np.maximum(lo_box - c, c - hi_box), np.float32(0))
+        lower = (gap[:, 0] * gap[:, 0] + gap[:, 1] * gap[:, 1]) + gap[:, 2] * gap[:, 2]
+        need = ~(lower > gmax)
+        updates += int(need.sum())
+        for g in np.flatnonzero(need):
+            sl = groups[g]
+            d = s[sl] - c
+            upd = np.minimum(min_d[sl], (d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1]) + d[:, 2] * d[:, 2])
+            upd[perm[sl] == sel] = -1
+            min_d[sl] = upd
+            gmax[g] = upd.max()
+        for w, gs in warp_groups.items():
+            if not need[gs].any():
+                continue  # republished unchanged
+            best = gmax[gs].max()
+            if best < 0:
+                records[w] = (-1.0, -1, None)
+                continue
+            cands = [int(perm[groups[g]][min_d[groups[g]] == best].min()) for g in gs if gmax[g] == best]
+            records[w] = (best, min(cands), None)
+        best = max(r[0] for r in records.values())
+        sel = min(r[1] for r in records.values() if r[0] == best)
+        out.append(sel)
+    return out + [-1] * (m - len(out)), updates / max(1, len(groups) * (min(m, n) - 1))
+
+
+@pytest.mark.parametrize("cluster", [1, 2, 4])
+def test_tile_fps_model_is_exact(kitti_dir, cluster):
+    """fps_tile's bookkeeping (group boxes, cached warp records, the two-level reduction) changes no
+    index, ties included (duplicated points), whatever the number of CTAs."""
+    raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
+    pts = torch.from_numpy(raw[torch.randperm(raw.shape[0], generator=generator(3))[:2500].numpy(), :3].copy())
+    pts[1::4] = pts[0:-1:4][: pts[1::4].shape[0]]  # duplicates: exact ties
+    got, updated = tile_fps_model(pts, 1300, 11, cluster)
+    assert got == fps_oracle(pts, 1300, 11)
+    assert updated < 0.3  # most group updates are skipped
+
+
+def test_tile_plan():
+    from pcops.cuda import sampling as cu
+
+    assert cu._tile_plan(1) == 1 and cu._tile_plan(16384) == 1  # F1: one CTA per cloud
+    assert cu._tile_plan(16385) == 2 and cu._tile_plan(16384, min_cluster=4) == 4
+    assert cu._tile_plan(120268) == 8  # F2: 8 CTAs of 15,034 points
+    assert cu._tile_plan(131072) == 8 and cu._tile_plan(131073) is None
+    assert cu._tile_kernel_name(1, "async") == "fps_tile_c1" and cu._tile_kernel_name(8, "async") == "fps_tile_async_c8"
+
+
 def test_fps_cluster_config():
     from pcops.cuda import sampling as cu
 
@@ -707,6 +799,30 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
     inputs = cu._Inputs(pts, lengths, start, out, m)
     getattr(cu, launch)(inputs, cluster, ppt, variant)
     assert torch.equal(out, expected), cu.last_launch
+
+
+@pytest.mark.parametrize("exchange", ["bar", "async"])
+@pytest.mark.parametrize("cluster", [1, 2, 4, 8])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_kernels(cluster, exchange):
+    """Every fps_tile entry point launched directly: uneven batches with ties, an F1-like batch, and
+    (8 CTAs) the whole 120k scan size; indices identical to the reference."""
+    from pcops.cuda import sampling as cu
+
+    if cluster == 1 and exchange == "async":
+        pytest.skip("one CTA: no exchange variant")
+    cases = [(3, 1000, 1000, True), (2, 4099, 2600, True), (8, 16384, 256, False), (2, 40000, 256, False)]
+    if cluster == 8:
+        cases.append((1, 120268, 128, False))
+    for batch, n, m, dup in cases:
+        if cu._tile_plan(n, min_cluster=cluster) != cluster:
+            continue
+        pts, lengths, start, expected = fps_case(batch, n, m, duplicates=dup, scale=1.0 if dup else 10.0,
+                                                 seed=1 if n == 4099 else None)
+        out = torch.full((batch, m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile(cu._Inputs(pts, lengths, start, out, m), cluster, exchange)
+        assert torch.equal(out, expected), (n, cu.last_launch)
 
 
 # --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --

@@ -15,6 +15,12 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
 - ``"pruned"``: the cloud is first sorted along a Morton curve (one Triton kernel and a sort) so
   each warp owns a compact run of points with a bounding box; a warp skips its update whenever
   its box is farther from the new sample than its largest min-distance (exact, see the kernel).
+- ``"tile"`` / ``"tile_async"`` (``fps_tile_*``): Morton-sorted as ``"pruned"``, but each CTA keeps
+  up to 16,384 points in shared memory with one box per 32-point group, and updates only the
+  groups that can change; a cloud of ``N`` points takes ``C = 1, 2, 4, 8`` CTAs (the fewest with
+  ``ceil(N / C) <= 16,384``, at least ``_tile_min_cluster``). One exchange per step: C = 1 a
+  ``__syncthreads``; C > 1 one cluster barrier (``"tile"``) or st.async stores completing on the
+  receivers' mbarriers, no barrier (``"tile_async"``). Clouds over 131,072 points use ``"pruned"``.
 """
 from __future__ import annotations
 
@@ -29,7 +35,13 @@ _THREADS = 512
 _MAX_PPT = 16
 _TARGET_PPT = 4  # points per thread before another CTA joins the cluster
 _VARIANT = "pruned"  # measured choice goes here; every variant is tested on the GPU
-_VARIANTS = ("keys", "lazy", "flat", "pruned")
+_VARIANTS = ("keys", "lazy", "flat", "pruned")  # fps_cluster kernels
+_TILE_VARIANTS = ("tile", "tile_async")  # fps_tile kernels; clouds they cannot hold use "pruned"
+_TILE_THREADS = 512
+_TILE_CAP = 16384  # points per CTA of fps_tile_* (coordinates in shared memory)
+_TILE_CLUSTERS = (1, 2, 4, 8)
+_tile_min_cluster = 1  # benchmarks may spread small clouds over more CTAs
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
 
@@ -67,13 +79,14 @@ def _plan(n: int, index: int) -> tuple[int, int] | None:
     still covers 131,072 points with 8 CTAs of 32 points per thread (``fps_pruned_c8_p32``)."""
     max_cluster = _max_cluster.get(index, 16)
     config = _config(n, max_cluster)
-    if config is None and max_cluster == 8 and _VARIANT == "pruned":
+    if config is None and max_cluster == 8 and _VARIANT in ("pruned", *_TILE_VARIANTS):
         config = _config(n, 8, max_ppt=32)
     return config
 
 
 def _kernel_name(variant: str, cluster: int, ppt: int, runtime_shape: bool) -> str:
     """The ``csrc/fps.cu`` entry point: compile-time cluster shape, or runtime-shaped (``_rt_``)."""
+    variant = "pruned" if variant in _TILE_VARIANTS else variant  # clouds too large for fps_tile
     if runtime_shape:
         prefix = {"keys": "fps", "lazy": "fps_lazy", "flat": "fps_lazy", "pruned": "fps_pruned"}[variant]
         return f"{prefix}_rt_p{ppt}"
@@ -116,20 +129,27 @@ class _Inputs:
     def __init__(self, points, lengths, start_idx, out, num_samples):
         self.points, self.lengths, self.start_idx, self.out = points, lengths, start_idx, out
         self.num_samples = num_samples
+        self.cap = 0  # fps_tile_*: floats per coordinate array in shared memory
         self._sorted = None
 
     def args(self, name: str) -> list:
         n = self.points.shape[1]
         tail = [self.lengths, self.start_idx, self.out, ctypes.c_int(n), ctypes.c_int(self.num_samples)]
+        if name.startswith("fps_tile"):
+            return [self.points, *self.sorted(), *tail, ctypes.c_int(self.cap)]
         if not name.startswith("fps_pruned"):
             return [self.points, *tail]
+        return [self.points, *self.sorted(), *tail]
+
+    def sorted(self) -> tuple:
+        """``(points in Morton order per cloud, original index of each sorted point (int32))``."""
         if self._sorted is None:
             from ..triton.sampling import _morton_order
 
             perm = _morton_order(self.points, self.lengths)
             ordered = torch.gather(self.points, 1, perm[..., None].expand(-1, -1, 3)).contiguous()
             self._sorted = (ordered, perm.to(torch.int32))
-        return [self.points, *self._sorted, *tail]
+        return self._sorted
 
 
 def _launch(inputs: _Inputs, cluster: int, ppt: int, variant: str | None = None) -> None:
@@ -172,6 +192,42 @@ def _launch_ex(inputs: _Inputs, cluster: int, ppt: int, variant: str | None = No
     _note(f"{name} (cuLaunchKernelEx, cluster {cluster}, {resident.value} clusters resident at once)")
 
 
+def _tile_plan(n: int, min_cluster: int | None = None) -> int | None:
+    """Cluster size of ``fps_tile_*`` for clouds of ``n`` points (the fewest CTAs of at most
+    ``_TILE_CAP`` points each, at least ``min_cluster``), or None above 8 × 16,384 points."""
+    lowest = _tile_min_cluster if min_cluster is None else min_cluster
+    for cluster in _TILE_CLUSTERS:
+        if cluster >= lowest and triton.cdiv(n, cluster) <= _TILE_CAP:
+            return cluster
+    return None
+
+
+def _tile_kernel_name(cluster: int, exchange: str) -> str:
+    if cluster == 1:
+        return "fps_tile_c1"  # no cluster: a __syncthreads is the exchange
+    return f"fps_tile_async_c{cluster}" if exchange == "async" else f"fps_tile_c{cluster}"
+
+
+_tile_smem_set: set = set()
+
+
+def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar") -> None:
+    """``fps_tile_*`` (compile-time cluster shape, cuLaunchKernel) with ``12 * cap`` bytes of
+    dynamic shared memory, ``cap = ceil(N / C)`` rounded up to 32 (at most 196,608 bytes)."""
+    name = _tile_kernel_name(cluster, exchange)
+    device = inputs.points.device
+    kernel = get_kernel("fps.cu", name, device)
+    if (name, device) not in _tile_smem_set:
+        status = _cuda().cuFuncSetAttribute(kernel._func, _MAX_DYNAMIC_SHARED_SIZE_BYTES, 12 * _TILE_CAP)
+        if status != 0:
+            raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
+        _tile_smem_set.add((name, device))
+    batch, n, _ = inputs.points.shape
+    inputs.cap = triton.cdiv(triton.cdiv(n, cluster), 32) * 32
+    kernel((cluster, batch), (_TILE_THREADS,), inputs.args(name), shared_mem=12 * inputs.cap)
+    _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
+
+
 def farthest_point_sample(
     points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int
 ) -> torch.Tensor:
@@ -189,6 +245,11 @@ def farthest_point_sample(
     index = points.device.index if points.device.index is not None else torch.cuda.current_device()
     config = _plan(n, index) if batch <= 65535 else None
     inputs = _Inputs(points, lengths, start_idx, out, num_samples)
+    if _VARIANT in ("tile", "tile_async") and batch <= 65535:
+        cluster = _tile_plan(n)
+        if cluster is not None:
+            _launch_tile(inputs, cluster, "async" if _VARIANT == "tile_async" else "bar")
+            return out
     if config is not None and config[0] > 8:
         # non-portable cluster size: the launch-attribute path, then the compile-time shape
         for launch in (_launch_ex, _launch):
