@@ -8,15 +8,24 @@ Baselines: a plain-torch segment softmax (``scatter_reduce`` amax + exp + ``inde
 row index of every entry precomputed, as graph libraries keep it) and ``torch.sparse.softmax``
 on the equivalent COO tensor. pcops: Triton and CUDA C++ (NVRTC) both.
 
-Backward variants (``pcops.triton.fused.BWD_VARIANTS``, not the default): for each of L1-L3,
-graph-captured rows ``pcops triton bwd=<variant> (fwd+bwd)`` (the public op and autograd, the
-variant selected with the module-level ``BWD_VARIANT``) and ``(bwd kernel)`` rows timing the
-backward op alone (``torch.ops.pcops.layer_norm_gelu_backward``; floor: x, dy read, dx written)
-for the default and each variant; the notes record each variant's max |gradient − default's|
-(dx, dweight, dbias), its grid, and the per-kernel GPU time of L2 fwd+bwd (torch profiler).
-The fwd+bwd rows include autograd's accumulation into ``x.grad`` (the leaves keep their grads
-across calls): ``+3·M·N·size`` bytes not in ``floor``. ``--bwd-variants a,b`` picks the
-variants (``none``: skip).
+fwd+bwd rows: ``y = f(x, w, b); y.backward(dy)`` with the leaves' ``.grad`` reset to None
+before each call (what ``optimizer.zero_grad()`` does by default since torch 2.0), so autograd
+hands the backward's gradient tensors over instead of adding them into existing ones; every
+implementation is timed the same way. ``(fwd+bwd, accumulate)``: pcops with the grads kept
+across calls (autograd then adds dx into x.grad: one more elementwise kernel moving
+``3·M·N·size`` bytes, 0.048 ms on L2 — the gap between fwd + bwd kernel and fwd+bwd measured
+before). ``launches per call`` (printed, and in the notes): GPU kernels one eager call runs
+(torch profiler), pcops fwd and fwd+bwd.
+
+Backward variants (``pcops.triton.fused.BWD_VARIANTS``; the default is "tiled"): for each of
+L1-L3, graph-captured rows ``pcops triton bwd=<variant> (fwd+bwd)`` (the public op and
+autograd, the variant selected with the module-level ``BWD_VARIANT``) and ``(bwd kernel)`` rows
+timing the backward op alone (``torch.ops.pcops.layer_norm_gelu_backward``: backward kernel +
+column sum; floor: x, dy read, dx written) for the default and each variant; the notes record
+each variant's max |gradient − default's| (dx, dweight, dbias), its grid, the autotuned forward
+config and the per-kernel GPU time of L2 fwd+bwd (torch profiler). ``--bwd-variants a,b``
+picks the variants (default: every non-default entry; ``rowrange``: the row-range kernel,
+0.34 ms on L2, autotuned on first use; ``none``: skip).
 
 Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
 checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
@@ -73,7 +82,19 @@ def timed_pair(rows, wl, impl, fn, rep, floor_ms, items, baseline=None, graph=Tr
     return out
 
 
-def bench_layer_norm(rows, rep, compile_baseline, variants=(), variant_notes=None):
+def count_launches(wl, fns):
+    """GPU kernels per eager call of each ``fns`` entry (torch profiler, 3 calls); printed."""
+    out = {}
+    for name, fn in fns.items():
+        act = gpu_activities(fn, iters=3)
+        out[name] = {"launches": act.get("kernels"), "copies": act.get("copies"), "gpu_us": act.get("gpu_us"),
+                     "per_call_us": act.get("per_call_us"), **({"error": act["error"]} if "error" in act else {})}
+        print(f"{wl} {name}: {act.get('kernels')} launches per call ({act.get('copies')} copies), "
+              f"GPU {act.get('gpu_us', float('nan')):.1f} µs")
+    return out
+
+
+def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant_notes=None):
     compiled = torch.compile(torch_ln_gelu, dynamic=False) if compile_baseline else None
     for wl, m, n, dtype in LN_WORKLOADS:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -95,8 +116,13 @@ def bench_layer_norm(rows, rep, compile_baseline, variants=(), variant_notes=Non
             base = base or t
         xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
 
-        def fwd_bwd(f):
-            return lambda: f(xr, wr, br).backward(dy)
+        def fwd_bwd(f, accumulate=False):
+            def run():
+                if not accumulate:
+                    xr.grad = wr.grad = br.grad = None  # zero_grad(set_to_none=True)
+                f(xr, wr, br).backward(dy)
+
+            return run
 
         fb = {"torch eager": fwd_bwd(torch_ln_gelu), "pcops triton": fwd_bwd(pcops_ln_gelu)}
         if compiled is not None:
@@ -105,6 +131,13 @@ def bench_layer_norm(rows, rep, compile_baseline, variants=(), variant_notes=Non
         for impl, fn in fb.items():
             t = timed_pair(rows, wl, impl + " (fwd+bwd)", fn, rep, fb_floor, m, base)
             base = base or t
+        graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)", fwd_bwd(pcops_ln_gelu, accumulate=True), rep,
+                  fb_floor, m, (base or {}).get(True))
+        config = getattr(tri._layer_norm_gelu_fwd_tuned, "best_config", None)
+        launches[wl] = {"fwd_config": str(config), **count_launches(wl, {
+            "fwd": lambda: pcops_ln_gelu(x, w, b), "fwd+bwd": fwd_bwd(pcops_ln_gelu),
+            "fwd+bwd, accumulate": fwd_bwd(pcops_ln_gelu, accumulate=True)})}
+        print(f"{wl}: autotuned forward config {config}")
         if variants or variant_notes is not None:
             bench_bwd_variants(rows, rep, wl, x, w, b, dy, (base or {}).get(True), list(variants),
                                variant_notes if variant_notes is not None else {})
@@ -123,12 +156,13 @@ def graph_row(rows, wl, impl, fn, rep, floor_ms, items, baseline=None):
 
 
 def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
-    """The selectable backward variants on one workload (graph-captured); fills ``notes[wl]``."""
+    """The backward variants on one workload (graph-captured) against the default; fills ``notes[wl]``."""
     m, n = x.shape
     size = x.element_size()
     fb_floor = 5 * m * n * size / BANDWIDTH * 1e3
     bwd_floor = 3 * m * n * size / BANDWIDTH * 1e3
     _, mean, rstd = torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None)
+    default = tri.BWD_VARIANT
 
     def bwd_op():
         return torch.ops.pcops.layer_norm_gelu_backward(dy, x, w, b, mean, rstd, "tanh", 0.0, None)
@@ -138,13 +172,19 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
         pcops_ln_gelu(*leaves).backward(dy)
         return [t.grad.float() for t in leaves]
 
-    info = {}
-    bwd_base = None
     xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
+
+    def fwd_bwd():
+        xr.grad = wr.grad = br.grad = None
+        pcops_ln_gelu(xr, wr, br).backward(dy)
+
+    info = {"default": default}
+    bwd_base = None
     try:
-        tri.BWD_VARIANT = None
+        tri._TILED_LAST.clear()
         reference = grads()
-        bwd_base = graph_row(rows, wl, "pcops triton bwd=default (bwd kernel)", bwd_op, rep, bwd_floor, m)
+        info["default_launch"] = dict(tri._TILED_LAST)
+        bwd_base = graph_row(rows, wl, f"pcops triton bwd={default} (default) (bwd kernel)", bwd_op, rep, bwd_floor, m)
         for name in variants:
             tri.BWD_VARIANT = name
             tri._TILED_LAST.clear()
@@ -154,25 +194,20 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
             plan = dict(tri._TILED_LAST)  # BLOCK_M, num_warps, programs of the launch grads() made
             info[name] = {"max_abs_diff_vs_default": diff, "max_abs_default": scale, **plan}
             print(f"{wl} bwd={name}: max |grad - default| {diff}; launch {plan}")
-            fb = graph_row(rows, wl, f"pcops triton bwd={name} (fwd+bwd)", lambda: pcops_ln_gelu(xr, wr, br).backward(dy),
-                           rep, fb_floor, m, fb_base)
+            fb = graph_row(rows, wl, f"pcops triton bwd={name} (fwd+bwd)", fwd_bwd, rep, fb_floor, m, fb_base)
             bw = graph_row(rows, wl, f"pcops triton bwd={name} (bwd kernel)", bwd_op, rep, bwd_floor, m, bwd_base)
             info[name]["fwd+bwd_graph_ms"] = fb and fb["median_ms"]
             info[name]["bwd_graph_ms"] = bw and bw["median_ms"]
-        if wl == "L2":  # where the GPU time of fwd+bwd goes, default vs the first variant
-            fn = lambda: pcops_ln_gelu(xr, wr, br).backward(dy)  # noqa: E731
-            tri.BWD_VARIANT = None
-            info["profile_fwd+bwd_default"] = gpu_activities(fn)
-            if variants:
-                tri.BWD_VARIANT = variants[0]
-                info[f"profile_fwd+bwd_{variants[0]}"] = gpu_activities(fn)
+        if wl == "L2":  # where the GPU time of fwd+bwd goes
+            tri.BWD_VARIANT = default
+            info[f"profile_fwd+bwd_{default}"] = gpu_activities(fwd_bwd)
     finally:
-        tri.BWD_VARIANT = None
+        tri.BWD_VARIANT = default
     info["default_bwd_graph_ms"] = bwd_base and bwd_base["median_ms"]
     notes[wl] = info
 
 
-def bench_sparse_softmax(rows, rep):
+def bench_sparse_softmax(rows, rep, launches):
     torch.manual_seed(0)
     lengths = torch.randint(1, 65, (Q1_ROWS,))
     crow = torch.zeros(Q1_ROWS + 1, dtype=torch.int64)
@@ -202,15 +237,31 @@ def bench_sparse_softmax(rows, rep):
         base = base or t
     vr = values.clone().requires_grad_(True)
     dy = torch.randn(nnz, device="cuda")
+
+    def fwd_bwd(f, accumulate=False):
+        def run():
+            if not accumulate:
+                vr.grad = None  # zero_grad(set_to_none=True), as the LayerNorm rows
+            f().backward(dy)
+
+        return run
+
     fb = {
-        "torch segment softmax": lambda: segment_softmax(vr, row_ids, Q1_ROWS).backward(dy),
-        "pcops triton": lambda: pcops.sparse_softmax(vr, crow, backend="triton").backward(dy),
-        "pcops cuda": lambda: pcops.sparse_softmax(vr, crow, backend="cuda").backward(dy),
+        "torch segment softmax": fwd_bwd(lambda: segment_softmax(vr, row_ids, Q1_ROWS)),
+        "pcops triton": fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton")),
+        "pcops cuda": fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="cuda")),
     }
     base = None
     for impl, fn in fb.items():
         t = timed_pair(rows, wl, impl + " (fwd+bwd)", fn, rep, fb_floor, Q1_ROWS, base)
         base = base or t
+    graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)",
+              fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton"), accumulate=True), rep, fb_floor,
+              Q1_ROWS, (base or {}).get(True))
+    for backend in ("triton", "cuda"):
+        launches[f"Q1 {backend}"] = count_launches(f"Q1 {backend}", {
+            "fwd": lambda: pcops.sparse_softmax(values, crow, backend=backend),
+            "fwd+bwd": fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend=backend))})
 
 
 def main():
@@ -228,33 +279,38 @@ def main():
     rep = 50 if args.quick else 100
     rows = []
     t0 = time.perf_counter()
-    bench_sparse_softmax(rows, rep)
+    launches = {}
+    bench_sparse_softmax(rows, rep, launches)
     t1 = time.perf_counter()
+    known_variants = [*tri.BWD_VARIANTS, "rowrange"]
     if known.bwd_variants == "all":
-        variants = list(tri.BWD_VARIANTS)
+        variants = [v for v in tri.BWD_VARIANTS if v != tri.BWD_VARIANT]
     elif known.bwd_variants == "none":
         variants = []
     else:
-        variants = [v for v in known.bwd_variants.split(",") if v]
-        unknown = [v for v in variants if v not in tri.BWD_VARIANTS]
+        variants = [v for v in known.bwd_variants.split(",") if v and v != tri.BWD_VARIANT]
+        unknown = [v for v in variants if v not in known_variants]
         if unknown:
-            raise SystemExit(f"--bwd-variants: unknown {unknown}; known: {list(tri.BWD_VARIANTS)}")
+            raise SystemExit(f"--bwd-variants: unknown {unknown}; known: {known_variants}")
     variant_notes = {} if variants else None
-    bench_layer_norm(rows, rep, compile_baseline=not known.no_compile, variants=variants, variant_notes=variant_notes)
+    bench_layer_norm(rows, rep, compile_baseline=not known.no_compile, launches=launches, variants=variants,
+                     variant_notes=variant_notes)
     t2 = time.perf_counter()
     notes = {
         "bandwidth_for_floor": BANDWIDTH,
         "goals_ms": {"L2 fwd": 0.045, "L2 fwd+bwd": 0.12, "L1 fwd": 0.012, "Q1 fwd": 0.03, "Q1 fwd+bwd": 0.07},
         "wall_s": {"Q1 (incl. autotune, NVRTC)": t1 - t0, "L1-L3 (incl. autotune, torch.compile)": t2 - t1},
         "timing": "eager rows include host launch cost; [graph] rows are CUDA-graph replays of the same call",
+        "fwd+bwd": "leaves' .grad reset to None before each call (zero_grad(set_to_none=True)); "
+                   "'accumulate' rows keep them (autograd adds dx into x.grad)",
+        "launches_per_call": launches,
     }
     if variant_notes is not None:
         notes["bwd_variants"] = {
-            "what": "LayerNorm+GELU backward variants (pcops.triton.fused.BWD_VARIANTS; the default kernel is "
-                    "unchanged). max_abs_diff_vs_default: max |variant - default| of dx, dweight, dbias "
-                    "(float32 of the outputs; max_abs_default gives the scale); fwd+bwd rows include autograd's "
-                    "x.grad accumulation",
-            "predicted_ms": {"L2 bwd kernel": 0.058, "L2 fwd+bwd": 0.16, "L1 fwd+bwd": 0.04, "L3 fwd+bwd": 0.08},
+            "what": f"LayerNorm+GELU backward variants (pcops.triton.fused.BWD_VARIANTS; default "
+                    f"{tri.BWD_VARIANT!r}). max_abs_diff_vs_default: max |variant - default| of dx, dweight, dbias "
+                    "(float32 of the outputs; max_abs_default gives the scale); fwd+bwd rows with grads reset",
+            "predicted_ms": {"L2 bwd kernel": 0.08, "L2 fwd+bwd": 0.13, "L2 fwd": 0.045},
             **variant_notes,
         }
     report(rows, "fused", args.out, notes=notes)

@@ -277,9 +277,14 @@ def _lng_setup_context(ctx, inputs, output):
     ctx.approximate = approximate
     ctx.dropout_p = dropout_p
     ctx.mark_non_differentiable(mean, rstd)
+    # mean/rstd never receive a gradient: without this autograd would fill two (rows,) zero
+    # tensors (two extra launches per backward) only for the backward to ignore them
+    ctx.set_materialize_grads(False)
 
 
 def _lng_backward(ctx, grad_y, _grad_mean, _grad_rstd):
+    if grad_y is None:  # y unused by the loss (possible now that grads are not materialised)
+        return None, None, None, None, None, None, None
     x, weight, bias, mean, rstd, seed = ctx.saved_tensors
     dx, dweight, dbias = torch.ops.pcops.layer_norm_gelu_backward(
         grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.approximate, ctx.dropout_p, seed

@@ -388,6 +388,56 @@ def test_triton_layer_norm_gelu_interpreter(rows, width, max_block_n, approximat
         torch.testing.assert_close(a, e, **GRAD_TOL[dtype])
 
 
+@pytest.mark.parametrize("rows,width,block_m,tiles", [(13, 16, 2, 4), (9, 5, 4, 2), (3, 8, 1, 4), (17, 64, 4, 4)])
+@interpret
+def test_triton_layer_norm_gelu_tiles_interpreter(rows, width, block_m, tiles):
+    """Several prefetched tiles per program: ragged last program, rows past M, even and odd widths."""
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(rows, width, seed=rows + 7 * width, dtype=torch.bfloat16)
+    y, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", block_m=block_m, num_warps=1, tiles=tiles)
+    yr, mr, rr = ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    torch.testing.assert_close(y, yr, **TOL[torch.bfloat16])
+    torch.testing.assert_close(mean, mr, **TOL[torch.float32])
+    torch.testing.assert_close(rstd, rr, **TOL[torch.float32])
+    seed, p = torch.tensor([77]), 0.25
+    keep = tri.dropout_keep_mask(seed, (rows, width), p)
+    y, _, _ = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, seed, block_m=block_m, num_warps=1, tiles=tiles)
+    torch.testing.assert_close(y, ref.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, keep)[0], **TOL[torch.bfloat16])
+
+
+def test_forward_search_space():
+    """The documented forward configs for the benchmark widths (block_n 1024, 256, 64)."""
+    from pcops.triton import fused as tri
+
+    def space(block_n, one_tile=True):
+        return {(c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["TILES"])
+                for c in tri._prune_fwd(tri._FWD_CONFIGS, {}, BLOCK_N=block_n, ONE_TILE=one_tile)}
+
+    l2 = space(256)
+    assert {(8, 4, 1), (8, 8, 1), (8, 16, 1), (16, 8, 1), (16, 16, 1), (32, 16, 1)} <= l2  # measured before
+    assert {(2, 2, 4), (4, 4, 4), (8, 8, 4)} <= l2 and len(l2) == 9
+    for block_n in (1, 64, 1024, 8192):
+        got = space(block_n)
+        assert 1 <= len(got) <= 12
+        for m, w, t in got:
+            assert t in (1, tri._FWD_MULTI_TILES) and m * block_n / (32 * w) <= 16
+    assert all(t == 1 for _, _, t in space(8192, one_tile=False))
+
+
+@pytest.mark.parametrize("g,n", [(0, 5), (1, 3), (3, 17), (700, 9), (5000, 2)])
+@interpret
+def test_triton_column_sum_interpreter(g, n):
+    from pcops.triton import fused as tri
+
+    gen = generator(g + n)
+    dw_part, db_part = torch.randn(g, n, generator=gen), torch.randn(g, n, generator=gen)
+    dw, db = torch.empty(n, dtype=torch.bfloat16), torch.empty(n)
+    tri._column_sum(dw_part, db_part, dw, db, g, n)
+    torch.testing.assert_close(dw, dw_part.sum(0).to(torch.bfloat16), **TOL[torch.bfloat16])
+    torch.testing.assert_close(db, db_part.sum(0), atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("max_block_n", [None, 16])
 @interpret
 def test_triton_dropout_interpreter(max_block_n):
@@ -662,10 +712,12 @@ ln = dict(x_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}", y_ptr=f"*{dt}", mean_p
           seed_ptr="*i64", M="i32", N="i32", eps="fp32", dropout_p="fp32", dy_ptr=f"*{dt}", dx_ptr=f"*{dt}",
           dw_part_ptr="*fp32", db_part_ptr="*fp32", rows_per_program="i32")
 flags = dict(APPROX_TANH=approx, HAS_DROPOUT=drop, ONE_TILE=one, BLOCK_N=256)
-comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, BLOCK_M=16), 8)
+comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=one, BLOCK_M=16, TILES=1), 8)
+if one:
+    comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=False, BLOCK_M=4, TILES=4), 4)
 comp(f._layer_norm_gelu_bwd_kernel, ln, dict(flags, BLOCK_M=8), 4)
 comp(f._column_sum_kernel, dict(dw_part_ptr="*fp32", db_part_ptr="*fp32", dw_ptr=f"*{dt}", db_ptr=f"*{dt}", G="i32", N="i32"),
-     dict(BLOCK_G=f._SUM_BLOCK_G, BLOCK_N=f._SUM_BLOCK_N), f._SUM_WARPS)
+     dict(BLOCK_G=1024, BLOCK_N=4), 16)
 ew = dict(x_ptr=f"*{dt}", res_ptr=f"*{dt}", y_ptr=f"*{dt}", dy_ptr=f"*{dt}", dx_ptr=f"*{dt}", seed_ptr="*i64",
           keep_ptr="*i8", numel="i64", dropout_p="fp32")
 comp(f._swish_dropout_residual_kernel, ew, dict(HAS_DROPOUT=drop, BLOCK=1024))
@@ -701,9 +753,9 @@ def test_triton_kernels_compile_for_sm90(dtype, approximate, dropout, one_tile):
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-4000:]
 
 
-# --- the selectable LayerNorm+GELU backward variants (BWD_VARIANTS; the default is unchanged) ---
+# --- the LayerNorm+GELU backward variants (BWD_VARIANTS, default "tiled"; "rowrange": the row-range kernel) ---
 
-_VARIANTS = ("tiled", "tiled-noprefetch", "tiled-split", "tiled-w8")
+_VARIANTS = ("tiled", "tiled-noprefetch", "tiled-pf2")
 
 
 def _lng_backward_case(rows, width, dtype, approximate="tanh", p=0.0, seed_value=None):
@@ -721,16 +773,16 @@ def _lng_backward_case(rows, width, dtype, approximate="tanh", p=0.0, seed_value
 def test_bwd_variants_table():
     from pcops.triton import fused as tri
 
-    assert tri.BWD_VARIANT is None  # the default kernel stays the default
+    assert tri.BWD_VARIANT == "tiled"  # the H200's fastest on L1-L3
     assert set(_VARIANTS) == set(tri.BWD_VARIANTS)
     for cfg in tri.BWD_VARIANTS.values():
+        assert cfg["prefetch"] in (0, 1, 2)
         for block_n in (1, 64, 256, 1024):
             bm, warps = tri._tiled_shape(block_n, cfg)
             assert bm >= 1 and warps <= 16 and bm * block_n >= cfg["per_thread"] * 32 * warps
     assert tri._tiled_shape(256, tri.BWD_VARIANTS["tiled"]) == (4, 4)  # L2: a warp per row, 8 values per thread
-    assert tri._tiled_shape(256, tri.BWD_VARIANTS["tiled-split"]) == (2, 4)  # L2: 4 values per thread
     assert tri._tiled_shape(64, tri.BWD_VARIANTS["tiled"]) == (8, 4)  # L3
-    assert tri._tiled_shape(1024, tri.BWD_VARIANTS["tiled-split"]) == (1, 8)  # L1: one row, 8 warps
+    assert tri._tiled_shape(1024, tri.BWD_VARIANTS["tiled"]) == (1, 4)  # L1: one row, 8 values per thread
 
 
 # (rows, width, dtype, block_m): block_m 2 with 3 programs makes every program walk several
@@ -747,13 +799,13 @@ def test_triton_bwd_variant_interpreter(variant, rows, width, dtype, block_m):
 
     args, exp = _lng_backward_case(rows, width, dtype, approximate="none" if rows % 2 else "tanh")
     got = tri.layer_norm_gelu_backward(*args, variant=variant, block_m=block_m, num_programs=3)
-    default = tri.layer_norm_gelu_backward(*args, variant="default", num_programs=3)
+    default = tri.layer_norm_gelu_backward(*args, variant="rowrange", num_programs=3)
     for a, d, e in zip(got, default, exp):
         torch.testing.assert_close(a, e, **GRAD_TOL[dtype])
         torch.testing.assert_close(a, d, **GRAD_TOL[dtype])
 
 
-@pytest.mark.parametrize("variant", ["tiled", "tiled-noprefetch"])
+@pytest.mark.parametrize("variant", _VARIANTS)
 @interpret
 def test_triton_bwd_variant_dropout_interpreter(variant):
     from pcops.triton import fused as tri
@@ -772,14 +824,16 @@ def test_triton_bwd_variant_selection_interpreter(monkeypatch):
     tiled = tri._layer_norm_gelu_backward_tiled
     monkeypatch.setattr(tri, "_layer_norm_gelu_backward_tiled", lambda *a: calls.append(1) or tiled(*a))
     args, exp = _lng_backward_case(6, 20, torch.float32)
-    tri.layer_norm_gelu_backward(*args)
-    assert not calls  # BWD_VARIANT None: the default kernel
-    monkeypatch.setattr(tri, "BWD_VARIANT", "tiled")
     got = tri.layer_norm_gelu_backward(*args)
-    assert calls == [1]
+    assert calls == [1]  # BWD_VARIANT "tiled": the tiled kernel
     for a, e in zip(got, exp):
         torch.testing.assert_close(a, e, **GRAD_TOL[torch.float32])
-    tri.layer_norm_gelu_backward(*args, variant="default")
+    monkeypatch.setattr(tri, "BWD_VARIANT", "rowrange")
+    for a, e in zip(tri.layer_norm_gelu_backward(*args), exp):
+        torch.testing.assert_close(a, e, **GRAD_TOL[torch.float32])
+    assert calls == [1]
+    monkeypatch.setattr(tri, "BWD_VARIANT", "tiled")
+    tri.layer_norm_gelu_backward(*args, variant="rowrange")
     assert calls == [1]
     # rows wider than 1024 (or the chunked path) keep the default kernel
     wide_args, wide_exp = _lng_backward_case(2, 1025, torch.float32)
@@ -810,7 +864,8 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
     for name, cfg in f.BWD_VARIANTS.items():
         for drop in (False, True):
             bm, warps = f._tiled_shape(block_n, cfg)
-            consts = dict(APPROX_TANH=not drop, HAS_DROPOUT=drop, PREFETCH=cfg["prefetch"], BLOCK_N=block_n, BLOCK_M=bm)
+            consts = dict(APPROX_TANH=not drop, HAS_DROPOUT=drop, PREFETCH=cfg["prefetch"], EVEN_N=n == block_n,
+                          BLOCK_N=block_n, BLOCK_M=bm)
             full = {a: "constexpr" if a in consts else sig[a] for a in fn.arg_names}
             # the launch-time specialisation: 16-byte aligned pointers, M and N multiples of 16
             attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
@@ -876,7 +931,7 @@ def test_gpu_bwd_variant_matches_default_and_reference(variant, rows, width, dty
         again = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, seed, variant=variant)
         for a, c in zip(got, again):
             assert torch.equal(a, c)  # deterministic: fixed grid, no atomics
-        default = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, seed, variant="default")
+        default = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, seed, variant="rowrange")
         keep = None if seed is None else tri.dropout_keep_mask(seed, (rows, width), p)
         exp = ref.layer_norm_gelu_backward(g.double(), x.double(), w.double(), b.double(), mean.double(),
                                            rstd.double(), "tanh", p, keep)
@@ -901,6 +956,7 @@ def test_gpu_bwd_variant_through_autograd_and_cuda_graph(monkeypatch):
         pcops.fused_layer_norm_gelu(*leaves).backward(dy)
         return [t.grad for t in leaves]
 
+    monkeypatch.setattr(tri, "BWD_VARIANT", "rowrange")
     default = grads()
     monkeypatch.setattr(tri, "BWD_VARIANT", "tiled")
     got = grads()

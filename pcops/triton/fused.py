@@ -37,20 +37,24 @@ import triton
 import triton.language as tl
 
 # GELU constants (globals read by @triton.jit code must be tl.constexpr)
-_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
-_GELU_TANH_K = tl.constexpr(0.044715)
 _INV_SQRT_2 = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+# tanh GELU: u = c·(z + k·z³), folded for exp2: sigmoid(2u) = 1 / (1 + 2^(z·(A0 + A1·z²))) and
+# 2u' = B0 + B1·z²
+_C, _K, _LOG2E = 0.7978845608028654, 0.044715, 1.4426950408889634
+_GELU_A0 = tl.constexpr(-2.0 * _C * _LOG2E)
+_GELU_A1 = tl.constexpr(-2.0 * _C * _K * _LOG2E)
+_GELU_B0 = tl.constexpr(2.0 * _C)
+_GELU_B1 = tl.constexpr(6.0 * _C * _K)
 
 # widest row held in registers as one tile; wider rows are processed in chunks of this width
 _MAX_BLOCK_N = 8192
 # elementwise kernel (Swish): elements per program (8 per thread with 4 warps: 32 B per load)
 _ELEMENTWISE_BLOCK = 1024
-# column-sum kernel: 8 float32 columns (one 32-byte sector per partial row) × 512 partial rows
-# per step, so the G ≈ 8·SMs partial rows take 2-3 steps and N / 8 programs share the work
-_SUM_BLOCK_N = 8
-_SUM_BLOCK_G = 512
-_SUM_WARPS = 16
+# column-sum kernel (``_column_sum``): BLOCK_G = next_pow2(G) ≤ 4096 partial rows × BLOCK_N =
+# 4096 / BLOCK_G columns per program (at most 8): the G ≈ 5-10·SMs partial rows in one step
+_SUM_MAX_BLOCK_G = 4096
+_SUM_ELEMENTS = 4096
 # backward programs per SM: each walks a contiguous range of rows, so G is bounded and the
 # partial sums stay small (G·N·8 bytes, ≈ 2 MB for N = 256 on 132 SMs, 1 % of L2's traffic);
 # 8 per SM lets low-register configs keep all programs resident (no tail wave) while
@@ -63,39 +67,72 @@ def _interpreting() -> bool:
 
 
 # --- autotuning search space ----------------------------------------------------------------
-# A program handles a (BLOCK_M, BLOCK_N) tile, BLOCK_N = next_pow2(N) fixed by the launcher.
-# Search space: BLOCK_M (rows per program) ∈ 1..256 (powers of two) × num_warps ∈ 1..16, pruned
-# per N to (forward) tiles of 2K-8K elements and 4, 8 or 16 warps, (backward) tiles of 1K-4K
-# elements and 4 or 8 warps, both with 4-16 elements per thread. Why: these kernels are
-# memory-bound, so what matters is the bytes each SM has in flight: big tiles and 16 values
-# per thread give the most per register; the backward keeps ~5 live float32 values per
-# element (x, g, x̂, dz, dx) and spills beyond 16 per thread, so its tiles are half the size;
-# fewer values per thread lower the register count and let more programs share an SM, which
-# the tuner weighs against the first. That leaves 1-6 configs per N (a few seconds of
-# compilation and timing the first time a row length is seen).
+# A program handles (BLOCK_M, BLOCK_N) tiles, BLOCK_N = next_pow2(N) fixed by the launcher; the
+# forward program walks TILES consecutive tiles, loading tile t + 1 before computing tile t.
+# Search space: BLOCK_M (rows per tile) ∈ 1..256 (powers of two) × num_warps ∈ 1..16 (× TILES
+# ∈ {1, 4} for the forward), pruned per N (and dtype, through the autotune key) to
+# - forward, TILES = 1: tiles of 2K-8K elements, 4, 8 or 16 warps, 4-16 elements per thread
+#   (the configs the H200 has measured: L1 0.011 ms, L2 0.053, floor 0.031);
+# - forward, TILES = 4 (rows that fit one tile): tiles of 512-2K elements with exactly 8 per
+#   thread and 2, 4 or 8 warps: the prefetched tile doubles the live values, and small
+#   programs with a second tile in flight overlap their loads with their own maths instead
+#   of relying on other resident programs (L2: 4×2×2, 4×4×4 and 4×8×8 rows×warps×tiles);
+# - backward (the row-range kernel): tiles of 1K-4K elements, 4 or 8 warps, 4-16 per thread.
+# Why: these kernels are memory-bound, so what matters is the bytes each SM has in flight:
+# big tiles and 16 values per thread give the most per register; the backward keeps ~5 live
+# float32 values per element (x, g, x̂, dz, dx) and spills beyond 16 per thread, so its tiles
+# are half the size; fewer values per thread lower the register count and let more programs
+# share an SM, which the tuner weighs against the first. Row layout (the "2-D block"): Triton
+# lays a tile out as 16-byte vectors along a row, a warp across ≤ 32 vectors of a row and the
+# warps over rows, so BLOCK_N / 8 (16-bit) or / 4 (fp32) lanes share a row and BLOCK_M picks
+# the rows per warp; rows wider than a warp split across warps (cross-warp sums).
+# That leaves 9-12 forward configs and 1-6 backward ones per N, timed with a short
+# ``do_bench`` (5 ms warm-up, 20 ms of runs) so the first call for a new N costs a few seconds.
 _ROW_CONFIGS = [
     triton.Config({"BLOCK_M": m}, num_warps=w) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16)
 ]
+_FWD_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "TILES": t}, num_warps=w)
+    for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16) for t in (1, 4)
+]
 _FWD_SPACE = dict(tiles=(2048, 4096, 8192), warps=(4, 8, 16), per_thread=(4, 16))
+_FWD_MULTI_SPACE = dict(tiles=(512, 1024, 2048), warps=(2, 4, 8), per_thread=(8, 8))
 _BWD_SPACE = dict(tiles=(1024, 2048, 4096), warps=(4, 8), per_thread=(4, 16))
+_FWD_MULTI_TILES = 4
+
+
+def _row_space(configs, block_n, tiles, warps, per_thread):
+    wanted = {min(256, max(1, t // block_n)) for t in tiles}
+    keep = [
+        c for c in configs
+        if c.kwargs["BLOCK_M"] in wanted and c.num_warps in warps
+        and per_thread[0] <= c.kwargs["BLOCK_M"] * block_n / (32 * c.num_warps) <= per_thread[1]
+    ]
+    if not keep:  # very narrow or very wide rows: the largest tile, ~8-16 values per thread
+        m = max(wanted)
+        w = min(16, max(1, m * block_n // 512))
+        keep = [c for c in configs if c.kwargs["BLOCK_M"] == m and c.num_warps == w]
+    return keep
 
 
 def _prune_rows(tiles, warps, per_thread):
     def prune(configs, named_args, **kwargs):
-        block_n = kwargs["BLOCK_N"]
-        wanted = {min(256, max(1, t // block_n)) for t in tiles}
-        keep = [
-            c for c in configs
-            if c.kwargs["BLOCK_M"] in wanted and c.num_warps in warps
-            and per_thread[0] <= c.kwargs["BLOCK_M"] * block_n / (32 * c.num_warps) <= per_thread[1]
-        ]
-        if not keep:  # very narrow or very wide rows: the largest tile, ~8-16 values per thread
-            m = max(wanted)
-            w = min(16, max(1, m * block_n // 512))
-            keep = [c for c in configs if c.kwargs["BLOCK_M"] == m and c.num_warps == w]
-        return keep
+        return _row_space(configs, kwargs["BLOCK_N"], tiles, warps, per_thread)
 
     return prune
+
+
+def _prune_fwd(configs, named_args, **kwargs):
+    block_n = kwargs["BLOCK_N"]
+    one = _row_space([c for c in configs if c.kwargs["TILES"] == 1], block_n, **_FWD_SPACE)
+    if not kwargs["ONE_TILE"]:
+        return one  # wide rows: the chunked path walks one tile per program
+    multi = _row_space([c for c in configs if c.kwargs["TILES"] > 1], block_n, **_FWD_MULTI_SPACE)
+    return one + [c for c in multi if c not in one]
+
+
+def _quick_bench(kernel_call, quantiles):
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
 def _default_block_m(block_n: int, tile: int) -> int:
@@ -109,10 +146,10 @@ def _default_warps(block_m: int, block_n: int) -> int:
 @triton.jit
 def _gelu(z, APPROX_TANH: tl.constexpr):
     if APPROX_TANH:
-        # 0.5·(1 + tanh(u)) = sigmoid(2u): one exp and one (fast) division per element; exact
-        # limits when exp over/underflows (z / inf = 0, z / 1 = z)
-        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_K * z * z * z)
-        h = z / (1.0 + tl.exp(-2.0 * u))
+        # 0.5·(1 + tanh(u)) = sigmoid(2u) with u = c·(z + k·z³): h = z / (1 + 2^(z·(A0 + A1·z²)))
+        # (the constants fold -2·c·log2(e) in): one fma, two mul, one ex2, one division; exact
+        # limits when the power over/underflows (z / inf = 0, z / 1 = z)
+        h = z / (1.0 + tl.exp2(z * (_GELU_A0 + _GELU_A1 * (z * z))))
     else:
         h = 0.5 * z * (1.0 + tl.math.erf(z * _INV_SQRT_2))
     return h
@@ -121,10 +158,11 @@ def _gelu(z, APPROX_TANH: tl.constexpr):
 @triton.jit
 def _gelu_grad(z, APPROX_TANH: tl.constexpr):
     if APPROX_TANH:
-        # with s = sigmoid(2u): 0.5·(1 + t) = s and 1 - t² = 4·s·(1 - s)
-        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_K * z * z * z)
-        s = 1.0 / (1.0 + tl.exp(-2.0 * u))
-        d = s + 2.0 * z * s * (1.0 - s) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_K * z * z)
+        # with s = sigmoid(2u): 0.5·(1 + t) = s, 1 - t² = 4·s·(1 - s), 2u' = B0 + B1·z², so
+        # gelu' = s + (z·s)·(1 - s)·(B0 + B1·z²) (z·s first: 0 for very negative z, never 0·inf)
+        z2 = z * z
+        s = 1.0 / (1.0 + tl.exp2(z * (_GELU_A0 + _GELU_A1 * z2)))
+        d = s + (z * s) * (1.0 - s) * (_GELU_B0 + _GELU_B1 * z2)
     else:
         d = 0.5 * (1.0 + tl.math.erf(z * _INV_SQRT_2)) + z * tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
     return d
@@ -153,15 +191,38 @@ def _dropout(v, seed, offs, dropout_p, keep_scale, HAS_DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+def _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
               HAS_DROPOUT: tl.constexpr, APPROX_TANH: tl.constexpr):
     """One backward tile (float32 ``x``, ``g``): ``(x̂, dz)`` with x̂ recomputed from the saved
     statistics and ``dz = g·gelu'(z)`` at the recomputed pre-activation ``z = x̂·w + b``
-    (``g`` first goes back through the dropout mask)."""
+    (``g`` first goes back through the dropout mask). Masked-off elements (loaded as ``x = g =
+    0``, ``w = b = 0``, ``mean = rstd = 0`` past the last row) get a finite x̂ and ``dz = 0``, so
+    they add nothing to the row sums ``Σ dz·w·x̂``, ``Σ dz·w`` or the column sums: no mask needed."""
     g = _dropout(g, seed, offs, dropout_p, keep_scale, HAS_DROPOUT)
-    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    xhat = (x - mean[:, None]) * rstd[:, None]
     dz = g * _gelu_grad(xhat * w[None, :] + b[None, :], APPROX_TANH)
     return xhat, dz
+
+
+@triton.jit
+def _bwd_dx(dz, xhat, w, rstd, N):
+    """``dx = rstd·(dx̂ - x̂·mean(dx̂·x̂) - mean(dx̂))`` with ``dx̂ = dz·w`` (row sums over axis 1),
+    as ``dx̂·rstd - (x̂·a + c)`` with the per-row ``a = rstd·mean(dx̂·x̂)``, ``c = rstd·mean(dx̂)``."""
+    dxhat = dz * w[None, :]
+    a = tl.sum(dxhat * xhat, axis=1) * (rstd / N)
+    c = tl.sum(dxhat, axis=1) * (rstd / N)
+    return dxhat * rstd[:, None] - (xhat * a[:, None] + c[:, None])
+
+
+@triton.jit
+def _fwd_tile_load(x_ptr, rows, cols, M, N, EVEN_N: tl.constexpr):
+    """The raw ``(BLOCK_M, BLOCK_N)`` tile of ``x`` at ``rows`` (zeros past row M / column N)."""
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    if EVEN_N:
+        mask = (rows < M)[:, None]
+    else:
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return tl.load(x_ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -180,30 +241,45 @@ def _layer_norm_gelu_fwd_kernel(
     APPROX_TANH: tl.constexpr,  # tanh GELU, else exact erf GELU
     HAS_DROPOUT: tl.constexpr,
     ONE_TILE: tl.constexpr,  # BLOCK_N >= N: the row stays in registers
+    EVEN_N: tl.constexpr,  # N == BLOCK_N: no column mask
     BLOCK_N: tl.constexpr,  # columns per tile (>= N when ONE_TILE, else the chunk width)
-    BLOCK_M: tl.constexpr,  # rows per program (autotuned)
+    BLOCK_M: tl.constexpr,  # rows per tile (autotuned)
+    TILES: tl.constexpr,  # consecutive tiles per program (autotuned; 1 unless ONE_TILE)
 ):
     pid = tl.program_id(0)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    row_off = rows.to(tl.int64) * N
     seed, keep_scale = _dropout_params(seed_ptr, dropout_p, HAS_DROPOUT)
     if ONE_TILE:
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < N
-        mask = row_ok[:, None] & col_ok[None, :]
-        offs = row_off[:, None] + cols[None, :]
-        # one read of the tile; statistics in float32 (two-pass variance: no cancellation)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=1) / N
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        h = _gelu(xc * rstd[:, None] * w[None, :] + b[None, :], APPROX_TANH)
-        h = _dropout(h, seed, offs, dropout_p, keep_scale, HAS_DROPOUT)
-        tl.store(y_ptr + offs, h.to(y_ptr.dtype.element_ty), mask=mask)
+        first = pid * (TILES * BLOCK_M)
+        x_next = _fwd_tile_load(x_ptr, first + tl.arange(0, BLOCK_M), cols, M, N, EVEN_N)
+        for t in tl.static_range(TILES):
+            rows = first + t * BLOCK_M + tl.arange(0, BLOCK_M)
+            x = x_next.to(tl.float32)
+            if t + 1 < TILES:  # the next tile's load is in flight while this one is computed
+                x_next = _fwd_tile_load(x_ptr, rows + BLOCK_M, cols, M, N, EVEN_N)
+            row_ok = rows < M
+            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            # statistics in float32 (two-pass variance: no cancellation)
+            mean = tl.sum(x, axis=1) / N
+            if EVEN_N:
+                xc = x - mean[:, None]
+                mask = row_ok[:, None]
+            else:
+                xc = tl.where(col_ok[None, :], x - mean[:, None], 0.0)
+                mask = row_ok[:, None] & col_ok[None, :]
+            rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+            h = _gelu(xc * rstd[:, None] * w[None, :] + b[None, :], APPROX_TANH)
+            h = _dropout(h, seed, offs, dropout_p, keep_scale, HAS_DROPOUT)
+            tl.store(y_ptr + offs, h.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(mean_ptr + rows, mean, mask=row_ok)
+            tl.store(rstd_ptr + rows, rstd, mask=row_ok)
     else:
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        row_off = rows.to(tl.int64) * N
         # wide rows: pass 1 the mean, pass 2 the variance, pass 3 the output
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for c0 in range(0, N, BLOCK_N):
@@ -230,8 +306,8 @@ def _layer_norm_gelu_fwd_kernel(
             h = _gelu((x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :], APPROX_TANH)
             h = _dropout(h, seed, offs, dropout_p, keep_scale, HAS_DROPOUT)
             tl.store(y_ptr + offs, h.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_ok)
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+        tl.store(mean_ptr + rows, mean, mask=row_ok)
+        tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @triton.jit
@@ -277,15 +353,12 @@ def _layer_norm_gelu_bwd_kernel(
             rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            xhat, dz = _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+            xhat, dz = _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
                                  HAS_DROPOUT, APPROX_TANH)
             dw_acc += tl.sum(dz * xhat, axis=0)
             db_acc += tl.sum(dz, axis=0)
             # the normalisation derivative: dx = rstd · (dx̂ - mean(dx̂) - x̂ · mean(dx̂ · x̂))
-            dxhat = dz * w[None, :]
-            c1 = tl.sum(dxhat * xhat, axis=1) / N
-            c2 = tl.sum(dxhat, axis=1) / N
-            dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+            dx = _bwd_dx(dz, xhat, w, rstd, N)
             tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         tl.store(dw_part_ptr + part_off + cols, dw_acc, mask=col_ok)
         tl.store(db_part_ptr + part_off + cols, db_acc, mask=col_ok)
@@ -314,7 +387,7 @@ def _layer_norm_gelu_bwd_kernel(
                 b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                xhat, dz = _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+                xhat, dz = _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
                                      HAS_DROPOUT, APPROX_TANH)
                 dxhat = dz * w[None, :]
                 s1 += dxhat * xhat
@@ -331,7 +404,7 @@ def _layer_norm_gelu_bwd_kernel(
                 b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                xhat, dz = _bwd_tile(x, g, offs, mask, mean, rstd, w, b, seed, dropout_p, keep_scale,
+                xhat, dz = _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
                                      HAS_DROPOUT, APPROX_TANH)
                 dxhat = dz * w[None, :]
                 dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
@@ -369,83 +442,89 @@ def _column_sum_kernel(
 
 
 _layer_norm_gelu_fwd_tuned = triton.autotune(
-    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_FWD_SPACE)}
+    configs=_FWD_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=_quick_bench
 )(_layer_norm_gelu_fwd_kernel)
 _layer_norm_gelu_bwd_tuned = triton.autotune(
-    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_BWD_SPACE)}
+    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_BWD_SPACE)},
+    do_bench=_quick_bench,
 )(_layer_norm_gelu_bwd_kernel)
 
 
-# --- LayerNorm+GELU backward, selectable variant: persistent row tiles -----------------------
-# Not the default (the default above is what the H200 validated); the launcher runs it when
-# ``variant=`` names an entry of ``BWD_VARIANTS`` or when the module-level ``BWD_VARIANT`` does
-# (the benchmark sweeps both ways). Rows with N ≤ ``_TILED_MAX_N`` only; wider rows keep the
-# default kernel.
+# --- LayerNorm+GELU backward, default: persistent row tiles ----------------------------------
+# The default for rows with N ≤ ``_TILED_MAX_N`` (the H200 measured it 3.7× faster than the
+# row-range kernel above on L2 and 1.3× on L1/L3: L2 bwd kernel 0.093 vs 0.339 ms); wider rows
+# (and ``variant="rowrange"``) take the row-range kernel. ``BWD_VARIANTS`` names the configs
+# of this kernel; the launcher's ``variant`` or the module-level ``BWD_VARIANT`` picks one
+# (the benchmark sweeps them).
 #
-# What differs from the default kernel, and why it should be faster:
+# What differs from the row-range kernel, and why it is faster:
 # - few registers (4-8 values per thread, below) so many programs share an SM, and a
 #   persistent grid: G = SMs × as many programs as can reside at once (from the loaded
 #   kernel's register count), each walking the row tiles pid, pid + G, pid + 2G, … (aligned
 #   BLOCK_M-row tiles, no ragged per-program row ranges, no second wave);
-# - software prefetch (``prefetch``): the x/dy tile of the next step is loaded before the
-#   current one is computed, so every program keeps two tiles of loads in flight instead of
-#   stalling on a full memory latency per step (launched with num_stages=1: Triton's own
-#   loop pipelining does not apply to these loads anyway);
+# - software prefetch (``prefetch`` = 1 or 2 tiles ahead): the x/dy tiles of the next steps are
+#   loaded before the current one is computed, so every program keeps one or two tiles of loads
+#   in flight instead of stalling on a full memory latency per step (launched with
+#   num_stages=1: Triton's own loop pipelining does not apply to these loads anyway);
 # - dweight/dbias partials accumulate in a [BLOCK_M, BLOCK_N] float32 register tile and are
 #   reduced over rows once per program, not with a cross-warp (shared memory + barrier)
 #   reduction every step;
-# - the column-sum kernel (shared with the default) adds G ≈ 5-8·SMs partial rows.
-# The maths is the default's (x̂ and gelu'(z) recomputed from x, mean, rstd; dropout mask
-# regenerated from the seed); only the float32 summation order of the row sums and of
-# dweight/dbias differs, so gradients agree with the default to float32 rounding, and the
-# result is deterministic for a given device (G depends only on the SM count).
+# - the column-sum kernel (shared with the row-range kernel) adds the G partial rows.
+# The maths is the row-range kernel's (x̂ and gelu'(z) recomputed from x, mean, rstd; dropout
+# mask regenerated from the seed); only the float32 summation order of dweight/dbias differs,
+# and the result is deterministic for a given device (G depends only on the SM count).
 #
-# Registers and layout (sm_90, Triton 3.6's compiler and ptxas, measured here without a GPU,
-# with the launch-time divisibility hints): each value per thread costs ~8-12 registers (x, dy,
-# x̂, dz, two accumulators), so the variants keep 4-8 per thread. Triton lays a [BLOCK_M, BLOCK_N]
-# tile out as 16-byte (or 8-byte) vectors along a row, 32 lanes along the row, warps over rows
-# when a warp spans a whole row: the two row sums (mean(dx̂), mean(dx̂·x̂)) are then warp
-# shuffles; when a row is wider than a warp's share the sums cross warps (shared memory and a
-# barrier, twice per step). ``whole_rows`` raises the values per thread (up to 8) so that a warp
-# spans a row. Measured for L2 (bf16, BLOCK_N 256): "tiled" 8 per thread, 4 rows × 4 warps, 72
-# registers (7 programs = 28 warps per SM), 16-byte loads; "tiled-split" 4 per thread, 2 rows,
-# 2 warps per row, 56 registers, 8-byte loads. L3 (fp32, BLOCK_N 64): 48 registers (10 per SM).
-# The default kernel's configs: 64-120. (Triton's loop pipelining does not touch these loads:
-# no cp.async at any num_stages, hence the explicit prefetch.)
+# Registers and layout (sm_90, Triton 3.6, measured without a GPU with the launch-time
+# divisibility hints): each value per thread costs ~8-12 registers (x, dy, x̂, dz, two
+# accumulators), so the configs keep 4-8 per thread. Triton lays a [BLOCK_M, BLOCK_N] tile out
+# as 16-byte (or 8-byte) vectors along a row, 32 lanes along the row, warps over rows: with a
+# warp spanning a whole row (values per thread raised up to 8 for that) the two row sums are
+# warp shuffles. L2 (bf16, BLOCK_N 256): 8 per thread, 4 rows × 4 warps, 72 registers (7
+# programs = 28 warps per SM), 16-byte loads. L3 (fp32, BLOCK_N 64): 48 registers.
 #
-# Prediction (H200, graph-captured). Bytes in flight per SM with "tiled" on L2: 7 programs ×
-# 2 tiles × 1,024 elements × 2 tensors × 2 B = 56 KB, well above the ≈ 25 KB Little's law asks
-# (4.3 TB/s × ≈ 0.8 µs / 132 SMs), against one tile and a full latency per step (plus two
-# cross-warp column reductions per step) in the default. L2 (131,072 × 256 bf16): the kernel
-# moves x, dy, dx (192 MB, floor 0.045 ms) at ≈ 75-85 % of copy bandwidth → ≈ 0.055-0.06 ms,
-# against ≈ 0.33 ms for the default kernel (0.44 ms fwd+bwd − 0.052 fwd − ≈ 0.045 for autograd's
-# accumulation into x.grad). L2 fwd+bwd ≈ 0.052 + 0.06 + 0.045 + ≈ 0.005 ≈ 0.16 ms (goal
-# 0.12, which autograd's x.grad accumulation alone puts near this benchmark's floor).
-# L1 (4,096 × 768 fp32, 37.7 MB backward, 4,096 one-row tiles): ≈ 0.015 ms backward,
-# fwd+bwd ≈ 0.04 ms (0.049 now). L3 (131,072 × 64 fp32, 96 MB): ≈ 0.028 ms backward,
-# fwd+bwd ≈ 0.08 ms (0.097 now).
+# Measured (H200, graph-captured, before the 2-deep prefetch and the leaner GELU maths):
+# L2 bwd kernel 0.093 ms "tiled" / 0.105 "tiled-noprefetch" (floor 0.045: x, dy, dx); L1
+# 0.019 / 0.022; L3 0.043 / 0.041. The kernel reaches ≈ 2.3 TB/s where torch's elementwise
+# add of the same traffic reaches 4.2: not enough bytes in flight (≈ 28 KB per SM with one
+# tile of prefetch against the ≈ 30 KB Little's law asks), hence "tiled-pf2" (two tiles
+# ahead, ≈ 8 more registers) — to be measured.
 #
-# Each entry: ``per_thread`` values per thread per step and ``warps``; ``whole_rows``: raise
-# ``per_thread`` up to 8 so a warp spans a row (rows wider than per_thread · 32 · warps get more
-# warps, up to 16; BLOCK_M = per_thread · 32 · warps / BLOCK_N, at least 1); ``prefetch``;
+# Each entry: ``per_thread`` values per thread per step (raised up to 8 so a warp spans a row)
+# and ``warps`` (rows wider than per_thread · 32 · warps get more warps, up to 16; BLOCK_M =
+# per_thread · 32 · warps / BLOCK_N, at least 1); ``prefetch``: tiles loaded ahead (0, 1, 2);
 # ``per_sm``: programs per SM of the persistent grid, None = as many as the compiled kernel's
 # registers let reside at once (read from the loaded kernel on first use, cached), an int =
-# that many.
+# that many. (Dropped after the H200 sweep: 4 values per thread with rows split across warps,
+# and 8 warps per program: never better than "tiled" by more than 1 %.)
 BWD_VARIANTS = {
-    # a warp per row (up to 256 bf16/fp16 or fp32 values), 4 warps, two tiles in flight
-    "tiled": dict(per_thread=4, warps=4, whole_rows=True, prefetch=True, per_sm=None),
-    # the same without the prefetch: more resident programs hide the latency instead
-    "tiled-noprefetch": dict(per_thread=4, warps=4, whole_rows=True, prefetch=False, per_sm=None),
-    # 4 values per thread whatever the row length (rows split across warps: fewer registers,
-    # more programs, cross-warp row sums)
-    "tiled-split": dict(per_thread=4, warps=4, whole_rows=False, prefetch=True, per_sm=None),
-    # a warp per row, 8 warps (twice the rows per step, half the programs)
-    "tiled-w8": dict(per_thread=4, warps=8, whole_rows=True, prefetch=True, per_sm=None),
+    # a warp per row (up to 256 bf16/fp16 or fp32 values), 4 warps, one tile ahead: the default
+    "tiled": dict(per_thread=4, warps=4, prefetch=1, per_sm=None),
+    # the same without the prefetch: more resident programs hide the latency instead (L3: -5 %)
+    "tiled-noprefetch": dict(per_thread=4, warps=4, prefetch=0, per_sm=None),
+    # two tiles ahead: twice the bytes in flight per program
+    "tiled-pf2": dict(per_thread=4, warps=4, prefetch=2, per_sm=None),
 }
-# the variant ``layer_norm_gelu_backward`` runs when its ``variant`` is None: None = the default
-# kernel. The benchmark sets it to sweep the variants through the public op and autograd.
-BWD_VARIANT: str | None = None
+# the variant ``layer_norm_gelu_backward`` runs when its ``variant`` is None ("rowrange": the
+# row-range kernel). The benchmark sets it to sweep the variants through the public op.
+BWD_VARIANT: str = "tiled"
+_ROWRANGE = "rowrange"
 _TILED_MAX_N = 1024
+
+
+@triton.jit
+def _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, M, N, EVEN_N: tl.constexpr):
+    """Raw ``x``, ``dy`` tiles and the rows' ``mean``, ``rstd`` (zeros past row M / column N)."""
+    row_ok = rows < M
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    if EVEN_N:
+        mask = row_ok[:, None]
+    else:
+        mask = row_ok[:, None] & (cols < N)[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+    mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+    return x, g, mean, rstd
 
 
 @triton.jit(do_not_specialize=["num_programs"])
@@ -466,7 +545,8 @@ def _layer_norm_gelu_bwd_tiled_kernel(
     dropout_p,
     APPROX_TANH: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
-    PREFETCH: tl.constexpr,  # load the next tile before computing the current one
+    PREFETCH: tl.constexpr,  # tiles loaded ahead of the one being computed: 0, 1 or 2
+    EVEN_N: tl.constexpr,  # N == BLOCK_N: no column mask
     BLOCK_N: tl.constexpr,  # next_pow2(N)
     BLOCK_M: tl.constexpr,  # rows per tile
 ):
@@ -479,49 +559,38 @@ def _layer_norm_gelu_bwd_tiled_kernel(
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     num_tiles = tl.cdiv(M, BLOCK_M)
-    # element offset from a tile to the same place in the program's next tile
-    stride = num_programs.to(tl.int64) * BLOCK_M * N
-    if PREFETCH:
-        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        x_next = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        g_next = tl.load(dy_ptr + offs, mask=mask, other=0.0)
-        mean_next = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-        rstd_next = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+    step = num_programs * BLOCK_M  # rows from a tile to the program's next tile
+    first = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    # the prefetch queue: tiles pid (+G) loaded ahead (fully masked past the last row)
+    if PREFETCH >= 1:
+        x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, first, cols, M, N, EVEN_N)
+    if PREFETCH >= 2:
+        x_b, g_b, mean_b, rstd_b = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, first + step, cols, M, N,
+                                                   EVEN_N)
     for tile in range(pid, num_tiles, num_programs):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        if PREFETCH:
-            x_raw = x_next
-            g_raw = g_next
-            mean = mean_next
-            rstd = rstd_next
-            # the next tile of this program (fully masked past the last tile)
-            next_rows = rows + num_programs * BLOCK_M
-            next_ok = next_rows < M
-            next_mask = next_ok[:, None] & col_ok[None, :]
-            x_next = tl.load(x_ptr + offs + stride, mask=next_mask, other=0.0)
-            g_next = tl.load(dy_ptr + offs + stride, mask=next_mask, other=0.0)
-            mean_next = tl.load(mean_ptr + next_rows, mask=next_ok, other=0.0)
-            rstd_next = tl.load(rstd_ptr + next_rows, mask=next_ok, other=0.0)
+        if PREFETCH == 2:
+            x_raw, g_raw, mean, rstd = x_a, g_a, mean_a, rstd_a
+            x_a, g_a, mean_a, rstd_a = x_b, g_b, mean_b, rstd_b
+            x_b, g_b, mean_b, rstd_b = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows + 2 * step, cols, M, N,
+                                                       EVEN_N)
+        elif PREFETCH == 1:
+            x_raw, g_raw, mean, rstd = x_a, g_a, mean_a, rstd_a
+            x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows + step, cols, M, N,
+                                                       EVEN_N)
         else:
-            x_raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
-            g_raw = tl.load(dy_ptr + offs, mask=mask, other=0.0)
-            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-        # the default kernel's maths: dz = g · gelu'(z), dx = rstd · (dx̂ - x̂ · mean(dx̂ · x̂) - mean(dx̂))
-        xhat, dz = _bwd_tile(x_raw.to(tl.float32), g_raw.to(tl.float32), offs, mask, mean, rstd, w, b, seed,
+            x_raw, g_raw, mean, rstd = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, M, N, EVEN_N)
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        # the row-range kernel's maths: dz = g · gelu'(z), dx = rstd · (dx̂ - x̂ · mean(dx̂ · x̂) - mean(dx̂))
+        xhat, dz = _bwd_tile(x_raw.to(tl.float32), g_raw.to(tl.float32), offs, mean, rstd, w, b, seed,
                              dropout_p, keep_scale, HAS_DROPOUT, APPROX_TANH)
         dw_acc += dz * xhat
         db_acc += dz
-        dxhat = dz * w[None, :]
-        c1 = tl.sum(dxhat * xhat, axis=1) / N
-        c2 = tl.sum(dxhat, axis=1) / N
-        dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        dx = _bwd_dx(dz, xhat, w, rstd, N)
+        if EVEN_N:
+            mask = (rows < M)[:, None]
+        else:
+            mask = (rows < M)[:, None] & col_ok[None, :]
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     part_off = pid.to(tl.int64) * N
     tl.store(dw_part_ptr + part_off + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
@@ -735,6 +804,7 @@ def layer_norm_gelu(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str,
     dropout_p: float = 0.0, seed: torch.Tensor | None = None, *,
     block_m: int | None = None, num_warps: int | None = None, max_block_n: int | None = None,
+    tiles: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim, GELU, optional dropout, in one pass over ``x``.
 
@@ -744,7 +814,9 @@ def layer_norm_gelu(
         eps: variance epsilon; approximate: ``"tanh"`` or ``"none"``.
         dropout_p: drop probability in [0, 1), used when ``seed`` is given.
         seed: ``(1,)`` int64 tensor on ``x``'s device (the Philox seed), or None for no dropout.
-        block_m, num_warps: a fixed config (bypasses autotuning; automatic under the interpreter).
+        block_m, num_warps, tiles: a fixed config: rows per tile, warps, consecutive tiles per
+            program (prefetched; rows that fit one tile only) — bypasses autotuning (automatic
+            under the interpreter, with ``tiles`` 1 unless given).
         max_block_n: widest single tile (default 8192); wider rows take the chunked path. Giving
             it also bypasses autotuning (the tuned config belongs to the default tiling).
     Returns:
@@ -758,13 +830,15 @@ def layer_norm_gelu(
         return y, mean, rstd
     block_n, one_tile = _row_block_n(n, max_block_n)
     args = (x, weight, bias, y, mean, rstd, _seed_arg(seed, x), m_rows, n, float(eps), float(dropout_p))
-    meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile, BLOCK_N=block_n)
-    if block_m is None and max_block_n is None and not _interpreting():
-        _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"]),)](*args, **meta)
+    meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile,
+                EVEN_N=n == block_n, BLOCK_N=block_n)
+    if block_m is None and tiles is None and max_block_n is None and not _interpreting():
+        _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](*args, **meta)
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), triton.next_power_of_2(m_rows))
-        _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, bm),)](
-            *args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n)
+        t = (tiles or 1) if one_tile else 1
+        _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, bm * t),)](
+            *args, **meta, BLOCK_M=bm, TILES=t, num_warps=num_warps or _default_warps(bm, block_n)
         )
     return y, mean, rstd
 
@@ -793,14 +867,14 @@ def layer_norm_gelu_backward(
         grad_y: ``(M, N)`` contiguous, dtype of ``x``; x, weight, bias: as the forward.
         mean, rstd: ``(M,)`` float32 from the forward; dropout_p, seed: the forward's.
         block_m, num_warps, max_block_n: as the forward; num_programs: ``G`` (default: a few per SM).
-        variant: ``"default"`` (the autotuned kernel), a key of ``BWD_VARIANTS`` (the persistent
-            row-tile kernel with that config; rows wider than 1024 still take the default), or
-            None (default): the module-level ``BWD_VARIANT`` (None = ``"default"``).
+        variant: a key of ``BWD_VARIANTS`` (the persistent row-tile kernel with that config;
+            rows wider than 1024 take the row-range kernel), ``"rowrange"`` (the autotuned
+            row-range kernel), or None (default): the module-level ``BWD_VARIANT`` ("tiled").
             ``block_m``/``num_warps``/``num_programs`` override the variant's config.
     Returns:
         ``(dx (M, N), dweight (N,), dbias (N,))``. dweight/dbias are summed over rows in two
         fixed-order stages (per-program partials, then a column sum): deterministic.
-        No host synchronisation.
+        No host synchronisation; 2 launches (backward kernel, column sum).
     """
     m_rows, n = x.shape
     dx = torch.empty_like(x)
@@ -808,10 +882,10 @@ def layer_norm_gelu_backward(
     dbias = torch.empty_like(bias)
     block_n, one_tile = _row_block_n(n, max_block_n)
     if variant is None:
-        variant = BWD_VARIANT or "default"
-    if variant != "default":
+        variant = BWD_VARIANT or _ROWRANGE
+    if variant != _ROWRANGE:
         if variant not in BWD_VARIANTS:
-            raise ValueError(f"variant: expected 'default' or one of {tuple(BWD_VARIANTS)}, got {variant!r}")
+            raise ValueError(f"variant: expected {_ROWRANGE!r} or one of {tuple(BWD_VARIANTS)}, got {variant!r}")
         if one_tile and block_n <= _TILED_MAX_N:
             return _layer_norm_gelu_backward_tiled(
                 grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed, dx, dweight, dbias,
@@ -832,11 +906,27 @@ def layer_norm_gelu_backward(
         else:
             bm = block_m or min(_default_block_m(block_n, _BWD_SPACE["tiles"][1]), triton.next_power_of_2(rows_per_program))
             _layer_norm_gelu_bwd_kernel[(g,)](*args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n))
-    if n:
-        _column_sum_kernel[(triton.cdiv(n, _SUM_BLOCK_N),)](
-            dw_part, db_part, dweight, dbias, g, n, BLOCK_G=_SUM_BLOCK_G, BLOCK_N=_SUM_BLOCK_N, num_warps=_SUM_WARPS
-        )
+    _column_sum(dw_part, db_part, dweight, dbias, g, n)
     return dx, dweight, dbias
+
+
+def _column_sum(dw_part, db_part, dweight, dbias, g: int, n: int) -> None:
+    """``dweight = Σ_g dw_part[g]``, ``dbias = Σ_g db_part[g]`` (fixed order), cast on store.
+
+    One launch. Each program owns ``BLOCK_N`` columns and reads all ``G`` partial rows in one
+    step when ``G ≤ 4096`` (``BLOCK_G = next_pow2(G)``, 8 values per thread: every load
+    independent, one L2 round trip; narrow column blocks give ``N / BLOCK_N`` programs, e.g.
+    64 for L2's N = 256, G = 924, where 8 columns × 512 rows gave 32 programs and 2 steps).
+    The partials were just written, so the reads hit L2 and the partly used sectors cost little.
+    """
+    if not n:
+        return
+    block_g = min(_SUM_MAX_BLOCK_G, triton.next_power_of_2(max(g, 16)))
+    block_n = max(1, min(8, _SUM_ELEMENTS // block_g))
+    warps = max(1, min(16, block_g * block_n // (32 * 8)))
+    _column_sum_kernel[(triton.cdiv(n, block_n),)](
+        dw_part, db_part, dweight, dbias, g, n, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps
+    )
 
 
 _TILED_PER_SM: dict = {}  # compiled-kernel key → programs per SM (occupancy from its registers)
@@ -873,8 +963,7 @@ def _tiled_programs_per_sm(args, meta, config, device: torch.device) -> int:
 def _tiled_shape(block_n: int, config: dict) -> tuple[int, int]:
     """``(BLOCK_M, num_warps)`` for a ``BWD_VARIANTS`` config and row block ``block_n``."""
     per_thread, warps = config["per_thread"], config["warps"]
-    if config["whole_rows"]:
-        per_thread = max(per_thread, min(8, block_n // 32))
+    per_thread = max(per_thread, min(8, block_n // 32))  # a warp spans a row (up to 8 values per thread)
     while per_thread * 32 * warps < block_n and warps < 16:
         warps *= 2
     return max(1, per_thread * 32 * warps // block_n), warps
@@ -891,7 +980,7 @@ def _layer_norm_gelu_backward_tiled(
     warps = num_warps or warps
     tiles = triton.cdiv(m_rows, bm)
     meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, PREFETCH=config["prefetch"],
-                BLOCK_N=block_n, BLOCK_M=bm, num_warps=warps, num_stages=1)
+                EVEN_N=n == block_n, BLOCK_N=block_n, BLOCK_M=bm, num_warps=warps, num_stages=1)
     if num_programs is None and tiles:
         if x.device.type == "cuda" and not _interpreting():
             probe = (grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, mean, mean, m_rows, n, 2, float(dropout_p))
@@ -907,9 +996,7 @@ def _layer_norm_gelu_backward_tiled(
             grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, dw_part, db_part,
             m_rows, n, g, float(dropout_p), **meta,
         )
-    _column_sum_kernel[(triton.cdiv(n, _SUM_BLOCK_N),)](
-        dw_part, db_part, dweight, dbias, g, n, BLOCK_G=_SUM_BLOCK_G, BLOCK_N=_SUM_BLOCK_N, num_warps=_SUM_WARPS
-    )
+    _column_sum(dw_part, db_part, dweight, dbias, g, n)
     return dx, dweight, dbias
 
 
