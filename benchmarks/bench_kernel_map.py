@@ -3,12 +3,19 @@ range [0, -40, -3, 70.4, 40, 1], grid (D, H, W) = (40, 1600, 1408)).
 
 Maps: submanifold 3×3×3, and regular 3×3×3 stride 2 padding 1 (output coords + kernel map);
 each figure is the whole map (coords → out_coords, out-in table and pairs), host syncs included.
+Rows: the public op (eager), the Triton launcher alone (no dispatch / checks), the padded-pairs
+form (``pad_pairs=True``), and for the submanifold padded form, which has no host sync, the same
+call captured in a CUDA graph (replays timed: what a captured backbone pays).
+Every pcops row says what one call runs: kernels and copies (torch profiler) and host syncs
+(``torch.cuda.set_sync_debug_mode``), plus the GPU µs per kernel in the JSON.
 Baseline: the plain-torch reference (sort + searchsorted per offset, torch.unique for the output
 set) run on the GPU in the same process. Peers: spconv's CUDA wheels are not installed here.
 The voxels are computed here in plain torch (floor + unique), independent of pcops.voxelize.
 Floor: launches (≈ 7-12 µs of host time each) dominate; the bytes (coords in, 4.8 MB of out_in
 out for subm) take ≈ 1-2 µs at 4.3 TB/s.
 """
+import warnings
+
 import torch
 
 from common import bench, gpu_activities, load_scan, parse_args, report, row
@@ -31,6 +38,28 @@ def s1_coords(points: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(idx[:, :1]), idx], 1).int()
 
 
+def host_syncs(fn) -> int:
+    """Synchronising torch calls one call of ``fn`` makes (``.item()``, ``.tolist()``, ...)."""
+    fn()
+    torch.cuda.synchronize()
+    prev = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(prev)
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+def launches(fn) -> dict:
+    """Kernels, copies, host syncs and GPU µs of one call."""
+    act = gpu_activities(fn)
+    act["host_syncs"] = host_syncs(fn)
+    return act
+
+
 def main():
     args = parse_args(__doc__)
     rep = 30 if args.quick else 100
@@ -45,6 +74,7 @@ def main():
     from pcops.kernel_map import _output_shape
     from pcops.triton import kernel_map as tri
 
+    summary = []
     for wl, kw in maps.items():
         stride, padding = kw.get("stride", 1), kw.get("padding", 0)
         subm = kw.get("subm", False)
@@ -53,16 +83,37 @@ def main():
         ref_args = (coords, SHAPE, out_shape, (3, 3, 3), (stride,) * 3, pad, (1, 1, 1), subm, False)
         base = bench(lambda: ref.sparse_conv_kernel_map(*ref_args), rep=rep)
         rows.append(row(wl, "torch sort+searchsorted (reference)", base, items=n, unit="voxels/s", baseline=base))
-        fn = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw)
-        t = bench(fn, rep=rep)
-        km = fn()
-        rows.append(row(wl, "pcops triton (public op)", t, items=n, unit="voxels/s", baseline=base,
-                        launches=gpu_activities(fn), outputs=km.out_coords.shape[0], pairs=km.pair_in.numel()))
-        t = bench(lambda: tri.sparse_conv_kernel_map(*ref_args), rep=rep)
-        rows.append(row(wl, "pcops triton launcher (no dispatch)", t, items=n, unit="voxels/s", baseline=base))
-        # exactness in the same run
         expected = ref.sparse_conv_kernel_map(*ref_args)
-        notes[f"{wl} equal to reference"] = all(torch.equal(a, b) for a, b in zip(km[:1] + km[2:], expected))
+
+        def add(impl, fn, graph=False, check=None):
+            t = bench(fn, rep=rep, graph=graph)
+            extra = {}
+            if not graph:
+                extra["launches"] = launches(fn)
+                act = extra["launches"]
+                summary.append(f"{wl:<16} {impl:<40} kernels {act.get('kernels', '?'):>4}  copies {act.get('copies', '?'):>4}"
+                               f"  host syncs {act['host_syncs']}  GPU µs {act.get('gpu_us', float('nan')):.1f}")
+            rows.append(row(wl, impl, t, items=n, unit="voxels/s", baseline=base, **extra))
+            if check is not None:
+                notes[f"{wl} {impl} equal to reference"] = check
+
+        fn = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw)
+        km = fn()
+        add("pcops triton (public op)", fn,
+            check=all(torch.equal(a, b) for a, b in zip(km[:1] + km[2:], expected)))
+        rows[-1].update(outputs=km.out_coords.shape[0], pairs=km.pair_in.numel())
+        add("pcops triton launcher (no dispatch)", lambda: tri.sparse_conv_kernel_map(*ref_args))
+        fp = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw, pad_pairs=True)
+        kp = fp()
+        p = int(kp.offsets[-1])
+        add("pcops triton pad_pairs (public op)", fp,
+            check=all(torch.equal(a, b) for a, b in zip(kp[:1] + kp[3:], expected[:1] + expected[3:]))
+            and torch.equal(kp.pair_in[:p], expected[1]) and torch.equal(kp.pair_out[:p], expected[2]))
+        if subm:
+            # no host sync: the whole map replays from a CUDA graph
+            add("pcops triton pad_pairs, CUDA graph", fp, graph=True)
+            add("pcops launcher pad_pairs, CUDA graph", lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True),
+                graph=True)
 
     # the plain-torch convolution on the subm map (16 → 16 channels), forward
     km = pcops.sparse_conv_kernel_map(coords, SHAPE, 3, subm=True)
@@ -70,7 +121,11 @@ def main():
     w = torch.randn(27, 16, 16, device=DEVICE)
     t = bench(lambda: pcops.sparse_conv3d(f, km, w), rep=rep)
     rows.append(row("S1 subm conv 16->16", "pcops sparse_conv3d (plain torch)", t, items=n, unit="voxels/s"))
+    notes["per_call"] = summary
     report(rows, "kernel_map", args.out, notes=notes)
+    print("\nper call (torch profiler; host syncs from torch.cuda.set_sync_debug_mode):")
+    for line in summary:
+        print("  " + line)
 
 
 if __name__ == "__main__":

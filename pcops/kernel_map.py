@@ -107,6 +107,8 @@ def sparse_conv_kernel_map(
     dilation=1,
     subm: bool = False,
     transposed: bool = False,
+    *,
+    pad_pairs: bool = False,
 ) -> KernelMap:
     """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
     which kernel offset (spconv / torchsparse index generation).
@@ -127,6 +129,11 @@ def sparse_conv_kernel_map(
             spconv's inverse conv (outputs restricted to the fine voxels a strided conv came
             from, on their own grid, e.g. an even size that ``(D' - 1) s - 2p + d (K - 1) + 1``
             does not give back) is ``KernelMap.inverse`` of that strided map.
+        pad_pairs: the fixed-capacity pairs layout, for CUDA-graph capture / ``torch.compile``
+            with static shapes: ``pair_in`` and ``pair_out`` get ``M·K`` entries (a bound no map
+            exceeds: one input per (output, offset), so it never overflows); the ``P =
+            offsets[K]`` real pairs come first, exactly as in the default form, then −1. Saves
+            the submanifold map's only host sync.
 
     Rules (per axis, ``k = (kz, ky, kx)`` with each index in ``[0, size)``):
         regular: output ``o`` receives input ``i`` through ``k`` iff ``i = o * stride -
@@ -150,13 +157,23 @@ def sparse_conv_kernel_map(
     has one output row per input row).
 
     GPU (Triton): a hash table of the input voxels (open addressing, linear probing, int64
-    linear keys claimed with ``atomic_cas``), one lookup pass over (output, offset) writing
-    ``out_in`` and per-block counts, a one-program scan and a stable compaction into pairs.
-    Regular/transposed conv first dedupe candidate outputs in a second hash table and sort
-    them (``torch.sort``). Launches: 5 for submanifold (fill, insert, lookup, scan,
-    compaction), 5 + ``torch.sort``'s for regular/transposed. Host syncs: one for ``P``
-    (submanifold), two for ``M`` and ``P`` (regular/transposed): both are output sizes, so
-    the map cannot be captured in a CUDA graph (``sparse_conv3d`` on a built map can).
+    linear keys claimed with ``atomic_cas``, rows merged with ``atomic_max`` so duplicates
+    resolve deterministically), one lookup pass over (output, offset) writing ``out_in`` and
+    per-offset hit counts per group of rows, and a stable compaction into pairs whose programs
+    each reduce the (≤ 256) group counts themselves (no scan launch). Regular/transposed conv
+    first dedupe candidate outputs in a second hash table (same launch as the input inserts,
+    which also counts the pairs: one per valid (input, offset)) and sort the unique keys
+    (one ``torch.sort``).
+
+    Launches and host syncs (every output size needs its sync; nothing else syncs):
+
+    - submanifold: 4 launches (fill, insert, lookup, compaction); **one** host sync, for the
+      pair count ``P``, made after all four are queued (the pair arrays are then views of
+      ``N·K``-long buffers); with ``pad_pairs=True`` **none**: the whole map can be captured
+      in a CUDA graph.
+    - regular/transposed: 4 launches + ``torch.sort``'s; exactly **one** host sync, for the
+      output count ``M`` (``P`` and the largest batch index are read with it), after the
+      insert pass. ``pad_pairs`` changes only the pair arrays' length.
     """
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
     if isinstance(spatial_shape, numbers.Integral):
@@ -177,10 +194,12 @@ def sparse_conv_kernel_map(
     out_shape = _output_shape(in_shape, kernel, stride_, padding_, dilation_, subm, transposed)
     if subm:  # centred kernel: i = o + (k - c) * d, i.e. the regular rule with padding c * d
         padding_ = tuple((k - 1) // 2 * d for k, d in zip(kernel, dilation_))
+    if not isinstance(pad_pairs, bool):
+        raise TypeError(f"pad_pairs: expected a bool, got {type(pad_pairs).__name__}")
     coords = coords.to(torch.int32).contiguous()
     out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
         coords, list(in_shape), list(out_shape), list(kernel), list(stride_), list(padding_), list(dilation_),
-        subm, transposed,
+        subm, transposed, pad_pairs,
     )
     return KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
 
@@ -246,29 +265,32 @@ def _kernel_map(
     dilation: list[int],
     subm: bool,
     transposed: bool,
+    pad_pairs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _ref.sparse_conv_kernel_map(
-        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed
+        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs
     )
 
 
 @_kernel_map.register_kernel("cuda")
-def _kernel_map_cuda(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed):
+def _kernel_map_cuda(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
+                     pad_pairs=False):
     from .triton import kernel_map as impl
 
     return impl.sparse_conv_kernel_map(
-        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed
+        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs
     )
 
 
 @_kernel_map.register_fake
-def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed):
+def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
+                     pad_pairs=False):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
     torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
     ctx = torch.library.get_ctx()
     num_k = math.prod(kernel_size)
     num_out = coords.shape[0] if subm else ctx.new_dynamic_size()
-    num_pairs = ctx.new_dynamic_size()
+    num_pairs = num_out * num_k if pad_pairs else ctx.new_dynamic_size()
     return (
         coords.new_empty((num_out, 4)),
         coords.new_empty((num_pairs,)),

@@ -350,6 +350,60 @@ def test_triton_interpreter(cfg, num):
         assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[9]], ids=_cfg_id)
+@pytest.mark.parametrize("tile,groups,chunk", [(256, 3, 2), (512, 1, 64)])
+@interpret
+def test_triton_interpreter_groups_and_padded_pairs(cfg, tile, groups, chunk, monkeypatch):
+    """Many row blocks per count group and many groups (small tiles), and the padded pairs form."""
+    from pcops.triton import kernel_map as tri
+
+    monkeypatch.setattr(tri, "_TILE", tile)
+    monkeypatch.setattr(tri, "_MAX_GROUPS", groups)
+    monkeypatch.setattr(tri, "_COUNT_CHUNK", chunk)
+    kernel, stride, padding, dilation, subm, transposed = cfg
+    coords = make_coords(2, (5, 6, 7), 41, seed=24)
+    got, args = _launch(coords, (5, 6, 7), kernel, stride, padding, dilation, subm, transposed)
+    expected = ref.sparse_conv_kernel_map(*args)
+    for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
+        assert torch.equal(a, b), name
+    padded = tri.sparse_conv_kernel_map(*args, pad_pairs=True)
+    expected = ref.sparse_conv_kernel_map(*args, pad_pairs=True)
+    for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), padded, expected):
+        assert torch.equal(a, b), name
+    m, k = padded[4].shape
+    assert padded[1].shape == (m * k,) and int((padded[1] == -1).sum()) == m * k - int(padded[3][-1])
+
+
+def test_padded_pairs_public():
+    coords = make_coords(2, (5, 6, 7), 40, seed=25)
+    for kwargs in (dict(subm=True), dict(stride=2, padding=1), dict(stride=2, transposed=True)):
+        km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs)
+        kp = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs, pad_pairs=True)
+        p = int(km.offsets[-1])
+        m, k = km.out_in.shape
+        assert kp.pair_in.shape == (m * k,) and kp.pair_out.shape == (m * k,)
+        assert torch.equal(kp.pair_in[:p], km.pair_in) and torch.equal(kp.pair_out[:p], km.pair_out)
+        assert bool((kp.pair_in[p:] == -1).all()) and bool((kp.pair_out[p:] == -1).all())
+        for name in ("out_coords", "offsets", "out_in"):
+            assert torch.equal(getattr(kp, name), getattr(km, name))
+    with pytest.raises(TypeError, match="pad_pairs"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True, pad_pairs=1)
+    args = (coords, [5, 6, 7], [5, 6, 7], [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False, True)
+    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
+
+
+@interpret
+def test_triton_interpreter_pairs_from_table_padded():
+    from pcops.triton import kernel_map as tri
+
+    t = torch.randint(-3, 50, (45, 8), generator=generator(26), dtype=torch.int32).clamp(min=-1)
+    pi, po, offs = tri.pairs_from_table(t, pad_pairs=True)
+    ri, ro, roffs = ref.pairs_from_table(t)
+    p = ri.numel()
+    assert torch.equal(offs, roffs) and pi.numel() == t.numel()
+    assert torch.equal(pi[:p], ri) and torch.equal(po[:p], ro) and bool((pi[p:] == -1).all())
+
+
 @interpret
 def test_triton_interpreter_duplicates_and_out_of_grid():
     """No host check on the GPU path: duplicates → the lowest row is the input found; out-of-grid rows
@@ -433,9 +487,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from pcops.triton import kernel_map as km
 
-PTRS = dict(coords_ptr="*i32", table_ptr="*i64", out_keys_ptr="*i64", out_keys32_ptr="*i32", out_coords_ptr="*i32",
-            keys_ptr="*i64",
-            out_in_ptr="*i32", counts_ptr="*i32", base_ptr="*i32", offsets_ptr="*i32", pair_in_ptr="*i32",
+PTRS = dict(coords_ptr="*i32", ws_ptr="*i64", out_keys_ptr="*i64", out_keys32_ptr="*i32", out_coords_ptr="*i32",
+            keys_ptr="*i64", out_in_ptr="*i32", counts_ptr="*i64", offsets_ptr="*i32", pair_in_ptr="*i32",
             pair_out_ptr="*i32")
 
 
@@ -445,15 +498,17 @@ def build(fn, consts, num_warps):
                    options={"num_warps": num_warps})
 
 
+RB = km._ROW_BASE
 for gen, tr, copy, bn, jp in ((False, False, True, 256, 1), (True, False, False, 32, 8), (True, True, False, 8, 32)):
-    build(km._kmap_insert_kernel, dict(GEN=gen, TRANSPOSED=tr, COPY=copy, BLOCK_N=bn, JPAD=jp, SINK_COPIES=16), 4)
+    build(km._kmap_insert_kernel, dict(ROW_BASE=RB, GEN=gen, TRANSPOSED=tr, COPY=copy, BLOCK_N=bn, JPAD=jp,
+                                       SINK_COPIES=16), 4)
 for fk, tr in ((False, False), (True, False), (True, True)):
-    build(km._kmap_lookup_kernel, dict(FROM_KEYS=fk, TRANSPOSED=tr, BLOCK_M=64, KPAD=32), 8)
+    build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, FROM_KEYS=fk, TRANSPOSED=tr, BLOCK_M=64, KPAD=32), 8)
 PTRS["keys_ptr"] = "*i32"
-build(km._kmap_lookup_kernel, dict(FROM_KEYS=True, TRANSPOSED=False, BLOCK_M=64, KPAD=32), 8)
+build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, FROM_KEYS=True, TRANSPOSED=False, BLOCK_M=64, KPAD=32), 8)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
-build(km._kmap_scan_kernel, dict(BLOCK=8192), 16)
-build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32), 8)
+for pad in (False, True):
+    build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=64, PAD=pad), 8)
 print("compiled")
 """
 
@@ -561,3 +616,34 @@ def test_gpu_opcheck():
                           (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False))
     km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True)
     torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in,))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_padded_pairs_and_cuda_graph():
+    """pad_pairs on the GPU equals the reference; the submanifold padded map has no host sync, so it
+    captures in a CUDA graph whose replay (on new coords in the same buffer) equals the eager map."""
+    shape = (17, 40, 33)
+    coords = make_coords(3, shape, 997, seed=34)
+    for kwargs in (dict(subm=True), dict(stride=2, padding=1), dict(stride=2, transposed=True)):
+        expected = pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, pad_pairs=True)
+        got = pcops.sparse_conv_kernel_map(coords.cuda(), shape, 3, **kwargs, pad_pairs=True)
+        for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
+            assert torch.equal(getattr(got, name).cpu(), getattr(expected, name)), name
+    static = coords.cuda()
+    fn = lambda: pcops.sparse_conv_kernel_map(static, shape, 3, subm=True, pad_pairs=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    other = make_coords(3, shape, 997, seed=35)
+    static.copy_(other.cuda())
+    g.replay()
+    torch.cuda.synchronize()
+    expected = pcops.sparse_conv_kernel_map(other, shape, 3, subm=True, pad_pairs=True)
+    for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
+        assert torch.equal(getattr(out, name).cpu(), getattr(expected, name)), name

@@ -142,10 +142,12 @@ def sparse_conv_kernel_map(
     dilation,
     subm: bool,
     transposed: bool,
+    pad_pairs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(out_coords, pair_in, pair_out, offsets, out_in)``; see ``pcops.sparse_conv_kernel_map``.
 
     For ``subm`` the caller passes stride 1 and the centred padding ``(K - 1) // 2 * d``.
+    ``pad_pairs``: the pair arrays get ``M·K`` entries, −1 past ``P``.
     Raises ``ValueError`` on out-of-grid or duplicate input voxels.
     """
     sorted_keys, perm = check_coords(coords, in_shape)
@@ -155,6 +157,10 @@ def sparse_conv_kernel_map(
         out_coords = output_coords(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, transposed)
     out_in = out_in_table(out_coords, sorted_keys, perm, in_shape, kernel_size, stride, padding, dilation, transposed)
     pair_in, pair_out, offsets = pairs_from_table(out_in)
+    if pad_pairs:
+        pad = out_in.numel() - pair_in.numel()
+        pair_in = torch.cat([pair_in, pair_in.new_full((pad,), -1)])
+        pair_out = torch.cat([pair_out, pair_out.new_full((pad,), -1)])
     return out_coords, pair_in, pair_out, offsets, out_in
 
 

@@ -1,27 +1,44 @@
 """Triton kernels for sparse-convolution kernel maps on a GPU hash table.
 
-Keys: a voxel's linear index ``((b * D + z) * H + y) * W + x`` (int64). Tables: open
-addressing with linear probing in power-of-two int64 arrays (input table load ≤ 1/4, output
-table ≤ 1/2 of its bound), slot = bits
-``[32 - log2(cap), 32)`` of ``(key ^ key >> 29) * 0x7FEB352D`` (multiplicative hashing keeps
-neighbouring keys apart). The input table stores *row indices* (claimed with ``atomic_cas``
-from −1; the key is re-read from ``coords``), so one int64 fill initialises it; duplicates
-keep the lowest row (``atomic_min``), so lookups are deterministic. The output table (regular
-and transposed conv) stores candidate output *keys*; each program appends the keys it newly
-claimed to a list at a position from one ``atomic_add`` per probe round, and the list is then
-sorted (``torch.sort``), which makes the output order deterministic whatever the atomics did
-(as int32 when ``(max batch + 1) · D'H'W' < 2^31``, the usual case: half the radix passes).
-Candidates are enumerated per input only over the offsets that can divide (per axis
+Keys: a voxel's linear index ``((b * D + z) * H + y) * W + x`` (int64). One int64 workspace,
+filled with −1 by a single launch, holds everything that needs an initial value:
+
+    [input table: 2·cap_in] [output table: cap_out] [group counts: G·KPAD] [counters: 4] [sink]
+
+Tables use open addressing with linear probing in power-of-two arrays (input table load
+≤ 1/4, output table ≤ 1/2 of its bound), slot = bits ``[32 - log2(cap), 32)`` of
+``(key ^ key >> 29) * 0x7FEB352D`` (multiplicative hashing keeps neighbouring keys apart). An
+input slot is a ``(key, row)`` pair of int64 words: the key is claimed with ``atomic_cas`` from
+−1 and the row is merged with ``atomic_max`` of ``2^40 - row``, so among duplicate voxels the
+lowest row wins whatever order the atomics ran in (deterministic); a probe reads both words of
+one 16-byte slot, with no second dependent load. The output table (regular and transposed
+conv) stores candidate output *keys*; each program appends the keys it newly claimed to a list
+at a position from one ``atomic_add`` per probe round, and the list is then sorted
+(``torch.sort``), which makes the output order deterministic whatever the atomics did (as int32
+when ``(max batch + 1) · D'H'W' < 2^31``, the usual case: half the radix passes). Candidates
+are enumerated per input only over the offsets that can divide (per axis
 ``k = k0 + j * s / gcd(d, s)``: 8 of 27 for 3×3×3 stride 2), and ``atomic_cas`` (which has no
 mask) sends idle lanes to a contiguous sink with an impossible compare value, so finished
 lanes cost one coalesced, contention-free atomic per round instead of a scattered one.
 
-Launches: submanifold = fill, insert, lookup, scan, [sync P], compact (5); regular/transposed
-= fill, insert (inputs + candidates), [sync M], ``torch.sort``, lookup, scan, [sync P],
-compact (5 + the sort's). The pairs layout is written from the out-in table: the lookup pass
-counts hits per (offset, block), a one-program scan turns the counts into positions, and the
-compaction pass ranks hits inside each block (``tl.cumsum``), so pairs within an offset are in
-ascending output order with no atomics.
+Pair count without a pass of its own: a regular or transposed map has exactly one pair per
+valid (input, offset) candidate (the output it reaches is in the output set, and an
+(output, offset) has one input), so the insert pass counts them, for the first row of each
+distinct voxel only (duplicates add nothing). Submanifold pairs are counted by the lookup.
+
+Pairs layout from the out-in table, no scan kernel: the lookup pass adds its hits per offset
+into the counts of its *group* of ``sub`` consecutive blocks (≤ ``_MAX_GROUPS`` groups, int64
+atomics: order-independent sums); each compaction program reduces all group counts itself
+(a few KB) into the offsets and its own first position per offset, then ranks the hits of its
+rows (``tl.cumsum``), so pairs within an offset are in ascending output order, no atomics.
+
+Launches and host syncs (S1 workloads: 44k voxels):
+  submanifold: fill, insert, lookup, compact = 4 launches; 1 host sync at the very end (the
+  pair count P, read after everything is queued: no bubble) or none with ``pad_pairs`` (pairs
+  padded to N·K, CUDA-graph capturable).
+  regular/transposed: fill, insert (inputs + candidates + counts of M and P), [1 sync: M, P
+  and the largest batch index in one read], ``torch.sort``, lookup, compact = 4 launches +
+  the sort's; the one sync is the output size M.
 """
 from __future__ import annotations
 
@@ -35,9 +52,6 @@ import triton.language as tl
 # (row, offset) lanes per program in the 2-D passes (64 rows × 32 offsets for 3×3×3: 8 lanes
 # per thread at 8 warps, few enough int64 temporaries to stay in registers)
 _TILE = 2048
-# elements per step of the one-program scan over the (offset, block) counts (S1: 3 steps)
-_SCAN_BLOCK = 8192
-_SCAN_WARPS = 16
 _NUM_WARPS = 8
 # the hash tables hold at least this many slots
 _MIN_CAPACITY = 16
@@ -45,6 +59,14 @@ _MIN_CAPACITY = 16
 _INSERT_LANES = 256
 # idle lanes of concurrent programs CAS different sink copies
 _SINK_COPIES = 16
+# at most this many count groups: each compaction program reads all of them (G·KPAD int64)
+_MAX_GROUPS = 256
+# group-count rows reduced per step in the compaction
+_COUNT_CHUNK = 64
+# rows are merged as ``_ROW_BASE - row`` with atomic_max (−1 = empty is below every row)
+_ROW_BASE = 1 << 40
+# counter cells (after the group counts): M - 1, max batch, P - 1 (all start at -1)
+_NUM_COUNTERS = 4
 
 
 @triton.jit
@@ -61,19 +83,9 @@ def _any2d(mask):
 
 
 @triton.jit
-def _row_key(coords_ptr, row, mask, D, H, W):
-    # linear key of input rows ``row`` (int64), re-read from coords
-    b = tl.load(coords_ptr + row * 4 + 0, mask=mask, other=0).to(tl.int64)
-    z = tl.load(coords_ptr + row * 4 + 1, mask=mask, other=0)
-    y = tl.load(coords_ptr + row * 4 + 2, mask=mask, other=0)
-    x = tl.load(coords_ptr + row * 4 + 3, mask=mask, other=0)
-    return ((b * D + z) * H + y) * W + x
-
-
-@triton.jit
 def _kmap_insert_kernel(
     coords_ptr,  # (N, 4) int32 (batch, z, y, x) input voxels
-    table_ptr,  # (cap_in + cap_out + 2 + sink,) int64, -1 = empty: input table | output table | counter | max batch | sink
+    ws_ptr,  # (ws,) int64 workspace, -1 = empty: input table (2 cap_in) | output table (cap_out) | counts | counters | sink
     out_keys_ptr,  # (bound,) int64 out: distinct candidate output keys, unordered (GEN)
     out_keys32_ptr,  # (bound,) int32 out: the same keys truncated (used when the key space fits)
     out_coords_ptr,  # (N, 4) int32 out: a copy of coords (COPY: submanifold)
@@ -81,11 +93,14 @@ def _kmap_insert_kernel(
     D, H, W,  # input grid
     cap_in, log_in,  # input table slots (power of two) and log2
     cap_out, log_out,  # output table slots and log2 (GEN)
+    counters_off,  # workspace index of the counters: [M - 1, max batch, P - 1]
+    sink_off,  # workspace index of the sink
     Do, Ho, Wo,  # output grid (GEN)
     Kz, Ky, Kx,  # kernel sizes
     sz, sy, sx, pz, py, px, dz, dy, dx,  # stride, padding, dilation
     gz, gy, gx, qz, qy, qx, vz, vy, vx,  # per axis: gcd(d, s), s / g, (d / g)^-1 mod (s / g)
     Jy, Jx, J,  # candidate offsets enumerated per input: Jz * Jy * Jx = J
+    ROW_BASE: tl.constexpr,
     GEN: tl.constexpr,  # generate candidate outputs (regular / transposed conv)
     TRANSPOSED: tl.constexpr,
     COPY: tl.constexpr,
@@ -109,23 +124,24 @@ def _kmap_insert_kernel(
     inside = live & (b >= 0) & (z >= 0) & (z < D) & (y >= 0) & (y < H) & (x >= 0) & (x < W)
     b64 = b.to(tl.int64)
     key = ((b64 * D + z) * H + y) * W + x
-    row = r.to(tl.int64)
     # atomic_cas has no mask: idle lanes CAS a private, contiguous sink cell (coalesced, no
     # contention) against -2, which no cell ever holds, so they never write
-    sink = cap_in + cap_out + 2 + (pid % SINK_COPIES) * (BLOCK_N * JPAD)
+    sink = sink_off + (pid % SINK_COPIES) * (BLOCK_N * JPAD)
 
-    # 1) insert the row index; the key of an occupied slot is re-read from coords
+    # 1) claim the key's slot (or find the voxel already there), then merge the row: the
+    #    lowest row of duplicate voxels wins, whatever order the atomics ran in
     slot = _slot(key, log_in, cap_in)
     active = inside
+    first = r < 0  # this row claimed the slot: the one row of its voxel that counts pairs
     lane = tl.arange(0, BLOCK_N)
     while tl.max(active.to(tl.int32), axis=0) > 0:
-        cell = tl.where(active, slot, sink + lane)
-        old = tl.atomic_cas(table_ptr + cell, tl.where(active, -1, -2).to(tl.int64), row)
-        occupied = active & (old >= 0)
-        same = occupied & (_row_key(coords_ptr, old, occupied, D, H, W) == key)
-        # a duplicate voxel: the lowest row wins, whatever order the atomics ran in
-        tl.atomic_min(table_ptr + slot, row, mask=same)
-        active = occupied & ~same
+        cell = tl.where(active, slot.to(tl.int64) * 2, sink + lane)
+        old = tl.atomic_cas(ws_ptr + cell, tl.where(active, -1, -2).to(tl.int64), key)
+        claimed = active & (old == -1)
+        done = claimed | (active & (old == key))
+        first = first | claimed
+        tl.atomic_max(ws_ptr + slot.to(tl.int64) * 2 + 1, ROW_BASE - r.to(tl.int64), mask=done)
+        active = active & ~done
         slot = tl.where(active, (slot + 1) & (cap_in - 1), slot)
 
     # 2) candidate outputs of every (input, offset), deduplicated in the output table
@@ -163,16 +179,19 @@ def _kmap_insert_kernel(
             oy = tl.where(cand, ny, 0) // sy
             ox = tl.where(cand, nx, 0) // sx
         cand = cand & (oz >= 0) & (oz < Do) & (oy >= 0) & (oy < Ho) & (ox >= 0) & (ox < Wo)
+        counter_ptr = ws_ptr + counters_off
+        # one pair per valid (voxel, offset): the pair count P, before any lookup
+        num_pairs = tl.sum(tl.sum((cand & first[:, None]).to(tl.int32), axis=1), axis=0)
+        tl.atomic_add(counter_ptr + 2, num_pairs.to(tl.int64))
+        # the largest batch index bounds the output key space: int32 keys sort in half the passes
+        tl.atomic_max(counter_ptr + 1, tl.max(tl.where(inside, b64, -1), axis=0))
         okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
         oslot = _slot(okey, log_out, cap_out)
         active2 = cand
-        counter_ptr = table_ptr + cap_in + cap_out
-        # the largest batch index bounds the output key space: int32 keys sort in half the passes
-        tl.atomic_max(counter_ptr + 1, tl.max(tl.where(inside, b64, -1), axis=0))
         lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
         while _any2d(active2):
-            cell = tl.where(active2, cap_in + oslot, sink + lane2)
-            old = tl.atomic_cas(table_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey)
+            cell = tl.where(active2, 2 * cap_in + oslot, sink + lane2)
+            old = tl.atomic_cas(ws_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey)
             claimed = active2 & (old == -1)
             # one atomic per round: rank the claimed lanes in row-major order inside the tile
             c = claimed.to(tl.int32)
@@ -188,19 +207,20 @@ def _kmap_insert_kernel(
 
 @triton.jit
 def _kmap_lookup_kernel(
-    coords_ptr,  # (N, 4) int32 input voxels
-    table_ptr,  # (cap_in,) int64 input table: row index or -1
+    coords_ptr,  # (N, 4) int32 input voxels (submanifold: also the outputs)
+    ws_ptr,  # (ws,) int64 workspace: input table (key, ROW_BASE - row) pairs at [0, 2 cap_in); group counts
     keys_ptr,  # (M,) int64 or int32 sorted output keys (FROM_KEYS)
     out_coords_ptr,  # (M, 4) int32 out: decoded output voxels (FROM_KEYS)
     out_in_ptr,  # (M, K) int32 out: input row per (output, offset), -1 for none
-    counts_ptr,  # (K, nb) int32 out: hits per offset and block of BLOCK_M outputs
     m_total,  # M
-    nb,  # number of programs (blocks of outputs)
+    counts_off,  # workspace index of the (G, KPAD) group counts (start at -1)
+    sub,  # blocks per count group
     D, H, W,  # input grid
     cap_in, log_in,
     Do, Ho, Wo,  # output grid (FROM_KEYS decoding)
     K, Ky, Kx,
     sz, sy, sx, pz, py, px, dz, dy, dx,
+    ROW_BASE: tl.constexpr,
     FROM_KEYS: tl.constexpr,  # outputs are sorted keys (regular/transposed) or coords (submanifold)
     TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -253,29 +273,30 @@ def _kmap_lookup_kernel(
     valid = valid & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
     key = ((b[:, None] * D + iz) * H + iy) * W + ix
 
-    # probe until the key or an empty slot: the table's rows are re-keyed from coords
+    # probe until the key or an empty slot; a slot's key and row share 16 bytes
     slot = _slot(key, log_in, cap_in)
     found = tl.full((BLOCK_M, KPAD), -1, tl.int64)
     active = valid
     while _any2d(active):
-        e = tl.load(table_ptr + slot, mask=active, other=-1)
-        occupied = active & (e >= 0)
-        hit = occupied & (_row_key(coords_ptr, e, occupied, D, H, W) == key)
-        found = tl.where(hit, e, found)
-        active = occupied & ~hit
+        cell = slot.to(tl.int64) * 2
+        e = tl.load(ws_ptr + cell, mask=active, other=-1)
+        hit = active & (e == key)
+        row = tl.load(ws_ptr + cell + 1, mask=hit, other=0)
+        found = tl.where(hit, ROW_BASE - row, found)
+        active = active & (e != -1) & ~hit
         slot = tl.where(active, (slot + 1) & (cap_in - 1), slot)
 
     out_mask = live[:, None] & k_live[None, :]
     tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
-    cnt = tl.sum((found >= 0).to(tl.int32), axis=0)
-    tl.store(counts_ptr + rk * nb + pid, cnt, mask=k_live)
+    cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
+    tl.atomic_add(ws_ptr + counts_off + (pid // sub) * KPAD + rk, cnt, mask=k_live)
 
 
 @triton.jit
 def _kmap_count_kernel(
     out_in_ptr,  # (M, K) int32
-    counts_ptr,  # (K, nb) int32 out: entries >= 0 per offset and block
-    m_total, nb, K,
+    counts_ptr,  # (G, KPAD) int64 group counts, start at -1: entries >= 0 per offset added per group
+    m_total, sub, K,
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
 ):
@@ -284,56 +305,59 @@ def _kmap_count_kernel(
     rk = tl.arange(0, KPAD)
     mask = (m < m_total)[:, None] & (rk < K)[None, :]
     v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
-    tl.store(counts_ptr + rk * nb + pid, tl.sum((v >= 0).to(tl.int32), axis=0), mask=rk < K)
-
-
-@triton.jit
-def _kmap_scan_kernel(
-    counts_ptr,  # (K * nb,) int32: hits of block b for offset k at [k * nb + b]
-    base_ptr,  # (K * nb,) int32 out: first pair position of (k, b) (exclusive scan)
-    offsets_ptr,  # (K + 1,) int32 out: first pair of offset k; offsets[K] = P
-    nb, K,
-    BLOCK: tl.constexpr,
-):
-    # one program: the (offset, block) order is exactly the pair order, so one running
-    # exclusive scan gives every block's first position and every offset's start
-    total = nb * K
-    carry = tl.zeros([1], dtype=tl.int32)
-    for start in range(0, total, BLOCK):
-        j = start + tl.arange(0, BLOCK)
-        live = j < total
-        c = tl.load(counts_ptr + j, mask=live, other=0)
-        excl = tl.cumsum(c, axis=0) - c + carry
-        tl.store(base_ptr + j, excl, mask=live)
-        k = j // nb
-        tl.store(offsets_ptr + k, excl, mask=live & (j - k * nb == 0))
-        carry += tl.sum(c, axis=0)
-    tl.store(offsets_ptr + K, tl.sum(carry, axis=0))
+    cnt = tl.sum((v >= 0).to(tl.int64), axis=0)
+    tl.atomic_add(counts_ptr + (pid // sub) * KPAD + rk, cnt, mask=rk < K)
 
 
 @triton.jit
 def _kmap_compact_kernel(
     out_in_ptr,  # (M, K) int32
-    base_ptr,  # (K * nb,) int32 first pair position of (offset, block)
-    pair_in_ptr,  # (P,) int32 out
-    pair_out_ptr,  # (P,) int32 out
-    m_total, nb, K,
+    counts_ptr,  # (G, KPAD) int64 hits per (group of `sub` blocks, offset), each cell starts at -1
+    pair_in_ptr,  # (cap_pairs,) int32 out
+    pair_out_ptr,  # (cap_pairs,) int32 out
+    offsets_ptr,  # (K + 1,) int32 out (program 0 writes it)
+    m_total, K, sub, num_groups,
+    cap_pairs,  # length of the pair arrays (P, or M * K when padded)
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
+    CHUNK: tl.constexpr,  # group rows reduced per step
+    PAD: tl.constexpr,  # write -1 to the pair entries [P, cap_pairs)
 ):
+    # program = one count group: reduce every group's counts (a few KB) into the per-offset
+    # totals and this group's first position per offset, then rank the hits row by row
     pid = tl.program_id(0)
-    m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, KPAD)
     k_live = rk < K
-    mask = (m < m_total)[:, None] & k_live[None, :]
-    v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
-    hit = (v >= 0).to(tl.int32)
-    # stable: rank among this block's hits of the same offset, in output order
-    rank = tl.cumsum(hit, axis=0) - hit
-    base = tl.load(base_ptr + rk * nb + pid, mask=k_live, other=0)
-    pos = base[None, :] + rank
-    tl.store(pair_in_ptr + pos, v, mask=hit > 0)
-    tl.store(pair_out_ptr + pos, (m[:, None] + rk[None, :] * 0).to(tl.int32), mask=hit > 0)
+    total = tl.zeros([KPAD], dtype=tl.int32)
+    before = tl.zeros([KPAD], dtype=tl.int32)
+    for g0 in range(0, num_groups, CHUNK):
+        g = g0 + tl.arange(0, CHUNK)
+        g_live = g < num_groups
+        c = tl.load(counts_ptr + g[:, None] * KPAD + rk[None, :], mask=g_live[:, None], other=-1) + 1
+        c = c.to(tl.int32)
+        total += tl.sum(c, axis=0)
+        before += tl.sum(tl.where((g < pid)[:, None], c, 0), axis=0)
+    start = tl.cumsum(total, axis=0) - total  # first pair of each offset
+    num_pairs = tl.sum(total, axis=0)
+    tl.store(offsets_ptr + rk, start, mask=k_live & (pid == 0))
+    tl.store(offsets_ptr + K + rk * 0, start * 0 + num_pairs, mask=(rk == 0) & (pid == 0))
+    run = start + before
+    for s in range(0, sub):
+        m = (pid * sub + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (m < m_total)[:, None] & k_live[None, :]
+        v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
+        hit = (v >= 0).to(tl.int32)
+        # stable: rank among this tile's hits of the same offset, in output order
+        pos = run[None, :] + tl.cumsum(hit, axis=0) - hit
+        ok = (hit > 0) & (pos < cap_pairs)
+        tl.store(pair_in_ptr + pos, v, mask=ok)
+        tl.store(pair_out_ptr + pos, (m[:, None] + rk[None, :] * 0).to(tl.int32), mask=ok)
+        run += tl.sum(hit, axis=0)
+        if PAD:
+            flat = m[:, None] * K + rk[None, :]
+            tail = mask & (flat >= num_pairs) & (flat < cap_pairs)
+            tl.store(pair_in_ptr + flat, v * 0 - 1, mask=tail)
+            tl.store(pair_out_ptr + flat, v * 0 - 1, mask=tail)
 
 
 # --- launchers ------------------------------------------------------------------------------
@@ -351,6 +375,12 @@ def _capacity(count: int, slack: int = 2) -> tuple[int, int]:
     return cap, cap.bit_length() - 1
 
 
+def _groups(num_blocks: int) -> tuple[int, int]:
+    """``(blocks per count group, groups)`` with at most ``_MAX_GROUPS`` groups."""
+    sub = max(1, triton.cdiv(num_blocks, _MAX_GROUPS))
+    return sub, triton.cdiv(num_blocks, sub)
+
+
 @functools.lru_cache(maxsize=256)
 def _axis_enumeration(kernel_size: tuple, stride: tuple, dilation: tuple, transposed: bool):
     """Per axis ``(g, q, inv, J)``: the offsets ``k`` with ``k * d = r (mod s)`` are
@@ -365,7 +395,7 @@ def _axis_enumeration(kernel_size: tuple, stride: tuple, dilation: tuple, transp
         q = s // g
         inv = pow(d // g, -1, q) if q > 1 else 0
         axes.append((g, q, inv, -(-k // q)))
-    return axes
+    return tuple(axes)
 
 
 def max_outputs_per_input(kernel_size, stride, dilation, transposed: bool) -> int:
@@ -373,42 +403,76 @@ def max_outputs_per_input(kernel_size, stride, dilation, transposed: bool) -> in
     return math.prod(a[3] for a in _axis_enumeration(tuple(kernel_size), tuple(stride), tuple(dilation), transposed))
 
 
-def _pairs(out_in: torch.Tensor, counts: torch.Tensor, nb: int, block_m: int, kpad: int):
-    """Scan + compaction from the out-in table and its per-(offset, block) counts; syncs once for P."""
+@functools.lru_cache(maxsize=256)
+def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, padding: tuple,
+          dilation: tuple, subm: bool, transposed: bool) -> dict:
+    """Everything about a call that does not depend on N (cached: the host time is the budget)."""
+    num_k = math.prod(kernel_size)
+    block, kpad = _tile(num_k)
+    axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
+    per_input = 0 if subm else math.prod(a[3] for a in axes)
+    jpad = triton.next_power_of_2(per_input) if per_input else 1
+    block_n = _INSERT_LANES if subm else max(2, _INSERT_LANES // jpad)
+    enum = [a[0] for a in axes] + [a[1] for a in axes] + [a[2] for a in axes] + [
+        axes[1][3], axes[2][3], max(per_input, 1)]
+    geometry = (*kernel_size, *stride, *padding, *dilation)
+    return dict(
+        num_k=num_k, block=block, kpad=kpad, per_input=per_input, jpad=jpad, block_n=block_n,
+        sink=_SINK_COPIES * block_n * jpad,
+        insert_args=(*in_shape,),
+        insert_tail=(*out_shape, *geometry, *enum),
+        lookup_tail=(*out_shape, num_k, kernel_size[1], kernel_size[2], *stride, *padding, *dilation),
+    )
+
+
+def _empty_map(dev, num_out: int, num_k: int, out_coords=None):
+    empty = torch.empty(0, dtype=torch.int32, device=dev)
+    if out_coords is None:
+        out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
+    return (out_coords, empty, empty.clone(), torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
+            torch.empty((num_out, num_k), dtype=torch.int32, device=dev))
+
+
+def _compact(out_in, counts, sub, num_groups, block_m, kpad, cap_pairs, pad):
+    """Pairs (``cap_pairs`` long) and offsets from the out-in table and its group counts: 1 launch."""
     num_out, num_k = out_in.shape
     dev = out_in.device
+    pair_in = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
+    pair_out = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
-    base = torch.empty(num_k * nb, dtype=torch.int32, device=dev)
-    _kmap_scan_kernel[(1,)](counts, base, offsets, nb, num_k, BLOCK=_SCAN_BLOCK, num_warps=_SCAN_WARPS)
-    num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size
-    pair_in = torch.empty(num_pairs, dtype=torch.int32, device=dev)
-    pair_out = torch.empty(num_pairs, dtype=torch.int32, device=dev)
-    if num_pairs:
-        _kmap_compact_kernel[(nb,)](
-            out_in, base, pair_in, pair_out, num_out, nb, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS
-        )
+    _kmap_compact_kernel[(num_groups,)](
+        out_in, counts, pair_in, pair_out, offsets, num_out, num_k, sub, num_groups, cap_pairs,
+        BLOCK_M=block_m, KPAD=kpad, CHUNK=_COUNT_CHUNK, PAD=pad, num_warps=_NUM_WARPS,
+    )
     return pair_in, pair_out, offsets
 
 
-def pairs_from_table(out_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pairs_from_table(out_in: torch.Tensor, pad_pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pairs layout of an out-in table.
 
     Args:
         out_in: ``(M, K)`` int32 contiguous, −1 for no input.
+        pad_pairs: return pairs of length ``M·K`` (entries past ``offsets[K]`` are −1) and
+            skip the host sync.
     Returns:
         ``pair_in, pair_out (P,)`` int32 grouped by offset, ascending output within an offset,
-        and ``offsets (K+1,)`` int32. 3 launches (count, scan, compact), one host sync (P).
+        and ``offsets (K+1,)`` int32. 3 launches (fill, count, compact); one host sync (P) at the
+        end, none with ``pad_pairs``.
     """
     num_out, num_k = out_in.shape
     dev = out_in.device
     if num_out == 0:
-        empty = torch.empty(0, dtype=torch.int32, device=dev)
-        return empty, empty.clone(), torch.zeros(num_k + 1, dtype=torch.int32, device=dev)
+        return _empty_map(dev, 0, num_k)[1:4]
     block_m, kpad = _tile(num_k)
     nb = triton.cdiv(num_out, block_m)
-    counts = torch.empty(num_k * nb, dtype=torch.int32, device=dev)
-    _kmap_count_kernel[(nb,)](out_in, counts, num_out, nb, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
-    return _pairs(out_in, counts, nb, block_m, kpad)
+    sub, num_groups = _groups(nb)
+    counts = torch.full((num_groups * kpad,), -1, dtype=torch.int64, device=dev)
+    _kmap_count_kernel[(nb,)](out_in, counts, num_out, sub, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
+    pair_in, pair_out, offsets = _compact(out_in, counts, sub, num_groups, block_m, kpad, num_out * num_k, pad_pairs)
+    if not pad_pairs:
+        num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size
+        pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
+    return pair_in, pair_out, offsets
 
 
 def sparse_conv_kernel_map(
@@ -421,6 +485,7 @@ def sparse_conv_kernel_map(
     dilation,
     subm: bool,
     transposed: bool,
+    pad_pairs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Kernel map on the GPU (or on CPU tensors under the Triton interpreter).
 
@@ -429,70 +494,73 @@ def sparse_conv_kernel_map(
             inputs; duplicates: the lowest row is the input found.
         in_shape, out_shape: ``(D, H, W)`` grids; kernel_size, stride, padding, dilation: 3-lists
             (submanifold: stride 1 and the centred padding, as the public function passes).
+        pad_pairs: pairs of length ``M·K`` (the bound; entries past ``offsets[K]`` are −1).
     Returns:
         ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
-        int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``. Host syncs: M
-        (regular/transposed) and P.
+        int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``.
+        Launches: 4 (submanifold), 4 + ``torch.sort``'s (regular/transposed). Host syncs:
+        submanifold one, for P, after every launch is queued (none with ``pad_pairs``: the
+        whole map can be captured in a CUDA graph); regular/transposed exactly one, for M (P
+        and the largest batch index come with it); the pair arrays of the non-padded
+        submanifold map are views of ``N·K``-long buffers.
     """
     dev = coords.device
     n = coords.shape[0]
-    num_k = math.prod(kernel_size)
-    D, H, W = in_shape
-    Do, Ho, Wo = out_shape
-    kz_, ky_, kx_ = kernel_size
-    geometry = (num_k, ky_, kx_, *stride, *padding, *dilation)
-    block, kpad = _tile(num_k)
+    plan = _plan(tuple(in_shape), tuple(out_shape), tuple(kernel_size), tuple(stride), tuple(padding),
+                 tuple(dilation), bool(subm), bool(transposed))
+    num_k, block, kpad = plan["num_k"], plan["block"], plan["kpad"]
     if n == 0:
-        empty = torch.empty(0, dtype=torch.int32, device=dev)
-        return (torch.empty((0, 4), dtype=torch.int32, device=dev), empty, empty.clone(),
-                torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
-                torch.empty((0, num_k), dtype=torch.int32, device=dev))
+        return _empty_map(dev, 0, num_k)
     # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
     cap_in, log_in = _capacity(n, 4)
-    axes = _axis_enumeration(tuple(kernel_size), tuple(stride), tuple(dilation), transposed)
     if subm:
-        bound, cap_out, log_out, jpad = 0, 0, 0, 1
-        block_n = _INSERT_LANES
+        bound, cap_out, log_out = 0, 0, 0
+        sub, num_groups = _groups(triton.cdiv(n, block))
     else:
-        bound = n * math.prod(a[3] for a in axes)
+        bound = n * plan["per_input"]
         cap_out, log_out = _capacity(bound)
-        jpad = triton.next_power_of_2(math.prod(a[3] for a in axes))
-        block_n = max(2, _INSERT_LANES // jpad)
-    sink = _SINK_COPIES * block_n * jpad
-    if cap_in + cap_out + 2 + sink >= 2**31:
-        raise ValueError(f"coords: {n} voxels need hash tables of {cap_in + cap_out} slots (limit 2^31)")
-    table = torch.full((cap_in + cap_out + 2 + sink,), -1, dtype=torch.int64, device=dev)  # launch 1
+        sub, num_groups = 1, _MAX_GROUPS  # the group count is known after the sync; reserve the most
+    counts_off = 2 * cap_in + cap_out
+    counters_off = counts_off + num_groups * kpad
+    sink_off = counters_off + _NUM_COUNTERS
+    ws_len = sink_off + plan["sink"]
+    if ws_len >= 2**31:
+        raise ValueError(f"coords: {n} voxels need hash tables of {2 * cap_in + cap_out} slots (limit 2^31)")
+    ws = torch.full((ws_len,), -1, dtype=torch.int64, device=dev)  # launch 1
     out_keys = torch.empty(bound, dtype=torch.int64, device=dev)
     out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
     out_coords = torch.empty((n, 4) if subm else (0, 4), dtype=torch.int32, device=dev)
-    enum_args = [a[0] for a in axes] + [a[1] for a in axes] + [a[2] for a in axes] + [
-        axes[1][3], axes[2][3], math.prod(a[3] for a in axes)]
+    block_n = plan["block_n"]
     _kmap_insert_kernel[(triton.cdiv(n, block_n),)](  # launch 2
-        coords, table, out_keys, out_keys32, out_coords, n, D, H, W, cap_in, log_in, max(cap_out, 1), log_out,
-        Do, Ho, Wo, *kernel_size, *stride, *padding, *dilation, *enum_args,
-        GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=jpad, SINK_COPIES=_SINK_COPIES,
-        num_warps=4,
+        coords, ws, out_keys, out_keys32, out_coords, n, *plan["insert_args"], cap_in, log_in,
+        max(cap_out, 1), log_out, counters_off, sink_off, *plan["insert_tail"],
+        ROW_BASE=_ROW_BASE, GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=plan["jpad"],
+        SINK_COPIES=_SINK_COPIES, num_warps=4,
     )
     if subm:
         num_out, keys = n, out_keys
     else:
-        # host sync: the output count is an output size (read with the largest batch index)
-        last, max_batch = table[cap_in + cap_out : cap_in + cap_out + 2].tolist()
-        num_out = last + 1
+        # the one host sync: the output count M (with P and the largest batch index)
+        last, max_batch, last_pair = ws[counters_off : counters_off + 3].tolist()
+        num_out, num_pairs = last + 1, last_pair + 1
+        if num_out == 0:
+            return _empty_map(dev, 0, num_k)
         # linear keys sort lexicographically by (b, z, y, x); int32 keys when they fit (half the radix passes)
-        fits32 = (max_batch + 1) * Do * Ho * Wo < 2**31
+        fits32 = (max_batch + 1) * math.prod(out_shape) < 2**31
         keys = torch.sort((out_keys32 if fits32 else out_keys)[:num_out]).values
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
+        sub, num_groups = _groups(triton.cdiv(num_out, block))
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
-    if num_out == 0:
-        empty = torch.empty(0, dtype=torch.int32, device=dev)
-        return out_coords, empty, empty.clone(), torch.zeros(num_k + 1, dtype=torch.int32, device=dev), out_in
     nb = triton.cdiv(num_out, block)
-    counts = torch.empty(num_k * nb, dtype=torch.int32, device=dev)
     _kmap_lookup_kernel[(nb,)](  # launch 3
-        coords, table, keys, out_coords, out_in, counts, num_out, nb, D, H, W, cap_in, log_in,
-        Do, Ho, Wo, *geometry,
-        FROM_KEYS=not subm, TRANSPOSED=transposed, BLOCK_M=block, KPAD=kpad, num_warps=_NUM_WARPS,
+        coords, ws, keys, out_coords, out_in, num_out, counts_off, sub, *plan["insert_args"], cap_in, log_in,
+        *plan["lookup_tail"],
+        ROW_BASE=_ROW_BASE, FROM_KEYS=not subm, TRANSPOSED=transposed, BLOCK_M=block, KPAD=kpad, num_warps=_NUM_WARPS,
     )
-    pair_in, pair_out, offsets = _pairs(out_in, counts, nb, block, kpad)  # launches 4, 5
+    cap_pairs = num_out * num_k if (subm or pad_pairs) else num_pairs
+    counts = ws[counts_off:counters_off]
+    pair_in, pair_out, offsets = _compact(out_in, counts, sub, num_groups, block, kpad, cap_pairs, pad_pairs)  # launch 4
+    if subm and not pad_pairs:
+        num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size (all work is queued)
+        pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
     return out_coords, pair_in, pair_out, offsets, out_in
