@@ -551,7 +551,8 @@ __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
 }
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
-  asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(addr), "r"(bytes)
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 st, [%0], %1; }" ::"r"(addr),
+               "r"(bytes)
                : "memory");
 }
 
@@ -704,12 +705,13 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
             cq = (j * TILE_WARPS + warp) * 32 + lane;
           }
         }
+        // every lane loads its candidate's coordinates while the index is reduced (latency hidden)
+        const float lx = xs[cq], ly = ys[cq], lz = zs[cq];
         ri = redux_min_u32(cand);  // original indices are distinct: one lane holds it
         const int from = __ffs(__ballot_sync(FULL_MASK, cand == ri)) - 1;
-        const int q = __shfl_sync(FULL_MASK, cq, from);
-        rx = xs[q];
-        ry = ys[q];
-        rz = zs[q];
+        rx = __shfl_sync(FULL_MASK, lx, from);
+        ry = __shfl_sync(FULL_MASK, ly, from);
+        rz = __shfl_sync(FULL_MASK, lz, from);
       }
     }
     // 3. exchange the records of the step
@@ -761,14 +763,14 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
         }
       }
     }
+    const float4 mine = tcrd[parity][br];  // loaded while the reductions run
     const int gd = redux_max_s32(bd);
     const unsigned c = bd == gd ? bi : 0xFFFFFFFFu;
     sel = redux_min_u32(c);
     const int from = __ffs(__ballot_sync(FULL_MASK, c == sel)) - 1;
-    const float4 centre = tcrd[parity][__shfl_sync(FULL_MASK, br, from)];
-    cx = centre.x;
-    cy = centre.y;
-    cz = centre.z;
+    cx = __shfl_sync(FULL_MASK, mine.x, from);
+    cy = __shfl_sync(FULL_MASK, mine.y, from);
+    cz = __shfl_sync(FULL_MASK, mine.z, from);
     if (rank == 0 && tid == 0) out[b * num_samples + s] = sel;
   }
   if (C > 1) cluster_sync();  // no CTA exits while others may still write to its shared memory
