@@ -6,7 +6,9 @@ GELU). Baselines, same run: eager ``F.gelu(F.layer_norm(...), approximate="tanh"
 after ``torch.manual_seed(0)``, N(0, 1) float32 values, int64 crow (torch's CSR default).
 Baselines: a plain-torch segment softmax (``scatter_reduce`` amax + exp + ``index_add``, the
 row index of every entry precomputed, as graph libraries keep it) and ``torch.sparse.softmax``
-on the equivalent COO tensor. pcops: Triton and CUDA C++ (NVRTC) both.
+on the equivalent COO tensor. pcops: Triton and CUDA C++ (NVRTC) both; for CUDA C++ also each
+group shape of ``pcops.cuda.sparse_softmax.VARIANTS`` (kernels called directly; ``(auto)``
+marks the one the op picks for Q1).
 
 fwd+bwd rows: ``y = f(x, w, b); y.backward(dy)`` with the leaves' ``.grad`` reset to None
 before each call (what ``optimizer.zero_grad()`` does by default since torch 2.0), so autograd
@@ -235,6 +237,7 @@ def bench_sparse_softmax(rows, rep, launches):
         # torch.sparse.softmax on COO is timed eagerly only (it is not meant for graph capture)
         t = timed_pair(rows, wl, impl + " (fwd)", fn, rep, fwd_floor, Q1_ROWS, base, graph="COO" not in impl)
         base = base or t
+    fwd_base = base or {}
     vr = values.clone().requires_grad_(True)
     dy = torch.randn(nnz, device="cuda")
 
@@ -258,6 +261,19 @@ def bench_sparse_softmax(rows, rep, launches):
     graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)",
               fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton"), accumulate=True), rep, fb_floor,
               Q1_ROWS, (base or {}).get(True))
+    # the CUDA C++ group shapes (pcops.cuda.sparse_softmax.VARIANTS), kernels called directly
+    from pcops.cuda import sparse_softmax as cu
+
+    auto = cu.choose_variant(Q1_ROWS, nnz)
+    for v in cu.VARIANTS:
+        name = f"pcops cuda {v}{' (auto)' if v == auto else ''}"
+        err = (cu.sparse_softmax(values, crow, variant=v) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
+        print(f"Q1 cuda {v}: max |pcops - segment softmax| = {err:.3g}")
+        graph_row(rows, wl, f"{name} (fwd)", lambda v=v: cu.sparse_softmax(values, crow, variant=v), rep, fwd_floor,
+                  Q1_ROWS, fwd_base.get(True))
+        graph_row(rows, wl, f"{name} (fwd+bwd kernels)",
+                  lambda v=v: cu.sparse_softmax_backward(dy, cu.sparse_softmax(values, crow, variant=v), crow, variant=v),
+                  rep, fb_floor, Q1_ROWS, (base or {}).get(True))
     for backend in ("triton", "cuda"):
         launches[f"Q1 {backend}"] = count_launches(f"Q1 {backend}", {
             "fwd": lambda: pcops.sparse_softmax(values, crow, backend=backend),

@@ -2,11 +2,17 @@
 // run time by NVRTC (self-contained: no standard or CUDA headers). Same results as
 // pcops/triton/fused.py's _sparse_softmax_kernel (up to float32 rounding).
 //
-// Work split (the seed design): a block of WARPS warps owns WARPS consecutive rows. A row with
-// at most SHORT_MAX = 32·VPT entries is done by its warp alone, entirely in registers (one read,
-// one write, shuffles for the reductions). Longer rows are flagged in shared memory and then
-// done one after another by the whole block (online max/sum over a strided loop, a block
-// reduction through shared memory, then a second pass that writes). One launch, no host sync.
+// Work split: a block of WARPS warps owns RPB = WARPS · 32 / SUB consecutive rows; each group of
+// SUB lanes (SUB = 32: a warp, the seed design; 16, 8 or 4: 2, 4 or 8 rows per warp) owns one
+// row. A row with at most CAP = SUB · VPT entries is done by its group alone, entirely in
+// registers (one read, one write; the reductions are log2(SUB) xor-shuffles that all groups of
+// a warp run together, so the shuffles stay warp-converged). Short rows packed several per warp
+// give each warp several rows of loads in flight at once (the Q1 kernel was latency-bound with
+// one 32-entry row per warp: ≈ 128 bytes in flight per warp). Longer rows are flagged in
+// shared memory and then done one after another by the whole block (online max/sum over a
+// strided loop, a block reduction through shared memory, then a second pass that writes).
+// One launch, no host sync. The launcher picks SUB from the mean row length (no host sync):
+// the smallest group whose CAP covers 2·mean − 1 (the longest row when lengths are uniform).
 //
 // Empty rows write nothing; an all −inf row gives zeros (the max is replaced by 0 so that
 // exp(−inf − 0) = 0 and the zero sum gives a zero output instead of 0/0). Row ranges are
@@ -17,8 +23,6 @@
 
 #define WARPS 8
 #define THREADS (WARPS * 32)
-#define VPT 4
-#define SHORT_MAX (32 * VPT)
 #define NEG_INF __int_as_float(0xff800000)
 
 template <int KIND> struct Elem;
@@ -61,6 +65,22 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Max / sum over the SUB lanes of an aligned group (xor offsets < SUB stay inside the group).
+// Every lane of the warp must call these (full mask): callers predicate, never branch around.
+template <int SUB>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int o = SUB / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <int SUB>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = SUB / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // Merge the running (max, sum of exp(v - max)) pair (m2, s2) into (m, s); −inf maxima are empty.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   float mx = fmaxf(m, m2);
@@ -78,51 +98,54 @@ __device__ __forceinline__ void row_range(const I* crow, long long row, long lon
   end = end < start ? start : (end > nnz ? nnz : end);
 }
 
-template <int KIND, typename I>
+template <int KIND, typename I, int SUB, int VPT>
 __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, const I* __restrict__ crow,
                             typename Elem<KIND>::T* __restrict__ out, long long rows, long long nnz) {
   typedef Elem<KIND> E;
-  __shared__ int is_long[WARPS];
+  constexpr int RPW = 32 / SUB;    // rows per warp
+  constexpr int RPB = WARPS * RPW;  // rows per block
+  constexpr int CAP = SUB * VPT;    // longest row a group holds in registers
+  __shared__ int is_long[RPB];
   __shared__ float red_m[WARPS], red_s[WARPS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const long long first = (long long)blockIdx.x * WARPS;
-  const long long row = first + warp;
+  const int slot = warp * RPW + lane / SUB, sl = lane % SUB;  // the group's row in the block, lane in the group
+  const long long first = (long long)blockIdx.x * RPB;
+  const long long row = first + slot;
   long long start = 0, end = 0;
   if (row < rows) row_range(crow, row, nnz, start, end);
   const long long len = end - start;
-  if (lane == 0) is_long[warp] = len > SHORT_MAX;
-  // short rows: one warp, values in registers
-  if (len > 0 && len <= SHORT_MAX) {
-    float v[VPT];
-    float m = NEG_INF;
+  if (sl == 0) is_long[slot] = len > CAP;
+  // short rows: one group each, values in registers; long (and empty) rows load nothing here
+  const int n = len <= CAP ? (int)len : 0;
+  float v[VPT];
+  float m = NEG_INF;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      long long i = lane + 32 * k;
-      v[k] = i < len ? E::load(values[start + i]) : NEG_INF;
-      m = fmaxf(m, v[k]);
-    }
-    m = warp_max(m);
-    const float ref = m == NEG_INF ? 0.f : m;  // all −inf: exp gives 0, the output 0
-    float s = 0.f;
+  for (int k = 0; k < VPT; ++k) {
+    const int i = sl + SUB * k;
+    v[k] = i < n ? E::load(values[start + i]) : NEG_INF;
+    m = fmaxf(m, v[k]);
+  }
+  m = group_max<SUB>(m);
+  const float ref = m == NEG_INF ? 0.f : m;  // all −inf: exp gives 0, the output 0
+  float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      v[k] = __expf(v[k] - ref);
-      s += v[k];
-    }
-    s = warp_sum(s);
-    const float inv = s > 0.f ? 1.f / s : 0.f;
+  for (int k = 0; k < VPT; ++k) {
+    v[k] = __expf(v[k] - ref);
+    s += v[k];
+  }
+  s = group_sum<SUB>(s);
+  const float inv = s > 0.f ? 1.f / s : 0.f;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      long long i = lane + 32 * k;
-      if (i < len) out[start + i] = E::store(v[k] * inv);
-    }
+  for (int k = 0; k < VPT; ++k) {
+    const int i = sl + SUB * k;
+    if (i < n) out[start + i] = E::store(v[k] * inv);
   }
   __syncthreads();
   // long rows: the whole block, one row after another (the flags are block-uniform)
-  for (int w = 0; w < WARPS; ++w) {
-    if (!is_long[w]) continue;
+  for (int r = 0; r < RPB; ++r) {
+    if (!is_long[r]) continue;
     long long s0, e0;
-    row_range(crow, first + w, nnz, s0, e0);
+    row_range(crow, first + r, nnz, s0, e0);
     float m = NEG_INF, s = 0.f;
     for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) merge(m, s, E::load(values[i]), 1.f);
     for (int o = 16; o > 0; o >>= 1) {
@@ -144,41 +167,44 @@ __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, c
   }
 }
 
-template <int KIND, typename I>
+template <int KIND, typename I, int SUB, int VPT>
 __device__ void softmax_bwd(const typename Elem<KIND>::T* __restrict__ grad, const typename Elem<KIND>::T* __restrict__ y,
                             const I* __restrict__ crow, typename Elem<KIND>::T* __restrict__ dx, long long rows, long long nnz) {
   typedef Elem<KIND> E;
-  __shared__ int is_long[WARPS];
+  constexpr int RPW = 32 / SUB;
+  constexpr int RPB = WARPS * RPW;
+  constexpr int CAP = SUB * VPT;
+  __shared__ int is_long[RPB];
   __shared__ float red[WARPS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const long long first = (long long)blockIdx.x * WARPS;
-  const long long row = first + warp;
+  const int slot = warp * RPW + lane / SUB, sl = lane % SUB;
+  const long long first = (long long)blockIdx.x * RPB;
+  const long long row = first + slot;
   long long start = 0, end = 0;
   if (row < rows) row_range(crow, row, nnz, start, end);
   const long long len = end - start;
-  if (lane == 0) is_long[warp] = len > SHORT_MAX;
-  if (len > 0 && len <= SHORT_MAX) {
-    float g[VPT], yv[VPT];
-    float dot = 0.f;
+  if (sl == 0) is_long[slot] = len > CAP;
+  const int n = len <= CAP ? (int)len : 0;
+  float g[VPT], yv[VPT];
+  float dot = 0.f;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      long long i = lane + 32 * k;
-      g[k] = i < len ? E::load(grad[start + i]) : 0.f;
-      yv[k] = i < len ? E::load(y[start + i]) : 0.f;
-      dot += g[k] * yv[k];
-    }
-    dot = warp_sum(dot);
+  for (int k = 0; k < VPT; ++k) {
+    const int i = sl + SUB * k;
+    g[k] = i < n ? E::load(grad[start + i]) : 0.f;
+    yv[k] = i < n ? E::load(y[start + i]) : 0.f;
+    dot += g[k] * yv[k];
+  }
+  dot = group_sum<SUB>(dot);
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      long long i = lane + 32 * k;
-      if (i < len) dx[start + i] = E::store(yv[k] * (g[k] - dot));
-    }
+  for (int k = 0; k < VPT; ++k) {
+    const int i = sl + SUB * k;
+    if (i < n) dx[start + i] = E::store(yv[k] * (g[k] - dot));
   }
   __syncthreads();
-  for (int w = 0; w < WARPS; ++w) {
-    if (!is_long[w]) continue;
+  for (int r = 0; r < RPB; ++r) {
+    if (!is_long[r]) continue;
     long long s0, e0;
-    row_range(crow, first + w, nnz, s0, e0);
+    row_range(crow, first + r, nnz, s0, e0);
     float dot = 0.f;
     for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) dot += E::load(grad[i]) * E::load(y[i]);
     dot = warp_sum(dot);
@@ -191,17 +217,24 @@ __device__ void softmax_bwd(const typename Elem<KIND>::T* __restrict__ grad, con
   }
 }
 
-// Entry points: sparse_softmax_{fwd,bwd}_{f32,f16,bf16}_{i32,i64} (value kind × crow index type).
-#define PCOPS_SOFTMAX_ENTRIES(SUFFIX, KIND, I)                                                          \
-  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_fwd_##SUFFIX(                    \
+// Entry points: sparse_softmax_{fwd,bwd}_{f32,f16,bf16}_{i32,i64}_g{SUB}x{VPT} (value kind × crow
+// index type × group shape). g32x4: a warp per row of ≤ 128 (the seed design); g4x8, g8x8,
+// g16x8: 8, 4, 2 rows per warp of ≤ 32, 64, 128 entries.
+#define PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, SUB, VPT)                                                  \
+  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_fwd_##SUFFIX##_g##SUB##x##VPT(   \
       const Elem<KIND>::T* values, const I* crow, Elem<KIND>::T* out, long long rows, long long nnz) {  \
-    softmax_fwd<KIND, I>(values, crow, out, rows, nnz);                                                 \
+    softmax_fwd<KIND, I, SUB, VPT>(values, crow, out, rows, nnz);                                       \
   }                                                                                                     \
-  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_bwd_##SUFFIX(                    \
+  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_bwd_##SUFFIX##_g##SUB##x##VPT(   \
       const Elem<KIND>::T* grad, const Elem<KIND>::T* y, const I* crow, Elem<KIND>::T* dx,              \
       long long rows, long long nnz) {                                                                  \
-    softmax_bwd<KIND, I>(grad, y, crow, dx, rows, nnz);                                                 \
+    softmax_bwd<KIND, I, SUB, VPT>(grad, y, crow, dx, rows, nnz);                                       \
   }
+#define PCOPS_SOFTMAX_ENTRIES(SUFFIX, KIND, I) \
+  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 32, 4)  \
+  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 4, 8)   \
+  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 8, 8)   \
+  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 16, 8)
 
 PCOPS_SOFTMAX_ENTRIES(f32_i32, 0, int)
 PCOPS_SOFTMAX_ENTRIES(f32_i64, 0, long long)

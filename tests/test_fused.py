@@ -640,6 +640,42 @@ def test_gpu_sparse_softmax(backend, dtype, index_dtype):
     torch.testing.assert_close(vc.grad.cpu(), ref.sparse_softmax_backward(gy, y.detach().cpu(), crow), **GRAD_TOL[dtype])
 
 
+def test_cuda_softmax_group_choice():
+    from pcops.cuda import sparse_softmax as cu
+
+    assert cu.choose_variant(120000, 120000 * 65 // 2) == "g8x8"  # Q1: lengths 1..64, 4 rows per warp
+    assert cu.choose_variant(100, 800) == "g4x8"  # mean 8: lengths ≤ 32, 8 rows per warp
+    assert cu.choose_variant(100, 6000) == "g16x8"  # mean 60: ≤ 128, 2 rows per warp
+    assert cu.choose_variant(100, 100000) == "g32x4"  # long rows: a warp per row, the block beyond 128
+    assert cu.choose_variant(0, 0) == "g4x8"
+    for name, (sub, vpt) in cu.VARIANTS.items():
+        assert name == f"g{sub}x{vpt}" and 32 % sub == 0
+    with pytest.raises(ValueError, match="variant"):
+        cu._plan(10, 10, "g2x2")
+
+
+@pytest.mark.parametrize("variant", ["g32x4", "g4x8", "g8x8", "g16x8"])
+@pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_cuda_softmax_groups(variant, dtype, index_dtype):
+    """Every group shape against the reference: rows at and around each capacity (32, 64, 128),
+    rows for the block path, empty and all −inf rows, groups of a warp with mixed lengths."""
+    from pcops.cuda import sparse_softmax as cu
+
+    g = generator(36)
+    lengths = (AWKWARD_LENGTHS + [31, 32, 33, 63, 64, 65, 127, 128, 129, 257, 1000, 0, 5000]
+               + torch.randint(0, 70, (2000,), generator=g).tolist())
+    values, crow = make_csr(lengths, seed=37, dtype=dtype, index_dtype=index_dtype, neg_inf_rows=(6, 12))
+    vc, cc = values.cuda(), crow.cuda()
+    y = cu.sparse_softmax(vc, cc, variant=variant)
+    assert not torch.isnan(y).any()
+    torch.testing.assert_close(y.cpu(), ref.sparse_softmax(values, crow), **TOL[dtype])
+    gy = torch.randn(values.shape, generator=g).to(dtype)
+    dx = cu.sparse_softmax_backward(gy.cuda(), y, cc, variant=variant)
+    torch.testing.assert_close(dx.cpu(), ref.sparse_softmax_backward(gy, y.cpu(), crow), **GRAD_TOL[dtype])
+
+
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.gpu
 @requires_cuda
