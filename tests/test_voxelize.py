@@ -398,11 +398,23 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
                             pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
-@pytest.mark.parametrize("p", [1, 16, 32])
+RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64)
+    "sort": (True, True, False),
+    "sort-no-seen": (True, False, False),  # start at the in-block rank: earlier blocks' values cascade ours
+    "sort-key64": (True, True, True),
+    "cascade": (False, True, False),
+}
+
+
+@pytest.mark.parametrize("mode", list(RANK_MODES))
+@pytest.mark.parametrize("p", [1, 5, 16, 32])
 @interpret
-def test_triton_interpreter_dense_voxels(small_blocks, p):
-    """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops."""
+def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
+    """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops;
+    each way of ranking the points in their voxels."""
     tri = small_blocks
+    for name, value in zip(("_RANK_SORT", "_SEEN", "_KEY64"), RANK_MODES[mode]):
+        monkeypatch.setattr(tri, name, value)
     pts = random_cloud(250, seed=p)
     vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
     for lengths in (None, torch.tensor([120, 130])):
@@ -545,11 +557,14 @@ def compile_(fn, types, constexprs, num_warps, ones=()):
 
 
 main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 8 + ["*i64", "*i32"] + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
-for hl, hard, seg, pb, bmax, ones in [(True, True, True, 32, 4, ()), (False, False, False, 1, 0, ()),
-                                      (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride")),
-                                      (True, False, False, 1, 0, ())]:
+for hl, hard, seg, pb, bmax, ones, rank_sort, key64 in [
+        (True, True, True, 32, 4, (), True, False), (True, True, True, 32, 4, (), False, False),
+        (False, True, False, 8, 0, (), True, True), (False, False, False, 1, 0, (), False, False),
+        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False),
+        (True, False, False, 1, 0, (), False, False)]:
     compile_(tri._voxelize_kernel, main_types, dict(HAS_LENGTHS=hl, HARD=hard, SEGMENTED=seg, PB=pb, BLOCK=1024,
-             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax), 8, ones)
+             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax, RANK_SORT=rank_sort, KEY64=key64,
+             SEEN=True), 8, ones)
 rows_types = ["*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6 + ["i32"] * 3
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8), 4)
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0), 4)

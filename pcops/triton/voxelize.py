@@ -45,6 +45,12 @@ _BLOCK = 1024
 _LOOKBACK = 128
 # output rows per program of the rows kernel
 _ROWS = 16
+# hard mode: in-block point ranks from a sort of (voxel, lane) keys (True) or the plain cascade
+_RANK_SORT = True
+# tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
+_SEEN = True
+# tests only: True sorts int64 keys even where int32 ones fit
+_KEY64 = False
 # tests only: False makes blocks publish aggregates only, so look-backs walk to a sample start
 _PUBLISH_INCLUSIVE = True
 
@@ -52,6 +58,13 @@ _PUBLISH_INCLUSIVE = True
 @triton.jit
 def _max_combine(a, b):
     return tl.maximum(a, b)
+
+
+@triton.jit
+def _run_start_combine(k1, s1, k2, s2):
+    """Scan over sorted keys: (key, index of the first element of its run). Associative because
+    equal keys are contiguous (k1 == k2 means everything between them is one run)."""
+    return k2, tl.where(k1 == k2, s1, s2)
 
 
 @triton.jit
@@ -91,6 +104,9 @@ def _voxelize_kernel(
     PUBLISH_INCLUSIVE: tl.constexpr,
     SNAP: tl.constexpr,
     BMAX: tl.constexpr,  # > 0: next power of 2 >= B, samples handled as one vector; 0: a loop over B
+    RANK_SORT: tl.constexpr,  # HARD: in-block ranks from a sort (True) or the plain atomic cascade (False)
+    KEY64: tl.constexpr,  # RANK_SORT: (B * S + 1) * BLOCK does not fit int32, sort int64 keys
+    SEEN: tl.constexpr,  # RANK_SORT: read earlier blocks' list entries (tests: False forces cascades)
 ):
     t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
     lane = tl.arange(0, BLOCK)
@@ -233,15 +249,59 @@ def _voxelize_kernel(
         # values in its voxel): positions only ever grow, so a value seen at position j that is
         # larger than ours proves j + 1 larger values; s >= max_points drops the point at once.
         keep = valid & (row >= 0)
-        lst = lists_ptr + ((b.to(tl.int64) * list_stride + row) * PB)
-        x = enc
-        pos = tl.zeros((BLOCK,), tl.int32)
-        for j0 in tl.static_range(0, PB, SNAP):  # unrolled: the chunk loads are independent
-            jj = j0 + tl.arange(0, SNAP)
-            snap = tl.load(lst[:, None] + jj[None, :], mask=keep[:, None] & (jj < max_points)[None, :], other=-1,
-                           volatile=True)
-            pos = tl.maximum(pos, tl.max(tl.where(snap > x[:, None], jj[None, :] + 1, 0), axis=1))
-        carrying = keep  # still holds a value that is not in the list
+        dropped_v = valid & (row == -2)  # voxel dropped by max_voxels
+        if RANK_SORT:
+            # in-block rank without atomics: sort (list row, lane), rank = index - run start. A
+            # value's start is (earlier blocks' values seen in the list) + (in-block rank), both
+            # counted among its larger values, so in the usual case every point lands with one
+            # atomic at its final position and points of rank >= max_points drop at once.
+            lr_none = batch_size * list_stride
+            lr = tl.where(keep, b * list_stride + row, lr_none)
+            if KEY64:
+                skey = tl.sort(lr.to(tl.int64) * BLOCK + lane)
+            else:
+                skey = tl.sort(lr * BLOCK + lane)
+            lr_s = (skey // BLOCK).to(tl.int32)
+            lane_s = (skey % BLOCK).to(tl.int32)
+            _, run0 = tl.associative_scan((lr_s, lane), 0, _run_start_combine)
+            rank = lane - run0  # points of the same voxel earlier in this block
+            cand = lr_s < lr_none
+            x = num_points - 1 - (t * BLOCK + lane_s)
+            thr = num_points - 1 - t * BLOCK  # encoded values > thr belong to earlier blocks
+            lst = lists_ptr + lr_s * PB  # int32 offsets: the lists hold < 2**31 entries
+            need = cand & (rank < max_points)
+            # earlier blocks' values seen in the list: one at position j proves j + 1 of them (all
+            # values larger than an earlier block's value are earlier blocks' values), so any set
+            # of positions read gives a valid count. Two steps of reads instead of PB: every SNAP-th
+            # position, then the SNAP positions from the last of those held by an earlier block
+            # (the list fills from the front, so this finds the whole prefix in the usual case).
+            # One [BLOCK] load per position (constant offsets from one pointer per point: few
+            # registers). Plain loads: a stale value is an older state of the list, still a valid
+            # count. Positions max_points .. PB - 1 are never written (read as -1): no mask there.
+            j0 = tl.zeros((BLOCK,), tl.int32)
+            for c in tl.static_range(SNAP, PB, SNAP):
+                v = tl.load(lst + c, mask=need, other=-1, cache_modifier=".cg")
+                j0 = tl.where(v > thr, c, j0)  # c increasing: the last one held wins
+            seen = tl.zeros((BLOCK,), tl.int32)
+            lst0 = lst + j0
+            for k in tl.static_range(0, SNAP):
+                v = tl.load(lst0 + k, mask=need, other=-1, cache_modifier=".cg")
+                seen = tl.where(v > thr, j0 + k + 1, seen)
+            seen = tl.maximum(seen, tl.where(j0 > 0, j0 + 1, 0))  # position j0 > 0 was seen held
+            if not SEEN:
+                seen = seen * 0
+            pos = seen + rank
+        else:
+            lst = lists_ptr + ((b.to(tl.int64) * list_stride + row) * PB)
+            cand = keep
+            x = enc
+            pos = tl.zeros((BLOCK,), tl.int32)
+            for j0 in tl.static_range(0, PB, SNAP):  # unrolled: the chunk loads are independent
+                jj = j0 + tl.arange(0, SNAP)
+                snap = tl.load(lst[:, None] + jj[None, :], mask=keep[:, None] & (jj < max_points)[None, :], other=-1,
+                               volatile=True)
+                pos = tl.maximum(pos, tl.max(tl.where(snap > x[:, None], jj[None, :] + 1, 0), axis=1))
+        carrying = cand  # still holds a value that is not in the list
         act = carrying & (pos < max_points)
         while tl.max(act.to(tl.int32), axis=0) > 0:
             old = tl.atomic_max(lst + pos, x, mask=act)
@@ -249,15 +309,20 @@ def _voxelize_kernel(
             x = tl.where(act, tl.minimum(old, x), x)
             pos = tl.where(act, pos + 1, pos)
             act = carrying & (pos < max_points)
-        dropped = (valid & (row == -2)) | carrying  # voxel dropped, or a point pushed off the list
-        nd = tl.sum(dropped.to(tl.int32), axis=0)
+        # carrying: a point pushed off the list (in sorted order under RANK_SORT)
+        nd = tl.sum(dropped_v.to(tl.int32), axis=0) + tl.sum(carrying.to(tl.int32), axis=0)
         if HAS_LENGTHS:
             b_lo = tl.min(tl.where(live, b, batch_size), axis=0)
             b_hi = tl.max(tl.where(live, b, -1), axis=0)
             if b_lo == b_hi:
                 tl.atomic_add(drop_ptr + b_lo, nd, mask=nd > 0)
             else:
-                tl.atomic_add(drop_ptr + b, tl.full((BLOCK,), 1, tl.int32), mask=dropped)
+                ones = tl.full((BLOCK,), 1, tl.int32)
+                if RANK_SORT:
+                    tl.atomic_add(drop_ptr + b, ones, mask=dropped_v)
+                    tl.atomic_add(drop_ptr + lr_s // list_stride, ones, mask=carrying)
+                else:
+                    tl.atomic_add(drop_ptr + b, ones, mask=dropped_v | carrying)
         else:
             tl.atomic_add(drop_ptr, nd, mask=nd > 0)
     else:
@@ -402,7 +467,9 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
         *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
         max_points, max_voxels, list_stride,
         HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=_BLOCK,
-        LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), BMAX=_bmax(batch), num_warps=8,
+        LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), BMAX=_bmax(batch),
+        RANK_SORT=hard and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * _BLOCK >= 2**31, SEEN=_SEEN,
+        num_warps=8,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
                 list_stride=list_stride, batch=batch)
