@@ -689,12 +689,40 @@ class PointPillars(nn.Module):
         return canvas_nchw.contiguous(memory_format=torch.channels_last) if fp.channels_last else canvas_nchw
 
     def _backbone_fast(self, x: torch.Tensor, fp: _FastParams) -> torch.Tensor:
-        ups = []
+        """The folded 2-D backbone. ``BACKBONE_EPILOGUE`` picks how bias + ReLU (+ concat) run on
+        CUDA: ``"torch"`` (``F.conv2d`` with bias, ``relu_``, ``torch.cat``), ``"triton"``
+        (convolutions without bias, then one Triton pass each that adds the bias, applies ReLU and
+        writes the upsampled maps straight into the concatenated output) or ``"cudnn"`` (cuDNN's
+        fused convolution + bias + ReLU for the 3×3 convolutions, the Triton pass for the upsampling)."""
+        mode = BACKBONE_EPILOGUE if x.is_cuda else "torch"
+        if mode == "torch":
+            ups = []
+            for blk, de in zip(fp.blocks, fp.deblocks):
+                for c in blk:
+                    x = torch.relu_(F.conv2d(x, c.weight, c.bias, stride=c.stride, padding=c.padding))
+                ups.append(torch.relu_(F.conv_transpose2d(x, de.weight, de.bias, stride=de.stride)))
+            return torch.cat(ups, dim=1) if len(ups) > 1 else ups[0]
+        from pcops.triton.epilogue import bias_relu
+
+        out = None
+        offset = 0
         for blk, de in zip(fp.blocks, fp.deblocks):
             for c in blk:
-                x = torch.relu_(F.conv2d(x, c.weight, c.bias, stride=c.stride, padding=c.padding))
-            ups.append(torch.relu_(F.conv_transpose2d(x, de.weight, de.bias, stride=de.stride)))
-        return torch.cat(ups, dim=1) if len(ups) > 1 else ups[0]
+                if mode == "cudnn":
+                    x = torch.ops.aten.cudnn_convolution_relu(x, c.weight, c.bias, [c.stride] * 2, [c.padding] * 2, [1, 1], 1)
+                else:
+                    x = bias_relu(F.conv2d(x, c.weight, None, stride=c.stride, padding=c.padding), c.bias)
+            up = F.conv_transpose2d(x, de.weight, None, stride=de.stride)
+            if out is None:  # the concatenated map, in the layout of the first upsampled one
+                total = sum(d.bias.shape[0] for d in fp.deblocks)
+                shape = (up.shape[0], total, up.shape[2], up.shape[3])
+                if fp.channels_last:
+                    out = torch.empty((shape[0], shape[2], shape[3], shape[1]), device=up.device, dtype=up.dtype).permute(0, 3, 1, 2)
+                else:
+                    out = torch.empty(shape, device=up.device, dtype=up.dtype)
+            bias_relu(up, de.bias, out, channel_offset=offset)
+            offset += de.bias.shape[0]
+        return out
 
     def _post_fast(self, dense: torch.Tensor) -> Detections:
         """Sync-free post-processing on the fused head output ``(B, H, W, 72)``.
@@ -791,6 +819,12 @@ class PointPillars(nn.Module):
         """Capture the fast path in one CUDA graph; see :class:`GraphedPointPillars`."""
         return GraphedPointPillars(self, example_points, example_lengths, max_points=max_points,
                                    cudnn_benchmark=cudnn_benchmark)
+
+
+# how the fast backbone runs bias + ReLU + concat on CUDA ("torch", "triton", "cudnn"); see
+# PointPillars._backbone_fast. The benchmark measures each.
+BACKBONE_EPILOGUE = "torch"
+BACKBONE_EPILOGUES = ("torch", "triton", "cudnn")
 
 
 @contextlib.contextmanager

@@ -215,7 +215,7 @@ def _vfe_with_stats(seed: int = 0) -> PointPillars:
     return m
 
 
-def _check_pfn_kernel(device, num, canvas_dtype=torch.float32, channels_last=False, atol=1e-4):
+def _check_pfn_kernel(device, num, canvas_dtype=torch.float32, channels_last=False, atol=1e-4, variant=None):
     from pcops.triton.pfn import fold_batchnorm, pfn_scatter
 
     m = _vfe_with_stats().to(device)
@@ -229,7 +229,7 @@ def _check_pfn_kernel(device, num, canvas_dtype=torch.float32, channels_last=Fal
         canvas = torch.zeros(2, 496, 432, 64, device=device, dtype=canvas_dtype).permute(0, 3, 1, 2)
     else:
         canvas = torch.zeros(2, 64, 496, 432, device=device, dtype=canvas_dtype)
-    pfn_scatter(vox, n, coords, w, b, canvas, CFG.voxel_size, CFG.point_cloud_range[:3])
+    pfn_scatter(vox, n, coords, w, b, canvas, CFG.voxel_size, CFG.point_cloud_range[:3], variant=variant)
     bl, yl, xl = coords[:, 0].long(), coords[:, 2].long(), coords[:, 3].long()
     got = canvas[bl, :, yl, xl].float()
     torch.testing.assert_close(got, ref, atol=atol, rtol=1e-3 if canvas_dtype != torch.float32 else 1e-5)
@@ -239,32 +239,35 @@ def _check_pfn_kernel(device, num, canvas_dtype=torch.float32, channels_last=Fal
     canvas.zero_()
     k = max(1, num // 2)
     pfn_scatter(vox, n, coords, w, b, canvas, CFG.voxel_size, CFG.point_cloud_range[:3],
-                count=torch.tensor([k], dtype=torch.int32, device=device))
+                count=torch.tensor([k], dtype=torch.int32, device=device), variant=variant)
     got = canvas[bl, :, yl, xl].float()
     torch.testing.assert_close(got[:k], ref[:k], atol=atol, rtol=1e-3 if canvas_dtype != torch.float32 else 1e-5)
     assert float(got[k:].abs().sum()) == 0.0
 
 
 @interpret
+@pytest.mark.parametrize("variant", ["rank1", "dot"])
 @pytest.mark.parametrize("num", [1, 7])
-def test_pfn_kernel_interpreter(num):
-    _check_pfn_kernel("cpu", num)
+def test_pfn_kernel_interpreter(num, variant):
+    _check_pfn_kernel("cpu", num, variant=variant)
 
 
 @interpret
-def test_pfn_kernel_interpreter_channels_last_fp16():
-    _check_pfn_kernel("cpu", 5, canvas_dtype=torch.float16, channels_last=True, atol=2e-2)
+@pytest.mark.parametrize("variant", ["rank1", "dot"])
+def test_pfn_kernel_interpreter_channels_last_fp16(variant):
+    _check_pfn_kernel("cpu", 5, canvas_dtype=torch.float16, channels_last=True, atol=2e-2, variant=variant)
 
 
 @pytest.mark.gpu
 @gpu[1]
 @pytest.mark.parametrize("num", [1, 13, 4099])
 @pytest.mark.parametrize("fmt", ["nchw", "nhwc-fp16"])
-def test_pfn_kernel_gpu(num, fmt):
+@pytest.mark.parametrize("variant", ["rank1", "dot"])
+def test_pfn_kernel_gpu(num, fmt, variant):
     if fmt == "nchw":
-        _check_pfn_kernel("cuda", num)
+        _check_pfn_kernel("cuda", num, variant=variant)
     else:
-        _check_pfn_kernel("cuda", num, canvas_dtype=torch.float16, channels_last=True, atol=2e-2)
+        _check_pfn_kernel("cuda", num, canvas_dtype=torch.float16, channels_last=True, atol=2e-2, variant=variant)
 
 
 # --- full model on a real scan (CPU) -----------------------------------------------------------
@@ -484,24 +487,27 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from pcops.triton import pfn
 
-fn = pfn._pfn_scatter_kernel
+fn = pfn._pfn_scatter_dot_kernel if sys.argv[2] == "dot" else pfn._pfn_scatter_kernel
 sig = dict(voxels_ptr="*fp32", num_points_ptr="*i32", coords_ptr="*i32", count_ptr="*i32", weight_ptr="*fp32",
            bias_ptr="*fp32", canvas_ptr="*" + sys.argv[1])
-for n in ("num_slots", "num_feats", "num_channels", "batch_size", "grid_h", "grid_w",
+for n in ("num_rows", "num_slots", "num_feats", "num_channels", "batch_size", "grid_h", "grid_w",
           "stride_b", "stride_c", "stride_y", "stride_x"):
     sig[n] = "i32"
 for n in ("voxel_x", "voxel_y", "voxel_z", "x_offset", "y_offset", "z_offset"):
     sig[n] = "fp32"
 consts = dict(BLOCK_T=32, BLOCK_C=64)
+if sys.argv[2] == "dot":
+    consts["BLOCK_P"] = pfn._DOT_PILLARS
 full = {n: "constexpr" if n in consts else sig[n] for n in fn.arg_names}
 triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-               options={"num_warps": 2})
+               options={"num_warps": 4 if sys.argv[2] == "dot" else 2})
 print("compiled")
 '''
 
 
+@pytest.mark.parametrize("variant", ["rank1", "dot"])
 @pytest.mark.parametrize("canvas_dtype", ["fp32", "fp16"])
-def test_pfn_kernel_compiles_for_sm90(canvas_dtype):
+def test_pfn_kernel_compiles_for_sm90(canvas_dtype, variant):
     """Lowering to a CUBIN catches what the interpreter accepts but the compiler does not."""
     import os
     import subprocess
@@ -514,6 +520,73 @@ def test_pfn_kernel_compiles_for_sm90(canvas_dtype):
         pytest.skip("Triton's bundled ptxas not found")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", _AOT_PFN, canvas_dtype], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-c", _AOT_PFN, canvas_dtype, variant], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-4000:]
+
+
+# --- backbone epilogue (bias + ReLU + concat in one pass) ----------------------------------------
+
+
+def _check_bias_relu(device, dtype, channels_last):
+    from pcops.triton.epilogue import bias_relu
+
+    g = torch.Generator().manual_seed(11)
+    y = torch.randn(2, 5, 3, 7, generator=g).to(device=device, dtype=dtype)
+    if channels_last:
+        y = y.contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(5, generator=g).to(device=device, dtype=dtype)
+    expected = torch.relu(y.float() + bias.float()[:, None, None]).to(dtype)
+    out = torch.full((2, 12, 3, 7), -9.0, device=device, dtype=dtype)
+    if channels_last:
+        out = out.contiguous(memory_format=torch.channels_last)
+    bias_relu(y, bias, out, channel_offset=4)
+    assert torch.equal(out[:, 4:9], expected)
+    assert bool((out[:, :4] == -9).all()) and bool((out[:, 9:] == -9).all())  # nothing else written
+    bias_relu(y, bias)  # in place
+    assert torch.equal(y, expected)
+    with pytest.raises(ValueError, match="out"):
+        bias_relu(y, bias, out, channel_offset=8)
+
+
+@interpret
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bias_relu_interpreter(channels_last):
+    _check_bias_relu("cpu", torch.float32, channels_last)
+
+
+@pytest.mark.gpu
+@gpu[1]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_bias_relu_gpu(dtype):
+    _check_bias_relu("cuda", dtype, channels_last=True)
+    _check_bias_relu("cuda", dtype, channels_last=False)
+
+
+@pytest.mark.gpu
+@gpu[1]
+@pytest.mark.parametrize("mode", ["triton", "cudnn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_backbone_epilogues_match_torch(gpu_model, mode, dtype, no_tf32):
+    """The fused epilogues give the unfused backbone's output (float rounding of the bias add apart)."""
+    from pcops.models import pointpillars as pp
+
+    fp_dtype = gpu_model.dtype
+    gpu_model.dtype = dtype
+    try:
+        fp = gpu_model._fast_params(torch.device("cuda"))
+        g = torch.Generator().manual_seed(5)
+        x = torch.relu(torch.randn(1, 64, 496, 432, generator=g)).to("cuda", dtype)
+        if fp.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            pp.BACKBONE_EPILOGUE = "torch"
+            ref = gpu_model._backbone_fast(x, fp).float()
+            pp.BACKBONE_EPILOGUE = mode
+            got = gpu_model._backbone_fast(x, fp).float()
+    finally:
+        pp.BACKBONE_EPILOGUE = "torch"
+        gpu_model.dtype = fp_dtype
+    scale = float(ref.abs().max())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, ref, atol=tol * scale, rtol=tol)
