@@ -741,9 +741,14 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
         }
         // the k-th use of this parity's mbarrier completes its phase k (parity k & 1)
         const unsigned phase = (unsigned)((s - 1) >> 1) & 1u;
-        unsigned spins = 0;
-        while (!dead && !mbar_try_wait(bar, phase)) {
-          if (++spins > (1u << 20)) dead = true;
+        if (!dead && !mbar_try_wait(bar, phase)) {
+          const long long t0 = clock64();
+          while (!mbar_try_wait(bar, phase)) {
+            if (clock64() - t0 > (1LL << 31)) {  // ~1 s: give up waiting (wrong indices, no hang)
+              dead = true;
+              break;
+            }
+          }
         }
       }
     }

@@ -818,7 +818,8 @@ def test_gpu_fps_tile_kernels(cluster, exchange):
     for batch, n, m, dup in cases:
         if cu._tile_plan(n, min_cluster=cluster) != cluster:
             continue
-        pts, lengths, start, expected = fps_case(batch, n, m, duplicates=dup, scale=1.0 if dup else 10.0,
+        # the inputs (and cached references) of the other FPS GPU tests
+        pts, lengths, start, expected = fps_case(batch, n, m, duplicates=dup, scale=1.0 if n == 4099 else 10.0,
                                                  seed=1 if n == 4099 else None)
         out = torch.full((batch, m), -1, dtype=torch.int64, device="cuda")
         cu._launch_tile(cu._Inputs(pts, lengths, start, out, m), cluster, exchange)

@@ -248,8 +248,11 @@ def farthest_point_sample(
     if _VARIANT in ("tile", "tile_async") and batch <= 65535:
         cluster = _tile_plan(n)
         if cluster is not None:
-            _launch_tile(inputs, cluster, "async" if _VARIANT == "tile_async" else "bar")
-            return out
+            try:
+                _launch_tile(inputs, cluster, "async" if _VARIANT == "tile_async" else "bar")
+                return out
+            except RuntimeError:  # launch refused (e.g. cluster shape or shared memory): the cluster kernels
+                pass
     if config is not None and config[0] > 8:
         # non-portable cluster size: the launch-attribute path, then the compile-time shape
         for launch in (_launch_ex, _launch):
