@@ -5,8 +5,9 @@
 //
 // Inputs come from pcops/triton/sampling.py's _morton_sort: each cloud's references sorted along
 // a Morton curve, cut into tiles of QB points with a bounding box each, and superblocks of `sb`
-// tiles with a box each. A block of QB threads owns QB consecutive sorted queries, one thread
-// per query; each thread keeps its top KP as (distance, index) pairs sorted ascending in
+// tiles with a box each. A block of QB threads (QB = 64 or 128, a template parameter; the
+// kernels are knn_sorted_q<QB>_k<KP>) owns QB consecutive sorted queries, one thread per query;
+// each thread keeps its top KP as (distance, index) pairs sorted ascending in
 // registers (an unrolled compare-and-swap insertion, so nothing spills to local memory).
 //
 // Search: superblocks are visited outward from the block's own position along the curve (its
@@ -17,7 +18,6 @@
 // could still win a tie). A tile that survives is staged in shared memory and every thread that
 // needs it scans its QB points. No host synchronisation, one launch.
 
-#define QB 128
 #define F_INF __int_as_float(0x7f800000)
 #define NO_INDEX 0x7fffffff
 
@@ -39,7 +39,7 @@ __device__ __forceinline__ bool key_less(float d, int i, float bd, int bi) {
   return d < bd || (d == bd && i < bi);
 }
 
-template <int KP>
+template <int QB, int KP>
 __device__ __forceinline__ void knn_body(
     const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
     const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
@@ -52,8 +52,7 @@ __device__ __forceinline__ void knn_body(
     float* __restrict__ dists,              // (B, Nq, k) out, ascending, inf padded
     long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
     int nq, int nr, int num_sb, int sb, int k) {
-  __shared__ float sx[QB], sy[QB], sz[QB];
-  __shared__ int si[QB];
+  __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
   const long long b = blockIdx.y;
   const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
   const int r_len = (int)min(max(r_len_p[b], 0LL), (long long)nr);
@@ -97,17 +96,16 @@ __device__ __forceinline__ void knn_body(
       const int base = tile * QB;
       const int pos = base + threadIdx.x;
       if (pos < r_len) {
-        sx[threadIdx.x] = r_base[pos * 3 + 0];
-        sy[threadIdx.x] = r_base[pos * 3 + 1];
-        sz[threadIdx.x] = r_base[pos * 3 + 2];
-        si[threadIdx.x] = (int)p_base[pos];
+        tile_pts[threadIdx.x] = make_float4(r_base[pos * 3 + 0], r_base[pos * 3 + 1], r_base[pos * 3 + 2],
+                                            __int_as_float((int)p_base[pos]));
       }
       __syncthreads();
       if (need) {
         const int count = min(QB, r_len - base);
         for (int j = 0; j < count; ++j) {
-          const float d = sq_dist(qx, qy, qz, sx[j], sy[j], sz[j]);
-          const int i = si[j];
+          const float4 r = tile_pts[j];
+          const float d = sq_dist(qx, qy, qz, r.x, r.y, r.z);
+          const int i = __float_as_int(r.w);
           if (key_less(d, i, kd, ki)) {
             float cd = d;
             int ci = i;
@@ -149,18 +147,22 @@ __device__ __forceinline__ void knn_body(
   }
 }
 
-#define PCOPS_KNN_ENTRY(KP)                                                                              \
-  extern "C" __global__ void __launch_bounds__(QB) knn_sorted_k##KP(                                     \
+#define PCOPS_KNN_ENTRY(QB, KP)                                                                          \
+  extern "C" __global__ void __launch_bounds__(QB) knn_sorted_q##QB##_k##KP(                             \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm,   \
       const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,         \
       float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                       \
-    knn_body<KP>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, nq, nr, \
-                 num_sb, sb, k);                                                                         \
+    knn_body<QB, KP>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, nq,  \
+                     nr, num_sb, sb, k);                                                                 \
   }
 
-PCOPS_KNN_ENTRY(1)
-PCOPS_KNN_ENTRY(2)
-PCOPS_KNN_ENTRY(4)
-PCOPS_KNN_ENTRY(8)
-PCOPS_KNN_ENTRY(16)
-PCOPS_KNN_ENTRY(32)
+#define PCOPS_KNN_ENTRIES(QB) \
+  PCOPS_KNN_ENTRY(QB, 1)      \
+  PCOPS_KNN_ENTRY(QB, 2)      \
+  PCOPS_KNN_ENTRY(QB, 4)      \
+  PCOPS_KNN_ENTRY(QB, 8)      \
+  PCOPS_KNN_ENTRY(QB, 16)     \
+  PCOPS_KNN_ENTRY(QB, 32)
+
+PCOPS_KNN_ENTRIES(64)
+PCOPS_KNN_ENTRIES(128)

@@ -14,8 +14,9 @@ import triton
 
 from .._nvrtc import get_kernel, nvrtc
 
-_QB = 128  # queries per block = references per tile; must match QB in csrc/knn.cu
+_QB = 128  # queries per block = references per tile: 64 or 128 (the kernels compiled in csrc/knn.cu)
 _SB = 8  # tiles per superblock
+TILES = (64, 128)
 MAX_K = 32
 
 _available: dict[int, bool] = {}
@@ -36,7 +37,8 @@ def supported(query: torch.Tensor, k: int) -> bool:
 
 
 def knn(
-    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int
+    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int,
+    tile: int | None = None, group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``pcops.triton.sampling.knn`` for ``K ≤ 32``; no host synchronisation.
 
@@ -44,6 +46,8 @@ def knn(
         query: ``(B, Nq, 3)`` float32 contiguous; ref: ``(B, Nr, 3)`` float32 contiguous.
         query_lengths, ref_lengths: ``(B,)`` int64 (clamped to the padded sizes).
         k: ``1 ≤ K ≤ 32``.
+        tile: queries per block = references per tile, 64 or 128 (default ``_QB``).
+        group: tiles per superblock (default ``_SB``).
     Returns:
         ``(dists (B, Nq, K) float32, idx (B, Nq, K) int64)``, ascending, ``inf`` / −1 padded.
         Launches: the Morton sort of each side (about 14 small ops; a self-KNN with one lengths
@@ -59,17 +63,21 @@ def knn(
         return dists, idx
     if nr == 0:
         return dists.fill_(float("inf")), idx.fill_(-1)
-    r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, _QB, _SB)
+    tile = _QB if tile is None else tile
+    group = _SB if group is None else group
+    if tile not in TILES or group < 1:
+        raise ValueError(f"tile, group: expected tile in {TILES} and group >= 1, got {tile}, {group}")
+    r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, tile, group)
     same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query_lengths.data_ptr() == ref_lengths.data_ptr()
     if same:  # self-KNN: one sort serves both sides
         q_sorted, q_perm = r_sorted, r_perm
     else:
-        q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, _QB)
+        q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, tile)
     kp = triton.next_power_of_2(k)
-    kernel = get_kernel("knn.cu", f"knn_sorted_k{kp}", query.device)
+    kernel = get_kernel("knn.cu", f"knn_sorted_q{tile}_k{kp}", query.device)
     kernel(
-        (triton.cdiv(nq, _QB), batch), (_QB,),
+        (triton.cdiv(nq, tile), batch), (tile,),
         [q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, query_lengths, ref_lengths, dists, idx,
-         ctypes.c_int(nq), ctypes.c_int(nr), ctypes.c_int(superboxes.shape[1]), ctypes.c_int(_SB), ctypes.c_int(k)],
+         ctypes.c_int(nq), ctypes.c_int(nr), ctypes.c_int(superboxes.shape[1]), ctypes.c_int(group), ctypes.c_int(k)],
     )
     return dists, idx
