@@ -11,6 +11,7 @@ Call path: ``sparse_conv_kernel_map`` (checks, shapes) → ``torch.ops.pcops.spa
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import NamedTuple, Optional, Sequence
@@ -176,6 +177,40 @@ def sparse_conv_kernel_map(
       insert pass. ``pad_pairs`` changes only the pair arrays' length.
     """
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
+    if type(subm) is not bool or type(transposed) is not bool or type(pad_pairs) is not bool:
+        key = None
+    else:
+        key = (_plain(spatial_shape), _plain(kernel_size), _plain(stride), _plain(padding), _plain(dilation),
+               subm, transposed)
+    if key is None or None in key:
+        op_args = _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
+    else:  # plain ints: the checks run once per configuration (host time is most of the budget)
+        op_args = _op_args_cached(*key)
+    if not isinstance(pad_pairs, bool):
+        raise TypeError(f"pad_pairs: expected a bool, got {type(pad_pairs).__name__}")
+    if coords.dtype != torch.int32:
+        coords = coords.to(torch.int32)
+    if not coords.is_contiguous():
+        coords = coords.contiguous()
+    out_shape = op_args[1]
+    out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
+        coords, *op_args, subm, transposed, pad_pairs
+    )
+    return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
+
+
+def _plain(v):
+    """``v`` as a hashable cache key when it is an int or a list/tuple of ints, else None."""
+    if type(v) is int:
+        return v
+    if type(v) in (tuple, list) and all(type(x) is int for x in v):
+        return tuple(v)
+    return None
+
+
+def _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed):
+    """Checked ``(in_shape, out_shape, kernel, stride, padding, dilation)`` lists for the op
+    (submanifold: the centred padding)."""
     if isinstance(spatial_shape, numbers.Integral):
         raise TypeError(f"spatial_shape: expected a sequence (D, H, W), got {spatial_shape!r}")
     in_shape = _triple("spatial_shape", spatial_shape, min_value=1)
@@ -194,14 +229,13 @@ def sparse_conv_kernel_map(
     out_shape = _output_shape(in_shape, kernel, stride_, padding_, dilation_, subm, transposed)
     if subm:  # centred kernel: i = o + (k - c) * d, i.e. the regular rule with padding c * d
         padding_ = tuple((k - 1) // 2 * d for k, d in zip(kernel, dilation_))
-    if not isinstance(pad_pairs, bool):
-        raise TypeError(f"pad_pairs: expected a bool, got {type(pad_pairs).__name__}")
-    coords = coords.to(torch.int32).contiguous()
-    out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
-        coords, list(in_shape), list(out_shape), list(kernel), list(stride_), list(padding_), list(dilation_),
-        subm, transposed, pad_pairs,
-    )
-    return KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
+    return tuple(list(v) for v in (in_shape, out_shape, kernel, stride_, padding_, dilation_))
+
+
+@functools.lru_cache(maxsize=512)
+def _op_args_cached(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed):
+    # errors are raised, never cached; the dispatcher hands the kernels copies of the lists
+    return _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
 
 
 def sparse_conv3d(

@@ -363,22 +363,32 @@ def _kmap_compact_kernel(
 # --- launchers ------------------------------------------------------------------------------
 
 
+def _cdiv(a: int, b: int) -> int:
+    # plain Python: triton.cdiv / next_power_of_2 are ConstexprFunctions costing µs per call
+    return -(-a // b)
+
+
+def _pow2(v: int) -> int:
+    """The next power of two ≥ ``v`` (1 for ``v ≤ 1``)."""
+    return 1 << max(0, v - 1).bit_length()
+
+
 def _tile(num_k: int) -> tuple[int, int]:
     """``(rows per program, padded offsets)`` for the 2-D passes."""
-    kpad = max(2, triton.next_power_of_2(num_k))
+    kpad = max(2, _pow2(num_k))
     return max(2, _TILE // kpad), kpad
 
 
 def _capacity(count: int, slack: int = 2) -> tuple[int, int]:
     """Power-of-two table size ≥ slack × count (load ≤ 1/slack) and its log2."""
-    cap = max(_MIN_CAPACITY, triton.next_power_of_2(slack * max(1, count)))
+    cap = max(_MIN_CAPACITY, _pow2(slack * max(1, count)))
     return cap, cap.bit_length() - 1
 
 
 def _groups(num_blocks: int) -> tuple[int, int]:
     """``(blocks per count group, groups)`` with at most ``_MAX_GROUPS`` groups."""
-    sub = max(1, triton.cdiv(num_blocks, _MAX_GROUPS))
-    return sub, triton.cdiv(num_blocks, sub)
+    sub = max(1, _cdiv(num_blocks, _MAX_GROUPS))
+    return sub, _cdiv(num_blocks, sub)
 
 
 @functools.lru_cache(maxsize=256)
@@ -411,7 +421,7 @@ def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, 
     block, kpad = _tile(num_k)
     axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
     per_input = 0 if subm else math.prod(a[3] for a in axes)
-    jpad = triton.next_power_of_2(per_input) if per_input else 1
+    jpad = _pow2(per_input) if per_input else 1
     block_n = _INSERT_LANES if subm else max(2, _INSERT_LANES // jpad)
     enum = [a[0] for a in axes] + [a[1] for a in axes] + [a[2] for a in axes] + [
         axes[1][3], axes[2][3], max(per_input, 1)]
@@ -464,7 +474,7 @@ def pairs_from_table(out_in: torch.Tensor, pad_pairs: bool = False) -> tuple[tor
     if num_out == 0:
         return _empty_map(dev, 0, num_k)[1:4]
     block_m, kpad = _tile(num_k)
-    nb = triton.cdiv(num_out, block_m)
+    nb = _cdiv(num_out, block_m)
     sub, num_groups = _groups(nb)
     counts = torch.full((num_groups * kpad,), -1, dtype=torch.int64, device=dev)
     _kmap_count_kernel[(nb,)](out_in, counts, num_out, sub, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
@@ -515,7 +525,7 @@ def sparse_conv_kernel_map(
     cap_in, log_in = _capacity(n, 4)
     if subm:
         bound, cap_out, log_out = 0, 0, 0
-        sub, num_groups = _groups(triton.cdiv(n, block))
+        sub, num_groups = _groups(_cdiv(n, block))
     else:
         bound = n * plan["per_input"]
         cap_out, log_out = _capacity(bound)
@@ -531,7 +541,7 @@ def sparse_conv_kernel_map(
     out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
     out_coords = torch.empty((n, 4) if subm else (0, 4), dtype=torch.int32, device=dev)
     block_n = plan["block_n"]
-    _kmap_insert_kernel[(triton.cdiv(n, block_n),)](  # launch 2
+    _kmap_insert_kernel[(_cdiv(n, block_n),)](  # launch 2
         coords, ws, out_keys, out_keys32, out_coords, n, *plan["insert_args"], cap_in, log_in,
         max(cap_out, 1), log_out, counters_off, sink_off, *plan["insert_tail"],
         ROW_BASE=_ROW_BASE, GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=plan["jpad"],
@@ -549,9 +559,9 @@ def sparse_conv_kernel_map(
         fits32 = (max_batch + 1) * math.prod(out_shape) < 2**31
         keys = torch.sort((out_keys32 if fits32 else out_keys)[:num_out]).values
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
-        sub, num_groups = _groups(triton.cdiv(num_out, block))
+        sub, num_groups = _groups(_cdiv(num_out, block))
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
-    nb = triton.cdiv(num_out, block)
+    nb = _cdiv(num_out, block)
     _kmap_lookup_kernel[(nb,)](  # launch 3
         coords, ws, keys, out_coords, out_in, num_out, counts_off, sub, *plan["insert_args"], cap_in, log_in,
         *plan["lookup_tail"],
