@@ -39,7 +39,37 @@ __device__ __forceinline__ bool key_less(float d, int i, float bd, int bi) {
   return d < bd || (d == bd && i < bi);
 }
 
-template <int QB, int KP>
+// insert (d, i) into the ascending top-KP list (compare-and-swap down the list, fully unrolled so
+// the arrays stay in registers) and refresh the K-th best (kd, ki)
+template <int KP>
+__device__ __forceinline__ void insert(float (&bd)[KP], int (&bi)[KP], float d, int i, int k, float& kd, int& ki) {
+  float cd = d;
+  int ci = i;
+#pragma unroll
+  for (int m = 0; m < KP; ++m) {
+    if (key_less(cd, ci, bd[m], bi[m])) {
+      const float td = bd[m];
+      const int ti = bi[m];
+      bd[m] = cd;
+      bi[m] = ci;
+      cd = td;
+      ci = ti;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < KP; ++m) {
+    if (m == k - 1) {
+      kd = bd[m];
+      ki = bi[m];
+    }
+  }
+}
+
+// BUF > 0: candidates that beat the K-th best are first appended to a per-thread buffer in
+// shared memory and inserted after the tile (or when BUF are waiting). The lanes of a warp insert
+// at different candidates; inserting on the spot costs the warp one insertion for every candidate
+// that any lane keeps, the buffer only the largest count of one lane.
+template <int QB, int KP, int BUF>
 __device__ __forceinline__ void knn_body(
     const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
     const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
@@ -53,6 +83,7 @@ __device__ __forceinline__ void knn_body(
     long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
     int nq, int nr, int num_sb, int sb, int k) {
   __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
+  __shared__ float2 cand[BUF > 0 ? BUF * QB : 1];  // cand[slot * QB + thread]: (distance, index bits)
   const long long b = blockIdx.y;
   const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
   const int r_len = (int)min(max(r_len_p[b], 0LL), (long long)nr);
@@ -102,32 +133,29 @@ __device__ __forceinline__ void knn_body(
       __syncthreads();
       if (need) {
         const int count = min(QB, r_len - base);
+        int waiting = 0;
         for (int j = 0; j < count; ++j) {
           const float4 r = tile_pts[j];
           const float d = sq_dist(qx, qy, qz, r.x, r.y, r.z);
           const int i = __float_as_int(r.w);
           if (key_less(d, i, kd, ki)) {
-            float cd = d;
-            int ci = i;
-#pragma unroll
-            for (int m = 0; m < KP; ++m) {  // insertion by compare-and-swap down the sorted list
-              if (key_less(cd, ci, bd[m], bi[m])) {
-                const float td = bd[m];
-                const int ti = bi[m];
-                bd[m] = cd;
-                bi[m] = ci;
-                cd = td;
-                ci = ti;
-              }
-            }
-#pragma unroll
-            for (int m = 0; m < KP; ++m) {
-              if (m == k - 1) {
-                kd = bd[m];
-                ki = bi[m];
+            if (BUF == 0) {
+              insert<KP>(bd, bi, d, i, k, kd, ki);
+            } else {
+              cand[waiting * QB + threadIdx.x] = make_float2(d, __int_as_float(i));
+              if (++waiting == BUF) {
+                for (int w = 0; w < BUF; ++w) {
+                  const float2 c = cand[w * QB + threadIdx.x];
+                  if (key_less(c.x, __float_as_int(c.y), kd, ki)) insert<KP>(bd, bi, c.x, __float_as_int(c.y), k, kd, ki);
+                }
+                waiting = 0;
               }
             }
           }
+        }
+        for (int w = 0; w < waiting; ++w) {
+          const float2 c = cand[w * QB + threadIdx.x];
+          if (key_less(c.x, __float_as_int(c.y), kd, ki)) insert<KP>(bd, bi, c.x, __float_as_int(c.y), k, kd, ki);
         }
       }
       __syncthreads();
@@ -147,22 +175,27 @@ __device__ __forceinline__ void knn_body(
   }
 }
 
-#define PCOPS_KNN_ENTRY(QB, KP)                                                                          \
-  extern "C" __global__ void __launch_bounds__(QB) knn_sorted_q##QB##_k##KP(                             \
+#define PCOPS_KNN_ENTRY(QB, KP, BUF, NAME)                                                                \
+  extern "C" __global__ void __launch_bounds__(QB) NAME(                                                  \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm,   \
       const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,         \
       float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                       \
-    knn_body<QB, KP>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, nq,  \
-                     nr, num_sb, sb, k);                                                                 \
+    knn_body<QB, KP, BUF>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, \
+                          nq, nr, num_sb, sb, k);                                                        \
   }
 
-#define PCOPS_KNN_ENTRIES(QB) \
-  PCOPS_KNN_ENTRY(QB, 1)      \
-  PCOPS_KNN_ENTRY(QB, 2)      \
-  PCOPS_KNN_ENTRY(QB, 4)      \
-  PCOPS_KNN_ENTRY(QB, 8)      \
-  PCOPS_KNN_ENTRY(QB, 16)     \
-  PCOPS_KNN_ENTRY(QB, 32)
+// knn_sorted_q<QB>_k<KP> (direct insertion) and knn_buffered_q<QB>_k<KP> (BUF = 8)
+#define PCOPS_KNN_ENTRIES_K(QB, KP)                        \
+  PCOPS_KNN_ENTRY(QB, KP, 0, knn_sorted_q##QB##_k##KP)     \
+  PCOPS_KNN_ENTRY(QB, KP, 8, knn_buffered_q##QB##_k##KP)
+
+#define PCOPS_KNN_ENTRIES(QB)  \
+  PCOPS_KNN_ENTRIES_K(QB, 1)   \
+  PCOPS_KNN_ENTRIES_K(QB, 2)   \
+  PCOPS_KNN_ENTRIES_K(QB, 4)   \
+  PCOPS_KNN_ENTRIES_K(QB, 8)   \
+  PCOPS_KNN_ENTRIES_K(QB, 16)  \
+  PCOPS_KNN_ENTRIES_K(QB, 32)
 
 PCOPS_KNN_ENTRIES(64)
 PCOPS_KNN_ENTRIES(128)
