@@ -1,14 +1,16 @@
 // Rotated BEV IoU and rotated NMS in CUDA C++, compiled at run time by NVRTC.
 // Same geometry as pcops/triton/nms.py (see its docstring): float32 in box a's own frame, exact
 // containment, fixed-vertex-count slab clipping, shoelace area. What CUDA adds over Triton:
-//  * nms_mask culls every pair of a 64x64 tile by bounding circles first and compacts the survivors
-//    into a shared-memory list (warp-aggregated), so the clipping runs only for pairs that can
-//    overlap (~1-2 % of the pairs of random scenes) instead of for the whole tile;
-//  * nms_pass is one block of 1024 threads walking the 64-box tiles with the "removed" words in
-//    shared memory: one thread resolves a tile from its diagonal block (64 dependent bit steps, no
-//    memory traffic), while two warps prefetch the next tile's diagonal block and validity; then
-//    all threads OR the kept rows into the later words. No host round trip.
-
+//  * the default NMS pipeline (pcops.cuda.nms.nms_padded, B samples per launch): nms_rank sorts
+//    the scores by ranking and writes the boxes in score order as prepared records (no sort
+//    library call, no gathers afterwards); nms_mask_b culls every pair of a 64x64 tile by bounding
+//    circles (column box in registers, row boxes broadcast from shared memory) and compacts the
+//    survivors (warp scan), so the clipping runs only for pairs that can overlap (~1-2 % of the
+//    pairs of random scenes); nms_pass_b walks the tiles in one block per sample (pipelined: one
+//    warp resolves a tile from register-held diagonal words while the others OR the previous
+//    tile's kept rows into the later "removed" words in shared memory). No host round trip.
+//  * the previous kernels (nms_mask over torch.sort's order, nms_pass / nms_pass_v2), kept for
+//    the benchmark's comparisons.
 #define NMS_TILE 64
 #define PASS_THREADS 1024
 #define MASK_THREADS 256
@@ -215,6 +217,185 @@ nms_mask(const float* __restrict__ boxes, const long long* __restrict__ order, c
     const int i = rt * NMS_TILE + tid;
     if (i < m) mask[(long long)i * words + ct] = bits[tid];
   }
+}
+
+// ---- the batched pipeline (pcops.cuda.nms.nms_padded): rank sort + box preparation, tile mask,
+// greedy pass (nms_pass_b, below), each launch covering B independent samples (grid over B) -------
+// Sorted, prepared boxes: SBOX floats per box in score order, (x, y, dx, dy) and (heading, radius
+// of the bounding circle, ok, 0); an invalid box (non-finite, negative size, NaN score) is the
+// unit box with radius NaN (never a candidate) and ok 0.
+#define SBOX 8
+#define RANK_THREADS 256
+#define RANK_CHUNK 2048
+#define MASKB_THREADS 64
+#define F32_NAN __int_as_float(0x7fc00000)
+
+// 64-bit key, larger = earlier: the score's order-preserving bits (NaN as -inf, -0 as +0) over the
+// complemented index (equal scores: the lower index first). All keys of a sample are distinct.
+__device__ __forceinline__ unsigned long long rank_key(float s, int j) {
+  unsigned u = __float_as_uint(s);
+  if (s != s) u = 0xff800000u;
+  if ((u << 1) == 0u) u = 0u;
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned)j);
+}
+
+// Prepared record of box i (boxes: one sample's (N, stride) rows) with score s, at dst (16-byte aligned).
+__device__ __forceinline__ void write_prepared(float* __restrict__ dst, const float* __restrict__ boxes, long long i,
+                                               int stride, int bev5, float s) {
+  const Box b = load_box(boxes, i, stride, bev5, true);
+  const bool ok = b.ok && s == s;
+  float4* d = (float4*)dst;
+  d[0] = make_float4(ok ? b.x : 0.f, ok ? b.y : 0.f, ok ? b.dx : 1.f, ok ? b.dy : 1.f);
+  d[1] = make_float4(ok ? b.h : 0.f, ok ? 0.5f * sqrtf(b.dx * b.dx + b.dy * b.dy) : F32_NAN, ok ? 1.f : 0.f, 0.f);
+}
+
+__device__ __forceinline__ Box prepared_box(float4 p0, float4 p1) {
+  Box b;
+  b.x = p0.x; b.y = p0.y; b.dx = p0.z; b.dy = p0.w; b.h = p1.x;
+  b.z = 0.f; b.dz = 0.f;
+  b.ok = p1.z != 0.f;
+  return b;
+}
+
+// Stable descending sort by ranking: rank(i) = #{j : key_j > key_i}. Grid (ceil(N / 32), B); the 8
+// warps of a block count over eighths of the keys (staged in shared memory) for the same 32 boxes.
+// Boxes of rank < M are written in score order: order (B, M) int64 (index within the sample),
+// sbox (B, M, SBOX) float32, sgroups (B, M) int64 (when has_groups). boxes (B, N, stride),
+// scores (B, N) float32, groups (B, N) int64.
+extern "C" __global__ void __launch_bounds__(RANK_THREADS)
+nms_rank(const float* __restrict__ boxes, const float* __restrict__ scores, const long long* __restrict__ groups,
+         int has_groups, int n, int m, int stride, int bev5, long long* __restrict__ order,
+         float* __restrict__ sbox, long long* __restrict__ sgroups) {
+  __shared__ unsigned long long keys[RANK_CHUNK];
+  __shared__ int partial[RANK_THREADS / 32][32];
+  const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* __restrict__ sc = scores + (long long)b * n;
+  const int i = blockIdx.x * 32 + lane;
+  const unsigned long long ki = i < n ? rank_key(sc[i], i) : 0ull;
+  int cnt = 0;
+  for (int c0 = 0; c0 < n; c0 += RANK_CHUNK) {
+    const int len = min(RANK_CHUNK, n - c0);
+    __syncthreads();  // the previous chunk is consumed
+    for (int k = tid; k < len; k += RANK_THREADS) keys[k] = rank_key(sc[c0 + k], c0 + k);
+    __syncthreads();
+    const int per = (len + RANK_THREADS / 32 - 1) / (RANK_THREADS / 32);
+    const int k1 = min(len, (warp + 1) * per);
+#pragma unroll 4
+    for (int k = warp * per; k < k1; ++k) cnt += keys[k] > ki ? 1 : 0;
+  }
+  partial[warp][lane] = cnt;
+  __syncthreads();
+  if (warp == 0 && i < n) {
+    int r = 0;
+#pragma unroll
+    for (int w = 0; w < RANK_THREADS / 32; ++w) r += partial[w][lane];
+    if (r < m) {
+      const long long dst = (long long)b * m + r;
+      order[dst] = i;
+      write_prepared(sbox + dst * SBOX, boxes + (long long)b * n * stride, i, stride, bev5, sc[i]);
+      if (has_groups) sgroups[dst] = groups[(long long)b * n + i];
+    }
+  }
+}
+
+// The same outputs from a given order (B, M) int64 (e.g. torch.sort's, for large N or float64
+// scores): grid (ceil(M / blockDim.x), B).
+extern "C" __global__ void nms_gather(const float* __restrict__ boxes, const float* __restrict__ scores,
+                                      const long long* __restrict__ groups, int has_groups, int n, int m, int stride,
+                                      int bev5, const long long* __restrict__ order, float* __restrict__ sbox,
+                                      long long* __restrict__ sgroups) {
+  const int b = blockIdx.y, p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= m) return;
+  const long long dst = (long long)b * m + p, i = order[dst];
+  write_prepared(sbox + dst * SBOX, boxes + (long long)b * n * stride, i, stride, bev5, scores[(long long)b * n + i]);
+  if (has_groups) sgroups[dst] = groups[(long long)b * n + i];
+}
+
+// Upper-triangular IoU > thr bitmask of the prepared boxes, mask (B, M, W) (bit c of word ct of row
+// i: box j = 64 ct + c comes after i, shares its group, IoU > thr), and invalid (B, W): bit k of word
+// t set when row 64 t + k is invalid or >= M (written by the diagonal tiles). Grid
+// (W (W + 1) / 2, B), MASKB_THREADS = 64 threads: thread c holds column box 64 ct + c in registers
+// and tests the bounding circles of the 64 row boxes (broadcast shared reads, no bank conflicts);
+// the candidate pairs are compacted (warp scan) and clipped by all threads.
+extern "C" __global__ void __launch_bounds__(MASKB_THREADS)
+nms_mask_b(const float* __restrict__ sbox, const long long* __restrict__ sgroups, int has_groups, int m, int words,
+           float thr, unsigned long long* __restrict__ mask, unsigned long long* __restrict__ invalid) {
+  const long long L = blockIdx.x;
+  int ct = (int)((sqrtf(8.f * (float)L + 1.f) - 1.f) * 0.5f);
+  while ((long long)(ct + 1) * (ct + 2) / 2 <= L) ++ct;
+  while ((long long)ct * (ct + 1) / 2 > L) --ct;
+  const int rt = (int)(L - (long long)ct * (ct + 1) / 2);
+  const int b = blockIdx.y;
+
+  __shared__ float4 r0s[NMS_TILE], r1s[NMS_TILE], c0s[NMS_TILE], c1s[NMS_TILE];
+  __shared__ long long rgs[NMS_TILE];
+  __shared__ unsigned bits32[2 * NMS_TILE];
+  __shared__ unsigned short list[NMS_TILE * NMS_TILE];
+  __shared__ int n_list;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const float4* __restrict__ sb = (const float4*)(sbox + (long long)b * m * SBOX);
+  const long long* __restrict__ sg = sgroups + (long long)b * m;
+  const float4 dead0 = make_float4(0.f, 0.f, 1.f, 1.f), dead1 = make_float4(0.f, F32_NAN, 0.f, 0.f);
+  const int i = rt * NMS_TILE + tid, j = ct * NMS_TILE + tid;
+  const float4 a0 = i < m ? sb[2 * (long long)i] : dead0, a1 = i < m ? sb[2 * (long long)i + 1] : dead1;
+  const float4 b0 = j < m ? sb[2 * (long long)j] : dead0, b1 = j < m ? sb[2 * (long long)j + 1] : dead1;
+  const long long gj = (has_groups && j < m) ? sg[j] : 0;
+  r0s[tid] = a0;
+  r1s[tid] = a1;
+  c0s[tid] = b0;
+  c1s[tid] = b1;
+  rgs[tid] = (has_groups && i < m) ? sg[i] : 0;
+  bits32[tid] = 0u;
+  bits32[tid + NMS_TILE] = 0u;
+  if (tid == 0) n_list = 0;
+  if (rt == ct) {
+    const unsigned bad = __ballot_sync(0xffffffffu, !(a1.z != 0.f));
+    if (lane == 0) ((unsigned*)invalid)[2 * ((long long)b * words + rt) + (tid >> 5)] = bad;
+  }
+  __syncthreads();
+  // bounding circles (the arithmetic of circles_touch); NaN radii (invalid, past M) never touch
+  unsigned long long cand = 0ull;
+#pragma unroll 8
+  for (int r = 0; r < NMS_TILE; ++r) {
+    const float4 p = r0s[r];
+    const float wx = b0.x - p.x, wy = b0.y - p.y;
+    const float reach = (r1s[r].y + b1.y) * 1.0001f + 1e-6f;
+    bool t = wx * wx + wy * wy <= reach * reach;
+    if (has_groups) t = t && rgs[r] == gj;
+    cand |= (unsigned long long)t << r;
+  }
+  if (rt == ct) cand &= (1ull << tid) - 1ull;  // rows before the column only
+  // compact the candidates (r << 6 | c) into list: warp inclusive scan, one atomic per warp
+  const int cnt = __popcll(cand);
+  int incl = cnt;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int base = 0;
+  if (lane == 31) base = atomicAdd(&n_list, incl);
+  base = __shfl_sync(0xffffffffu, base, 31);
+  int pos = base + incl - cnt;
+  while (cand) {
+    const int r = __ffsll((long long)cand) - 1;
+    cand &= cand - 1ull;
+    list[pos++] = (unsigned short)((r << 6) | tid);
+  }
+  __syncthreads();
+  const int total = n_list;
+  for (int k = tid; k < total; k += MASKB_THREADS) {
+    const int p = list[k], r = p >> 6, c = p & 63;
+    const Box A = prepared_box(r0s[r], r1s[r]), B = prepared_box(c0s[c], c1s[c]);
+    const float inter = pair_inter(A, B);
+    const float uni = A.dx * A.dy + B.dx * B.dy - inter;
+    const float iou = uni > 0.f ? inter / uni : 0.f;
+    if (iou > thr) atomicOr(&bits32[2 * r + (c >> 5)], 1u << (c & 31));
+  }
+  __syncthreads();
+  if (i < m)
+    mask[((long long)b * m + i) * words + ct] = ((unsigned long long)bits32[2 * tid + 1] << 32) | bits32[2 * tid];
 }
 
 // Diagonal block and invalid bits of tile t, by 64 threads (two full warps): lane k handles row 64t+k.
@@ -454,47 +635,17 @@ __device__ __forceinline__ unsigned long long or_listed_rows(const unsigned long
   return acc;
 }
 
-// Arguments, outputs and dynamic shared memory (words * 8 bytes) as nms_pass; blockDim.x: a
-// multiple of 32, at least 64 (launched with PASS_THREADS).
-extern "C" __global__ void __launch_bounds__(PASS_THREADS)
-nms_pass_v2(const unsigned long long* __restrict__ mask, const float* __restrict__ boxes,
-            const float* __restrict__ scores, const long long* __restrict__ order, int m, int words, int post,
-            int stride, int bev5, long long* __restrict__ out, long long* __restrict__ count_out) {
-  extern __shared__ unsigned long long removed[];
+// The pipelined loop of nms_pass_v2 / nms_pass_b for one sample: removed (dynamic shared, words
+// entries) already holds the invalid bits; mask (M, W), order (M,), out (post,), count_out ().
+__device__ __forceinline__ void pass_pipeline(const unsigned long long* __restrict__ mask,
+                                              const long long* __restrict__ order, int m, int words, int post,
+                                              long long* __restrict__ out, long long* __restrict__ count_out,
+                                              unsigned long long* removed) {
   __shared__ unsigned long long s_kept[2];
   __shared__ int s_count[2];
   __shared__ int s_total;
   __shared__ unsigned char s_list[2][NMS_TILE];
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
-
-  // prologue: removed[w] = invalid bits of tile w (rows >= m included); one ballot per 32 rows.
-  // rows and nt are multiples of 32, so every warp runs the same iterations (full-mask ballots).
-  unsigned* removed32 = (unsigned*)removed;
-  const int rows = words * NMS_TILE;
-  for (int base = tid; base < rows; base += nt * PRO_BATCH) {
-    long long idx[PRO_BATCH];
-#pragma unroll
-    for (int q = 0; q < PRO_BATCH; ++q) {
-      const int r = base + q * nt;
-      idx[q] = r < m ? order[r] : -1;
-    }
-    bool ok[PRO_BATCH];
-#pragma unroll
-    for (int q = 0; q < PRO_BATCH; ++q) {
-      ok[q] = false;
-      if (idx[q] >= 0) {
-        const Box b = load_box(boxes, idx[q], stride, bev5, true);
-        const float s = scores[idx[q]];
-        ok[q] = b.ok && s == s;
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < PRO_BATCH; ++q) {
-      const int r = base + q * nt;
-      const unsigned bad = __ballot_sync(FULL_MASK, !ok[q]);
-      if (r < rows && lane == 0) removed32[r >> 5] = bad;
-    }
-  }
   if (tid == 0) s_total = 0;
 
   Lead la, lb;  // the leader's registers: tile t in la when t is even, in lb when odd
@@ -525,12 +676,18 @@ nms_pass_v2(const unsigned long long* __restrict__ mask, const float* __restrict
           for (int w = t + 1 + wid; w < words; w += nw)
             removed[w] |= or_listed_rows(mask, row0, words, w, s_list[prev], nk, 0, 1);
         } else {
-          const int groups = min(nw / rest, nk);
+          // as few threads per word as keep one batch of loads per thread (less atomic contention)
+          const int groups = min(nw / rest, (nk + PASS_BATCH - 1) / PASS_BATCH);
           const int g = wid / rest, w = t + 1 + wid % rest;
           if (g < groups) {
             const unsigned long long acc = or_listed_rows(mask, row0, words, w, s_list[prev], nk, g, groups);
-            if (groups == 1) removed[w] |= acc;
-            else if (acc) atomicOr(&removed[w], acc);
+            if (groups == 1) {
+              removed[w] |= acc;
+            } else {  // 32-bit shared atomics (native)
+              unsigned* half = (unsigned*)&removed[w];
+              if ((unsigned)acc) atomicOr(half, (unsigned)acc);
+              if (acc >> 32) atomicOr(half + 1, (unsigned)(acc >> 32));
+            }
           }
         }
       }
@@ -541,4 +698,58 @@ nms_pass_v2(const unsigned long long* __restrict__ mask, const float* __restrict
   const int total = s_total < post ? s_total : post;
   for (int p = total + tid; p < post; p += nt) out[p] = -1;
   if (tid == 0) *count_out = total;
+}
+
+// Arguments, outputs and dynamic shared memory (words * 8 bytes) as nms_pass; blockDim.x: a
+// multiple of 32, at least 64 (launched with PASS_THREADS).
+extern "C" __global__ void __launch_bounds__(PASS_THREADS)
+nms_pass_v2(const unsigned long long* __restrict__ mask, const float* __restrict__ boxes,
+            const float* __restrict__ scores, const long long* __restrict__ order, int m, int words, int post,
+            int stride, int bev5, long long* __restrict__ out, long long* __restrict__ count_out) {
+  extern __shared__ unsigned long long removed[];
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
+
+  // prologue: removed[w] = invalid bits of tile w (rows >= m included); one ballot per 32 rows.
+  // rows and nt are multiples of 32, so every warp runs the same iterations (full-mask ballots).
+  unsigned* removed32 = (unsigned*)removed;
+  const int rows = words * NMS_TILE;
+  for (int base = tid; base < rows; base += nt * PRO_BATCH) {
+    long long idx[PRO_BATCH];
+#pragma unroll
+    for (int q = 0; q < PRO_BATCH; ++q) {
+      const int r = base + q * nt;
+      idx[q] = r < m ? order[r] : -1;
+    }
+    bool ok[PRO_BATCH];
+#pragma unroll
+    for (int q = 0; q < PRO_BATCH; ++q) {
+      ok[q] = false;
+      if (idx[q] >= 0) {
+        const Box b = load_box(boxes, idx[q], stride, bev5, true);
+        const float s = scores[idx[q]];
+        ok[q] = b.ok && s == s;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < PRO_BATCH; ++q) {
+      const int r = base + q * nt;
+      const unsigned bad = __ballot_sync(FULL_MASK, !ok[q]);
+      if (r < rows && lane == 0) removed32[r >> 5] = bad;
+    }
+  }
+  pass_pipeline(mask, order, m, words, post, out, count_out, removed);
+}
+
+// The greedy pass of the batched pipeline: one block of PASS_THREADS per sample (grid (B,)), the
+// pipeline of nms_pass_v2 started from the invalid words of nms_mask_b. mask (B, M, W), invalid
+// (B, W), order (B, M) int64; out (B, post) int64 -1 padded, count_out (B,) int64. Dynamic shared
+// memory: words * 8 bytes.
+extern "C" __global__ void __launch_bounds__(PASS_THREADS)
+nms_pass_b(const unsigned long long* __restrict__ mask, const unsigned long long* __restrict__ invalid,
+           const long long* __restrict__ order, int m, int words, int post, long long* __restrict__ out,
+           long long* __restrict__ count_out) {
+  extern __shared__ unsigned long long removed[];
+  const long long b = blockIdx.x;
+  for (int w = threadIdx.x; w < words; w += blockDim.x) removed[w] = invalid[b * words + w];
+  pass_pipeline(mask + b * m * words, order + b * m, m, words, post, out + b * post, count_out + b, removed);
 }

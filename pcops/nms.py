@@ -95,7 +95,40 @@ def boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str =
     return torch.ops.pcops.boxes_iou_3d(boxes_a, boxes_b, _check_backend(backend))
 
 
+def _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
+    """Checks of the batched form (``boxes (B, N, C)``) and the call of ``pcops::nms_bev_batched``."""
+    _checks.check_tensor("boxes", boxes, dtypes=_checks.FLOAT_DTYPES, ndim=3)
+    c = boxes.shape[2]
+    if c != 5 and c < 7:
+        raise ValueError(f"boxes: expected shape (B, N, 5) or (B, N, >= 7), got {tuple(boxes.shape)}")
+    _checks.check_tensor("scores", scores, dtypes=_checks.FLOAT_DTYPES, ndim=2)
+    _checks.check_same_device(boxes=boxes, scores=scores, idxs=idxs)
+    if tuple(scores.shape) != tuple(boxes.shape[:2]):
+        raise ValueError(f"scores: expected shape {tuple(boxes.shape[:2])} (one per box), got {tuple(scores.shape)}")
+    if idxs is not None:
+        _checks.check_tensor("idxs", idxs, dtypes=_checks.INT_DTYPES + (torch.int16, torch.int8, torch.uint8), ndim=2)
+        if tuple(idxs.shape) != tuple(boxes.shape[:2]):
+            raise ValueError(f"idxs: expected shape {tuple(boxes.shape[:2])} (one per box), got {tuple(idxs.shape)}")
+        idxs = idxs.to(torch.int64).contiguous()
+    thr = _checks.check_float("iou_threshold", iou_threshold, min_value=0.0, max_value=1.0)
+    if pre_max_size is not None:
+        pre_max_size = _checks.check_int("pre_max_size", pre_max_size, min_value=1)
+    if post_max_size is not None:
+        post_max_size = _checks.check_int("post_max_size", post_max_size, min_value=1)
+    if not isinstance(padded, bool):
+        raise TypeError(f"padded: expected a bool, got {type(padded).__name__}")
+    if not padded:
+        raise ValueError("padded: the batched form (boxes (B, N, C)) returns padded outputs only: pass padded=True")
+    if post_max_size is None:
+        raise ValueError("post_max_size: required with padded=True (the fixed output length)")
+    return torch.ops.pcops.nms_bev_batched(
+        boxes.contiguous(), scores.contiguous(), idxs, thr, pre_max_size, post_max_size, _check_backend(backend)
+    )
+
+
 def _nms_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
+    if isinstance(boxes, torch.Tensor) and boxes.dim() == 3:
+        return _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend)
     boxes = _check_boxes("boxes", boxes, bev=True)
     _checks.check_tensor("scores", scores, dtypes=_checks.FLOAT_DTYPES, ndim=1)
     _checks.check_same_device(boxes=boxes, scores=scores, idxs=idxs)
@@ -138,9 +171,10 @@ def nms_bev(
     an already kept, higher-ranked box is **> iou_threshold**; at most ``post_max_size`` are kept.
 
     Args:
-        boxes: ``(N, 7+)`` OpenPCDet boxes or ``(N, 5)`` ``(x, y, dx, dy, heading)``, any float dtype.
-        scores: ``(N,)`` float, same device. A NaN score makes the box invalid (never kept; it
-            ranks as −inf for ``pre_max_size``).
+        boxes: ``(N, 7+)`` OpenPCDet boxes or ``(N, 5)`` ``(x, y, dx, dy, heading)``, any float dtype;
+            or ``(B, N, 7+)`` / ``(B, N, 5)``: ``B`` independent samples (the batched form, below).
+        scores: ``(N,)`` float, same device (``(B, N)`` with batched boxes). A NaN score makes the
+            box invalid (never kept; it ranks as −inf for ``pre_max_size``).
         iou_threshold: in ``[0, 1]``. The GPU compares float32 IoUs with ``float32(threshold)``
             (decisions can differ from float64 only where an IoU lies within ~1e-6 of it).
         pre_max_size: consider only the top ``pre_max_size`` boxes by score (None: all).
@@ -156,16 +190,26 @@ def nms_bev(
         ``padded=True``: ``(indices (post_max_size,) int64 padded with −1, count () int64)``, no
         host sync at all (the whole post-processing can be captured in a CUDA graph).
 
+        Batched form, ``boxes (B, N, C)``, ``scores (B, N)`` (requires ``padded=True``):
+        ``(indices (B, post_max_size) int64 into each sample's N boxes, −1 padded, count (B,)
+        int64)``; every sample is an independent NMS (``pre_max_size``/``post_max_size`` per
+        sample), equal to a loop of per-sample calls, but on CUDA one set of launches for all
+        samples (grid over ``B``) and no host sync.
+
     Invalid boxes (non-finite values, negative sizes on the GPU) are never kept and never suppress.
 
-    GPU scheme (Rotated NMS without a host round trip, unlike OpenPCDet's/mmcv's host loop): one
-    stable sort; one kernel for the upper-triangular ``IoU > thr`` bitmask in 64-bit words (pairs
-    whose bounding circles do not touch are culled before any clipping); one single-block kernel
-    for the greedy pass (a tile of 64 boxes is resolved sequentially from its diagonal block, then
-    the kept rows are ORed into the "removed" words of the later tiles; it stops once
-    ``post_max_size`` boxes are kept). GPU launches: ``nan_to_num`` + ``torch.sort`` + the two
-    kernels (+ one gather with ``idxs``, + a cast for non-float32 inputs on the CUDA backend);
-    the variable-length form adds the sync and a copy. Deterministic; the same keep list as the
+    GPU scheme (Rotated NMS without a host round trip, unlike OpenPCDet's/mmcv's host loop), CUDA
+    C++ backend, three kernels per call whatever ``B`` (``pcops.cuda.nms.nms_padded``): a stable
+    rank sort of the scores that also writes the first ``pre_max_size`` boxes in score order as
+    prepared records (centre, size, heading, bounding radius, validity); the upper-triangular
+    ``IoU > thr`` bitmask in 64-bit words (pairs whose bounding circles do not touch are culled
+    before any clipping, the rest compacted and clipped); a single-block (per sample) pipelined
+    greedy pass (a warp resolves a tile of 64 boxes from register-held diagonal words while the
+    other warps OR the previous tile's kept rows into the "removed" words of the later tiles; it
+    stops once ``post_max_size`` boxes are kept). Above 16,384 boxes per sample or with float64
+    scores, ``torch.sort`` and a gather kernel replace the rank sort; non-float32 boxes add a
+    cast. The Triton backend: ``torch.sort``, a mask kernel and a pass kernel per sample. The
+    variable-length form adds the sync and a copy. Deterministic; the same keep list as the
     float64 reference except where an IoU lies within ~1e-6 of the threshold (e.g. boxes that
     only touch, at threshold 0).
     """
@@ -186,7 +230,8 @@ def batched_nms_bev(
     """:func:`nms_bev` where boxes with different ``idxs`` (class or sample id) never suppress each other.
 
     Args:
-        idxs: ``(N,)`` integer group of each box, same device.
+        idxs: ``(N,)`` integer group of each box, same device (``(B, N)`` with batched boxes
+            ``(B, N, C)``: groups within each sample).
         Others as :func:`nms_bev`; ``pre_max_size`` and ``post_max_size`` apply to all groups
         together (the global score ranking), as one NMS over the union would.
 
@@ -270,19 +315,34 @@ def _nms_bev(
     return keep, torch.tensor(keep.numel(), dtype=torch.int64)
 
 
-@_nms_bev.register_kernel("cuda")
-def _nms_bev_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
-    from .triton import nms as tri
-
-    m = boxes.shape[0] if pre_max_size is None else min(boxes.shape[0], pre_max_size)
-    impl = tri
+def _cuda_impl(backend: str, m: int):
+    """``pcops.cuda.nms`` when the CUDA C++ backend applies to ``m`` boxes per sample, else None."""
     if backend == "cuda" or (backend == "auto" and _nvrtc_available()):
         from .cuda import nms as cuda_impl
 
         # the CUDA pass keeps its "removed" words in shared memory; Triton handles any size
         if -(-m // 64) <= cuda_impl.MAX_WORDS:
-            impl = cuda_impl
-    return tri.nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, impl)
+            return cuda_impl
+    return None
+
+
+@_nms_bev.register_kernel("cuda")
+def _nms_bev_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
+    from .triton import nms as tri
+
+    m = boxes.shape[0] if pre_max_size is None else min(boxes.shape[0], pre_max_size)
+    cuda_impl = _cuda_impl(backend, m)
+    if cuda_impl is None:
+        return tri.nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, tri)
+    out_len = post_max_size if padded else min(m, post_max_size or m)
+    groups = idxs.unsqueeze(0) if idxs is not None else None
+    out, count = cuda_impl.nms_padded(boxes.unsqueeze(0), scores.unsqueeze(0), groups, iou_threshold,
+                                      pre_max_size, out_len)
+    out, count = out[0], count[0]
+    if padded:
+        return out, count
+    k = int(count)  # the one host sync of the variable-length form
+    return out[:k].clone(), count
 
 
 _NVRTC_OK: list[bool] = []
@@ -310,3 +370,49 @@ def _nms_bev_fake(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_siz
         return boxes.new_empty((post_max_size,), dtype=torch.int64), count
     k = torch.library.get_ctx().new_dynamic_size()
     return boxes.new_empty((k,), dtype=torch.int64), count
+
+
+@torch.library.custom_op("pcops::nms_bev_batched", mutates_args=(), device_types="cpu")
+def _nms_bev_batched(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    idxs: torch.Tensor | None,
+    iou_threshold: float,
+    pre_max_size: int | None,
+    post_max_size: int,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    bsz = boxes.shape[0]
+    _check_sizes_cpu("boxes", boxes.reshape(-1, boxes.shape[-1]))
+    outs = [_ref.nms_bev_padded(boxes[b], scores[b], iou_threshold, pre_max_size, post_max_size,
+                                idxs[b] if idxs is not None else None) for b in range(bsz)]
+    if not outs:
+        return boxes.new_empty((0, post_max_size), dtype=torch.int64), boxes.new_empty((0,), dtype=torch.int64)
+    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+
+@_nms_bev_batched.register_kernel("cuda")
+def _nms_bev_batched_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, backend):
+    n = boxes.shape[1]
+    m = n if pre_max_size is None else min(n, pre_max_size)
+    cuda_impl = _cuda_impl(backend, m)
+    if cuda_impl is not None:
+        return cuda_impl.nms_padded(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size)
+    from .triton import nms as tri
+
+    bsz = boxes.shape[0]
+    outs = [tri.nms_bev(boxes[b], scores[b], idxs[b] if idxs is not None else None, iou_threshold, pre_max_size,
+                        post_max_size, True, tri) for b in range(bsz)]
+    if not outs:
+        return boxes.new_empty((0, post_max_size), dtype=torch.int64), boxes.new_empty((0,), dtype=torch.int64)
+    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+
+@_nms_bev_batched.register_fake
+def _nms_bev_batched_fake(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, backend):
+    torch._check(boxes.dim() == 3, lambda: "boxes: expected a 3-D tensor")
+    torch._check(scores.dim() == 2 and scores.shape[0] == boxes.shape[0] and scores.shape[1] == boxes.shape[1],
+                 lambda: "scores: one per box")
+    bsz = boxes.shape[0]
+    return (boxes.new_empty((bsz, post_max_size), dtype=torch.int64),
+            boxes.new_empty((bsz,), dtype=torch.int64))

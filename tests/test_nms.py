@@ -654,31 +654,38 @@ def test_cuda_geometry_compiled_for_the_host(tmp_path):
     assert host_iou(edge[:1], edge[1:]).item() == torch.tensor(0.6).item()
 
 
-# --- the CUDA pass kernels, emulated on the host ------------------------------------------------
-# csrc/nms.cu's nms_pass and nms_pass_v2, compiled as host C++ with a SIMT shim: one std::thread
-# per CUDA thread, std::barrier for __syncthreads and for the warp intrinsics (ballot, shuffle,
+# --- the CUDA kernels, emulated on the host ---------------------------------------------------
+# csrc/nms.cu compiled as host C++ with a SIMT shim: one std::thread per CUDA thread, blocks run one
+# after another, std::barrier for __syncthreads and for the warp intrinsics (ballot, shuffles,
 # OR-reduction; every lane must reach them, as on the GPU: a missed one deadlocks, caught by the
-# subprocess timeout). Checks the kernels' logic (tiles, pipelining, rounds, early exit, padding)
-# on random bitmasks against a plain greedy loop; the GPU tests check them on real masks.
+# subprocess timeout). Checks the kernels' logic (tiles, pipelining, rounds, early exit, padding,
+# the batched rank sort, mask and pass) against plain greedy loops and the reference; the GPU
+# tests check them on the device.
 
 _SIMT_SHIM = r"""
 #include <math.h>
+#include <string.h>
 #include <barrier>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 #include <vector>
 #define __device__
 #define __forceinline__ inline
 #define __global__
-#define __launch_bounds__(n)
-struct Dim3 { unsigned x = 0, y = 1, z = 1; };
+#define __launch_bounds__(...)
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx;
-static Dim3 blockDim;
+static Dim3 blockIdx, blockDim, gridDim;
 static std::barrier<>* g_block;
 struct Warp { std::barrier<> bar{32}; unsigned long long slot[32]; };
 static Warp* g_warps;
 static unsigned long long* g_dyn_smem;
+struct alignas(16) float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline void __syncthreads() { g_block->arrive_and_wait(); }
 template <class F> static unsigned long long warp_op(unsigned long long v, F f) {
   Warp& w = g_warps[threadIdx.x / 32];
@@ -699,6 +706,13 @@ static inline unsigned __reduce_or_sync(unsigned, unsigned v) {
 static inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
   return (unsigned)warp_op(v, [src](unsigned long long* s) { return s[src & 31]; });
 }
+static inline int __shfl_sync(unsigned, int v, int src) {
+  return (int)(unsigned)warp_op((unsigned)v, [src](unsigned long long* s) { return s[src & 31]; });
+}
+static inline int __shfl_up_sync(unsigned, int v, int d) {
+  const int lane = threadIdx.x % 32;
+  return (int)(unsigned)warp_op((unsigned)v, [lane, d](unsigned long long* s) { return s[lane >= d ? lane - d : lane]; });
+}
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 static inline int __ffsll(long long v) { return __builtin_ffsll(v); }
@@ -706,39 +720,97 @@ static inline int min(int a, int b) { return a < b ? a : b; }
 static inline unsigned long long atomicOr(unsigned long long* p, unsigned long long v) {
   return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
 }
+static inline unsigned atomicOr(unsigned* p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+// one block of `threads` CUDA threads (a multiple of 32)
+static void run_block(unsigned bx, unsigned by, int threads, const std::function<void()>& k) {
+  blockIdx.x = bx;
+  blockIdx.y = by;
+  blockDim.x = threads;
+  g_block = new std::barrier<>(threads);
+  g_warps = new Warp[threads / 32];
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) pool.emplace_back([&, i] { threadIdx.x = i; k(); });
+  for (auto& th : pool) th.join();
+  delete g_block;
+  delete[] g_warps;
+}
 """
 
 _SIMT_MAIN = r"""
-typedef void (*Pass)(const unsigned long long*, const float*, const float*, const long long*, int, int, int, int,
-                     int, long long*, long long*);
-// stdin: cases of 8 int32 (variant, threads, m, words, post, stride, bev5, n) then mask, boxes,
-// scores, order; stdout: per case post int64 indices and the count.
+template <class T> static bool get(std::vector<T>& v) { return fread(v.data(), sizeof(T), v.size(), stdin) == v.size(); }
+template <class T> static void put(const std::vector<T>& v) { fwrite(v.data(), sizeof(T), v.size(), stdout); }
+// stdin: records, each an int32 mode then its header and arrays; stdout: the outputs per record.
+//  mode 1, 2 (nms_pass, nms_pass_v2): threads, m, words, post, stride, bev5, n; mask, boxes, scores,
+//    order -> post int64 indices, the count.
+//  mode 3 (the batched pipeline: nms_rank or nms_gather, nms_mask_b, nms_pass_b): B, N, M, stride,
+//    bev5, has_groups, use_rank, post, pass threads, thr (float32); boxes, scores, groups (B N int64),
+//    order (B M int64, for nms_gather) -> order, sbox, mask, invalid, out, count.
 int main() {
-  int h[8];
-  while (fread(h, 4, 8, stdin) == 8) {
-    const int variant = h[0], threads = h[1], m = h[2], words = h[3], post = h[4], stride = h[5], bev5 = h[6], n = h[7];
-    std::vector<unsigned long long> mask((size_t)m * words);
-    std::vector<float> boxes((size_t)n * stride), scores(n);
-    std::vector<long long> order(m), out(post + 1), count(1);
-    if (fread(mask.data(), 8, mask.size(), stdin) != mask.size() || fread(boxes.data(), 4, boxes.size(), stdin) != boxes.size() ||
-        fread(scores.data(), 4, n, stdin) != (size_t)n || fread(order.data(), 8, m, stdin) != (size_t)m) return 2;
-    std::vector<unsigned long long> smem(words + 1, 0x5a5a5a5a5a5a5a5aull);  // garbage, as on the GPU
-    g_dyn_smem = smem.data();
-    blockDim.x = threads;
-    g_block = new std::barrier<>(threads);
-    g_warps = new Warp[threads / 32];
-    Pass k = variant == 2 ? nms_pass_v2 : nms_pass;
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; ++i)
-      pool.emplace_back([&, i] {
-        threadIdx.x = i;
-        k(mask.data(), boxes.data(), scores.data(), order.data(), m, words, post, stride, bev5, out.data(), count.data());
+  int mode;
+  while (fread(&mode, 4, 1, stdin) == 1) {
+    if (mode == 1 || mode == 2) {
+      int h[7];
+      if (fread(h, 4, 7, stdin) != 7) return 2;
+      const int threads = h[0], m = h[1], words = h[2], post = h[3], stride = h[4], bev5 = h[5], n = h[6];
+      std::vector<unsigned long long> mask((size_t)m * words);
+      std::vector<float> boxes((size_t)n * stride), scores(n);
+      std::vector<long long> order(m), out(post), count(1);
+      if (!get(mask) || !get(boxes) || !get(scores) || !get(order)) return 2;
+      std::vector<unsigned long long> smem(words + 1, 0x5a5a5a5a5a5a5a5aull);  // garbage, as on the GPU
+      g_dyn_smem = smem.data();
+      run_block(0, 0, threads, [&] {
+        (mode == 2 ? nms_pass_v2 : nms_pass)(mask.data(), boxes.data(), scores.data(), order.data(), m, words, post,
+                                             stride, bev5, out.data(), count.data());
       });
-    for (auto& th : pool) th.join();
-    delete g_block;
-    delete[] g_warps;
-    fwrite(out.data(), 8, post, stdout);
-    fwrite(count.data(), 8, 1, stdout);
+      put(out);
+      put(count);
+    } else if (mode == 3) {
+      int h[9];
+      float thr;
+      if (fread(h, 4, 9, stdin) != 9 || fread(&thr, 4, 1, stdin) != 1) return 2;
+      const int B = h[0], n = h[1], m = h[2], stride = h[3], bev5 = h[4], has_groups = h[5], use_rank = h[6];
+      const int post = h[7], threads = h[8], words = (m + 63) / 64;
+      std::vector<float> boxes((size_t)B * n * stride), scores((size_t)B * n);
+      std::vector<long long> groups((size_t)B * n), order((size_t)B * m, -7), sgroups((size_t)B * m, -7);
+      if (!get(boxes) || !get(scores) || !get(groups) || !get(order)) return 2;
+      std::vector<float> sbox((size_t)B * m * 8, -7.f);
+      std::vector<unsigned long long> mask((size_t)B * m * words, 0x5a5a5a5a5a5a5a5aull), invalid((size_t)B * words, 7);
+      std::vector<long long> out((size_t)B * post, -7), count(B, -7);
+      for (int b = 0; b < B; ++b) {
+        if (use_rank) {
+          for (int x = 0; x < (n + 31) / 32; ++x)
+            run_block(x, b, 256, [&] {
+              nms_rank(boxes.data(), scores.data(), groups.data(), has_groups, n, m, stride, bev5, order.data(),
+                       sbox.data(), sgroups.data());
+            });
+        } else {
+          for (int x = 0; x < (m + 63) / 64; ++x)
+            run_block(x, b, 64, [&] {
+              nms_gather(boxes.data(), scores.data(), groups.data(), has_groups, n, m, stride, bev5, order.data(),
+                         sbox.data(), sgroups.data());
+            });
+        }
+        for (int L = 0; L < words * (words + 1) / 2; ++L)
+          run_block(L, b, 64, [&] {
+            nms_mask_b(sbox.data(), sgroups.data(), has_groups, m, words, thr, mask.data(), invalid.data());
+          });
+      }
+      std::vector<unsigned long long> smem(words + 1, 0x5a5a5a5a5a5a5a5aull);
+      g_dyn_smem = smem.data();
+      for (int b = 0; b < B; ++b)
+        run_block(b, 0, threads, [&] {
+          nms_pass_b(mask.data(), invalid.data(), order.data(), m, words, post, out.data(), count.data());
+        });
+      put(order);
+      put(sbox);
+      put(mask);
+      put(invalid);
+      put(out);
+      put(count);
+    } else {
+      return 3;
+    }
   }
   return 0;
 }
@@ -746,7 +818,8 @@ int main() {
 
 
 @functools.lru_cache(maxsize=None)
-def _simt_pass_binary(tmp_dir):
+def _simt_binary(tmp_dir):
+    """csrc/nms.cu (every kernel) with the SIMT shim, compiled for the host."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -757,14 +830,11 @@ def _simt_pass_binary(tmp_dir):
     if cxx is None:
         pytest.skip("no host C++ compiler")
     src = (_nvrtc.CSRC_DIR / "nms.cu").read_text()
-    helpers = src[: src.index("// IoU matrix: one thread per pair.")]
-    passes = src[src.index("// Diagonal block and invalid bits of tile t"):]
-    passes = passes.replace("extern __shared__ unsigned long long removed[];",
-                            "unsigned long long* removed = g_dyn_smem;").replace("__shared__", "static")
-    passes = passes.replace('extern "C" ', "")
-    cpp = Path(tmp_dir) / "pass.cpp"
-    cpp.write_text(_SIMT_SHIM + helpers + passes + _SIMT_MAIN)
-    exe = Path(tmp_dir) / "pass_emu"
+    src = src.replace("extern __shared__ unsigned long long removed[];", "unsigned long long* removed = g_dyn_smem;")
+    src = src.replace("__shared__", "static").replace('extern "C" ', "")
+    cpp = Path(tmp_dir) / "nms_host.cpp"
+    cpp.write_text(_SIMT_SHIM + src + _SIMT_MAIN)
+    exe = Path(tmp_dir) / "nms_emu"
     res = subprocess.run([cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-o", str(exe), str(cpp)],
                          capture_output=True, text=True)
     if res.returncode != 0 and "barrier" in res.stderr and "No such file" in res.stderr:
@@ -821,7 +891,7 @@ def test_cuda_pass_kernels_emulated_on_the_host(tmp_path_factory, threads):
 
     import numpy as np
 
-    exe = _simt_pass_binary(str(tmp_path_factory.mktemp("simt")))
+    exe = _simt_binary(str(tmp_path_factory.mktemp("simt")))
     cases = [(1, 1, 0.0, 5), (63, 80, 0.05, 70), (64, 64, 0.3, 64), (65, 100, 0.02, 3), (300, 320, 0.01, 300),
              (300, 320, 0.2, 400), (700, 700, 0.003, 50), (200, 210, 0.0, 200, True), (250, 250, 0.01, 0)]
     if threads == 96:
@@ -921,8 +991,8 @@ def test_gpu_nms_pass_v2_invalid_boxes_and_graph():
 
 
 def test_cuda_pass_kernels_compile_without_spills():
-    """nms_pass and nms_pass_v2 (1024 threads: at most 64 registers) compile for sm_90 with no
-    local-memory spills (ptxas' verbose log through NVRTC)."""
+    """nms_pass, nms_pass_v2, nms_pass_b (1024 threads: at most 64 registers), nms_mask_b and
+    nms_rank compile for sm_90 with no local-memory spills (ptxas' verbose log through NVRTC)."""
     import ctypes
     import re
 
@@ -946,9 +1016,246 @@ def test_cuda_pass_kernels_compile_without_spills():
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
     text = log.value.decode(errors="replace")
     assert status == 0, text
-    for kernel in ("nms_pass", "nms_pass_v2"):
+    for kernel in ("nms_pass", "nms_pass_v2", "nms_pass_b", "nms_mask_b", "nms_rank"):
         part = text.split(f"Function properties for {kernel}\n", 1)
         if len(part) < 2:
             pytest.skip("this NVRTC does not forward ptxas' verbose log")
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", part[1])
         assert spills and spills.groups() == ("0", "0"), part[1][:300]
+
+
+def _batched_case(bsz, n, span, seed, groups=False, bev5=False):
+    """``bsz`` samples of ``n`` boxes (a few invalid: negative size, infinite centre, NaN score; tied
+    and signed-zero scores), as float32 tensors, and int64 groups."""
+    boxes, scores = make_boxes(bsz * n, seed=seed, span=span)
+    boxes, scores = boxes.view(bsz, n, 7).clone(), scores.view(bsz, n).clone()
+    if n >= 12:
+        boxes[:, 3, 3] = -1.0
+        boxes[:, 5, 1] = float("inf")
+        scores[:, 7] = float("nan")
+        scores[:, 8:11] = scores[:, 11:12]  # ties: the lower index first
+        scores[:, 1], scores[:, 2] = 0.0, -0.0  # equal scores
+    if bev5:
+        boxes = boxes[..., [0, 1, 3, 4, 6]].contiguous()
+    g = torch.randint(0, 3, (bsz, n), generator=generator(seed)) if groups else torch.zeros(bsz, n, dtype=torch.int64)
+    return boxes, scores, g
+
+
+@pytest.mark.parametrize("bsz,n,pre,post,span,thr,groups,use_rank,bev5", [
+    (2, 150, None, 200, (14, 14), 0.1, False, True, False),
+    (3, 70, 64, 10, (10, 10), 0.3, True, True, False),
+    (1, 1, None, 3, (10, 10), 0.5, False, True, False),
+    (2, 130, 129, 130, (12, 12), 0.01, True, False, True),
+    (1, 64, None, 64, (6, 6), 0.0, False, False, False),
+])
+def test_cuda_batched_pipeline_emulated_on_the_host(tmp_path_factory, bsz, n, pre, post, span, thr, groups,
+                                                    use_rank, bev5):
+    """nms_rank (or nms_gather) + nms_mask_b + nms_pass_b on the host: the stable order, the
+    prepared records, the bitmask (vs the float64 reference IoU), the invalid words and the padded
+    keep lists of every sample (vs the reference NMS)."""
+    import struct
+    import subprocess
+
+    import numpy as np
+
+    exe = _simt_binary(str(tmp_path_factory.mktemp("simt")))
+    boxes, scores, g = _batched_case(bsz, n, span, seed=n + bsz, groups=groups, bev5=bev5)
+    m = n if pre is None else min(n, pre)
+    words = -(-m // 64)
+    order_in = torch.stack([ref.sort_order(scores[b], pre) for b in range(bsz)])
+    stride = boxes.shape[2]
+    payload = struct.pack("10i", 3, bsz, n, m, stride, int(bev5), int(groups), int(use_rank), post, 96)
+    payload += struct.pack("f", thr) + boxes.numpy().tobytes() + scores.numpy().tobytes()
+    payload += g.numpy().astype(np.int64).tobytes() + order_in.numpy().astype(np.int64).tobytes()
+    res = subprocess.run([exe], input=payload, capture_output=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    buf, at = res.stdout, 0
+
+    def take(count, dtype):
+        nonlocal at
+        arr = np.frombuffer(buf, dtype=dtype, count=count, offset=at)
+        at += arr.nbytes
+        return arr
+
+    order = take(bsz * m, np.int64).reshape(bsz, m)
+    sbox = take(bsz * m * 8, np.float32).reshape(bsz, m, 8)
+    mask = take(bsz * m * words, np.uint64).reshape(bsz, m, words)
+    invalid = take(bsz * words, np.uint64).reshape(bsz, words)
+    out = take(bsz * post, np.int64).reshape(bsz, post)
+    count = take(bsz, np.int64)
+    assert at == len(buf)
+    assert order.tolist() == order_in.tolist()
+    for b in range(bsz):
+        bev = ref.bev_columns(boxes[b])
+        valid = ref.box_valid(bev) & ~torch.isnan(scores[b])
+        o = torch.from_numpy(order[b].copy())
+        ok = valid[o].numpy()
+        assert (sbox[b, :, 6] == ok.astype(np.float32)).all()
+        assert np.array_equal(sbox[b, ok, :4], bev[o][ok][:, :4].numpy())
+        assert np.array_equal(sbox[b, ok, 4], bev[o][ok][:, 4].numpy())
+        assert np.isnan(sbox[b, ~ok, 5]).all()
+        bad = np.zeros(words * 64, dtype=bool)
+        bad[:m] = ~ok
+        bad[m:] = True
+        assert np.packbits(bad, bitorder="little").view("<u8").tolist() == invalid[b].tolist()
+        iou = ref.boxes_iou_bev(bev[o], bev[o])
+        same = (g[b][o][:, None] == g[b][o][None, :]) if groups else torch.ones(m, m, dtype=torch.bool)
+        want = (iou > thr) & same & torch.from_numpy(ok)[:, None] & torch.from_numpy(ok)[None, :]
+        want = torch.triu(want, 1).numpy()
+        pad = np.zeros((m, words * 64), dtype=bool)
+        pad[:, :m] = want
+        got_bits = np.unpackbits(mask[b].view(np.uint8), axis=1, bitorder="little").astype(bool)
+        for i in range(m):  # only the words from the diagonal on are written
+            lo = (i // 64) * 64
+            near = ((iou[i, lo:] - thr).abs() < 1e-6).numpy()
+            diff = got_bits[i, lo:m] != pad[i, lo:m]
+            assert not (diff & ~near[: m - lo]).any(), (b, i)
+        want_idx, want_count = ref.nms_bev_padded(boxes[b], scores[b], thr, pre, post, g[b] if groups else None)
+        assert out[b].tolist() == want_idx.tolist() and int(count[b]) == int(want_count), b
+
+
+# --- the batched form (boxes (B, N, C)) -----------------------------------------------------------
+
+
+def _loop_padded(boxes, scores, thr, pre, post, idxs=None, backend="auto"):
+    """The per-sample loop the batched form replaces."""
+    outs = [pcops.nms_bev(boxes[b], scores[b], thr, pre, post, padded=True, backend=backend) if idxs is None else
+            pcops.batched_nms_bev(boxes[b], scores[b], idxs[b], thr, pre, post, padded=True, backend=backend)
+            for b in range(boxes.shape[0])]
+    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+
+def test_batched_form_equals_the_loop_cpu():
+    boxes, scores, g = _batched_case(3, 90, (12, 12), seed=30, groups=True)
+    boxes[:, 3, 3] = 1.0  # negative sizes raise on the CPU
+    for pre, post, idxs in [(None, 100, None), (50, 7, None), (None, 20, g)]:
+        fn = pcops.nms_bev if idxs is None else functools.partial(pcops.batched_nms_bev, idxs=idxs)
+        idx, count = fn(boxes, scores, iou_threshold=0.2, pre_max_size=pre, post_max_size=post, padded=True)
+        want_idx, want_count = _loop_padded(boxes, scores, 0.2, pre, post, idxs)
+        assert idx.shape == (3, post) and count.shape == (3,) and idx.dtype == count.dtype == torch.int64
+        assert torch.equal(idx, want_idx) and torch.equal(count, want_count)
+    bev = boxes[..., [0, 1, 3, 4, 6]]
+    assert torch.equal(pcops.nms_bev(bev, scores, 0.2, post_max_size=9, padded=True)[0],
+                       pcops.nms_bev(boxes, scores, 0.2, post_max_size=9, padded=True)[0])
+    idx, count = pcops.nms_bev(boxes[:0], scores[:0], 0.2, post_max_size=4, padded=True)
+    assert idx.shape == (0, 4) and count.shape == (0,)
+    idx, count = pcops.nms_bev(boxes[:, :0], scores[:, :0], 0.2, post_max_size=4, padded=True)
+    assert idx.tolist() == [[-1] * 4] * 3 and count.tolist() == [0] * 3
+
+
+@pytest.mark.parametrize("bad,exc,name", [
+    (dict(padded=False), ValueError, "padded"),
+    (dict(post_max_size=None), ValueError, "post_max_size"),
+    (dict(scores=torch.zeros(2, 4)), ValueError, "scores"),
+    (dict(scores=torch.zeros(10)), ValueError, "scores"),
+    (dict(boxes=torch.ones(3, 5, 6)), ValueError, "boxes"),
+    (dict(boxes=torch.tensor([[[0.0, 0, 0, 1, -1, 1, 0]] * 5] * 3)), ValueError, "boxes"),
+    (dict(iou_threshold=2.0), ValueError, "iou_threshold"),
+])
+def test_batched_form_bad_input(bad, exc, name):
+    args = dict(boxes=torch.ones(3, 5, 7), scores=torch.zeros(3, 5), iou_threshold=0.5, post_max_size=4, padded=True)
+    args.update(bad)
+    with pytest.raises(exc, match=name):
+        pcops.nms_bev(**args)
+    with pytest.raises(ValueError, match="idxs"):
+        pcops.batched_nms_bev(torch.ones(3, 5, 7), torch.zeros(3, 5), torch.zeros(3, 4, dtype=torch.int64), 0.5,
+                              post_max_size=4, padded=True)
+
+
+def test_batched_form_opcheck_and_compile():
+    boxes, scores, g = _batched_case(2, 40, (10, 10), seed=31, groups=True)
+    boxes[:, 3, 3] = 1.0
+    torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (boxes, scores, None, 0.3, None, 16, "auto"))
+    torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (boxes, scores, g, 0.3, 30, 8, "auto"))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def post(b, s):
+        idx, count = pcops.nms_bev(b * 1.0, s.sigmoid(), 0.1, pre_max_size=30, post_max_size=16, padded=True)
+        return torch.gather(s, 1, idx.clamp(min=0)) * (idx >= 0), count
+
+    got, count = post(boxes, scores)
+    idx, want_count = pcops.nms_bev(boxes, scores.sigmoid(), 0.1, pre_max_size=30, post_max_size=16, padded=True)
+    assert torch.equal(count, want_count)
+    torch.testing.assert_close(got, torch.gather(scores, 1, idx.clamp(min=0)) * (idx >= 0))
+
+
+@pytest.mark.parametrize("bsz,n", [(1, 1), (3, 65), (2, 1000), (8, 4096)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_batched_form_matches_reference(bsz, n):
+    """The batched CUDA pipeline (rank sort, mask, pass; grid over B) vs the float64 reference of
+    every sample: plain, pre/post, grouped, 5-column boxes, fp16 boxes."""
+    span = (20, 20) if n <= 1000 else (69.12, 79.36)
+    boxes, scores, g = _batched_case(bsz, n, span, seed=32 + n, groups=True)
+    b, s, gg = boxes.cuda(), scores.cuda(), g.cuda()
+    pre = max(1, n - n // 4)
+    cases = [(0.01, None, n, None), (0.5, pre, 100, None), (0.1, None, 50, gg)]
+    if n <= 1000:
+        cases += [(0.7, None, n, None)]
+    for thr, pre_max, post, idxs in cases:
+        fn = pcops.nms_bev if idxs is None else functools.partial(pcops.batched_nms_bev, idxs=idxs)
+        idx, count = fn(b, s, iou_threshold=thr, pre_max_size=pre_max, post_max_size=post, padded=True)
+        assert idx.shape == (bsz, post) and count.shape == (bsz,)
+        idx, count = idx.cpu(), count.cpu()
+        for k in range(min(bsz, 2)):
+            kw = dict(pre_max_size=pre_max, post_max_size=post)
+            if idxs is not None:
+                kw["idxs"] = g[k]
+            want = _ref_nms(boxes[k], scores[k], thr, **kw)
+            c = int(count[k])
+            _check_keep(idx[k, :c], want, boxes[k], scores[k], thr)
+            assert (idx[k, c:] == -1).all()
+    # other layouts and dtypes: the same as per-sample calls
+    for bb in (b[..., [0, 1, 3, 4, 6]], b.half()):
+        idx, count = pcops.nms_bev(bb, s, 0.2, post_max_size=64, padded=True)
+        want_idx, want_count = _loop_padded(bb, s, 0.2, None, 64)
+        assert torch.equal(idx, want_idx) and torch.equal(count, want_count)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_sort_fallbacks_and_old_pipeline():
+    """float64 scores and N > RANK_MAX take torch.sort + nms_gather; both equal the previous
+    pipeline (torch.sort, nms_mask, nms_pass_v2) on the same boxes."""
+    from pcops.cuda import nms as cuda_impl
+    from pcops.triton import nms as tri
+
+    old = _cuda_pass("v2")
+    for n, dtype in [(300, torch.float64), (cuda_impl.RANK_MAX + 300, torch.float32)]:
+        boxes, scores = make_boxes(n, seed=33, span=(69.12, 79.36) if n > 1000 else (15, 15))
+        scores[::7] = scores[:1].clone()
+        b, s = boxes.cuda(), scores.to(dtype).cuda()
+        for thr, post in [(0.01, 500), (0.5, n)]:
+            idx, count = pcops.nms_bev(b, s, thr, post_max_size=post, padded=True, backend="cuda")
+            idx0, count0 = tri.nms_bev(b, s, None, thr, None, post, True, old)
+            if not (torch.equal(idx, idx0) and int(count) == int(count0)):
+                c = int(count)
+                _check_keep(idx[:c].cpu(), _ref_nms(boxes, scores.to(dtype), thr, post_max_size=post), boxes,
+                            scores.float(), thr)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_batched_form_graph_capture_and_opcheck():
+    """B = 8 × 4,096 (E2's post-processing) captured in a CUDA graph and replayed on new boxes:
+    equal to eager per-sample calls; opcheck of the batched op on CUDA."""
+    boxes, scores, _ = _batched_case(8, 4096, (69.12, 79.36), seed=34)
+    sb, ss = boxes.cuda(), scores.cuda()
+    fn = lambda: pcops.nms_bev(sb, ss, 0.01, pre_max_size=4096, post_max_size=500, padded=True)
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        idx, count = fn()
+    b2, s2, _ = _batched_case(8, 4096, (69.12, 79.36), seed=35)
+    sb.copy_(b2)
+    ss.copy_(s2)
+    graph.replay()
+    want_idx, want_count = _loop_padded(sb, ss, 0.01, 4096, 500)
+    assert torch.equal(idx, want_idx) and torch.equal(count, want_count)
+    small, small_s, g = _batched_case(2, 100, (12, 12), seed=36, groups=True)
+    small[:, 3, 3] = 1.0
+    for backend in ("cuda", "triton"):
+        torch.library.opcheck(torch.ops.pcops.nms_bev_batched,
+                              (small.cuda(), small_s.cuda(), None, 0.3, None, 32, backend))
+    torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), g.cuda(), 0.3, 64, 32, "cuda"))
