@@ -551,7 +551,7 @@ __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
 }
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
-  asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 st, [%0], %1; }" ::"r"(addr),
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 st, [%0], %1; }" ::"r"(addr),
                "r"(bytes)
                : "memory");
 }
@@ -559,7 +559,7 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned by
 __device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
   unsigned done;
   asm volatile(
-      "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+      "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
       : "=r"(done)
       : "r"(addr), "r"(parity)
       : "memory");
@@ -665,13 +665,13 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
     cx = p[0];
     cy = p[1];
     cz = p[2];
-    if (rank == 0 && tid == 0) out[b * num_samples] = start;
   }
   // this warp's record (warp-uniform): max min-distance bits (< 0: none), lowest original index, coordinates
   int rd = -1;
   unsigned ri = 0xFFFFFFFFu;
   float rx = 0.f, ry = 0.f, rz = 0.f;
   bool dead = false;  // EXCH_ASYNC watchdog: a wait that never ends gives garbage, not a hang
+  long long pending = start;  // warp 0 of rank 0: the index of step (s & ~31) + lane
   for (int s = 1; s < steps; ++s) {
     const int parity = s & 1;
     // 1. which groups can change: box distance to the new sample <= the group's max min-distance
@@ -776,8 +776,16 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
     cx = __shfl_sync(FULL_MASK, mine.x, from);
     cy = __shfl_sync(FULL_MASK, mine.y, from);
     cz = __shfl_sync(FULL_MASK, mine.z, from);
-    if (rank == 0 && tid == 0) out[b * num_samples + s] = sel;
+    // the indices leave in coalesced batches of 32 (lane l of warp 0 keeps step s0 + l): a global
+    // store every step would make the release fence of the next cluster barrier wait for it
+    if (rank == 0 && warp == 0) {
+      if (lane == (s & 31)) pending = sel;
+      if ((s & 31) == 31 || s == steps - 1) {
+        if (lane <= (s & 31)) out[b * num_samples + (s & ~31) + lane] = pending;
+      }
+    }
   }
+  if (steps == 1 && rank == 0 && tid == 0) out[b * num_samples] = start;
   if (C > 1) cluster_sync();  // no CTA exits while others may still write to its shared memory
 }
 
