@@ -8,7 +8,8 @@ Baselines: a plain-torch segment softmax (``scatter_reduce`` amax + exp + ``inde
 row index of every entry precomputed, as graph libraries keep it) and ``torch.sparse.softmax``
 on the equivalent COO tensor. pcops: Triton and CUDA C++ (NVRTC) both; for CUDA C++ also each
 group shape of ``pcops.cuda.sparse_softmax.VARIANTS`` (kernels called directly; ``(auto)``
-marks the one the op picks for Q1).
+marks the one the op picks for Q1), and the Triton layout the op does not use
+(``pcops.triton.fused.CSR_LAYOUT``: "grouped" rows per warp or the "tile" kernel).
 
 fwd+bwd rows: ``y = f(x, w, b); y.backward(dy)`` with the leaves' ``.grad`` reset to None
 before each call (what ``optimizer.zero_grad()`` does by default since torch 2.0), so autograd
@@ -261,7 +262,21 @@ def bench_sparse_softmax(rows, rep, launches):
     graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)",
               fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton"), accumulate=True), rep, fb_floor,
               Q1_ROWS, (base or {}).get(True))
-    # the CUDA C++ group shapes (pcops.cuda.sparse_softmax.VARIANTS), kernels called directly
+    # the Triton layout the op does not use, then the CUDA C++ group shapes
+    # (pcops.cuda.sparse_softmax.VARIANTS); kernels called directly
+    other = [lay for lay in tri._CSR_LAYOUTS if lay != tri.CSR_LAYOUT]
+    for lay in other:
+        err = (tri.sparse_softmax(values, crow, layout=lay) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
+        print(f"Q1 triton layout={lay}: max |pcops - segment softmax| = {err:.3g}")
+        graph_row(rows, wl, f"pcops triton {lay} (fwd)", lambda lay=lay: tri.sparse_softmax(values, crow, layout=lay),
+                  rep, fwd_floor, Q1_ROWS, fwd_base.get(True))
+        graph_row(rows, wl, f"pcops triton {lay} (fwd+bwd kernels)",
+                  lambda lay=lay: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow, layout=lay), crow,
+                                                              layout=lay),
+                  rep, fb_floor, Q1_ROWS, (base or {}).get(True))
+    graph_row(rows, wl, f"pcops triton {tri.CSR_LAYOUT} (default) (fwd+bwd kernels)",
+              lambda: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow), crow), rep, fb_floor, Q1_ROWS,
+              (base or {}).get(True))
     from pcops.cuda import sparse_softmax as cu
 
     auto = cu.choose_variant(Q1_ROWS, nnz)

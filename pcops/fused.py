@@ -85,7 +85,8 @@ def fused_layer_norm_gelu(
     Gradient: exact w.r.t. ``x``, ``weight`` and ``bias`` (the GELU derivative and the full
     LayerNorm derivative), the dropout mask regenerated from the seed. ``dweight``/``dbias`` are
     reduced over rows in two fixed-order stages: deterministic, no atomics. No host
-    synchronisation on the GPU (forward: 1 launch, +1 for the seed with dropout; backward: 2).
+    synchronisation on the GPU (forward: 1 launch, +1 for the seed with dropout; backward: 2,
+    the backward kernel and the column sum; nothing for the unused mean/rstd gradients).
     """
     _checks.check_tensor("x", x, dtypes=_checks.FLOAT_DTYPES, min_last_dim=1)
     n = x.shape[-1]
@@ -169,9 +170,12 @@ def sparse_softmax(
             2-D ``torch.sparse_csr_tensor`` (then ``crow_indices`` must be None).
         crow_indices: ``(rows + 1,)`` int32/int64 CSR row pointers: ``crow[0] == 0``,
             non-decreasing, ``crow[-1] == nnz``. Empty rows are allowed.
-        backend: the CUDA implementation: ``"triton"`` (default; a tile of rows per program) or
-            ``"cuda"`` (CUDA C++ from ``csrc/sparse_softmax.cu``, NVRTC: a warp per row up to
-            128 entries, the whole block for longer rows). Ignored on the CPU.
+        backend: the CUDA implementation: ``"triton"`` (default) or ``"cuda"`` (CUDA C++ from
+            ``csrc/sparse_softmax.cu``, NVRTC). Both give each row a group of 4-32 lanes sized
+            from the mean row length (no host sync), several short rows per warp, the row in
+            registers up to 32-128 entries (Q1's lengths 1..64: 8 lanes × 8 entries, 4 rows per
+            warp); longer rows loop over chunks (Triton) or go to the whole block (CUDA C++).
+            Ignored on the CPU.
         validate: check ``crow_indices``. Default: on the CPU only; on CUDA the check needs a
             host synchronisation, so it runs only when asked (the kernels clamp row ranges to
             ``[0, nnz]``, so an invalid ``crow`` never reads or writes out of bounds).

@@ -464,21 +464,43 @@ def test_triton_dropout_interpreter(max_block_n):
     torch.testing.assert_close(tri.swish_dropout_residual(x, r, p, None), ref.swish_dropout_residual(x, r, p, None))
 
 
+# (layout, launcher config): the tile kernel at the default and a narrow step; the grouped
+# kernel at the mean-length default, with a tiny capacity (sub 4 × vpt 2 = 8: most rows loop
+# over chunks), a warp per row, and 2 rows per thread (block_r 8 with 1 warp of 4 groups)
+CSR_CASES = [("tile", {}), ("tile", dict(block_l=16)), ("grouped", {}), ("grouped", dict(sub=4, vpt=2)),
+             ("grouped", dict(sub=32, vpt=4, num_warps=2)), ("grouped", dict(sub=8, vpt=8, block_r=8, num_warps=1))]
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("block_l", [None, 16])
+@pytest.mark.parametrize("layout,config", CSR_CASES)
 @interpret
-def test_triton_sparse_softmax_interpreter(index_dtype, dtype, block_l):
+def test_triton_sparse_softmax_interpreter(index_dtype, dtype, layout, config):
     from pcops.triton import fused as tri
 
     values, crow = make_csr(AWKWARD_LENGTHS, seed=25, dtype=dtype, index_dtype=index_dtype, neg_inf_rows=(6, 12))
-    y = tri.sparse_softmax(values, crow, block_l=block_l)
+    y = tri.sparse_softmax(values, crow, layout=layout, **config)
     assert not torch.isnan(y).any()
     torch.testing.assert_close(y, ref.sparse_softmax(values, crow), **TOL[dtype])
     g = torch.randn(values.shape, generator=generator(4)).to(dtype)
     torch.testing.assert_close(
-        tri.sparse_softmax_backward(g, y, crow, block_l=block_l), ref.sparse_softmax_backward(g, y, crow), **GRAD_TOL[dtype]
+        tri.sparse_softmax_backward(g, y, crow, layout=layout, **config), ref.sparse_softmax_backward(g, y, crow),
+        **GRAD_TOL[dtype]
     )
+
+
+def test_triton_grouped_shape_choice():
+    from pcops.cuda import sparse_softmax as cu
+    from pcops.triton import fused as tri
+
+    assert tri.CSR_LAYOUT in ("grouped", "tile")
+    for rows, nnz in ((120000, 120000 * 65 // 2), (100, 800), (100, 6000), (100, 100000), (0, 0)):
+        # the same group shape as the CUDA C++ launcher picks
+        assert "g%dx%d" % tri._group_shape(rows, nnz) == cu.choose_variant(rows, nnz)
+    keep = tri._prune_grouped(tri._GROUPED_CONFIGS, {}, SUB=8)
+    assert {(c.kwargs["BLOCK_R"], c.num_warps) for c in keep} == {(8, 2), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8)}
+    with pytest.raises(ValueError, match="layout"):
+        tri.sparse_softmax(torch.zeros(2), torch.tensor([0, 2]), layout="rows")
 
 
 @interpret
@@ -654,25 +676,35 @@ def test_cuda_softmax_group_choice():
         cu._plan(10, 10, "g2x2")
 
 
-@pytest.mark.parametrize("variant", ["g32x4", "g4x8", "g8x8", "g16x8"])
+# every CUDA C++ group shape, every Triton group shape (fixed config: no autotuning) and the
+# Triton tile layout (autotuned)
+SOFTMAX_GPU_IMPLS = ([("cuda", dict(variant=v)) for v in ("g32x4", "g4x8", "g8x8", "g16x8")]
+                     + [("triton", dict(layout="grouped", sub=s, vpt=v, num_warps=4)) for s, v in ((4, 8), (8, 8), (16, 8), (32, 4))]
+                     + [("triton", dict(layout="tile"))])
+
+
+@pytest.mark.parametrize("backend,config", SOFTMAX_GPU_IMPLS)
 @pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_cuda_softmax_groups(variant, dtype, index_dtype):
+def test_gpu_softmax_groups(backend, config, dtype, index_dtype):
     """Every group shape against the reference: rows at and around each capacity (32, 64, 128),
-    rows for the block path, empty and all −inf rows, groups of a warp with mixed lengths."""
-    from pcops.cuda import sparse_softmax as cu
+    long rows, empty and all −inf rows, groups of a warp with mixed lengths."""
+    if backend == "cuda":
+        from pcops.cuda import sparse_softmax as impl
+    else:
+        from pcops.triton import fused as impl
 
     g = generator(36)
     lengths = (AWKWARD_LENGTHS + [31, 32, 33, 63, 64, 65, 127, 128, 129, 257, 1000, 0, 5000]
                + torch.randint(0, 70, (2000,), generator=g).tolist())
     values, crow = make_csr(lengths, seed=37, dtype=dtype, index_dtype=index_dtype, neg_inf_rows=(6, 12))
     vc, cc = values.cuda(), crow.cuda()
-    y = cu.sparse_softmax(vc, cc, variant=variant)
+    y = impl.sparse_softmax(vc, cc, **config)
     assert not torch.isnan(y).any()
     torch.testing.assert_close(y.cpu(), ref.sparse_softmax(values, crow), **TOL[dtype])
     gy = torch.randn(values.shape, generator=g).to(dtype)
-    dx = cu.sparse_softmax_backward(gy.cuda(), y, cc, variant=variant)
+    dx = impl.sparse_softmax_backward(gy.cuda(), y, cc, **config)
     torch.testing.assert_close(dx.cpu(), ref.sparse_softmax_backward(gy, y.cpu(), crow), **GRAD_TOL[dtype])
 
 
@@ -787,6 +819,57 @@ def test_triton_kernels_compile_for_sm90(dtype, approximate, dropout, one_tile):
     done = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, dtype, approximate, dropout, one_tile],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-4000:]
+
+
+_AOT_GROUPED_SCRIPT = r'''
+import os, re, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pcops.triton import fused as f
+
+sig = dict(values_ptr="*fp32", crow_ptr="*i64", out_ptr="*fp32", grad_ptr="*bf16", y_ptr="*bf16", dx_ptr="*bf16",
+           rows="i32", nnz="i32", AVG_LEN="i32")
+for fn in (f._sparse_softmax_grouped_kernel, f._sparse_softmax_grouped_bwd_kernel):
+    for sub, vpt in f._GROUP_SHAPES:
+        for warps in (2, 8):
+            consts = dict(SUB=sub, VPT=vpt, BLOCK_R=32 // sub * warps)
+            full = {a: "constexpr" if a in consts else sig[a] for a in fn.arg_names}
+            k = triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": warps})
+            ttgir = k.asm["ttgir"]
+            tpw = [m.group(1) for m in re.finditer(r"#blocked\d* = #ttg.blocked<\{sizePerThread = \[1, 1, 1\], "
+                                                   r"threadsPerWarp = \[([0-9, ]+)\]", ttgir)]
+            print(fn.__name__, sub, warps, "tpw=" + "|".join(t.replace(" ", "") for t in tpw),
+                  "convert=%d" % ttgir.count("ttg.convert_layout"))
+print("compiled")
+'''
+
+
+def test_grouped_softmax_layout_for_sm90():
+    """The grouped CSR kernels lower with SUB lanes per row and 32/SUB rows per warp (the layout
+    the design relies on) and no layout conversions."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("Triton's bundled ptxas not found")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _AOT_GROUPED_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-4000:]
+    lines = done.stdout.splitlines()[:-1]
+    assert len(lines) == 16
+    for line in lines:
+        _, sub, _, tpw, convert = line.split()
+        assert f"{32 // int(sub)},1,{sub}" in tpw.split("=")[1].split("|"), line
+        assert convert == "convert=0", line
 
 
 # --- the LayerNorm+GELU backward variants (BWD_VARIANTS, default "tiled"; "rowrange": the row-range kernel) ---

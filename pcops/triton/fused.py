@@ -3,28 +3,33 @@
 Every kernel is memory-bound: it reads each input once and writes each output once, with the
 arithmetic (statistics, GELU and its derivative, Philox dropout) done in float32 registers.
 
-- LayerNorm+GELU forward: a tile of ``BLOCK_M`` rows × ``BLOCK_N ≥ N`` columns per program
-  reads ``x`` once, writes ``y`` and the per-row ``mean``/``rstd`` (float32) for the backward.
-  Bytes: ``2·M·N·size + 8·M``. Rows wider than ``_MAX_BLOCK_N`` are walked in chunks (three
-  passes over the row, the later ones mostly from L2).
-- LayerNorm+GELU backward: ``G`` programs (8 per SM) each own a contiguous range of rows,
-  write ``dx`` and one row of column partial sums of ``dz·x̂`` and ``dz``; a second kernel adds
-  the ``G`` partial rows in a fixed order. No atomics, so ``dweight``/``dbias`` are
-  bit-for-bit reproducible. Bytes: ``3·M·N·size`` plus ``2·G·N·4`` twice for the partials.
-  Selectable, not the default: ``BWD_VARIANTS`` (persistent row tiles, a warp per row,
-  prefetch of the next tile), chosen with the launcher's ``variant`` or ``BWD_VARIANT``.
+- LayerNorm+GELU forward: ``TILES`` consecutive tiles of ``BLOCK_M`` rows × ``BLOCK_N ≥ N``
+  columns per program (the next tile's load in flight while one is computed) read ``x`` once,
+  write ``y`` and the per-row ``mean``/``rstd`` (float32) for the backward. Bytes:
+  ``2·M·N·size + 8·M``. Rows wider than ``_MAX_BLOCK_N`` are walked in chunks (three passes
+  over the row, the later ones mostly from L2).
+- LayerNorm+GELU backward (default, rows ≤ 1024 wide): a persistent grid of ``G`` programs
+  (as many as fit on the SMs at once) walks aligned row tiles with the next tile prefetched,
+  writes ``dx`` and one row of column partial sums of ``dz·x̂`` and ``dz`` per program; one
+  small kernel adds the ``G`` partial rows in a fixed order. No atomics, so
+  ``dweight``/``dbias`` are bit-for-bit reproducible. Bytes: ``3·M·N·size`` plus ``2·G·N·4``
+  twice for the partials. 2 launches. ``BWD_VARIANTS`` / ``BWD_VARIANT`` name its configs;
+  wider rows (or ``variant="rowrange"``) take the row-range kernel (``G`` = 8 per SM
+  contiguous row ranges, autotuned).
 - Dropout draws ``tl.rand(seed, i)`` (Philox-4x32-10) for the flat element index ``i`` of the
   ``(M, N)`` output, so the backward regenerates the same mask from the seed instead of
   storing it; the seed is a 1-element int64 tensor read in the kernel (CUDA-graph friendly).
-- CSR softmax: a tile of ``BLOCK_R`` rows per program; the first ``BLOCK_L`` entries of each
-  row stay in registers (rows that fit are read once and written once), the rest is walked
-  in ``BLOCK_L``-wide steps up to the longest row of the tile (online max and sum, then a
-  second pass that writes).
+- CSR softmax (default ``CSR_LAYOUT = "grouped"``): groups of ``SUB`` lanes per row, 32/SUB
+  rows per warp, ``SUB·VPT`` entries of a row in registers (rows that fit are read once and
+  written once), longer rows walked in chunks (online max and sum, then a second pass that
+  writes); the row reductions are log2(SUB) shuffles for all rows of a warp at once. The
+  ``"tile"`` layout: a ``(BLOCK_R, BLOCK_L)`` tile of rows, a warp across each row.
 
 Tuning: the row-wise kernels go through ``triton.autotune`` keyed on the row length (``N``; the
-mean row length for the CSR softmax). Launchers take ``block_m``/``block_r`` (and
-``num_warps``) to bypass autotuning; they do so by themselves under ``TRITON_INTERPRET=1``,
-where every config would be run in Python.
+mean row length for the CSR softmax), timed with a short ``do_bench`` (5 + 20 ms per config).
+Launchers take ``block_m``/``block_r`` (and ``num_warps``, ``tiles``, ``sub``) to bypass
+autotuning; they do so by themselves under ``TRITON_INTERPRET=1``, where every config would
+be run in Python.
 """
 from __future__ import annotations
 
@@ -787,6 +792,147 @@ _sparse_softmax_bwd_tuned = triton.autotune(
 )(_sparse_softmax_bwd_kernel)
 
 
+# --- CSR softmax, grouped rows (several short rows per warp) ---------------------------------
+# The tile is [BLOCK_R, VPT, SUB]: element (r, k, s) is entry s + SUB·k of row r. Triton orders
+# a layout's dimensions by the contiguity of the addresses (s: SUB consecutive entries; r and
+# k: none, ties in dimension order: [2, 0, 1]), so SUB lanes share a row, 32 / SUB rows share
+# a warp, the warps take further rows and the VPT entries of a lane stay in its registers — the
+# CUDA C++ group shape (csrc/sparse_softmax.cu, g{SUB}x{VPT}) in Triton: the row max and sum
+# are VPT in-thread steps then log2(SUB) shuffles for all the warp's rows at once (the
+# [BLOCK_R, BLOCK_L] kernel above shuffles 5 times per row and register). Rows longer than
+# CAP = SUB·VPT loop over CAP-wide chunks as the kernel above does. Checked on the sm_90
+# lowering (tests: the layout of the loads is threadsPerWarp [1, 32/SUB, SUB]). The row sums
+# reduce the in-thread axis first, then the lanes, and come back to the tile's layout through
+# the matching expand_dims (no layout conversion).
+# Config: SUB and VPT from the mean row length as the CUDA C++ launcher picks them (smallest
+# CAP ≥ 2·mean − 1, VPT = 8); search space BLOCK_R = 32 / SUB · num_warps · rows per thread,
+# num_warps ∈ {2, 4, 8} × rows per thread ∈ {1, 2} (6 configs, keyed on the mean length and
+# SUB). Why: one or two rows per thread keeps 8-16 values per thread per tensor (the CSR
+# kernels' 8 per thread above), and the warps per program trade the crow loads' reuse against
+# more, smaller programs in flight.
+_GROUP_SHAPES = ((4, 8), (8, 8), (16, 8), (32, 4))  # (SUB, VPT), smallest capacity first (≤ 32, 64, 128, 128)
+_GROUPED_CONFIGS = [triton.Config({"BLOCK_R": r}, num_warps=w) for r in (2, 4, 8, 16, 32, 64, 128) for w in (2, 4, 8)]
+
+
+def _prune_grouped(configs, named_args, **kwargs):
+    per_warp = 32 // kwargs["SUB"]
+    keep = [c for c in configs if c.kwargs["BLOCK_R"] in (per_warp * c.num_warps, 2 * per_warp * c.num_warps)]
+    return keep or configs[:1]
+
+
+def _group_shape(rows: int, nnz: int) -> tuple[int, int]:
+    """``(SUB, VPT)`` for the mean row length ``nnz / rows`` (no host sync)."""
+    longest = 2 * nnz / max(rows, 1) - 1
+    for sub, vpt in _GROUP_SHAPES:
+        if sub * vpt >= longest:
+            return sub, vpt
+    return _GROUP_SHAPES[-1]
+
+
+@triton.jit
+def _group_offsets(crow_ptr, rows, nnz, BLOCK_R: tl.constexpr, SUB: tl.constexpr, VPT: tl.constexpr):
+    """This program's rows: ``(start (BLOCK_R, 1, 1) int64, length (BLOCK_R, 1, 1), col (1, VPT, SUB),
+    longest row length)``, row ranges clamped to [0, nnz]."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < rows
+    start = tl.minimum(tl.load(crow_ptr + r, mask=r_ok, other=0).to(tl.int64), nnz)
+    end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
+    length = tl.maximum(end - start, 0)
+    max_len = tl.max(length, axis=0).to(tl.int32)  # rows shorter than 2^31
+    col = tl.arange(0, SUB)[None, None, :] + SUB * tl.arange(0, VPT)[None, :, None]
+    return start[:, None, None], length[:, None, None], col, max_len
+
+
+@triton.jit
+def _row_max(v):
+    """``(BLOCK_R, VPT, SUB)`` → the row maxima ``(BLOCK_R, 1, 1)`` (in-thread axis first, then the lanes)."""
+    return tl.max(tl.max(v, axis=1), axis=1)[:, None][:, None, :]
+
+
+@triton.jit
+def _row_sum(v):
+    """``(BLOCK_R, VPT, SUB)`` → the row sums ``(BLOCK_R, 1, 1)``."""
+    return tl.sum(tl.sum(v, axis=1), axis=1)[:, None][:, None, :]
+
+
+@triton.jit
+def _sparse_softmax_grouped_kernel(
+    values_ptr,  # (nnz,) stored values, float32/float16/bfloat16
+    crow_ptr,  # (rows + 1,) int32/int64 CSR row pointers
+    out_ptr,  # (nnz,) output, dtype of values
+    rows,
+    nnz,  # row ranges are clamped to [0, nnz]
+    AVG_LEN,  # nnz // rows: the autotune key
+    SUB: tl.constexpr,  # lanes per row
+    VPT: tl.constexpr,  # entries per lane per chunk (a chunk: SUB·VPT entries of a row)
+    BLOCK_R: tl.constexpr,  # rows per program: a multiple of 32 / SUB · num_warps
+):
+    start, length, col, max_len = _group_offsets(crow_ptr, rows, nnz, BLOCK_R, SUB, VPT)
+    mask0 = col < length
+    offs0 = start + col
+    v0 = tl.load(values_ptr + offs0, mask=mask0, other=float("-inf")).to(tl.float32)
+    m = _row_max(v0)
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    s = _row_sum(tl.exp(v0 - ref))
+    # rows longer than CAP: online max and sum over the rest (only when the program has one)
+    for c0 in range(SUB * VPT, max_len, SUB * VPT):
+        mask = c0 + col < length
+        v = tl.load(values_ptr + offs0 + c0, mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, _row_max(v))
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - ref) + _row_sum(tl.exp(v - ref))
+        m = m_new
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    inv = tl.where(s > 0, 1.0 / tl.where(s > 0, s, 1.0), 0.0)
+    tl.store(out_ptr + offs0, (tl.exp(v0 - ref) * inv).to(out_ptr.dtype.element_ty), mask=mask0)
+    for c0 in range(SUB * VPT, max_len, SUB * VPT):
+        mask = c0 + col < length
+        v = tl.load(values_ptr + offs0 + c0, mask=mask, other=float("-inf")).to(tl.float32)
+        tl.store(out_ptr + offs0 + c0, (tl.exp(v - ref) * inv).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sparse_softmax_grouped_bwd_kernel(
+    grad_ptr,  # (nnz,) upstream gradient
+    y_ptr,  # (nnz,) forward output
+    dx_ptr,  # (nnz,) output
+    crow_ptr,  # (rows + 1,) int32/int64
+    rows,
+    nnz,
+    AVG_LEN,  # nnz // rows: the autotune key
+    SUB: tl.constexpr,
+    VPT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    start, length, col, max_len = _group_offsets(crow_ptr, rows, nnz, BLOCK_R, SUB, VPT)
+    mask0 = col < length
+    offs0 = start + col
+    g0 = tl.load(grad_ptr + offs0, mask=mask0, other=0.0).to(tl.float32)
+    y0 = tl.load(y_ptr + offs0, mask=mask0, other=0.0).to(tl.float32)
+    dot = _row_sum(g0 * y0)
+    for c0 in range(SUB * VPT, max_len, SUB * VPT):
+        mask = c0 + col < length
+        g = tl.load(grad_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
+        dot += _row_sum(g * y)
+    tl.store(dx_ptr + offs0, (y0 * (g0 - dot)).to(dx_ptr.dtype.element_ty), mask=mask0)
+    for c0 in range(SUB * VPT, max_len, SUB * VPT):
+        mask = c0 + col < length
+        g = tl.load(grad_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs0 + c0, (y * (g - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+_sparse_softmax_grouped_tuned = triton.autotune(
+    configs=_GROUPED_CONFIGS, key=["AVG_LEN", "SUB"], prune_configs_by={"early_config_prune": _prune_grouped},
+    do_bench=_quick_bench,
+)(_sparse_softmax_grouped_kernel)
+_sparse_softmax_grouped_bwd_tuned = triton.autotune(
+    configs=_GROUPED_CONFIGS, key=["AVG_LEN", "SUB"], prune_configs_by={"early_config_prune": _prune_grouped},
+    do_bench=_quick_bench,
+)(_sparse_softmax_grouped_bwd_kernel)
+
+
 # --- launchers ------------------------------------------------------------------------------
 
 
@@ -1059,9 +1205,35 @@ def _csr_launch(tuned, kernel, args, rows, avg_len, block_r, block_l, num_warps)
         kernel[(triton.cdiv(rows, br),)](*args, avg_len, BLOCK_R=br, BLOCK_L=bl, num_warps=num_warps or 4)
 
 
+# the CSR softmax kernel the launchers run when ``layout`` is None: "grouped" (several short rows
+# per warp, ``_sparse_softmax_grouped_kernel``) or "tile" (``_sparse_softmax_kernel``)
+CSR_LAYOUT = "grouped"
+_CSR_LAYOUTS = ("grouped", "tile")
+
+
+def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps, sub, vpt):
+    if sub is None:
+        sub, vpt = _group_shape(rows, nnz)
+    vpt = vpt or 8
+    if block_r is None and num_warps is None and not _interpreting():
+        tuned[lambda c: (triton.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len, SUB=sub, VPT=vpt)
+    else:
+        w = num_warps or 4
+        br = block_r or 32 // sub * w
+        kernel[(triton.cdiv(rows, br),)](*args, avg_len, SUB=sub, VPT=vpt, BLOCK_R=br, num_warps=w)
+
+
+def _check_layout(layout):
+    layout = layout or CSR_LAYOUT
+    if layout not in _CSR_LAYOUTS:
+        raise ValueError(f"layout: expected None or one of {_CSR_LAYOUTS}, got {layout!r}")
+    return layout
+
+
 def sparse_softmax(
-    values: torch.Tensor, crow: torch.Tensor, *,
+    values: torch.Tensor, crow: torch.Tensor, *, layout: str | None = None,
     block_r: int | None = None, block_l: int | None = None, num_warps: int | None = None,
+    sub: int | None = None, vpt: int | None = None,
 ) -> torch.Tensor:
     """Softmax of each CSR row's stored values.
 
@@ -1069,28 +1241,46 @@ def sparse_softmax(
         values: ``(nnz,)`` contiguous float32/float16/bfloat16.
         crow: ``(rows + 1,)`` int32/int64 row pointers (not checked here: row ranges are clamped
             to ``[0, nnz]`` so a malformed crow cannot read or write out of bounds).
-        block_r, block_l, num_warps: a fixed config (bypasses autotuning).
+        layout: ``"grouped"`` (groups of ``sub`` lanes per row, ``vpt`` entries per lane),
+            ``"tile"`` (a ``(block_r, block_l)`` tile of rows), or None: ``CSR_LAYOUT``.
+        block_r, num_warps (both layouts), block_l ("tile"), sub, vpt ("grouped"; power-of-two
+            ``sub`` ≤ 32; default from the mean row length): a fixed config, bypassing
+            autotuning (automatic under the interpreter).
     Returns:
-        ``(nnz,)`` like ``values``; empty rows write nothing, all −inf rows give 0. No host sync.
+        ``(nnz,)`` like ``values``; empty rows write nothing, all −inf rows give 0. One launch,
+        no host sync.
     """
     out = torch.empty_like(values)
     rows, nnz = crow.numel() - 1, values.numel()
+    layout = _check_layout(layout)
     if rows > 0 and nnz > 0:
-        _csr_launch(_sparse_softmax_tuned, _sparse_softmax_kernel, (values, crow, out, rows, nnz),
-                    rows, _avg_len(nnz, rows), block_r, block_l, num_warps)
+        args = (values, crow, out, rows, nnz)
+        if layout == "grouped":
+            _grouped_launch(_sparse_softmax_grouped_tuned, _sparse_softmax_grouped_kernel, args, rows, nnz,
+                            _avg_len(nnz, rows), block_r, num_warps, sub, vpt)
+        else:
+            _csr_launch(_sparse_softmax_tuned, _sparse_softmax_kernel, args, rows, _avg_len(nnz, rows),
+                        block_r, block_l, num_warps)
     return out
 
 
 def sparse_softmax_backward(
-    grad: torch.Tensor, y: torch.Tensor, crow: torch.Tensor, *,
+    grad: torch.Tensor, y: torch.Tensor, crow: torch.Tensor, *, layout: str | None = None,
     block_r: int | None = None, block_l: int | None = None, num_warps: int | None = None,
+    sub: int | None = None, vpt: int | None = None,
 ) -> torch.Tensor:
     """``dx = y·(g - Σ_row g·y)`` per CSR row; arguments as ``sparse_softmax`` (grad, y: ``(nnz,)``)."""
     dx = torch.empty_like(y)
     rows, nnz = crow.numel() - 1, y.numel()
+    layout = _check_layout(layout)
     if rows > 0 and nnz > 0:
-        _csr_launch(_sparse_softmax_bwd_tuned, _sparse_softmax_bwd_kernel, (grad, y, dx, crow, rows, nnz),
-                    rows, _avg_len(nnz, rows), block_r, block_l, num_warps)
+        args = (grad, y, dx, crow, rows, nnz)
+        if layout == "grouped":
+            _grouped_launch(_sparse_softmax_grouped_bwd_tuned, _sparse_softmax_grouped_bwd_kernel, args, rows, nnz,
+                            _avg_len(nnz, rows), block_r, num_warps, sub, vpt)
+        else:
+            _csr_launch(_sparse_softmax_bwd_tuned, _sparse_softmax_bwd_kernel, args, rows, _avg_len(nnz, rows),
+                        block_r, block_l, num_warps)
     return dx
 
 
