@@ -358,7 +358,7 @@ def small_blocks(monkeypatch):
     """Tiny scan blocks so a few hundred points span many blocks (look-back, waits, sample starts)."""
     from pcops.triton import voxelize as tri
 
-    monkeypatch.setattr(tri, "_BLOCK", 32)
+    monkeypatch.setattr(tri, "_MAIN_CONFIG", {"hard": ((32, 4), (32, 4)), "dynamic": ((32, 4), (32, 4))})
     monkeypatch.setattr(tri, "_LOOKBACK", 2)
     return tri
 
@@ -421,6 +421,22 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
         got = pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, p, 7, False))
         assert_same(got, pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, p, 7, False)))
         assert got.num_dropped_points.sum() > 0
+
+
+@interpret
+def test_triton_interpreter_big_cloud_config(small_blocks, monkeypatch):
+    """Clouds from _BIG_N points switch to the second launch configuration (another block size)."""
+    tri = small_blocks
+    monkeypatch.setattr(tri, "_BIG_N", 100)
+    monkeypatch.setattr(tri, "_MAIN_CONFIG", {"hard": ((32, 4), (64, 4)), "dynamic": ((32, 4), (16, 4))})
+    pts = random_cloud(230, seed=5, channels=3)
+    vs, pcr = (1.0, 1.0, 1.0), SMALL["point_cloud_range"]
+    for lengths in (None, torch.tensor([100, 130])):
+        for pad in (False, True):
+            assert_same(pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, 4, 6, pad)),
+                        pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, 4, 6, pad)))
+            assert_same(pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
+                        pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -566,9 +582,10 @@ for hl, hard, seg, pb, bmax, ones, rank_sort, key64 in [
              LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax, RANK_SORT=rank_sort, KEY64=key64,
              SEEN=True), 8, ones)
 rows_types = ["*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6 + ["i32"] * 3
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8), 4)
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0), 4)
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1), 4,
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True), 4)
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True), 8)
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0, C_EXACT=False), 4)
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False), 4,
          ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
 print("compiled")
 """

@@ -39,12 +39,15 @@ import torch
 import triton
 import triton.language as tl
 
-# points per program of the main kernel (the scan granularity)
-_BLOCK = 1024
+# main kernel launch configuration, (points per program (the scan granularity), warps), for
+# clouds below / from _BIG_N points, per mode. Registers (sm_90, PB = 32): hard (1024, 16) 64,
+# (2048, 32) 53-64, (1024, 8) 79; dynamic (1024, 8) 80. benchmarks/bench_voxelize.py sweeps others.
+_MAIN_CONFIG = {"hard": ((1024, 16), (2048, 32)), "dynamic": ((1024, 8), (2048, 32))}
+_BIG_N = 400_000
 # descriptors read per look-back / wait step
 _LOOKBACK = 128
-# output rows per program of the rows kernel
-_ROWS = 16
+# rows kernel launch configuration: (output rows per program, warps)
+_ROWS_CONFIG = (16, 4)
 # hard mode: in-block point ranks from a sort of (voxel, lane) keys (True) or the plain cascade
 _RANK_SORT = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
@@ -350,8 +353,13 @@ def _voxel_rows_kernel(
     ROWS: tl.constexpr,
     SB: tl.constexpr,
     BMAX: tl.constexpr,  # as in _voxelize_kernel
+    C_EXACT: tl.constexpr,  # num_channels == CB: a constant row stride (vector loads and stores)
 ):
     pid = tl.program_id(0)
+    if C_EXACT:
+        nc = CB
+    else:
+        nc = num_channels
     r = pid * ROWS + tl.arange(0, ROWS)
     # packed output row -> (sample, row in the sample)
     if BMAX > 0:
@@ -389,19 +397,19 @@ def _voxel_rows_kernel(
     tl.store(p2v_ptr + pidx, tl.zeros((ROWS, PB), tl.int64) + r64[:, None], mask=has)
 
     cc = tl.arange(0, CB)
-    vals = tl.load(
-        points_ptr + pidx[:, :, None] * num_channels + cc[None, None, :],
-        mask=has[:, :, None] & (cc < num_channels)[None, None, :],
-        other=0.0,
-    )
-    out = voxels_ptr + (r64[:, None, None] * max_points + jj[None, :, None]) * num_channels + cc[None, None, :]
-    tl.store(out, vals, mask=in_rows[:, None, None] & (jj < max_points)[None, :, None] & (cc < num_channels)[None, None, :])
+    if C_EXACT:
+        cmask = tl.full((1, 1, CB), 1, tl.int1)  # a constant mask keeps the accesses vectorised
+    else:
+        cmask = (cc < nc)[None, None, :]
+    vals = tl.load(points_ptr + pidx[:, :, None] * nc + cc[None, None, :], mask=has[:, :, None] & cmask, other=0.0)
+    out = voxels_ptr + (r64[:, None, None] * max_points + jj[None, :, None]) * nc + cc[None, None, :]
+    tl.store(out, vals, mask=in_rows[:, None, None] & (jj < max_points)[None, :, None] & cmask)
 
     # coords from the voxel's first point (recomputed with the main kernel's arithmetic)
     fp = (num_points - 1 - tl.max(e, axis=1)).to(tl.int64)
-    fx = tl.load(points_ptr + fp * num_channels + 0, mask=real, other=0.0).to(tl.float32)
-    fy = tl.load(points_ptr + fp * num_channels + 1, mask=real, other=0.0).to(tl.float32)
-    fz = tl.load(points_ptr + fp * num_channels + 2, mask=real, other=0.0).to(tl.float32)
+    fx = tl.load(points_ptr + fp * nc + 0, mask=real, other=0.0).to(tl.float32)
+    fy = tl.load(points_ptr + fp * nc + 1, mask=real, other=0.0).to(tl.float32)
+    fz = tl.load(points_ptr + fp * nc + 2, mask=real, other=0.0).to(tl.float32)
     cx = tl.floor(tl.math.div_rn(fx - x_lo, vx)).to(tl.int32)
     cy = tl.floor(tl.math.div_rn(fy - y_lo, vy)).to(tl.int32)
     cz = tl.floor(tl.math.div_rn(fz - z_lo, vz)).to(tl.int32)
@@ -430,6 +438,11 @@ def _bmax(batch: int) -> int:
     return triton.next_power_of_2(batch) if batch <= 16 else 0
 
 
+def _main_config(n: int, hard: bool):
+    small, big = _MAIN_CONFIG["hard" if hard else "dynamic"]
+    return big if n >= _BIG_N else small
+
+
 def _grid_size(voxel_size, point_cloud_range):
     from ..reference.voxelize import grid_size
 
@@ -444,7 +457,8 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     gx, gy, gz = _grid_size(voxel_size, point_cloud_range)
     # open addressing at load <= 1/2: twice the most voxels there can be (points, or grid cells)
     cap = max(triton.next_power_of_2(2 * min(n, batch * gx * gy * gz)), 64)
-    num_blocks = triton.cdiv(n, _BLOCK)
+    block, num_warps = _main_config(n, hard)
+    num_blocks = triton.cdiv(n, block)
     pb = triton.next_power_of_2(max_points) if hard else 1
     list_stride = min(max_voxels, n) if hard else 0
     list_len = batch * list_stride * pb if hard else 0
@@ -466,10 +480,10 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
         lists, p2v, coords, n, num_channels, batch, cap,
         *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
         max_points, max_voxels, list_stride,
-        HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=_BLOCK,
+        HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=block,
         LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), BMAX=_bmax(batch),
-        RANK_SORT=hard and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * _BLOCK >= 2**31, SEEN=_SEEN,
-        num_warps=8,
+        RANK_SORT=hard and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * block >= 2**31, SEEN=_SEEN,
+        num_warps=num_warps,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
                 list_stride=list_stride, batch=batch)
@@ -507,12 +521,14 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
     coords = torch.empty((rows, 4), dtype=torch.int32, device=device)
     npts = torch.empty(rows, dtype=torch.int32, device=device)
     counts = [torch.empty(batch, dtype=torch.int64, device=device) for _ in range(3)]
-    _voxel_rows_kernel[(max(triton.cdiv(rows, _ROWS), 1),)](
+    rows_per_program, rows_warps = _ROWS_CONFIG
+    _voxel_rows_kernel[(max(triton.cdiv(rows, rows_per_program), 1),)](
         points, w["stats"], w["drop"], w["lists"], voxels, coords, npts, w["p2v"], *counts,
         n, num_channels, batch, rows,
         *(float(v) for v in point_cloud_range[:3]), *(float(v) for v in voxel_size),
         max_points_per_voxel, max_voxels, w["list_stride"],
-        PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=_ROWS, SB=128, BMAX=_bmax(batch), num_warps=4,
+        PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=rows_per_program, SB=128, BMAX=_bmax(batch),
+        C_EXACT=num_channels == triton.next_power_of_2(num_channels), num_warps=rows_warps,
     )
     return voxels, coords, npts, w["p2v"], counts[0], counts[1], counts[2]
 
