@@ -755,27 +755,34 @@ class PointPillars(nn.Module):
         boxes = box_coder.decode_boxes(deltas, anchors)
         heading = box_coder.apply_direction(boxes[..., 6], dir_logits, cfg.dir_offset, cfg.dir_limit_offset, nb)
         boxes = torch.cat([boxes[..., :6], heading.unsqueeze(-1)], dim=-1)
-        kmax = cfg.nms_post_max_size
         # below-threshold boxes get a NaN score: pcops.nms_bev never keeps them, and they never suppress
         above = top_scores >= cfg.score_thresh
         nms_scores = top_scores.where(above, float("nan"))
-        out_boxes, out_scores, out_labels, out_count = [], [], [], []
-        for b in range(bsz):
-            bx, sc_b = boxes[b], nms_scores[b]
-            if not dense.is_cuda:  # the CPU NMS is quadratic: drop the invalid tail first (a sync is free here)
-                n_valid = int(above[b].sum())
-                bx, sc_b = bx[:n_valid], sc_b[:n_valid]
-            idx, _ = pcops.nms_bev(bx, sc_b, cfg.nms_thresh, post_max_size=kmax, padded=True)
-            kept = idx >= 0
-            safe = idx.clamp(min=0)
-            sc = top_scores[b][safe]
-            valid = kept & (sc >= cfg.score_thresh)
-            vf = valid.to(torch.float32)
-            out_boxes.append(boxes[b][safe] * vf.unsqueeze(-1))
-            out_scores.append(sc * vf)
-            out_labels.append(top_labels[b][safe] * valid)
-            out_count.append(valid.sum())
-        return Detections(torch.stack(out_boxes), torch.stack(out_scores), torch.stack(out_labels), torch.stack(out_count))
+        idx = self._nms_padded(boxes, nms_scores, above)  # (B, kmax), -1 padded
+        kept = idx >= 0
+        safe = idx.clamp(min=0)
+        sc = torch.gather(top_scores, 1, safe)
+        valid = kept & (sc >= cfg.score_thresh)
+        vf = valid.to(torch.float32)
+        out_boxes = torch.gather(boxes, 1, safe.unsqueeze(-1).expand(-1, -1, boxes.shape[-1])) * vf.unsqueeze(-1)
+        return Detections(out_boxes, sc * vf, torch.gather(top_labels, 1, safe) * valid, valid.sum(dim=1))
+
+    def _nms_padded(self, boxes: torch.Tensor, nms_scores: torch.Tensor, above: torch.Tensor) -> torch.Tensor:
+        """Class-agnostic rotated NMS of every scan: ``(B, nms_post_max_size)`` kept indices into
+        ``boxes (B, k, 7)``, −1 padded. CUDA: one batched ``pcops.nms_bev`` call (one set of
+        launches for all scans, no host sync). CPU: per scan, the invalid tail (NaN scores) cut
+        first, since the CPU NMS is quadratic (a sync is free there)."""
+        cfg = self.config
+        kmax = cfg.nms_post_max_size
+        if boxes.is_cuda:
+            return pcops.nms_bev(boxes, nms_scores, cfg.nms_thresh, post_max_size=kmax, padded=True)[0]
+        out = []
+        for b in range(boxes.shape[0]):
+            n_valid = int(above[b].sum())
+            idx, _ = pcops.nms_bev(boxes[b, :n_valid], nms_scores[b, :n_valid], cfg.nms_thresh, post_max_size=kmax,
+                                   padded=True)
+            out.append(idx)
+        return torch.stack(out)
 
     # ----- reference post-processing (OpenPCDet's code path, with host syncs)
     def _post_reference(self, cls_preds, box_preds, dir_preds) -> Detections:
