@@ -15,7 +15,16 @@ pcops rows: eager variable-size form (one host sync for M), eager ``pad_to_max=T
 and the same fixed-capacity form replayed from a CUDA graph. Launches: a fill + 2 Triton
 kernels (hard), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
 loader path; goal <= 5 ms on V1).
+
+Variant rows (``--no-sweep`` skips them): the graph-replayed ``pad_to_max`` form of V1 / V2 (hard
+and dynamic) under other launch configurations of ``pcops.triton.voxelize`` (main kernel points
+per program and warps, hard-mode ranking by in-block sort or the plain atomic cascade, rows kernel
+rows per program and warps); each row says whether its output equals the default's exactly
+(``same_as_default``). The default is ``_MAIN_CONFIG`` / ``_ROWS_CONFIG`` / ``_RANK_SORT`` there.
 """
+import contextlib
+import sys
+
 import torch
 
 from common import bench, bench_cpu, gpu_activities, load_scan, parse_args, report, row
@@ -35,8 +44,68 @@ def make_big(scan):
     return big
 
 
+HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes
+    "main 1024/8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
+    "main 1024/16": dict(_MAIN_CONFIG={"hard": ((1024, 16),) * 2, "dynamic": ((1024, 16),) * 2}),
+    "main 2048/32": dict(_MAIN_CONFIG={"hard": ((2048, 32),) * 2, "dynamic": ((2048, 32),) * 2}),
+    "main 4096/32": dict(_MAIN_CONFIG={"hard": ((4096, 32),) * 2, "dynamic": ((4096, 32),) * 2}),
+    "cascade main 1024/8": dict(_RANK_SORT=False, _MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
+    "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
+    "rows 64/8": dict(_ROWS_CONFIG=(64, 8)),
+}
+DYNAMIC_VARIANTS = ("main 1024/16", "main 2048/32", "main 4096/32")
+
+
+@contextlib.contextmanager
+def variant(attrs):
+    from pcops.triton import voxelize as tri
+
+    saved = {k: getattr(tri, k) for k in attrs}
+    for k, v in attrs.items():
+        setattr(tri, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(tri, k, v)
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def sweep(rows, rep, workloads):
+    """Graph-replayed pad_to_max timings of the variants (one compile each), with exactness checks."""
+    for wl, pts, cfg, n in workloads:
+        vs, pcr = cfg["voxel_size"], cfg["point_cloud_range"]
+        ref_hard = pcops.voxelize(pts, **cfg, pad_to_max=True)
+        ref_dyn = pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True)
+        for name, attrs in HARD_VARIANTS.items():
+            with variant(attrs):
+                try:
+                    eq = same(pcops.voxelize(pts, **cfg, pad_to_max=True), ref_hard)
+                    t = bench(lambda: pcops.voxelize(pts, **cfg, pad_to_max=True), rep=rep, graph=True)
+                except Exception as e:  # noqa: BLE001 - a failing variant is reported, the run goes on
+                    print(f"{wl} variant {name}: {e!r}", file=sys.stderr)
+                    continue
+            rows.append(row(wl, f"variant {name} (graph)", t, items=n, same_as_default=eq))
+        for name in DYNAMIC_VARIANTS:
+            with variant(HARD_VARIANTS[name]):
+                try:
+                    eq = same(pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), ref_dyn)
+                    t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), rep=rep, graph=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"dynamic {wl} variant {name}: {e!r}", file=sys.stderr)
+                    continue
+            rows.append(row(f"dynamic {wl}", f"variant {name} (graph)", t, items=n, same_as_default=eq))
+
+
 def main():
+    sweep_off = "--no-sweep" in sys.argv
+    if sweep_off:
+        sys.argv.remove("--no-sweep")
     args = parse_args(__doc__)
+    sweep_workloads = []
     rep = 30 if args.quick else 100
     scan, source = load_scan()
     big = make_big(scan)
@@ -59,6 +128,7 @@ def main():
         t = bench(lambda: pcops.voxelize(pts, **cfg, pad_to_max=True), rep=rep, graph=True)
         rows.append(row(wl, "pcops pad_to_max (graph)", t, items=n, baseline=base))
         if cfg is V1:
+            sweep_workloads.append((wl, pts, cfg, n))
             dwl = f"dynamic {wl}"
             dbase = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, backend="torch"), rep=rep)
             rows.append(row(dwl, "torch reference on GPU (sort)", dbase, items=n, baseline=dbase))
@@ -68,11 +138,17 @@ def main():
             rows.append(row(dwl, "pcops eager pad_to_max", t, items=n, baseline=dbase))
             t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), rep=rep, graph=True)
             rows.append(row(dwl, "pcops pad_to_max (graph)", t, items=n, baseline=dbase))
+    if not sweep_off:
+        sweep(rows, rep, sweep_workloads)
     scan_gpu = scan.cuda()
+    big_gpu = big.cuda()
     launches = {
         "hard": gpu_activities(lambda: pcops.voxelize(scan_gpu, **V1)),
         "hard pad_to_max": gpu_activities(lambda: pcops.voxelize(scan_gpu, **V1, pad_to_max=True)),
         "dynamic": gpu_activities(lambda: pcops.dynamic_voxelize(scan_gpu, V1["voxel_size"], V1["point_cloud_range"])),
+        "V2 hard pad_to_max": gpu_activities(lambda: pcops.voxelize(big_gpu, **V1, pad_to_max=True)),
+        "V2 dynamic pad_to_max": gpu_activities(
+            lambda: pcops.dynamic_voxelize(big_gpu, V1["voxel_size"], V1["point_cloud_range"], pad_to_max=True)),
     }
     print("GPU ops per call:", {k: v.get("gpu_ops") for k, v in launches.items()})
     torch.set_num_threads(1)
@@ -87,6 +163,7 @@ def main():
                      "dynamic": "fill + 1 Triton + 1 subtraction (+1 host sync in the variable-size form)"},
         "profiled_gpu_ops_per_call": launches,
         "peers_unavailable": ["mmcv", "spconv"],
+        "variants": {k: {a: str(v) for a, v in attrs.items()} for k, attrs in HARD_VARIANTS.items()},
     })
 
 
