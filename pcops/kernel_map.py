@@ -182,7 +182,7 @@ def sparse_conv_kernel_map(
     else:
         key = (_plain(spatial_shape), _plain(kernel_size), _plain(stride), _plain(padding), _plain(dilation),
                subm, transposed)
-    if key is None or None in key:
+    if key is None or None in key or torch.compiler.is_compiling():  # (dynamo traces past lru_cache)
         op_args = _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
     else:  # plain ints: the checks run once per configuration (host time is most of the budget)
         op_args = _op_args_cached(*key)
