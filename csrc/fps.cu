@@ -191,8 +191,8 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
     cx = p[3 * sel + 0];
     cy = p[3 * sel + 1];
     cz = p[3 * sel + 2];
-    if (rank == 0 && tid == 0) out[b * num_samples] = start;
   }
+  long long pending = start;  // warp 0 of rank 0: the index of step (s & ~31) + lane
   for (int s = 1; s < steps; ++s) {
     // 1. distances to the newest sample; the chosen point leaves the race. Then the warp's best
     // candidate: `holder` is the one lane that publishes it, with its key and coordinates.
@@ -385,8 +385,16 @@ __device__ __forceinline__ void fps_cluster(const float* __restrict__ points, co
     cy = __shfl_sync(FULL_MASK, py, winner);
     cz = __shfl_sync(FULL_MASK, pz, winner);
     sel = (int)(0xFFFFFFFFu - (unsigned)(gmax & 0xFFFFFFFFull));
-    if (rank == 0 && tid == 0) out[b * num_samples + s] = sel;
+    // indices leave in coalesced batches of 32 (lane l of warp 0 keeps step (s & ~31) + l): a
+    // global store every step would make the next cluster barrier's release fence wait for it
+    if (rank == 0 && warp == 0) {
+      if (lane == (s & 31)) pending = sel;
+      if ((s & 31) == 31 || s == steps - 1) {
+        if (lane <= (s & 31)) out[b * num_samples + (s & ~31) + lane] = pending;
+      }
+    }
   }
+  if (steps == 1 && rank == 0 && tid == 0) out[b * num_samples] = start;
   cluster_sync();  // no CTA exits while another may still read its shared memory
 }
 
