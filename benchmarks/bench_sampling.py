@@ -109,9 +109,10 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
         cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
         label = f"fps {variant} c{cluster}" if cluster else f"fps {variant} (cluster kernel)"
         same = bool(torch.equal(got, expected)) if expected is not None else None
-        notes[f"{wl} {label}"] = f"{launch}; identical to triton: {same}"
+        per_step = t["median_ms"] * 1e3 / max(1, m - 1)
+        notes[f"{wl} {label}"] = f"{launch}; {per_step:.3f} us per step; identical to triton: {same}"
         out.append(row(wl, label, t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
-                       identical_to_triton=same, kernel=launch))
+                       identical_to_triton=same, kernel=launch, us_per_step=per_step))
     cu._VARIANT, cu._tile_min_cluster = saved
     if ok:
         lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
