@@ -1,33 +1,43 @@
-"""N1/N2: rotated BEV NMS, 4,096 boxes (IoU threshold 0.01 and 0.5) and 16,384 boxes (0.5).
+"""N1/N2: rotated BEV NMS, 4,096 boxes (IoU threshold 0.01 and 0.5) and 16,384 boxes (0.5); and
+the batched form at E2's post-processing (8 scans × 4,096 boxes, threshold 0.01, pre 4,096, post 500).
 
 Boxes from WORKLOADS.md (``numpy.random.default_rng(0)`` per workload, x, y, z, dx, dy, dz,
 heading, score drawn in that order, one array of N at a time), on the GPU.
 
 Implementations, all in the same run:
-* pcops ``nms_bev`` (CUDA C++ mask + single-block pass, the default on CUDA; and the Triton
-  backend): the variable-length form (one host sync to size the output), the padded form eager
-  (no sync) and the padded form captured in a CUDA graph; plus OpenPCDet's PointPillars setting
-  (pre 4,096, post 500, padded, graph) on N1 at 0.01.
+* pcops ``nms_bev``, the default on CUDA (CUDA C++: ``nms_rank`` sort + prepared boxes,
+  ``nms_mask_b`` tile mask, ``nms_pass_b`` pipelined pass; three launches): the variable-length
+  form (one host sync to size the output), the padded form eager (no sync) and captured in a CUDA
+  graph (with the profiler's per-kernel GPU µs in ``gpu_activities``), and each of its three
+  kernels captured alone (``stage`` rows: kernel time + ~2 µs of graph launch).
+* the previous CUDA pipeline (``torch.sort`` + ``nms_mask`` + ``nms_pass_v2``, and with the first
+  pass kernel ``nms_pass`` v1), graph-captured, with its sort and mask stages; the notes'
+  ``equal_outputs`` say per workload whether all CUDA pipelines give the same outputs (padded N
+  and padded 500), computed in the run.
+* the Triton backend (padded, graph; with ``--quick`` only that row, few repetitions: ~8 ms (N1)
+  and ~110 ms (N2) per call on the H200).
+* OpenPCDet's PointPillars setting (pre 4,096, post 500, padded, graph) on N1 at 0.01: the new and
+  the previous pipeline.
+* B8: ``pcops.nms_bev`` on boxes ``(8, 4096, 7)`` (one set of launches, graph and eager) against
+  the loop of 8 per-scan calls it replaces in PointPillars' batch-8 post-processing (graph, with
+  the new and the previous pipeline; the baseline of that workload is the previous loop).
 * baseline, plain torch: the float64 clipping reference IoU (``pcops.reference.nms``) on the GPU
   for the pairs whose bounding circles touch, ``IoU > thr`` copied to the host, greedy loop on
   the host (the peers' structure: GPU mask, host loop); fewer repetitions (it is slow).
-
-Repetitions: 100 (``--quick``: 30) per row, except the slow rows: the baseline (5 at N1, 2 at
-N2) and, with ``--quick``, the Triton backend (10 at N1, 5 at N2: about 8 and 110 ms per call on
-the H200), so that ``--quick`` stays within about 35 s. Each row's ``runs`` says how many were timed; the notes give
-the wall-clock seconds spent per workload.
-* pass v1 rows (CUDA): the same pipeline with the first pass kernel ``nms_pass``
-  (``pass_variant="v1"``; the default is the pipelined ``nms_pass_v2``), graph-captured and
-  kernel-only; the notes' ``pass_v2_equals_v1`` say per workload whether the outputs (pass kernel
-  on the same mask, padded N and padded 500) are equal, computed in the run.
 * ``torchvision.ops.nms`` on the boxes' axis-aligned bounds (an easier problem: no rotation);
   skipped with a note where torchvision is not installed.
+
+Repetitions: 100 (``--quick``: 30) per row, except the slow rows (the baseline: 5 at N1, 2 at N2;
+Triton with ``--quick``). Each row's ``runs`` says how many were timed; the notes give the
+wall-clock seconds spent per workload.
 The peers measured elsewhere on the H200 (issue 5): OpenPCDet ``nms_gpu`` 2.2-2.5 ms (N1) and
 28.6 ms (N2), mmcv ``nms_rotated`` 50.4 ms (N2); they are not installed here.
 """
+import functools
 import math
 import os
 import time
+import types
 
 import numpy as np
 import torch
@@ -35,10 +45,12 @@ import torch
 from common import bench, gpu_activities, parse_args, report, row
 
 import pcops
+from pcops.cuda import nms as cuda_impl
 from pcops.reference import nms as ref
 from pcops.triton import nms as tri
 
 WORKLOADS = [("N1", 4096, 0.01), ("N1", 4096, 0.5), ("N2", 16384, 0.5)]
+BATCH = (8, 4096, 0.01, 4096, 500)  # scans, boxes per scan, threshold, pre, post (E2's NMS)
 
 
 def make(n):
@@ -74,24 +86,15 @@ def axis_aligned(boxes):
     return torch.stack([boxes[:, 0] - hx, boxes[:, 1] - hy, boxes[:, 0] + hx, boxes[:, 1] + hy], 1)
 
 
-def _impl(backend):
-    if backend == "cuda":
-        from pcops.cuda import nms as impl
-    else:
-        from pcops.triton import nms as impl
-    return impl
-
-
-def pass_impl(variant):
-    """``pcops.cuda.nms`` with the private pass kernel ``variant`` (``"v1"`` or ``"v2"``), for
-    ``pcops.triton.nms.nms_bev`` (the path ``pcops.nms_bev(backend="cuda")`` takes, without the
-    custom-op dispatch; rows with it are graph-captured or kernel-only, so that costs nothing)."""
-    import functools
-    import types
-
-    from pcops.cuda import nms as cuda_impl
-
+def old_impl(variant):
+    """The previous CUDA pipeline (``torch.sort``, ``nms_mask``, pass kernel ``variant``: ``"v1"``
+    = ``nms_pass``, ``"v2"`` = ``nms_pass_v2``) for ``pcops.triton.nms.nms_bev`` (the custom-op
+    dispatch is left out; its rows are graph-captured, so that costs nothing)."""
     return types.SimpleNamespace(nms_sorted=functools.partial(cuda_impl.nms_sorted, pass_variant=variant))
+
+
+def same(a, b):
+    return a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
 
 
 def main():
@@ -105,73 +108,106 @@ def main():
     rows, notes = [], {"torchvision": getattr(torchvision, "__version__", "not installed"),
                        "peers_not_installed": "OpenPCDet iou3d_nms, mmcv nms_rotated (issue 5 quotes their H200 figures)",
                        "host_cpus": len(os.sched_getaffinity(0)), "torch_cpu_threads": torch.get_num_threads(),
-                       "wall_s": {}, "pass_v2_equals_v1": {}}
+                       "wall_s": {}, "equal_outputs": {}}
+    v1, v2 = old_impl("v1"), old_impl("v2")
     for wl, n, thr in WORKLOADS:
         t0 = time.perf_counter()
         boxes, scores = make(n)
         name = f"{wl} N={n} thr={thr}"
+        kw = dict(items=n, unit="boxes/s")
         want = torch_baseline(boxes, scores, thr)  # also the baseline's warm-up
         base = bench(lambda: torch_baseline(boxes, scores, thr), warmup=0, rep=2 if n > 4096 else 5)
-        rows.append(row(name, "torch: ref IoU on GPU + host loop", base, items=n, unit="boxes/s", baseline=base))
+        rows.append(row(name, "torch: ref IoU on GPU + host loop", base, baseline=base, **kw))
         if torchvision is not None:
             aabb = axis_aligned(boxes)
             t = bench(lambda: torchvision.ops.nms(aabb, scores, thr), warmup=warm, rep=rep)
-            rows.append(row(name, "torchvision.ops.nms (axis-aligned)", t, items=n, unit="boxes/s", baseline=base))
-        for backend in ("cuda", "triton"):
-            # the Triton backend takes about 8 ms (N1) and 110 ms (N2) per call on the H200:
-            # fewer repetitions with --quick (10 at N1, 5 at N2)
-            slow = args.quick and backend == "triton" and n > 4096
-            r, w = (5, 1) if slow else (10, warm) if args.quick and backend == "triton" else (rep, warm)
-            got = pcops.nms_bev(boxes, scores, thr, backend=backend)  # compiles; the first warm-up
-            agree = got.tolist() == want.tolist()
-            var = lambda: pcops.nms_bev(boxes, scores, thr, backend=backend)
-            pad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True, backend=backend)
-            activities = gpu_activities(pad, iters=1 if slow else 5)
-            t = bench(var, warmup=w, rep=r)
-            rows.append(row(name, f"pcops {backend} (1 sync)", t, items=n, unit="boxes/s", baseline=base,
-                            kept=got.numel(), agrees_with_baseline=agree))
-            t = bench(pad, warmup=w, rep=r)
-            rows.append(row(name, f"pcops {backend} padded", t, items=n, unit="boxes/s", baseline=base,
-                            gpu_activities=activities))
-            t = bench(pad, warmup=0 if slow else w, rep=r, graph=True)  # graph=True runs 3 calls before capture
-            rows.append(row(name, f"pcops {backend} padded, graph", t, items=n, unit="boxes/s", baseline=base))
-            # stages (graph-free, eager launches): sort, mask, pass
-            impl = _impl(backend)
-            order = tri.sort_order(scores, None)
-            mask = impl.nms_mask(boxes, order, None, thr)
-            t_sort = bench(lambda: tri.sort_order(scores, None), warmup=warm, rep=rep)
-            t_mask = bench(lambda: impl.nms_mask(boxes, order, None, thr), warmup=w, rep=r)
-            t_pass = bench(lambda: impl.nms_pass(mask, boxes, scores, order, n), warmup=warm, rep=rep)
-            for stage, tt in (("sort", t_sort), ("mask kernel", t_mask), ("pass kernel", t_pass)):
-                rows.append(row(name, f"  stage {backend}: {stage}", tt, items=n, unit="boxes/s"))
-            if backend == "cuda":
-                # the first pass kernel nms_pass (v1) vs the default nms_pass_v2: same mask, same sort
-                v1, v2 = pass_impl("v1"), pass_impl("v2")
-                out1, c1 = impl.nms_pass(mask, boxes, scores, order, n, pass_variant="v1")
-                out2, c2 = impl.nms_pass(mask, boxes, scores, order, n, pass_variant="v2")
-                pad1 = lambda: tri.nms_bev(boxes, scores, None, thr, None, n, True, v1)
-                p1, p2 = pad1(), pad()
-                post1 = tri.nms_bev(boxes, scores, None, thr, None, 500, True, v1)
-                post2 = tri.nms_bev(boxes, scores, None, thr, None, 500, True, v2)
-                same = (out1.tolist() == out2.tolist() and int(c1) == int(c2) and p1[0].tolist() == p2[0].tolist()
-                        and int(p1[1]) == int(p2[1]) and post1[0].tolist() == post2[0].tolist()
-                        and int(post1[1]) == int(post2[1]))
-                notes["pass_v2_equals_v1"][name] = same
-                t = bench(pad1, warmup=w, rep=r, graph=True)
-                rows.append(row(name, "pcops cuda padded, graph (pass v1)", t, items=n, unit="boxes/s", baseline=base,
-                                equals_v2=same))
-                t = bench(lambda: impl.nms_pass(mask, boxes, scores, order, n, pass_variant="v1"), warmup=warm, rep=rep)
-                rows.append(row(name, "  stage cuda: pass kernel v1", t, items=n, unit="boxes/s", equals_v2=same))
+            rows.append(row(name, "torchvision.ops.nms (axis-aligned)", t, baseline=base, **kw))
+
+        # the default CUDA pipeline (rank sort, mask, pass)
+        got = pcops.nms_bev(boxes, scores, thr)  # compiles; the first warm-up
+        var = lambda: pcops.nms_bev(boxes, scores, thr)
+        pad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True)
+        t = bench(var, warmup=warm, rep=rep)
+        rows.append(row(name, "pcops cuda (1 sync)", t, baseline=base, kept=got.numel(),
+                        agrees_with_baseline=got.tolist() == want.tolist(), **kw))
+        t = bench(pad, warmup=warm, rep=rep)
+        rows.append(row(name, "pcops cuda padded", t, baseline=base, **kw))
+        t = bench(pad, warmup=warm, rep=rep, graph=True)
+        rows.append(row(name, "pcops cuda padded, graph", t, baseline=base, gpu_activities=gpu_activities(pad, iters=5),
+                        **kw))
+        order, sbox, sg = cuda_impl.rank_prepare(boxes[None], scores[None], None, n)
+        mask, invalid = cuda_impl.mask_b(sbox, None, thr)
+        for stage, fn in (("rank sort", lambda: cuda_impl.rank_prepare(boxes[None], scores[None], None, n)),
+                          ("mask_b", lambda: cuda_impl.mask_b(sbox, None, thr)),
+                          ("pass_b", lambda: cuda_impl.pass_b(mask, invalid, order, n))):
+            t = bench(fn, warmup=warm, rep=rep, graph=True)
+            rows.append(row(name, f"  stage cuda: {stage} (graph)", t, **kw))
+
+        # the previous CUDA pipeline: torch.sort, nms_mask, nms_pass_v2 / nms_pass
+        outs = {"new": pad(), "new 500": pcops.nms_bev(boxes, scores, thr, post_max_size=500, padded=True)}
+        for variant, impl in (("v2", v2), ("v1", v1)):
+            old = lambda impl=impl: tri.nms_bev(boxes, scores, None, thr, None, n, True, impl)
+            outs[variant] = old()
+            outs[variant + " 500"] = tri.nms_bev(boxes, scores, None, thr, None, 500, True, impl)
+            t = bench(old, warmup=warm, rep=rep, graph=True)
+            rows.append(row(name, f"previous cuda (sort, nms_mask, pass {variant}), graph", t, baseline=base, **kw))
+        notes["equal_outputs"][name] = all(same(outs["new"], outs[k]) for k in ("v2", "v1")) and all(
+            same(outs["new 500"], outs[k]) for k in ("v2 500", "v1 500"))
+        o_order = tri.sort_order(scores, None)
+        o_mask = cuda_impl.nms_mask(boxes, o_order, None, thr)
+        for stage, fn in (("torch sort", lambda: tri.sort_order(scores, None)),
+                          ("nms_mask", lambda: cuda_impl.nms_mask(boxes, o_order, None, thr)),
+                          ("pass v2", lambda: cuda_impl.nms_pass(o_mask, boxes, scores, o_order, n)),
+                          ("pass v1", lambda: cuda_impl.nms_pass(o_mask, boxes, scores, o_order, n, pass_variant="v1"))):
+            t = bench(fn, warmup=warm, rep=rep, graph=True)
+            rows.append(row(name, f"  stage previous: {stage} (graph)", t, **kw))
+
+        # Triton backend
+        slow = args.quick
+        r = (2 if n > 4096 else 5) if slow else rep
+        tpad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True, backend="triton")
+        tpad()  # compiles
+        t = bench(tpad, warmup=1 if slow else warm, rep=r, graph=True)
+        rows.append(row(name, "pcops triton padded, graph", t, baseline=base,
+                        equal_to_cuda=same(tpad(), outs["new"]), **kw))
+        if not slow:
+            t = bench(tpad, warmup=warm, rep=r)
+            rows.append(row(name, "pcops triton padded", t, baseline=base,
+                            gpu_activities=gpu_activities(tpad, iters=2), **kw))
+
         if wl == "N1" and thr == 0.01:
             e1 = lambda: pcops.nms_bev(boxes, scores, thr, pre_max_size=4096, post_max_size=500, padded=True)
             t = bench(e1, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, "pcops pre 4096 / post 500, graph", t, items=n, unit="boxes/s", baseline=base))
-            v1 = pass_impl("v1")
-            e1v1 = lambda: tri.nms_bev(boxes, scores, None, thr, 4096, 500, True, v1)
-            t = bench(e1v1, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, "pcops cuda pre 4096 / post 500, graph (pass v1)", t, items=n, unit="boxes/s",
-                            baseline=base))
+            rows.append(row(name, "pcops pre 4096 / post 500, graph", t, baseline=base, **kw))
+            e1old = lambda: tri.nms_bev(boxes, scores, None, thr, 4096, 500, True, v2)
+            t = bench(e1old, warmup=warm, rep=rep, graph=True)
+            rows.append(row(name, "previous (pass v2) pre 4096 / post 500, graph", t, baseline=base, **kw))
         notes["wall_s"][name] = round(time.perf_counter() - t0, 2)
+
+    # B8: the batched form vs the per-scan loop (PointPillars at batch 8)
+    t0 = time.perf_counter()
+    bsz, n, thr, pre, post = BATCH
+    boxes, scores = make(bsz * n)
+    b8, s8 = boxes.view(bsz, n, 7), scores.view(bsz, n)
+    name = f"B8 {bsz}x{n} thr={thr}"
+    kw = dict(items=bsz * n, unit="boxes/s")
+    batched = lambda: pcops.nms_bev(b8, s8, thr, pre_max_size=pre, post_max_size=post, padded=True)
+    loop_new = lambda: [pcops.nms_bev(b8[i], s8[i], thr, pre_max_size=pre, post_max_size=post, padded=True)
+                        for i in range(bsz)]
+    loop_old = lambda: [tri.nms_bev(b8[i], s8[i], None, thr, pre, post, True, v2) for i in range(bsz)]
+    got = batched()
+    stack = lambda outs: (torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs]))
+    notes["equal_outputs"][name] = same(got, stack(loop_new())) and same(got, stack(loop_old()))
+    base = bench(loop_old, warmup=warm, rep=rep, graph=True)
+    rows.append(row(name, "loop of 8, previous pipeline, graph", base, baseline=base, **kw))
+    t = bench(loop_new, warmup=warm, rep=rep, graph=True)
+    rows.append(row(name, "loop of 8, pcops cuda, graph", t, baseline=base, **kw))
+    t = bench(batched, warmup=warm, rep=rep, graph=True)
+    rows.append(row(name, "pcops cuda batched (B, N, 7), graph", t, baseline=base, kept=got[1].tolist(),
+                    gpu_activities=gpu_activities(batched, iters=5), **kw))
+    t = bench(batched, warmup=warm, rep=rep)
+    rows.append(row(name, "pcops cuda batched (B, N, 7)", t, baseline=base, **kw))
+    notes["wall_s"][name] = round(time.perf_counter() - t0, 2)
     report(rows, "nms", args.out, notes=notes)
 
 

@@ -143,12 +143,25 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
         ``(indices (B, out_len) int64 into each sample's boxes, −1 padded, count (B,) int64)``.
     """
     bsz, n = scores.shape
-    dev = boxes.device
     m = n if pre_max_size is None else min(n, pre_max_size)
     if bsz == 0 or m == 0:
-        return (torch.full((bsz, out_len), -1, dtype=torch.int64, device=dev),
-                torch.zeros((bsz,), dtype=torch.int64, device=dev))
-    words = (m + _TILE - 1) // _TILE
+        return (torch.full((bsz, out_len), -1, dtype=torch.int64, device=boxes.device),
+                torch.zeros((bsz,), dtype=torch.int64, device=boxes.device))
+    order, sbox, sgroups = rank_prepare(boxes, scores, groups, m)
+    mask, invalid = mask_b(sbox, sgroups if groups is not None else None, iou_threshold)
+    return pass_b(mask, invalid, order, out_len)
+
+
+def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None,
+                 m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stage 1 of :func:`nms_padded` (1 launch: ``nms_rank``; or torch.sort + ``nms_gather``).
+
+    Returns:
+        ``order (B, M) int64`` (box index within the sample, in score order), ``sbox (B, M, 8)``
+        float32 prepared records, ``sgroups (B, M)`` int64 (``order`` itself without groups).
+    """
+    bsz, n = scores.shape
+    dev = boxes.device
     bx = _as_f32(boxes)
     stride = bx.shape[2]
     bev5 = ctypes.c_int(int(stride == 5))
@@ -171,12 +184,31 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
             [bx, _as_f32(scores), groups if groups is not None else order, has, ctypes.c_int(n), ctypes.c_int(m),
              ctypes.c_int(stride), bev5, order, sbox, sgroups],
         )
+    return order, sbox, sgroups
+
+
+def mask_b(sbox: torch.Tensor, sgroups: torch.Tensor | None, iou_threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 2 of :func:`nms_padded` (1 launch: ``nms_mask_b``): ``mask (B, M, W)`` int64 (words
+    from the diagonal on are written) and ``invalid (B, W)`` int64 (invalid rows and rows ≥ M)."""
+    bsz, m, _ = sbox.shape
+    dev = sbox.device
+    words = (m + _TILE - 1) // _TILE
     mask = torch.empty((bsz, m, words), dtype=torch.int64, device=dev)
     invalid = torch.empty((bsz, words), dtype=torch.int64, device=dev)
     get_kernel("nms.cu", "nms_mask_b", dev)(
         (words * (words + 1) // 2, bsz), (_MASKB_THREADS,),
-        [sbox, sgroups, has, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_float(iou_threshold), mask, invalid],
+        [sbox, sgroups if sgroups is not None else sbox, ctypes.c_int(int(sgroups is not None)), ctypes.c_int(m),
+         ctypes.c_int(words), ctypes.c_float(iou_threshold), mask, invalid],
     )
+    return mask, invalid
+
+
+def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor,
+           out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 3 of :func:`nms_padded` (1 launch: ``nms_pass_b``, one block per sample):
+    ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``."""
+    bsz, m, words = mask.shape
+    dev = mask.device
     out = torch.empty((bsz, out_len), dtype=torch.int64, device=dev)
     count = torch.empty((bsz,), dtype=torch.int64, device=dev)
     get_kernel("nms.cu", "nms_pass_b", dev)(
