@@ -106,13 +106,13 @@ def main():
         fp = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw, pad_pairs=True)
         kp = fp()
         p = int(kp.offsets[-1])
-        add("pcops triton pad_pairs (public op)", fp,
+        add("pcops pad_pairs (public op)", fp,
             check=all(torch.equal(a, b) for a, b in zip(kp[:1] + kp[3:], expected[:1] + expected[3:]))
             and torch.equal(kp.pair_in[:p], expected[1]) and torch.equal(kp.pair_out[:p], expected[2]))
         if subm:
             # no host sync: the whole map replays from a CUDA graph
-            add("pcops triton pad_pairs, CUDA graph", fp, graph=True)
-            add("pcops launcher pad_pairs, CUDA graph", lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True),
+            add("pcops pad_pairs, CUDA graph", fp, graph=True)
+            add("pcops launcher pad_pairs, graph", lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True),
                 graph=True)
 
     # the plain-torch convolution on the subm map (16 → 16 channels), forward

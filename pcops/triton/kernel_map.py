@@ -198,7 +198,8 @@ def _kmap_insert_kernel(
             row_tot = tl.sum(c, axis=1)
             rank = (tl.cumsum(row_tot, axis=0) - row_tot)[:, None] + tl.cumsum(c, axis=1) - c
             total = tl.sum(row_tot, axis=0)
-            start = tl.atomic_add(counter_ptr, total.to(tl.int64)) + 1  # the counter starts at -1
+            # the counter starts at -1; rounds that claim nothing skip the atomic
+            start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0) + 1
             tl.store(out_keys_ptr + start + rank, okey, mask=claimed)
             tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=claimed)
             active2 = active2 & ~claimed & (old != okey)
