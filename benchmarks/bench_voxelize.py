@@ -18,7 +18,8 @@ loader path; goal <= 5 ms on V1).
 
 Variant rows (``--no-sweep`` skips them): the graph-replayed ``pad_to_max`` form of V1 / V2 (hard
 and dynamic) under other launch configurations of ``pcops.triton.voxelize`` (main kernel points
-per program and warps, hard-mode ranking by in-block sort or the plain atomic cascade, rows kernel
+per program and warps, hard-mode ranking by in-block sort or the plain atomic cascade, sorted ranking
+without waiting for voxels begun by earlier blocks (``no wait-first``), rows kernel
 rows per program and warps); each row says whether its output equals the default's exactly
 (``same_as_default``). The default is ``_MAIN_CONFIG`` / ``_ROWS_CONFIG`` / ``_RANK_SORT`` there.
 """
@@ -49,6 +50,7 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes
     "main 1024/16": dict(_MAIN_CONFIG={"hard": ((1024, 16),) * 2, "dynamic": ((1024, 16),) * 2}),
     "main 2048/32": dict(_MAIN_CONFIG={"hard": ((2048, 32),) * 2, "dynamic": ((2048, 32),) * 2}),
     "main 4096/32": dict(_MAIN_CONFIG={"hard": ((4096, 32),) * 2, "dynamic": ((4096, 32),) * 2}),
+    "no wait-first": dict(_WAIT_FIRST=False),
     "cascade main 1024/8": dict(_RANK_SORT=False, _MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
     "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
     "rows 64/8": dict(_ROWS_CONFIG=(64, 8)),

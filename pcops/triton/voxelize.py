@@ -50,6 +50,8 @@ _LOOKBACK = 128
 _ROWS_CONFIG = (16, 4)
 # hard mode: in-block point ranks from a sort of (voxel, lane) keys (True) or the plain cascade
 _RANK_SORT = True
+# hard mode, sorted ranks: wait until a voxel begun by an earlier block holds its first point
+_WAIT_FIRST = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
 _SEEN = True
 # tests only: True sorts int64 keys even where int32 ones fit
@@ -108,8 +110,9 @@ def _voxelize_kernel(
     SNAP: tl.constexpr,
     BMAX: tl.constexpr,  # > 0: next power of 2 >= B, samples handled as one vector; 0: a loop over B
     RANK_SORT: tl.constexpr,  # HARD: in-block ranks from a sort (True) or the plain atomic cascade (False)
-    KEY64: tl.constexpr,  # RANK_SORT: (B * S + 1) * BLOCK does not fit int32, sort int64 keys
+    KEY64: tl.constexpr,  # RANK_SORT: (B * S + 1) * 2 * BLOCK does not fit int32, sort int64 keys
     SEEN: tl.constexpr,  # RANK_SORT: read earlier blocks' list entries (tests: False forces cascades)
+    WAIT_FIRST: tl.constexpr,  # RANK_SORT: wait for the first point of voxels begun by earlier blocks
 ):
     t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
     lane = tl.arange(0, BLOCK)
@@ -258,21 +261,33 @@ def _voxelize_kernel(
             # value's start is (earlier blocks' values seen in the list) + (in-block rank), both
             # counted among its larger values, so in the usual case every point lands with one
             # atomic at its final position and points of rank >= max_points drop at once.
+            thr = num_points - 1 - t * BLOCK  # encoded values > thr belong to earlier blocks
             lr_none = batch_size * list_stride
-            lr = tl.where(keep, b * list_stride + row, lr_none)
+            # key: (list row, voxel has a point in an earlier block, lane)
+            lr = tl.where(keep, (b * list_stride + row) * 2 + (first > thr).to(tl.int32), lr_none * 2)
             if KEY64:
                 skey = tl.sort(lr.to(tl.int64) * BLOCK + lane)
             else:
                 skey = tl.sort(lr * BLOCK + lane)
-            lr_s = (skey // BLOCK).to(tl.int32)
+            q = (skey // BLOCK).to(tl.int32)
+            lr_s = q // 2
             lane_s = (skey % BLOCK).to(tl.int32)
-            _, run0 = tl.associative_scan((lr_s, lane), 0, _run_start_combine)
+            _, run0 = tl.associative_scan((q, lane), 0, _run_start_combine)
             rank = lane - run0  # points of the same voxel earlier in this block
             cand = lr_s < lr_none
             x = num_points - 1 - (t * BLOCK + lane_s)
-            thr = num_points - 1 - t * BLOCK  # encoded values > thr belong to earlier blocks
             lst = lists_ptr + lr_s * PB  # int32 offsets: the lists hold < 2**31 entries
             need = cand & (rank < max_points)
+            if WAIT_FIRST:
+                # a voxel begun by an earlier block: wait until that block has put the voxel's first
+                # point at position 0 (it never waits on later blocks: no deadlock), so the reads
+                # below see that block's points and ours do not land first and cascade its
+                wt = need & ((q % 2) == 1)
+                v0 = tl.load(lst, mask=wt, other=-1, volatile=True)
+                wt = wt & (v0 <= thr)
+                while tl.max(wt.to(tl.int32), axis=0) > 0:
+                    v0 = tl.load(lst, mask=wt, other=-1, volatile=True)
+                    wt = wt & (v0 <= thr)
             # earlier blocks' values seen in the list: one at position j proves j + 1 of them (all
             # values larger than an earlier block's value are earlier blocks' values), so any set
             # of positions read gives a valid count. Two steps of reads instead of PB: every SNAP-th
@@ -482,7 +497,8 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
         max_points, max_voxels, list_stride,
         HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=block,
         LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), BMAX=_bmax(batch),
-        RANK_SORT=hard and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * block >= 2**31, SEEN=_SEEN,
+        RANK_SORT=hard and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * 2 * block >= 2**31, SEEN=_SEEN,
+        WAIT_FIRST=_WAIT_FIRST,
         num_warps=num_warps,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
