@@ -44,13 +44,10 @@ import triton.language as tl
 # GELU constants (globals read by @triton.jit code must be tl.constexpr)
 _INV_SQRT_2 = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
-# tanh GELU: u = c·(z + k·z³), folded for exp2: sigmoid(2u) = 1 / (1 + 2^(z·(A0 + A1·z²))) and
-# 2u' = B0 + B1·z²
-_C, _K, _LOG2E = 0.7978845608028654, 0.044715, 1.4426950408889634
+# tanh GELU: u = c·(z + k·z³), folded for exp2 in the forward: sigmoid(2u) = 1 / (1 + 2^(z·(A0 + A1·z²)))
+_C, _K, _LOG2E = tl.constexpr(0.7978845608028654), tl.constexpr(0.044715), 1.4426950408889634
 _GELU_A0 = tl.constexpr(-2.0 * _C * _LOG2E)
 _GELU_A1 = tl.constexpr(-2.0 * _C * _K * _LOG2E)
-_GELU_B0 = tl.constexpr(2.0 * _C)
-_GELU_B1 = tl.constexpr(6.0 * _C * _K)
 
 # widest row held in registers as one tile; wider rows are processed in chunks of this width
 _MAX_BLOCK_N = 8192
@@ -163,11 +160,13 @@ def _gelu(z, APPROX_TANH: tl.constexpr):
 @triton.jit
 def _gelu_grad(z, APPROX_TANH: tl.constexpr):
     if APPROX_TANH:
-        # with s = sigmoid(2u): 0.5·(1 + t) = s, 1 - t² = 4·s·(1 - s), 2u' = B0 + B1·z², so
-        # gelu' = s + (z·s)·(1 - s)·(B0 + B1·z²) (z·s first: 0 for very negative z, never 0·inf)
-        z2 = z * z
-        s = 1.0 / (1.0 + tl.exp2(z * (_GELU_A0 + _GELU_A1 * z2)))
-        d = s + (z * s) * (1.0 - s) * (_GELU_B0 + _GELU_B1 * z2)
+        # with s = sigmoid(2u): 0.5·(1 + t) = s and 1 - t² = 4·s·(1 - s). (Written as the forward's
+        # folded exp2 form, with 2u' = B0 + B1·z², it has fewer instructions but ptxas then keeps
+        # 8 more registers live in the tiled backward: 80 instead of 72 on L2, one program less
+        # per SM, so the plain form stays.)
+        u = _C * (z + _K * z * z * z)
+        s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+        d = s + 2.0 * z * s * (1.0 - s) * _C * (1.0 + 3.0 * _K * z * z)
     else:
         d = 0.5 * (1.0 + tl.math.erf(z * _INV_SQRT_2)) + z * tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
     return d
@@ -211,12 +210,11 @@ def _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
 
 @triton.jit
 def _bwd_dx(dz, xhat, w, rstd, N):
-    """``dx = rstd·(dx̂ - x̂·mean(dx̂·x̂) - mean(dx̂))`` with ``dx̂ = dz·w`` (row sums over axis 1),
-    as ``dx̂·rstd - (x̂·a + c)`` with the per-row ``a = rstd·mean(dx̂·x̂)``, ``c = rstd·mean(dx̂)``."""
+    """``dx = rstd·(dx̂ - x̂·mean(dx̂·x̂) - mean(dx̂))`` with ``dx̂ = dz·w`` (row sums over axis 1)."""
     dxhat = dz * w[None, :]
-    a = tl.sum(dxhat * xhat, axis=1) * (rstd / N)
-    c = tl.sum(dxhat, axis=1) * (rstd / N)
-    return dxhat * rstd[:, None] - (xhat * a[:, None] + c[:, None])
+    c1 = tl.sum(dxhat * xhat, axis=1) / N
+    c2 = tl.sum(dxhat, axis=1) / N
+    return (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
 
 
 @triton.jit
@@ -487,12 +485,15 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 # warp shuffles. L2 (bf16, BLOCK_N 256): 8 per thread, 4 rows × 4 warps, 72 registers (7
 # programs = 28 warps per SM), 16-byte loads. L3 (fp32, BLOCK_N 64): 48 registers.
 #
-# Measured (H200, graph-captured, before the 2-deep prefetch and the leaner GELU maths):
+# Measured (H200, graph-captured, before the 2-deep prefetch):
 # L2 bwd kernel 0.093 ms "tiled" / 0.105 "tiled-noprefetch" (floor 0.045: x, dy, dx); L1
 # 0.019 / 0.022; L3 0.043 / 0.041. The kernel reaches ≈ 2.3 TB/s where torch's elementwise
 # add of the same traffic reaches 4.2: not enough bytes in flight (≈ 28 KB per SM with one
 # tile of prefetch against the ≈ 30 KB Little's law asks), hence "tiled-pf2" (two tiles
-# ahead, ≈ 8 more registers) — to be measured.
+# ahead: 80 registers on L2, 6 programs per SM, 2 tiles each) — to be measured. (Registers
+# were checked with ptxas for every change here: dropping the column mask when N == BLOCK_N,
+# or the forward's leaner GELU maths, cost 8-16 more registers in this kernel, so neither is
+# used.)
 #
 # Each entry: ``per_thread`` values per thread per step (raised up to 8 so a warp spans a row)
 # and ``warps`` (rows wider than per_thread · 32 · warps get more warps, up to 16; BLOCK_M =
@@ -517,14 +518,12 @@ _TILED_MAX_N = 1024
 
 
 @triton.jit
-def _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, M, N, EVEN_N: tl.constexpr):
-    """Raw ``x``, ``dy`` tiles and the rows' ``mean``, ``rstd`` (zeros past row M / column N)."""
+def _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs, rows, col_ok, M):
+    """Raw ``x``, ``dy`` tiles at element offsets ``offs`` of ``rows`` and the rows' ``mean``,
+    ``rstd`` (zeros past row M / column N). (A column mask dropped when N == BLOCK_N costs
+    ptxas 16 more registers here, so the mask stays.)"""
     row_ok = rows < M
-    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    if EVEN_N:
-        mask = row_ok[:, None]
-    else:
-        mask = row_ok[:, None] & (cols < N)[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     g = tl.load(dy_ptr + offs, mask=mask, other=0.0)
     mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
@@ -551,7 +550,6 @@ def _layer_norm_gelu_bwd_tiled_kernel(
     APPROX_TANH: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     PREFETCH: tl.constexpr,  # tiles loaded ahead of the one being computed: 0, 1 or 2
-    EVEN_N: tl.constexpr,  # N == BLOCK_N: no column mask
     BLOCK_N: tl.constexpr,  # next_pow2(N)
     BLOCK_M: tl.constexpr,  # rows per tile
 ):
@@ -565,37 +563,36 @@ def _layer_norm_gelu_bwd_tiled_kernel(
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     num_tiles = tl.cdiv(M, BLOCK_M)
     step = num_programs * BLOCK_M  # rows from a tile to the program's next tile
+    stride = step.to(tl.int64) * N  # the same in elements
     first = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_first = first.to(tl.int64)[:, None] * N + cols[None, :]
     # the prefetch queue: tiles pid (+G) loaded ahead (fully masked past the last row)
     if PREFETCH >= 1:
-        x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, first, cols, M, N, EVEN_N)
+        x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs_first, first, col_ok, M)
     if PREFETCH >= 2:
-        x_b, g_b, mean_b, rstd_b = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, first + step, cols, M, N,
-                                                   EVEN_N)
+        x_b, g_b, mean_b, rstd_b = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs_first + stride,
+                                                   first + step, col_ok, M)
     for tile in range(pid, num_tiles, num_programs):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         if PREFETCH == 2:
             x_raw, g_raw, mean, rstd = x_a, g_a, mean_a, rstd_a
             x_a, g_a, mean_a, rstd_a = x_b, g_b, mean_b, rstd_b
-            x_b, g_b, mean_b, rstd_b = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows + 2 * step, cols, M, N,
-                                                       EVEN_N)
+            x_b, g_b, mean_b, rstd_b = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs + 2 * stride,
+                                                       rows + 2 * step, col_ok, M)
         elif PREFETCH == 1:
             x_raw, g_raw, mean, rstd = x_a, g_a, mean_a, rstd_a
-            x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows + step, cols, M, N,
-                                                       EVEN_N)
+            x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs + stride, rows + step,
+                                                       col_ok, M)
         else:
-            x_raw, g_raw, mean, rstd = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, M, N, EVEN_N)
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            x_raw, g_raw, mean, rstd = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs, rows, col_ok, M)
         # the row-range kernel's maths: dz = g · gelu'(z), dx = rstd · (dx̂ - x̂ · mean(dx̂ · x̂) - mean(dx̂))
         xhat, dz = _bwd_tile(x_raw.to(tl.float32), g_raw.to(tl.float32), offs, mean, rstd, w, b, seed,
                              dropout_p, keep_scale, HAS_DROPOUT, APPROX_TANH)
         dw_acc += dz * xhat
         db_acc += dz
         dx = _bwd_dx(dz, xhat, w, rstd, N)
-        if EVEN_N:
-            mask = (rows < M)[:, None]
-        else:
-            mask = (rows < M)[:, None] & col_ok[None, :]
+        mask = (rows < M)[:, None] & col_ok[None, :]
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     part_off = pid.to(tl.int64) * N
     tl.store(dw_part_ptr + part_off + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
@@ -1126,7 +1123,7 @@ def _layer_norm_gelu_backward_tiled(
     warps = num_warps or warps
     tiles = triton.cdiv(m_rows, bm)
     meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, PREFETCH=config["prefetch"],
-                EVEN_N=n == block_n, BLOCK_N=block_n, BLOCK_M=bm, num_warps=warps, num_stages=1)
+                BLOCK_N=block_n, BLOCK_M=bm, num_warps=warps, num_stages=1)
     if num_programs is None and tiles:
         if x.device.type == "cuda" and not _interpreting():
             probe = (grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, mean, mean, m_rows, n, 2, float(dropout_p))
