@@ -454,7 +454,8 @@ def _compact(out_in, counts, sub, num_groups, block_m, kpad, cap_pairs, pad):
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
     _kmap_compact_kernel[(num_groups,)](
         out_in, counts, pair_in, pair_out, offsets, num_out, num_k, sub, num_groups, cap_pairs,
-        BLOCK_M=block_m, KPAD=kpad, CHUNK=_COUNT_CHUNK, PAD=pad, num_warps=_NUM_WARPS,
+        BLOCK_M=block_m, KPAD=kpad, CHUNK=max(2, min(_COUNT_CHUNK, _TILE // kpad)), PAD=pad,
+        num_warps=_NUM_WARPS,
     )
     return pair_in, pair_out, offsets
 
