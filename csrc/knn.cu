@@ -5,7 +5,7 @@
 //
 // Inputs come from pcops/triton/sampling.py's _morton_sort: each cloud's references sorted along
 // a Morton curve, cut into tiles of QB points with a bounding box each, and superblocks of `sb`
-// tiles with a box each. A block of QB threads (QB = 64 or 128, a template parameter; the
+// tiles with a box each. A block of QB threads (QB = 32 or 64, a template parameter; the
 // kernels are knn_sorted_q<QB>_k<KP>) owns QB consecutive sorted queries, one thread per query;
 // each thread keeps its top KP as (distance, index) pairs sorted ascending in
 // registers (an unrolled compare-and-swap insertion, so nothing spills to local memory).
@@ -65,11 +65,7 @@ __device__ __forceinline__ void insert(float (&bd)[KP], int (&bi)[KP], float d, 
   }
 }
 
-// BUF > 0: candidates that beat the K-th best are first appended to a per-thread buffer in
-// shared memory and inserted after the tile (or when BUF are waiting). The lanes of a warp insert
-// at different candidates; inserting on the spot costs the warp one insertion for every candidate
-// that any lane keeps, the buffer only the largest count of one lane.
-template <int QB, int KP, int BUF>
+template <int QB, int KP>
 __device__ __forceinline__ void knn_body(
     const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
     const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
@@ -83,7 +79,6 @@ __device__ __forceinline__ void knn_body(
     long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
     int nq, int nr, int num_sb, int sb, int k) {
   __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
-  __shared__ float2 cand[BUF > 0 ? BUF * QB : 1];  // cand[slot * QB + thread]: (distance, index bits)
   const long long b = blockIdx.y;
   const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
   const int r_len = (int)min(max(r_len_p[b], 0LL), (long long)nr);
@@ -133,29 +128,11 @@ __device__ __forceinline__ void knn_body(
       __syncthreads();
       if (need) {
         const int count = min(QB, r_len - base);
-        int waiting = 0;
         for (int j = 0; j < count; ++j) {
           const float4 r = tile_pts[j];
           const float d = sq_dist(qx, qy, qz, r.x, r.y, r.z);
           const int i = __float_as_int(r.w);
-          if (key_less(d, i, kd, ki)) {
-            if (BUF == 0) {
-              insert<KP>(bd, bi, d, i, k, kd, ki);
-            } else {
-              cand[waiting * QB + threadIdx.x] = make_float2(d, __int_as_float(i));
-              if (++waiting == BUF) {
-                for (int w = 0; w < BUF; ++w) {
-                  const float2 c = cand[w * QB + threadIdx.x];
-                  if (key_less(c.x, __float_as_int(c.y), kd, ki)) insert<KP>(bd, bi, c.x, __float_as_int(c.y), k, kd, ki);
-                }
-                waiting = 0;
-              }
-            }
-          }
-        }
-        for (int w = 0; w < waiting; ++w) {
-          const float2 c = cand[w * QB + threadIdx.x];
-          if (key_less(c.x, __float_as_int(c.y), kd, ki)) insert<KP>(bd, bi, c.x, __float_as_int(c.y), k, kd, ki);
+          if (key_less(d, i, kd, ki)) insert<KP>(bd, bi, d, i, k, kd, ki);
         }
       }
       __syncthreads();
@@ -175,27 +152,22 @@ __device__ __forceinline__ void knn_body(
   }
 }
 
-#define PCOPS_KNN_ENTRY(QB, KP, BUF, NAME)                                                                \
-  extern "C" __global__ void __launch_bounds__(QB) NAME(                                                  \
+#define PCOPS_KNN_ENTRY(QB, KP)                                                                          \
+  extern "C" __global__ void __launch_bounds__(QB) knn_sorted_q##QB##_k##KP(                             \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm,   \
       const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,         \
       float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                       \
-    knn_body<QB, KP, BUF>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, \
-                          nq, nr, num_sb, sb, k);                                                        \
+    knn_body<QB, KP>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, nq,  \
+                     nr, num_sb, sb, k);                                                                 \
   }
 
-// knn_sorted_q<QB>_k<KP> (direct insertion) and knn_buffered_q<QB>_k<KP> (BUF = 8)
-#define PCOPS_KNN_ENTRIES_K(QB, KP)                        \
-  PCOPS_KNN_ENTRY(QB, KP, 0, knn_sorted_q##QB##_k##KP)     \
-  PCOPS_KNN_ENTRY(QB, KP, 8, knn_buffered_q##QB##_k##KP)
+#define PCOPS_KNN_ENTRIES(QB) \
+  PCOPS_KNN_ENTRY(QB, 1)      \
+  PCOPS_KNN_ENTRY(QB, 2)      \
+  PCOPS_KNN_ENTRY(QB, 4)      \
+  PCOPS_KNN_ENTRY(QB, 8)      \
+  PCOPS_KNN_ENTRY(QB, 16)     \
+  PCOPS_KNN_ENTRY(QB, 32)
 
-#define PCOPS_KNN_ENTRIES(QB)  \
-  PCOPS_KNN_ENTRIES_K(QB, 1)   \
-  PCOPS_KNN_ENTRIES_K(QB, 2)   \
-  PCOPS_KNN_ENTRIES_K(QB, 4)   \
-  PCOPS_KNN_ENTRIES_K(QB, 8)   \
-  PCOPS_KNN_ENTRIES_K(QB, 16)  \
-  PCOPS_KNN_ENTRIES_K(QB, 32)
-
+PCOPS_KNN_ENTRIES(32)
 PCOPS_KNN_ENTRIES(64)
-PCOPS_KNN_ENTRIES(128)
