@@ -782,10 +782,10 @@ def _sparse_softmax_bwd_kernel(
 
 
 _sparse_softmax_tuned = triton.autotune(
-    configs=_CSR_CONFIGS, key=["AVG_LEN"], prune_configs_by={"early_config_prune": _prune_csr}
+    configs=_CSR_CONFIGS, key=["AVG_LEN"], prune_configs_by={"early_config_prune": _prune_csr}, do_bench=_quick_bench,
 )(_sparse_softmax_kernel)
 _sparse_softmax_bwd_tuned = triton.autotune(
-    configs=_CSR_CONFIGS, key=["AVG_LEN"], prune_configs_by={"early_config_prune": _prune_csr}
+    configs=_CSR_CONFIGS, key=["AVG_LEN"], prune_configs_by={"early_config_prune": _prune_csr}, do_bench=_quick_bench,
 )(_sparse_softmax_bwd_kernel)
 
 
