@@ -695,6 +695,8 @@ class PointPillars(nn.Module):
         writes the upsampled maps straight into the concatenated output) or ``"cudnn"`` (cuDNN's
         fused convolution + bias + ReLU for the 3×3 convolutions, the Triton pass for the upsampling)."""
         mode = BACKBONE_EPILOGUE if x.is_cuda else "torch"
+        if mode == "cudnn" and not (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled):
+            mode = "triton"
         if mode == "torch":
             ups = []
             for blk, de in zip(fp.blocks, fp.deblocks):
@@ -829,8 +831,10 @@ class PointPillars(nn.Module):
 
 
 # how the fast backbone runs bias + ReLU + concat on CUDA ("torch", "triton", "cudnn"); see
-# PointPillars._backbone_fast. The benchmark measures each.
-BACKBONE_EPILOGUE = "torch"
+# PointPillars._backbone_fast. Measured on the H200 (E1 fp16 graph, PFN "dot"): torch 1.21 ms,
+# triton 1.04, cudnn 0.96; E2 (batch 8): triton 4.80, cudnn 4.43 ms. "cudnn" falls back to
+# "triton" where cuDNN is unavailable.
+BACKBONE_EPILOGUE = "cudnn"
 BACKBONE_EPILOGUES = ("torch", "triton", "cudnn")
 
 

@@ -215,8 +215,10 @@ def _pfn_scatter_dot_kernel(
 
 
 # which kernel pfn_scatter launches: "rank1" (one pillar per program, 10 rank-1 updates) or "dot"
-# (BLOCK_P pillars per program, one tl.dot); both exit at once on capacity rows past the count
-VARIANT = "rank1"
+# (BLOCK_P pillars per program, one tl.dot); both exit at once on capacity rows past the count.
+# Measured on the H200 (E1 fp16, 40,000-row capacity, ~17k pillars): rank1 176 µs before the early
+# exit; dot 55 µs; E2 (8 scans): dot 357 µs
+VARIANT = "dot"
 VARIANTS = ("rank1", "dot")
 _DOT_PILLARS = 4
 
