@@ -177,22 +177,21 @@ def main():
     # ---- kernel options of the fast path: backbone epilogue x PFN kernel (fp16, graph-captured)
     model.impl, model.dtype = "fast", torch.float16
     for epilogue, pfn_variant in (("torch", "rank1"), ("triton", "dot"), ("cudnn", "dot")):
-        if True:  # noqa: SIM108 - one block per option (kept flat for the report)
-            tag = f"fp16 epilogue={epilogue} pfn={pfn_variant}"
-            try:
-                with kernel_options(epilogue, pfn_variant):
-                    graphed = model.capture(pts)
-                    t = bench(lambda: graphed(pts), rep=rep)
-                    rows.append(row("E1 total", f"pcops graph {tag}", t, items=1, unit="scans/s", baseline=base))
-                    notes[f"E1 detections graph {tag}"] = int(graphed(pts).count[0])
+        tag = f"fp16 epilogue={epilogue} pfn={pfn_variant}"
+        try:
+            with kernel_options(epilogue, pfn_variant):
+                graphed = model.capture(pts)
+                t = bench(lambda: graphed(pts), rep=rep)
+                rows.append(row("E1 total", f"pcops graph {tag}", t, items=1, unit="scans/s", baseline=base))
+                notes[f"E1 detections graph {tag}"] = int(graphed(pts).count[0])
+                del graphed
+                if epilogue != "torch":
+                    graphed = model.capture(batch, lengths)
+                    t = bench(lambda: graphed(batch, lengths), rep=rep)
+                    rows.append(row("E2 B=8", f"pcops graph {tag}", t, items=8, unit="scans/s", baseline=base8))
                     del graphed
-                    if epilogue != "torch":
-                        graphed = model.capture(batch, lengths)
-                        t = bench(lambda: graphed(batch, lengths), rep=rep)
-                        rows.append(row("E2 B=8", f"pcops graph {tag}", t, items=8, unit="scans/s", baseline=base8))
-                        del graphed
-            except Exception as e:  # noqa: BLE001 - an option that fails here is reported, not fatal
-                notes[f"error {tag}"] = repr(e)[:300]
+        except Exception as e:  # noqa: BLE001 - an option that fails here is reported, not fatal
+            notes[f"error {tag}"] = repr(e)[:300]
     model.impl, model.dtype = "reference", torch.float32
     notes["gpu_activities (µs per call, top kernels)"] = PROFILES
     report(rows, "bench_pointpillars", args.out, notes)
