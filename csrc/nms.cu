@@ -221,9 +221,9 @@ nms_mask(const float* __restrict__ boxes, const long long* __restrict__ order, c
 
 // ---- the batched pipeline (pcops.cuda.nms.nms_padded): rank sort + box preparation, tile mask,
 // greedy pass (nms_pass_b, below), each launch covering B independent samples (grid over B) -------
-// Sorted, prepared boxes: SBOX floats per box in score order, (x, y, dx, dy) and (heading, radius
-// of the bounding circle, ok, 0); an invalid box (non-finite, negative size, NaN score) is the
-// unit box with radius NaN (never a candidate) and ok 0.
+// Sorted, prepared boxes: SBOX floats per box in score order, (x, y, radius of the bounding
+// circle, heading) and (dx, dy, ok, 0); an invalid box (non-finite, negative size, NaN score) is
+// the unit box with radius NaN (never a candidate) and ok 0.
 #define SBOX 8
 #define RANK_THREADS 256
 #define RANK_CHUNK 2048
@@ -246,13 +246,14 @@ __device__ __forceinline__ void write_prepared(float* __restrict__ dst, const fl
   const Box b = load_box(boxes, i, stride, bev5, true);
   const bool ok = b.ok && s == s;
   float4* d = (float4*)dst;
-  d[0] = make_float4(ok ? b.x : 0.f, ok ? b.y : 0.f, ok ? b.dx : 1.f, ok ? b.dy : 1.f);
-  d[1] = make_float4(ok ? b.h : 0.f, ok ? 0.5f * sqrtf(b.dx * b.dx + b.dy * b.dy) : F32_NAN, ok ? 1.f : 0.f, 0.f);
+  d[0] = make_float4(ok ? b.x : 0.f, ok ? b.y : 0.f, ok ? 0.5f * sqrtf(b.dx * b.dx + b.dy * b.dy) : F32_NAN,
+                     ok ? b.h : 0.f);
+  d[1] = make_float4(ok ? b.dx : 1.f, ok ? b.dy : 1.f, ok ? 1.f : 0.f, 0.f);
 }
 
 __device__ __forceinline__ Box prepared_box(float4 p0, float4 p1) {
   Box b;
-  b.x = p0.x; b.y = p0.y; b.dx = p0.z; b.dy = p0.w; b.h = p1.x;
+  b.x = p0.x; b.y = p0.y; b.dx = p1.x; b.dy = p1.y; b.h = p0.w;
   b.z = 0.f; b.dz = 0.f;
   b.ok = p1.z != 0.f;
   return b;
@@ -269,12 +270,20 @@ nms_rank(const float* __restrict__ boxes, const float* __restrict__ scores, cons
          float* __restrict__ sbox, long long* __restrict__ sgroups) {
   __shared__ unsigned long long keys[RANK_CHUNK];
   __shared__ int partial[RANK_THREADS / 32][32];
+  __shared__ unsigned s_unsorted;
   const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* __restrict__ sc = scores + (long long)b * n;
   const int i = blockIdx.x * 32 + lane;
   const unsigned long long ki = i < n ? rank_key(sc[i], i) : 0ull;
-  int cnt = 0;
-  for (int c0 = 0; c0 < n; c0 += RANK_CHUNK) {
+  // already in order (e.g. top-k scores): rank(i) = i, no counting (O(N) per block, not O(N^2 / 8))
+  if (tid == 0) s_unsorted = 0u;
+  __syncthreads();
+  bool unsorted = false;
+  for (int k = tid; k + 1 < n; k += RANK_THREADS) unsorted |= rank_key(sc[k], k) < rank_key(sc[k + 1], k + 1);
+  if (unsorted) atomicOr(&s_unsorted, 1u);
+  __syncthreads();
+  int cnt = s_unsorted ? 0 : (i < n ? i : 0);
+  for (int c0 = 0; s_unsorted && c0 < n; c0 += RANK_CHUNK) {
     const int len = min(RANK_CHUNK, n - c0);
     __syncthreads();  // the previous chunk is consumed
     for (int k = tid; k < len; k += RANK_THREADS) keys[k] = rank_key(sc[c0 + k], c0 + k);
@@ -284,7 +293,7 @@ nms_rank(const float* __restrict__ boxes, const float* __restrict__ scores, cons
 #pragma unroll 4
     for (int k = warp * per; k < k1; ++k) cnt += keys[k] > ki ? 1 : 0;
   }
-  partial[warp][lane] = cnt;
+  partial[warp][lane] = warp == 0 || s_unsorted ? cnt : 0;
   __syncthreads();
   if (warp == 0 && i < n) {
     int r = 0;
@@ -312,13 +321,32 @@ extern "C" __global__ void nms_gather(const float* __restrict__ boxes, const flo
   if (has_groups) sgroups[dst] = groups[(long long)b * n + i];
 }
 
+// Bit r: the bounding circle of row box r (rc[r] = (x, y, radius, heading)) touches the column box's
+// (the arithmetic of circles_touch; NaN radii, i.e. invalid boxes and rows past M, never touch)
+// and, with groups, the groups are equal. Fully unrolled: constant bit positions.
+template <bool GROUPS>
+__device__ __forceinline__ unsigned long long cull_column(const float4* rc, const long long* rg, float cx, float cy,
+                                                          float crad, long long cg) {
+  unsigned long long cand = 0ull;
+#pragma unroll
+  for (int r = 0; r < NMS_TILE; ++r) {
+    const float4 p = rc[r];
+    const float wx = cx - p.x, wy = cy - p.y;
+    const float reach = (p.z + crad) * 1.0001f + 1e-6f;
+    bool t = wx * wx + wy * wy <= reach * reach;
+    if (GROUPS) t = t && rg[r] == cg;
+    if (t) cand |= 1ull << r;
+  }
+  return cand;
+}
+
 // Upper-triangular IoU > thr bitmask of the prepared boxes, mask (B, M, W) (bit c of word ct of row
 // i: box j = 64 ct + c comes after i, shares its group, IoU > thr), and invalid (B, W): bit k of word
 // t set when row 64 t + k is invalid or >= M (written by the diagonal tiles). Grid
 // (W (W + 1) / 2, B), MASKB_THREADS = 64 threads: thread c holds column box 64 ct + c in registers
 // and tests the bounding circles of the 64 row boxes (broadcast shared reads, no bank conflicts);
 // the candidate pairs are compacted (warp scan) and clipped by all threads.
-extern "C" __global__ void __launch_bounds__(MASKB_THREADS)
+extern "C" __global__ void __launch_bounds__(MASKB_THREADS, 16)
 nms_mask_b(const float* __restrict__ sbox, const long long* __restrict__ sgroups, int has_groups, int m, int words,
            float thr, unsigned long long* __restrict__ mask, unsigned long long* __restrict__ invalid) {
   const long long L = blockIdx.x;
@@ -336,7 +364,7 @@ nms_mask_b(const float* __restrict__ sbox, const long long* __restrict__ sgroups
   const int tid = threadIdx.x, lane = tid & 31;
   const float4* __restrict__ sb = (const float4*)(sbox + (long long)b * m * SBOX);
   const long long* __restrict__ sg = sgroups + (long long)b * m;
-  const float4 dead0 = make_float4(0.f, 0.f, 1.f, 1.f), dead1 = make_float4(0.f, F32_NAN, 0.f, 0.f);
+  const float4 dead0 = make_float4(0.f, 0.f, F32_NAN, 0.f), dead1 = make_float4(1.f, 1.f, 0.f, 0.f);
   const int i = rt * NMS_TILE + tid, j = ct * NMS_TILE + tid;
   const float4 a0 = i < m ? sb[2 * (long long)i] : dead0, a1 = i < m ? sb[2 * (long long)i + 1] : dead1;
   const float4 b0 = j < m ? sb[2 * (long long)j] : dead0, b1 = j < m ? sb[2 * (long long)j + 1] : dead1;
@@ -354,17 +382,8 @@ nms_mask_b(const float* __restrict__ sbox, const long long* __restrict__ sgroups
     if (lane == 0) ((unsigned*)invalid)[2 * ((long long)b * words + rt) + (tid >> 5)] = bad;
   }
   __syncthreads();
-  // bounding circles (the arithmetic of circles_touch); NaN radii (invalid, past M) never touch
-  unsigned long long cand = 0ull;
-#pragma unroll 8
-  for (int r = 0; r < NMS_TILE; ++r) {
-    const float4 p = r0s[r];
-    const float wx = b0.x - p.x, wy = b0.y - p.y;
-    const float reach = (r1s[r].y + b1.y) * 1.0001f + 1e-6f;
-    bool t = wx * wx + wy * wy <= reach * reach;
-    if (has_groups) t = t && rgs[r] == gj;
-    cand |= (unsigned long long)t << r;
-  }
+  unsigned long long cand = has_groups ? cull_column<true>(r0s, rgs, b0.x, b0.y, b0.z, gj)
+                                       : cull_column<false>(r0s, rgs, b0.x, b0.y, b0.z, gj);
   if (rt == ct) cand &= (1ull << tid) - 1ull;  // rows before the column only
   // compact the candidates (r << 6 | c) into list: warp inclusive scan, one atomic per warp
   const int cnt = __popcll(cand);

@@ -1041,18 +1041,20 @@ def _batched_case(bsz, n, span, seed, groups=False, bev5=False):
     return boxes, scores, g
 
 
-@pytest.mark.parametrize("bsz,n,pre,post,span,thr,groups,use_rank,bev5", [
-    (2, 150, None, 200, (14, 14), 0.1, False, True, False),
-    (3, 70, 64, 10, (10, 10), 0.3, True, True, False),
-    (1, 1, None, 3, (10, 10), 0.5, False, True, False),
-    (2, 130, 129, 130, (12, 12), 0.01, True, False, True),
-    (1, 64, None, 64, (6, 6), 0.0, False, False, False),
+@pytest.mark.parametrize("bsz,n,pre,post,span,thr,groups,use_rank,bev5,presorted", [
+    (2, 150, None, 200, (14, 14), 0.1, False, True, False, False),
+    (3, 70, 64, 10, (10, 10), 0.3, True, True, False, False),
+    (1, 1, None, 3, (10, 10), 0.5, False, True, False, False),
+    (2, 130, 129, 130, (12, 12), 0.01, True, False, True, False),
+    (1, 64, None, 64, (6, 6), 0.0, False, False, False, False),
+    (2, 100, 90, 50, (10, 10), 0.2, False, True, False, True),
 ])
 def test_cuda_batched_pipeline_emulated_on_the_host(tmp_path_factory, bsz, n, pre, post, span, thr, groups,
-                                                    use_rank, bev5):
+                                                    use_rank, bev5, presorted):
     """nms_rank (or nms_gather) + nms_mask_b + nms_pass_b on the host: the stable order, the
     prepared records, the bitmask (vs the float64 reference IoU), the invalid words and the padded
-    keep lists of every sample (vs the reference NMS)."""
+    keep lists of every sample (vs the reference NMS). ``presorted``: scores already in descending
+    order (ties, NaN tail), nms_rank's no-counting path."""
     import struct
     import subprocess
 
@@ -1060,6 +1062,8 @@ def test_cuda_batched_pipeline_emulated_on_the_host(tmp_path_factory, bsz, n, pr
 
     exe = _simt_binary(str(tmp_path_factory.mktemp("simt")))
     boxes, scores, g = _batched_case(bsz, n, span, seed=n + bsz, groups=groups, bev5=bev5)
+    if presorted:
+        scores = torch.stack([s[ref.sort_order(s)] for s in scores])
     m = n if pre is None else min(n, pre)
     words = -(-m // 64)
     order_in = torch.stack([ref.sort_order(scores[b], pre) for b in range(bsz)])
@@ -1091,9 +1095,10 @@ def test_cuda_batched_pipeline_emulated_on_the_host(tmp_path_factory, bsz, n, pr
         o = torch.from_numpy(order[b].copy())
         ok = valid[o].numpy()
         assert (sbox[b, :, 6] == ok.astype(np.float32)).all()
-        assert np.array_equal(sbox[b, ok, :4], bev[o][ok][:, :4].numpy())
-        assert np.array_equal(sbox[b, ok, 4], bev[o][ok][:, 4].numpy())
-        assert np.isnan(sbox[b, ~ok, 5]).all()
+        want_rec = bev[o][ok].numpy()  # (x, y, dx, dy, heading)
+        assert np.array_equal(sbox[b, ok][:, [0, 1, 4, 5, 3]], want_rec)
+        assert np.allclose(sbox[b, ok, 2], 0.5 * np.hypot(want_rec[:, 2], want_rec[:, 3]), rtol=1e-6)
+        assert np.isnan(sbox[b, ~ok, 2]).all()
         bad = np.zeros(words * 64, dtype=bool)
         bad[:m] = ~ok
         bad[m:] = True
