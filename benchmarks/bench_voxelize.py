@@ -19,7 +19,8 @@ loader path; goal <= 5 ms on V1).
 Variant rows (``--no-sweep`` skips them): the graph-replayed ``pad_to_max`` form of V1 / V2 (hard
 and dynamic) under other launch configurations of ``pcops.triton.voxelize`` (main kernel points
 per program and warps, hard-mode ranking by in-block sort or the plain atomic cascade, sorted ranking
-without waiting for voxels begun by earlier blocks (``no wait-first``), rows kernel
+without waiting for voxels begun by earlier blocks (``no wait-first``), the "inserted" wait reading
+every earlier block's flag (``no watermark``), rows kernel
 rows per program and warps); each row says whether its output equals the default's exactly
 (``same_as_default``). The default is ``_MAIN_CONFIG`` / ``_ROWS_CONFIG`` / ``_RANK_SORT`` there.
 """
@@ -51,11 +52,12 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes
     "main 2048/32": dict(_MAIN_CONFIG={"hard": ((2048, 32),) * 2, "dynamic": ((2048, 32),) * 2}),
     "main 4096/32": dict(_MAIN_CONFIG={"hard": ((4096, 32),) * 2, "dynamic": ((4096, 32),) * 2}),
     "no wait-first": dict(_WAIT_FIRST=False),
+    "no watermark": dict(_WATERMARK=False),
     "cascade main 1024/8": dict(_RANK_SORT=False, _MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
     "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
     "rows 64/8": dict(_ROWS_CONFIG=(64, 8)),
 }
-DYNAMIC_VARIANTS = ("main 1024/16", "main 2048/32", "main 4096/32")
+DYNAMIC_VARIANTS = ("main 1024/16", "main 2048/32", "main 4096/32", "no watermark")
 
 
 @contextlib.contextmanager

@@ -398,12 +398,13 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
                             pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
-RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST)
-    "sort": (True, True, False, True),
-    "sort-no-wait": (True, True, False, False),
-    "sort-no-seen": (True, False, False, False),  # start at the in-block rank: earlier blocks' values cascade ours
-    "sort-key64": (True, True, True, True),
-    "cascade": (False, True, False, True),
+RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK)
+    "sort": (True, True, False, True, True),
+    "sort-no-wait": (True, True, False, False, True),
+    "sort-no-seen": (True, False, False, False, True),  # start at the in-block rank: earlier blocks' values cascade ours
+    "sort-key64": (True, True, True, True, True),
+    "cascade": (False, True, False, True, True),
+    "no-watermark": (True, True, False, True, False),  # every block reads all earlier "inserted" flags
 }
 
 
@@ -414,7 +415,7 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
     """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops;
     each way of ranking the points in their voxels."""
     tri = small_blocks
-    for name, value in zip(("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST"), RANK_MODES[mode]):
+    for name, value in zip(("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK"), RANK_MODES[mode]):
         monkeypatch.setattr(tri, name, value)
     pts = random_cloud(250, seed=p)
     vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
@@ -581,7 +582,7 @@ for hl, hard, seg, pb, bmax, ones, rank_sort, key64 in [
         (True, False, False, 1, 0, (), False, False)]:
     compile_(tri._voxelize_kernel, main_types, dict(HAS_LENGTHS=hl, HARD=hard, SEGMENTED=seg, PB=pb, BLOCK=1024,
              LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax, RANK_SORT=rank_sort, KEY64=key64,
-             SEEN=True, WAIT_FIRST=True), 8, ones)
+             SEEN=True, WAIT_FIRST=True, WATERMARK=True), 8, ones)
 rows_types = ["*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6 + ["i32"] * 3
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True), 4)
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True), 8)
