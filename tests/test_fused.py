@@ -874,7 +874,7 @@ def test_grouped_softmax_layout_for_sm90():
 
 # --- the LayerNorm+GELU backward variants (BWD_VARIANTS, default "tiled"; "rowrange": the row-range kernel) ---
 
-_VARIANTS = ("tiled", "tiled-noprefetch", "tiled-pf2")
+_VARIANTS = ("tiled", "tiled-noprefetch", "tiled-pf2", "tiled-lean")
 
 
 def _lng_backward_case(rows, width, dtype, approximate="tanh", p=0.0, seed_value=None):
@@ -983,7 +983,8 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
     for name, cfg in f.BWD_VARIANTS.items():
         for drop in (False, True):
             bm, warps = f._tiled_shape(block_n, cfg)
-            consts = dict(APPROX_TANH=not drop, HAS_DROPOUT=drop, PREFETCH=cfg["prefetch"], BLOCK_N=block_n, BLOCK_M=bm)
+            consts = dict(APPROX_TANH=not drop, HAS_DROPOUT=drop, PREFETCH=cfg["prefetch"], LEAN=cfg["lean"],
+                          BLOCK_N=block_n, BLOCK_M=bm)
             full = {a: "constexpr" if a in consts else sig[a] for a in fn.arg_names}
             # the launch-time specialisation: 16-byte aligned pointers, M and N multiples of 16
             attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
