@@ -324,11 +324,11 @@ def _kmap_count_kernel(
 @triton.jit
 def _kmap_compact_kernel(
     out_in_ptr,  # (M, K) int32
-    counts_ptr,  # (G, KPAD) int64 hits per (group of `sub` blocks, offset), each cell starts at -1
+    counts_ptr,  # int64: at [counts_off, + G * KPAD) hits per (group of `sub` blocks, offset), each from -1
     pair_in_ptr,  # (cap_pairs,) int32 out
     pair_out_ptr,  # (cap_pairs,) int32 out
     offsets_ptr,  # (K + 1,) int32 out (program 0 writes it)
-    m_total, K, sub, num_groups,
+    counts_off, m_total, K, sub, num_groups,
     cap_pairs,  # length of the pair arrays (P, or M * K when padded)
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
@@ -345,7 +345,7 @@ def _kmap_compact_kernel(
     for g0 in range(0, num_groups, CHUNK):
         g = g0 + tl.arange(0, CHUNK)
         g_live = g < num_groups
-        c = tl.load(counts_ptr + g[:, None] * KPAD + rk[None, :], mask=g_live[:, None], other=-1) + 1
+        c = tl.load(counts_ptr + counts_off + g[:, None] * KPAD + rk[None, :], mask=g_live[:, None], other=-1) + 1
         c = c.to(tl.int32)
         total += tl.sum(c, axis=0)
         before += tl.sum(tl.where((g < pid)[:, None], c, 0), axis=0)
@@ -455,15 +455,16 @@ def _empty_map(dev, num_out: int, num_k: int, out_coords=None):
             torch.empty((num_out, num_k), dtype=torch.int32, device=dev))
 
 
-def _compact(out_in, counts, sub, num_groups, block_m, kpad, cap_pairs, pad):
-    """Pairs (``cap_pairs`` long) and offsets from the out-in table and its group counts: 1 launch."""
+def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pairs, pad):
+    """Pairs (``cap_pairs`` long) and offsets from the out-in table and its group counts
+    (``counts[counts_off:]``): 1 launch."""
     num_out, num_k = out_in.shape
     dev = out_in.device
     pair_in = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     pair_out = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
     _kmap_compact_kernel[(num_groups,)](
-        out_in, counts, pair_in, pair_out, offsets, num_out, num_k, sub, num_groups, cap_pairs,
+        out_in, counts, pair_in, pair_out, offsets, counts_off, num_out, num_k, sub, num_groups, cap_pairs,
         BLOCK_M=block_m, KPAD=kpad, CHUNK=max(2, min(_COUNT_CHUNK, _TILE // kpad)), PAD=pad,
         num_warps=_NUM_WARPS,
     )
@@ -491,7 +492,7 @@ def pairs_from_table(out_in: torch.Tensor, pad_pairs: bool = False) -> tuple[tor
     sub, num_groups = _groups(nb)
     counts = torch.full((num_groups * kpad,), -1, dtype=torch.int64, device=dev)
     _kmap_count_kernel[(nb,)](out_in, counts, num_out, sub, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
-    pair_in, pair_out, offsets = _compact(out_in, counts, sub, num_groups, block_m, kpad, num_out * num_k, pad_pairs)
+    pair_in, pair_out, offsets = _compact(out_in, counts, 0, sub, num_groups, block_m, kpad, num_out * num_k, pad_pairs)
     if not pad_pairs:
         num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
@@ -586,8 +587,8 @@ def sparse_conv_kernel_map(
         ROW_BASE=_ROW_BASE, FROM_KEYS=not subm, TRANSPOSED=transposed, BLOCK_M=block, KPAD=kpad, num_warps=_NUM_WARPS,
     )
     cap_pairs = num_out * num_k if (subm or pad_pairs) else num_pairs
-    counts = ws[counts_off:counters_off]
-    pair_in, pair_out, offsets = _compact(out_in, counts, sub, num_groups, block, kpad, cap_pairs, pad_pairs)  # launch 4
+    pair_in, pair_out, offsets = _compact(out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs,
+                                          pad_pairs)  # launch 4
     if subm and not pad_pairs:
         num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size (all work is queued)
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
