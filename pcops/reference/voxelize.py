@@ -63,6 +63,18 @@ def _take(t: torch.Tensor, index: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return t.index_select(dim, index)
 
 
+_ROW_DTYPES = {4: torch.int32, 8: torch.int64, 16: torch.complex128}  # one element per row of that many bytes
+
+
+def _take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[index]`` for a contiguous ``(R, C)`` ``t``; rows of 4, 8 or 16 bytes are copied as one
+    element each (a plain bit copy: ~3x faster than ``index_select`` of short rows on the CPU)."""
+    row_dtype = _ROW_DTYPES.get(t.shape[1] * t.element_size())
+    if row_dtype is None or not t.is_contiguous():
+        return _take(t, index)
+    return _take(t.view(row_dtype).view(-1), index).view(t.dtype).view(-1, t.shape[1])
+
+
 def _put(n: int, index: torch.Tensor, values: torch.Tensor, fill) -> torch.Tensor:
     """A ``(n,)`` tensor of ``fill`` with ``out[index] = values`` (distinct indices)."""
     return torch.full((n,), fill, dtype=values.dtype, device=values.device).scatter_(0, index, values)
@@ -165,7 +177,7 @@ def voxelize(
     # gather through a slot table (N = a zero row): cheaper than zero-fill + scatter
     slot = _put(total * max_points_per_voxel, krow * max_points_per_voxel + krank, kidx, n)
     padded = torch.cat([points, points.new_zeros((1, num_channels))])
-    voxels = _take(padded, slot).view(total, max_points_per_voxel, num_channels)
+    voxels = _take_rows(padded, slot).view(total, max_points_per_voxel, num_channels)
     coords = _coords(_take(vb, kv), _take(vcell, kv, 1), total)
     num_points = torch.zeros(total, dtype=torch.int32, device=device)
     num_points[:m] = _take(count, kv).clamp(max=max_points_per_voxel)
