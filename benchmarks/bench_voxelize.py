@@ -57,7 +57,7 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes
     "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
     "rows 64/8": dict(_ROWS_CONFIG=(64, 8)),
 }
-DYNAMIC_VARIANTS = ("main 1024/16", "main 2048/32", "main 4096/32", "no watermark")
+DYNAMIC_VARIANTS = ("main 1024/16", "main 4096/32", "no watermark")
 
 
 @contextlib.contextmanager
