@@ -6,25 +6,32 @@ Hard voxelization is one fill and two launches (dynamic: one fill and one launch
    point, voxel row per slot), scan descriptors, per-sample counters and the per-voxel
    lists ``L`` (everything's "empty" is −1, so a single fill initialises it all).
 2. ``_voxelize_kernel``, one program per block of ``BLOCK`` consecutive points, blocks taken
-   in order through an atomic ticket (so a block only ever waits on blocks already running):
+   in order through an atomic ticket (so a block only ever waits on blocks already running,
+   which never wait on later ones):
    a. voxel cell and packed int64 key of each point (float32, IEEE ``div_rn``, exactly as the
       reference); open-addressing insert (``atomic_cas``, linear probing) and
       ``atomic_max(N - 1 - p)`` per slot, i.e. the voxel's first point; then the block raises
-      its "inserted" flag and waits until every earlier block has raised its own, after which
-      ``first point == p`` is final for all points of this block;
+      its "inserted" flag and waits until every earlier block has raised its own (from a shared
+      watermark on), after which ``first point == p`` is final for all points of this block;
    b. a single-pass prefix sum (decoupled look-back, segmented by sample for the per-sample
       cap) over the "first point of its voxel" flags numbers the voxels in first-point order;
       the first point publishes its voxel's row (or −2: dropped by ``max_voxels``) in the slot;
-   c. every point reads its voxel's row and inserts ``N - 1 - p`` into the voxel's list of
-      ``max_points_per_voxel`` entries by an ``atomic_max`` cascade (each position keeps the
-      larger value and passes the smaller one on). Whatever the order of the atomics, position
-      ``j`` ends holding the ``(j+1)``-th smallest point index of the voxel, and exactly the
-      points of rank ≥ ``max_points_per_voxel`` fall off the end: the deterministic FCFS set.
-      (Proof: the values that ever reach position ``j`` are exactly those that are not among
-      the ``j`` largest and do not start beyond ``j``, so the largest of them, which stays
-      there, is the ``(j+1)``-th largest. That holds for any start position up to a value's
-      rank, so a snapshot of the list lets most points skip the positions already held by
-      earlier points, and points of full voxels drop at once.)
+   c. every point reads its voxel's row; the voxel keeps its first ``max_points_per_voxel``
+      points in a list of encoded indices ``N - 1 - p`` (largest first) filled by ``atomic_max``
+      at a start position: a position keeps the larger value and passes the smaller one on (a
+      cascade), so whatever the order of the atomics position ``j`` ends holding the
+      ``(j+1)``-th smallest point index, and exactly the points of rank ≥ ``max_points_per_voxel``
+      fall off the end: the deterministic FCFS set. (Proof: the values that ever reach position
+      ``j`` are exactly those that are not among the ``j`` largest and do not start beyond
+      ``j``; the largest of them stays. That holds for any start position up to a value's rank,
+      i.e. the number of larger values in its voxel.) The start is that rank in the usual case,
+      so a point lands with one atomic: the block sorts its (voxel row, lane) keys, giving each
+      point its rank among the block's points of its voxel (index − run start), and adds the
+      earlier blocks' values seen in the list (one at position ``j`` proves ``j + 1`` of them;
+      a point of a voxel begun by an earlier block first waits until that block has put the
+      voxel's first point at position 0). Ranks ≥ ``max_points_per_voxel`` drop at once. Only
+      blocks racing on one voxel cascade. (``_RANK_SORT = False``: the plain cascade from a
+      list snapshot, every point of a voxel in a block contending.)
 3. ``_voxel_rows_kernel``, one program per block of output rows: maps a packed output row to
    its sample's list, gathers the points into ``voxels`` (zero padding written in the same
    pass), writes ``coords``, ``num_points``, ``point_to_voxel`` of the kept points and the
