@@ -662,19 +662,27 @@ __device__ __forceinline__ void pass_pipeline(const unsigned long long* __restri
                                               unsigned long long* removed) {
   __shared__ unsigned long long s_kept[2];
   __shared__ int s_count[2];
-  __shared__ int s_total;
+  __shared__ int s_total, s_tiles;
   __shared__ unsigned char s_list[2][NMS_TILE];
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
-  if (tid == 0) s_total = 0;
+  if (tid == 0) {
+    s_total = 0;
+    s_tiles = 0;
+  }
+  __syncthreads();  // the caller's removed[] and the counters
+  // tiles past the last one with a valid box have nothing to keep (e.g. a NaN-score tail): skipped
+  for (int w = tid; w < words; w += nt)
+    if (~removed[w]) atomicMax(&s_tiles, w + 1);
 
   Lead la, lb;  // the leader's registers: tile t in la when t is even, in lb when odd
   unsigned long long carry = 0ull;
   int count = 0;  // the leader's running count (equal to s_count of the last tile)
   if (tid < 32) load_leader(mask, order, m, words, 0, lane, la);
   __syncthreads();
+  const int tiles = s_tiles;
 
   bool stop = post <= 0;
-  for (int t = 0; t < words && !stop; ++t) {
+  for (int t = 0; t < tiles && !stop; ++t) {
     const int cur = t & 1;
     if (tid < 32) {
       if (cur == 0)
@@ -684,15 +692,15 @@ __device__ __forceinline__ void pass_pipeline(const unsigned long long* __restri
         leader_tile(mask, order, m, words, post, t, lane, lb, la, removed, carry, count, out, &s_kept[1], &s_count[1],
                     &s_total, s_list[1]);
     } else if (t > 0) {
-      // workers: tile t - 1's kept rows remove boxes of words t + 1 .. words - 1
-      const int prev = cur ^ 1, rest = words - t - 1;
+      // workers: tile t - 1's kept rows remove boxes of words t + 1 .. tiles - 1
+      const int prev = cur ^ 1, rest = tiles - t - 1;
       const unsigned long long kept = s_kept[prev];
       const int nk = __popcll(kept);
       if (nk && rest > 0) {
         const int wid = tid - 32, nw = nt - 32;
         const long long row0 = (long long)(t - 1) * NMS_TILE;
         if (rest >= nw) {
-          for (int w = t + 1 + wid; w < words; w += nw)
+          for (int w = t + 1 + wid; w < tiles; w += nw)
             removed[w] |= or_listed_rows(mask, row0, words, w, s_list[prev], nk, 0, 1);
         } else {
           // as few threads per word as keep one batch of loads per thread (less atomic contention)
