@@ -118,6 +118,7 @@ _SBOX = 8  # floats per prepared box
 # 16,384 on the H200, below torch.sort's ~21-40 µs and its 3-5 launches); larger N, and float64
 # scores (whose order float32 could merge), use torch.sort and a gather kernel
 RANK_MAX = 16384
+_MAX_GRID_Y = 65535
 _RANK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -147,6 +148,11 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     if bsz == 0 or m == 0:
         return (torch.full((bsz, out_len), -1, dtype=torch.int64, device=boxes.device),
                 torch.zeros((bsz,), dtype=torch.int64, device=boxes.device))
+    if bsz > _MAX_GRID_Y:  # the sample index is the grid's y dimension in two of the kernels
+        parts = [nms_padded(boxes[s:s + _MAX_GRID_Y], scores[s:s + _MAX_GRID_Y],
+                            groups[s:s + _MAX_GRID_Y] if groups is not None else None, iou_threshold, pre_max_size,
+                            out_len) for s in range(0, bsz, _MAX_GRID_Y)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     order, sbox, sgroups = rank_prepare(boxes, scores, groups, m)
     mask, invalid = mask_b(sbox, sgroups if groups is not None else None, iou_threshold)
     return pass_b(mask, invalid, order, out_len)
