@@ -83,9 +83,14 @@ def timed(fn, rep, quick, warm=None):
 # csrc/fps.cu variants measured on every run (the lead picks the default from these rows):
 # (variant, smallest cluster size). fps_tile_* takes the fewest CTAs that hold the cloud, at least
 # the given number: F1 (16,384 points) 1, 2 or 4 CTAs per cloud, F2 (120,268 points) 8.
+# A third element is the fps_tile code shape (cu._TILE_OPTS), a fourth a smaller M (per-step cost
+# over the run: early steps update more groups).
 FPS_VARIANTS = {
-    "F1": [("tile", 1), ("tile", 2), ("tile_async", 2), ("tile", 4), ("tile_async", 4), ("pruned", 1)],
-    "F2": [("tile", 8), ("tile_async", 8), ("pruned", 1)],
+    "F1": [("tile", 1), ("tile", 1, "shfl"), ("tile", 1, "unroll"), ("tile", 1, "shfl_unroll"),
+           ("tile", 1, "", 1024), ("tile", 1, "", 2048), ("tile", 2), ("tile_async", 2), ("tile_async", 4),
+           ("pruned", 1)],
+    "F2": [("tile", 8), ("tile_async", 8), ("tile_async", 8, "shfl"), ("tile_async", 8, "unroll"),
+           ("tile_async", 8, "shfl_unroll"), ("tile_async", 8, "", 4096), ("pruned", 1)],
 }
 
 
@@ -95,25 +100,29 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
     from pcops.cuda import sampling as cu
 
     out = []
-    saved = (cu._VARIANT, cu._tile_min_cluster)
+    saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt)
     ok = cu.fps_supported(pts)
-    for variant, min_cluster in FPS_VARIANTS[wl[:2]] if ok else []:
-        cu._VARIANT, cu._tile_min_cluster = variant, min_cluster
-        fps = lambda mm=m: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
+    for variant, min_cluster, *extra in FPS_VARIANTS[wl[:2]] if ok else []:
+        opt = extra[0] if extra else ""
+        samples = extra[1] if len(extra) > 1 else m
+        cu._VARIANT, cu._tile_min_cluster, cu._tile_opt = variant, min_cluster, opt
+        fps = lambda mm=samples: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
         try:
             t, got = timed(fps, rep, quick, warm=lambda: fps(32))
         except Exception as e:  # report, keep benchmarking the rest
-            notes[f"{wl} {variant} c{min_cluster} error"] = repr(e)[:300]
+            notes[f"{wl} {variant} c{min_cluster} {opt} error"] = repr(e)[:300]
             continue
         launch = cu.last_launch
         cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
-        label = f"fps {variant} c{cluster}" if cluster else f"fps {variant} (cluster kernel)"
-        same = bool(torch.equal(got, expected)) if expected is not None else None
-        per_step = t["median_ms"] * 1e3 / max(1, m - 1)
+        label = f"fps {variant}{'_' + opt if opt else ''} c{cluster}" if cluster else f"fps {variant} (cluster kernel)"
+        if samples != m:
+            label += f" M={samples}"
+        same = bool(torch.equal(got, expected[:, :samples])) if expected is not None else None
+        per_step = t["median_ms"] * 1e3 / max(1, samples - 1)
         notes[f"{wl} {label}"] = f"{launch}; {per_step:.3f} us per step; identical to triton: {same}"
-        out.append(row(wl, label, t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
+        out.append(row(wl, label, t, items=pts.shape[0] * samples, unit="samples/s", baseline=base if samples == m else None,
                        identical_to_triton=same, kernel=launch, us_per_step=per_step))
-    cu._VARIANT, cu._tile_min_cluster = saved
+    cu._VARIANT, cu._tile_min_cluster, cu._tile_opt = saved
     if ok:
         lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
         dummy = torch.empty(0, dtype=torch.int64, device=pts.device)

@@ -574,6 +574,32 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
   return done != 0;
 }
 
+// warp reductions: redux.sync (one instruction) or, TILE_SHFL variants, a 5-round shuffle tree
+template <bool SHFL>
+__device__ __forceinline__ int tile_max(int v) {
+  if constexpr (SHFL) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+  } else {
+    return redux_max_s32(v);
+  }
+}
+
+template <bool SHFL>
+__device__ __forceinline__ unsigned tile_min(unsigned v) {
+  if constexpr (SHFL) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+  } else {
+    return redux_min_u32(v);
+  }
+}
+
+#define TILE_SHFL 1    // OPT bit: shuffle-tree warp reductions instead of redux.sync
+#define TILE_UNROLL 2  // OPT bit: unrolled predicated loops over the 32 slots instead of switch jumps
+
 #define TILE_CASES(X)                                                                                              \
   X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)    \
   X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
@@ -582,27 +608,36 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
 #define TILE_Q(J) (((J) * TILE_WARPS + warp) * 32 + lane)
 
 // update group J (warp-uniform): new min-distances, the chosen point leaves, the group's new max
-#define TILE_UPDATE_CASE(J)                                                                   \
-  case J: {                                                                                   \
+#define TILE_UPDATE(J)                                                                        \
+  {                                                                                           \
     const int q = TILE_Q(J);                                                                  \
     float m = fminf(md[J], sq_dist(xs[q], ys[q], zs[q], cx, cy, cz));                         \
     m = oi[J] == sel ? -1.f : m;                                                              \
     md[J] = m;                                                                                \
-    const int gm = redux_max_s32(__float_as_int(m));                                          \
+    const int gm = tile_max<SHFL>(__float_as_int(m));                                         \
     if (lane == J) gmax = __int_as_float(gm);                                                 \
-  } break;
+  }
+#define TILE_UPDATE_CASE(J) \
+  case J:                   \
+    TILE_UPDATE(J) break;
 
+// the lowest original index among this lane's points of group J holding the warp's max
+#define TILE_PICK(J)                                                 \
+  {                                                                  \
+    if (__float_as_int(md[J]) == rd && oi[J] < cand) {               \
+      cand = oi[J];                                                  \
+      cq = ((J) * TILE_WARPS + warp) * 32 + lane;                    \
+    }                                                                \
+  }
 #define TILE_PICK_CASE(J) \
   case J:                 \
-    v = md[J];            \
-    o = oi[J];            \
-    break;
+    TILE_PICK(J) break;
 
 // points: (B, N, 3) float32 (the start's coordinates); sorted: (B, N, 3) each cloud in Morton order
 // (valid points first); perm: (B, N) int32, original index of each sorted point; lengths, starts:
 // (B,) int64; out: (B, M) int64 pre-filled with -1; cap: floats per coordinate array in the dynamic
 // shared memory (>= ceil(N / C) rounded up to 32). Grid (C, B), TILE_THREADS threads, cluster (C, 1, 1).
-template <int C, int EXCH>
+template <int C, int EXCH, int OPT>
 __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const float* __restrict__ sorted,
                                          const int* __restrict__ perm, const long long* __restrict__ lengths,
                                          const long long* __restrict__ starts, long long* __restrict__ out, int n,
@@ -612,6 +647,8 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   __shared__ float4 tcrd[2][TILE_RECORDS];  // the record's coordinates
   __shared__ unsigned long long tbar[2];    // EXCH_ASYNC: one mbarrier per parity
   constexpr int R = C * TILE_WARPS;
+  constexpr bool SHFL = (OPT & TILE_SHFL) != 0;
+  constexpr bool UNROLL = (OPT & TILE_UNROLL) != 0;
   float* xs = tile_smem;
   float* ys = tile_smem + cap;
   float* zs = tile_smem + 2 * cap;
@@ -689,33 +726,41 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
     const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
     unsigned need = __ballot_sync(FULL_MASK, !(lower > gmax));
     const bool changed = need != 0u;
-    while (need) {
-      const int j = __ffs(need) - 1;
-      need &= need - 1u;
-      switch (j) { TILE_CASES(TILE_UPDATE_CASE) }
+    if constexpr (UNROLL) {
+#pragma unroll
+      for (int j = 0; j < TILE_SLOTS; ++j) {
+        if (need & (1u << j)) TILE_UPDATE(j)
+      }
+    } else {
+      while (need) {
+        const int j = __ffs(need) - 1;
+        need &= need - 1u;
+        switch (j) { TILE_CASES(TILE_UPDATE_CASE) }
+      }
     }
     // 2. the warp's record, recomputed only if one of its groups changed
     if (changed) {
-      rd = redux_max_s32(__float_as_int(gmax));
+      rd = tile_max<SHFL>(__float_as_int(gmax));
       ri = 0xFFFFFFFFu;
       if (rd >= 0) {
         unsigned holders = __ballot_sync(FULL_MASK, __float_as_int(gmax) == rd);  // groups holding the max
         unsigned cand = 0xFFFFFFFFu;
         int cq = 0;
-        while (holders) {
-          const int j = __ffs(holders) - 1;
-          holders &= holders - 1u;
-          float v = -1.f;
-          unsigned o = 0xFFFFFFFFu;
-          switch (j) { TILE_CASES(TILE_PICK_CASE) }
-          if (__float_as_int(v) == rd && o < cand) {
-            cand = o;
-            cq = (j * TILE_WARPS + warp) * 32 + lane;
+        if constexpr (UNROLL) {
+#pragma unroll
+          for (int j = 0; j < TILE_SLOTS; ++j) {
+            if (holders & (1u << j)) TILE_PICK(j)
+          }
+        } else {
+          while (holders) {
+            const int j = __ffs(holders) - 1;
+            holders &= holders - 1u;
+            switch (j) { TILE_CASES(TILE_PICK_CASE) }
           }
         }
         // every lane loads its candidate's coordinates while the index is reduced (latency hidden)
         const float lx = xs[cq], ly = ys[cq], lz = zs[cq];
-        ri = redux_min_u32(cand);  // original indices are distinct: one lane holds it
+        ri = tile_min<SHFL>(cand);  // original indices are distinct: one lane holds it
         const int from = __ffs(__ballot_sync(FULL_MASK, cand == ri)) - 1;
         rx = __shfl_sync(FULL_MASK, lx, from);
         ry = __shfl_sync(FULL_MASK, ly, from);
@@ -777,9 +822,9 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
       }
     }
     const float4 mine = tcrd[parity][br];  // loaded while the reductions run
-    const int gd = redux_max_s32(bd);
+    const int gd = tile_max<SHFL>(bd);
     const unsigned c = bd == gd ? bi : 0xFFFFFFFFu;
-    sel = redux_min_u32(c);
+    sel = tile_min<SHFL>(c);
     const int from = __ffs(__ballot_sync(FULL_MASK, c == sel)) - 1;
     cx = __shfl_sync(FULL_MASK, mine.x, from);
     cy = __shfl_sync(FULL_MASK, mine.y, from);
@@ -797,24 +842,28 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   if (C > 1) cluster_sync();  // no CTA exits while others may still write to its shared memory
 }
 
-extern "C" __global__ void __launch_bounds__(TILE_THREADS, 1)
-    fps_tile_c1(const float* points, const float* sorted, const int* perm, const long long* lengths,
-                const long long* starts, long long* out, int n, int num_samples, int cap) {
-  fps_tile<1, EXCH_BAR>(points, sorted, perm, lengths, starts, out, n, num_samples, cap);
-}
-
-#define FPS_TILE_ENTRIES(C)                                                                                   \
-  extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(TILE_THREADS, 1)                    \
-      fps_tile_c##C(const float* points, const float* sorted, const int* perm, const long long* lengths,       \
-                    const long long* starts, long long* out, int n, int num_samples, int cap) {                \
-    fps_tile<C, EXCH_BAR>(points, sorted, perm, lengths, starts, out, n, num_samples, cap);                   \
-  }                                                                                                           \
-  extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(TILE_THREADS, 1)                    \
-      fps_tile_async_c##C(const float* points, const float* sorted, const int* perm, const long long* lengths, \
-                          const long long* starts, long long* out, int n, int num_samples, int cap) {          \
-    fps_tile<C, EXCH_ASYNC>(points, sorted, perm, lengths, starts, out, n, num_samples, cap);                 \
+// entry points: fps_tile[_async][_shfl|_unroll|_shfl_unroll]_c{C} (bar exchange only with the default OPT)
+#define FPS_TILE_CLUSTER_1
+#define FPS_TILE_CLUSTER_2 __cluster_dims__(2, 1, 1)
+#define FPS_TILE_CLUSTER_4 __cluster_dims__(4, 1, 1)
+#define FPS_TILE_CLUSTER_8 __cluster_dims__(8, 1, 1)
+#define FPS_TILE_ENTRY(NAME, C, EXCH, OPT)                                                                       \
+  extern "C" __global__ void __launch_bounds__(TILE_THREADS, 1) FPS_TILE_CLUSTER_##C                            \
+      NAME(const float* points, const float* sorted, const int* perm, const long long* lengths,                  \
+           const long long* starts, long long* out, int n, int num_samples, int cap) {                           \
+    fps_tile<C, EXCH, OPT>(points, sorted, perm, lengths, starts, out, n, num_samples, cap);                     \
   }
+#define FPS_TILE_OPTS(PREFIX, C, EXCH)                                 \
+  FPS_TILE_ENTRY(PREFIX##_c##C, C, EXCH, 0)                            \
+  FPS_TILE_ENTRY(PREFIX##_shfl_c##C, C, EXCH, TILE_SHFL)               \
+  FPS_TILE_ENTRY(PREFIX##_unroll_c##C, C, EXCH, TILE_UNROLL)           \
+  FPS_TILE_ENTRY(PREFIX##_shfl_unroll_c##C, C, EXCH, TILE_SHFL | TILE_UNROLL)
 
-FPS_TILE_ENTRIES(2)
-FPS_TILE_ENTRIES(4)
-FPS_TILE_ENTRIES(8)
+// one CTA (no cluster): the exchange is a __syncthreads
+FPS_TILE_OPTS(fps_tile, 1, EXCH_BAR)
+FPS_TILE_ENTRY(fps_tile_c2, 2, EXCH_BAR, 0)
+FPS_TILE_ENTRY(fps_tile_c4, 4, EXCH_BAR, 0)
+FPS_TILE_ENTRY(fps_tile_c8, 8, EXCH_BAR, 0)
+FPS_TILE_OPTS(fps_tile_async, 2, EXCH_ASYNC)
+FPS_TILE_OPTS(fps_tile_async, 4, EXCH_ASYNC)
+FPS_TILE_OPTS(fps_tile_async, 8, EXCH_ASYNC)

@@ -604,7 +604,8 @@ def test_fps_cu_compiles_with_every_entry_point():
     assert cu._kernel_name("pruned", 8, 32, False).encode() in cubin
     for cluster in cu._TILE_CLUSTERS:
         for exchange in ("bar", "async"):
-            assert cu._tile_kernel_name(cluster, exchange).encode() in cubin
+            for opt in cu._TILE_OPTS if cluster == 1 or exchange == "async" else ("",):
+                assert cu._tile_kernel_name(cluster, exchange, opt).encode() in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
     assert cu._kernel_name("flat", 16, 4, False) == "fps_lazy_c16_p4"
@@ -747,6 +748,9 @@ def test_tile_plan():
     assert cu._tile_plan(120268) == 8  # F2: 8 CTAs of 15,034 points
     assert cu._tile_plan(131072) == 8 and cu._tile_plan(131073) is None
     assert cu._tile_kernel_name(1, "async") == "fps_tile_c1" and cu._tile_kernel_name(8, "async") == "fps_tile_async_c8"
+    assert cu._tile_kernel_name(1, "bar", "shfl") == "fps_tile_shfl_c1"
+    assert cu._tile_kernel_name(8, "async", "shfl_unroll") == "fps_tile_async_shfl_unroll_c8"
+    assert cu._tile_kernel_name(8, "bar", "unroll") == "fps_tile_c8"  # the barrier exchange: default shape only
 
 
 def test_fps_cluster_config():
@@ -802,17 +806,20 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
     assert torch.equal(out, expected), cu.last_launch
 
 
+@pytest.mark.parametrize("opt", ["", "shfl", "unroll", "shfl_unroll"])
 @pytest.mark.parametrize("exchange", ["bar", "async"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fps_tile_kernels(cluster, exchange):
+def test_gpu_fps_tile_kernels(cluster, exchange, opt):
     """Every fps_tile entry point launched directly: uneven batches with ties, an F1-like batch, and
     (8 CTAs) the whole 120k scan size; indices identical to the reference."""
     from pcops.cuda import sampling as cu
 
     if cluster == 1 and exchange == "async":
         pytest.skip("one CTA: no exchange variant")
+    if opt and cluster > 1 and exchange == "bar":
+        pytest.skip("the cluster-barrier exchange is compiled with the default code shape only")
     cases = [(3, 1000, 1000, True), (2, 4099, 2600, True), (8, 16384, 256, False), (2, 40000, 256, False)]
     if cluster == 8:
         cases.append((1, 120268, 128, False))
@@ -823,7 +830,7 @@ def test_gpu_fps_tile_kernels(cluster, exchange):
         pts, lengths, start, expected = fps_case(batch, n, m, duplicates=dup, scale=1.0 if n == 4099 else 10.0,
                                                  seed=1 if n == 4099 else None)
         out = torch.full((batch, m), -1, dtype=torch.int64, device="cuda")
-        cu._launch_tile(cu._Inputs(pts, lengths, start, out, m), cluster, exchange)
+        cu._launch_tile(cu._Inputs(pts, lengths, start, out, m), cluster, exchange, opt)
         assert torch.equal(out, expected), (n, cu.last_launch)
 
 

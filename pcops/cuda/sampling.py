@@ -41,6 +41,8 @@ _TILE_THREADS = 512
 _TILE_CAP = 16384  # points per CTA of fps_tile_* (coordinates in shared memory)
 _TILE_CLUSTERS = (1, 2, 4, 8)
 _tile_min_cluster = 1  # benchmarks may spread small clouds over more CTAs
+_TILE_OPTS = ("", "shfl", "unroll", "shfl_unroll")
+_tile_opt = ""  # code shape of the fps_tile step (see _tile_kernel_name)
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
@@ -202,19 +204,25 @@ def _tile_plan(n: int, min_cluster: int | None = None) -> int | None:
     return None
 
 
-def _tile_kernel_name(cluster: int, exchange: str) -> str:
+def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None) -> str:
+    """``fps_tile[_async][_<opt>]_c<C>``; ``opt`` (default ``_tile_opt``) picks the code shape of the
+    step: ``""`` (redux.sync reductions, switch jumps to the slot), ``"shfl"`` (shuffle-tree
+    reductions), ``"unroll"`` (unrolled predicated slot loops), ``"shfl_unroll"``; the cluster-barrier
+    exchange (C > 1, ``exchange="bar"``) is compiled with the default only."""
+    opt = _tile_opt if opt is None else opt
+    suffix = f"_{opt}" if opt else ""
     if cluster == 1:
-        return "fps_tile_c1"  # no cluster: a __syncthreads is the exchange
-    return f"fps_tile_async_c{cluster}" if exchange == "async" else f"fps_tile_c{cluster}"
+        return f"fps_tile{suffix}_c1"  # no cluster: a __syncthreads is the exchange
+    return f"fps_tile_async{suffix}_c{cluster}" if exchange == "async" else f"fps_tile_c{cluster}"
 
 
 _tile_smem_set: set = set()
 
 
-def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar") -> None:
+def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str | None = None) -> None:
     """``fps_tile_*`` (compile-time cluster shape, cuLaunchKernel) with ``12 * cap`` bytes of
     dynamic shared memory, ``cap = ceil(N / C)`` rounded up to 32 (at most 196,608 bytes)."""
-    name = _tile_kernel_name(cluster, exchange)
+    name = _tile_kernel_name(cluster, exchange, opt)
     device = inputs.points.device
     kernel = get_kernel("fps.cu", name, device)
     if (name, device) not in _tile_smem_set:
