@@ -499,13 +499,18 @@ def build(fn, consts, num_warps):
 
 
 RB = km._ROW_BASE
-for gen, tr, copy, bn, jp in ((False, False, True, 256, 1), (True, False, False, 32, 8), (True, True, False, 8, 32)):
-    build(km._kmap_insert_kernel, dict(ROW_BASE=RB, GEN=gen, TRANSPOSED=tr, COPY=copy, BLOCK_N=bn, JPAD=jp,
-                                       SINK_COPIES=16), 4)
-for fk, tr in ((False, False), (True, False), (True, True)):
-    build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, FROM_KEYS=fk, TRANSPOSED=tr, BLOCK_M=64, KPAD=32), 8)
+# the launchers' own compile-time geometry (S1-like maps and a transposed one)
+shape = (40, 1600, 1408)
+cases = [(shape, shape, (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), True, False),
+         (shape, (20, 800, 704), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False),
+         (shape, (81, 3201, 2817), (3, 3, 3), (2, 2, 2), (0, 0, 0), (1, 1, 1), False, True),
+         (shape, shape, (3, 2, 3), (2, 1, 3), (1, 0, 2), (1, 2, 1), False, False)]
+for case in cases:
+    plan = km._plan(*case)
+    build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, **plan["insert_consts"]), 4)
+    build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, **plan["lookup_consts"]), 8)
 PTRS["keys_ptr"] = "*i32"
-build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, FROM_KEYS=True, TRANSPOSED=False, BLOCK_M=64, KPAD=32), 8)
+build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, **km._plan(*cases[1])["lookup_consts"]), 8)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
 for pad in (False, True):
     build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=64, PAD=pad), 8)

@@ -100,10 +100,15 @@ def _kmap_insert_kernel(
     counters_off,  # workspace index of the counters: [M - 1, max batch, P - 1]
     sink_off,  # workspace index of the sink
     Do, Ho, Wo,  # output grid (GEN)
-    Kz, Ky, Kx,  # kernel sizes
-    sz, sy, sx, pz, py, px, dz, dy, dx,  # stride, padding, dilation
-    gz, gy, gx, qz, qy, qx, vz, vy, vx,  # per axis: gcd(d, s), s / g, (d / g)^-1 mod (s / g)
-    Jy, Jx, J,  # candidate offsets enumerated per input: Jz * Jy * Jx = J
+    # the geometry is compile-time: fewer launch arguments (host time) and divisions by constants
+    Kz: tl.constexpr, Ky: tl.constexpr, Kx: tl.constexpr,  # kernel sizes
+    sz: tl.constexpr, sy: tl.constexpr, sx: tl.constexpr,  # stride
+    pz: tl.constexpr, py: tl.constexpr, px: tl.constexpr,  # padding
+    dz: tl.constexpr, dy: tl.constexpr, dx: tl.constexpr,  # dilation
+    gz: tl.constexpr, gy: tl.constexpr, gx: tl.constexpr,  # per axis: gcd(d, s)
+    qz: tl.constexpr, qy: tl.constexpr, qx: tl.constexpr,  # s / g
+    vz: tl.constexpr, vy: tl.constexpr, vx: tl.constexpr,  # (d / g)^-1 mod (s / g)
+    Jy: tl.constexpr, Jx: tl.constexpr, J: tl.constexpr,  # candidate offsets enumerated per input: Jz * Jy * Jx = J
     ROW_BASE: tl.constexpr,
     GEN: tl.constexpr,  # generate candidate outputs (regular / transposed conv)
     TRANSPOSED: tl.constexpr,
@@ -225,8 +230,10 @@ def _kmap_lookup_kernel(
     D, H, W,  # input grid
     cap_in, log_in,
     Do, Ho, Wo,  # output grid (FROM_KEYS decoding)
-    K, Ky, Kx,
-    sz, sy, sx, pz, py, px, dz, dy, dx,
+    K: tl.constexpr, Ky: tl.constexpr, Kx: tl.constexpr,  # offsets, kernel sizes (y, x)
+    sz: tl.constexpr, sy: tl.constexpr, sx: tl.constexpr,  # stride
+    pz: tl.constexpr, py: tl.constexpr, px: tl.constexpr,  # padding
+    dz: tl.constexpr, dy: tl.constexpr, dx: tl.constexpr,  # dilation
     ROW_BASE: tl.constexpr,
     FROM_KEYS: tl.constexpr,  # outputs are sorted keys (regular/transposed) or coords (submanifold)
     TRANSPOSED: tl.constexpr,
@@ -435,15 +442,20 @@ def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, 
     per_input = 0 if subm else math.prod(a[3] for a in axes)
     jpad = _pow2(per_input) if per_input else 1
     block_n = _INSERT_LANES if subm else max(2, _INSERT_LANES // jpad)
-    enum = [a[0] for a in axes] + [a[1] for a in axes] + [a[2] for a in axes] + [
-        axes[1][3], axes[2][3], max(per_input, 1)]
-    geometry = (*kernel_size, *stride, *padding, *dilation)
+    geometry = {}
+    for axis, k, s, p, d in zip("zyx", kernel_size, stride, padding, dilation):
+        geometry.update({"s" + axis: s, "p" + axis: p, "d" + axis: d})
+    enum = {}
+    for axis, (g, q, inv, _) in zip("zyx", axes):
+        enum.update({"g" + axis: g, "q" + axis: q, "v" + axis: inv})
     return dict(
         num_k=num_k, block=block, kpad=kpad, per_input=per_input, jpad=jpad, block_n=block_n,
-        sink=_SINK_COPIES * block_n * jpad,
-        insert_args=(*in_shape,),
-        insert_tail=(*out_shape, *geometry, *enum),
-        lookup_tail=(*out_shape, num_k, kernel_size[1], kernel_size[2], *stride, *padding, *dilation),
+        sink=_SINK_COPIES * block_n * jpad, in_shape=in_shape, out_shape=out_shape,
+        insert_consts=dict(Kz=kernel_size[0], Ky=kernel_size[1], Kx=kernel_size[2], **geometry, **enum,
+                           Jy=axes[1][3], Jx=axes[2][3], J=max(per_input, 1), GEN=not subm,
+                           TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=jpad),
+        lookup_consts=dict(K=num_k, Ky=kernel_size[1], Kx=kernel_size[2], **geometry, FROM_KEYS=not subm,
+                           TRANSPOSED=transposed, BLOCK_M=block, KPAD=kpad),
     )
 
 
@@ -561,10 +573,9 @@ def sparse_conv_kernel_map(
         out_coords = coords  # unused (COPY is off)
     block_n = plan["block_n"]
     _kmap_insert_kernel[(_cdiv(n, block_n),)](  # launch 2
-        coords, ws, out_keys, out_keys32, out_coords, n, *plan["insert_args"], cap_in, log_in,
-        max(cap_out, 1), log_out, counters_off, sink_off, *plan["insert_tail"],
-        ROW_BASE=_ROW_BASE, GEN=not subm, TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=plan["jpad"],
-        SINK_COPIES=_SINK_COPIES, num_warps=4,
+        coords, ws, out_keys, out_keys32, out_coords, n, *plan["in_shape"], cap_in, log_in,
+        max(cap_out, 1), log_out, counters_off, sink_off, *plan["out_shape"],
+        **plan["insert_consts"], ROW_BASE=_ROW_BASE, SINK_COPIES=_SINK_COPIES, num_warps=4,
     )
     if subm:
         num_out, keys = n, ws  # keys unused (FROM_KEYS is off)
@@ -582,9 +593,8 @@ def sparse_conv_kernel_map(
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
     nb = _cdiv(num_out, block)
     _kmap_lookup_kernel[(nb,)](  # launch 3
-        coords, ws, keys, out_coords, out_in, num_out, counts_off, sub, *plan["insert_args"], cap_in, log_in,
-        *plan["lookup_tail"],
-        ROW_BASE=_ROW_BASE, FROM_KEYS=not subm, TRANSPOSED=transposed, BLOCK_M=block, KPAD=kpad, num_warps=_NUM_WARPS,
+        coords, ws, keys, out_coords, out_in, num_out, counts_off, sub, *plan["in_shape"], cap_in, log_in,
+        *plan["out_shape"], **plan["lookup_consts"], ROW_BASE=_ROW_BASE, num_warps=_NUM_WARPS,
     )
     cap_pairs = num_out * num_k if (subm or pad_pairs) else num_pairs
     pair_in, pair_out, offsets = _compact(out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs,
