@@ -512,6 +512,44 @@ def test_gpu_kitti(kitti_dir):
     _gpu_case(two, dict(V3, max_voxels=20000), lengths, pad=True)
 
 
+GPU_VARIANTS = {  # pcops.triton.voxelize attributes (the benchmark times these)
+    "cascade": dict(_RANK_SORT=False),
+    "no-wait-first": dict(_WAIT_FIRST=False),
+    "no-watermark": dict(_WATERMARK=False),
+    "key64": dict(_KEY64=True),
+    "main-1024-8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
+    "main-2048-32": dict(_MAIN_CONFIG={"hard": ((2048, 32),) * 2, "dynamic": ((2048, 32),) * 2}),
+    "main-4096-32": dict(_MAIN_CONFIG={"hard": ((4096, 32),) * 2, "dynamic": ((4096, 32),) * 2}),
+    "rows-64-8": dict(_ROWS_CONFIG=(64, 8)),
+}
+
+
+@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_variants(kitti_dir, monkeypatch, variant):
+    """Every selectable launch configuration / ranking gives the reference's output (V1 on a scan,
+    a 3x jittered scan (cross-block races on every voxel), a batch of two scans)."""
+    from pcops.triton import voxelize as tri
+
+    for name, value in GPU_VARIANTS[variant].items():
+        monkeypatch.setattr(tri, name, value)
+    scan = kitti_scan(kitti_dir)
+    g = torch.Generator().manual_seed(1)
+    big = torch.cat([scan + torch.cat([torch.randn(scan.shape[0], 3, generator=g) * 0.05, torch.zeros(scan.shape[0], 1)], 1)
+                     for _ in range(3)])
+    for pts, cfg in ((scan, V1), (big, V1), (big, dict(V1, max_points_per_voxel=5, max_voxels=3000))):
+        _gpu_case(pts, cfg)
+    # ~900 points in each of 216 voxels, every block holding points of every voxel: maximal races
+    dense = random_cloud(200003, seed=3, special=False)
+    for p in (32, 5):
+        _gpu_case(dense, dict(voxel_size=(0.5, 0.5, 0.6), point_cloud_range=SMALL["point_cloud_range"],
+                              max_points_per_voxel=p, max_voxels=100))
+    two = torch.cat([scan, kitti_scan(kitti_dir, "000000")])
+    lengths = torch.tensor([scan.shape[0], two.shape[0] - scan.shape[0]])
+    _gpu_case(two, V1, lengths, pad=True)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_cuda_graph_capture_fixed_capacity(kitti_dir):
