@@ -507,7 +507,8 @@ cases = [(shape, shape, (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), True, False)
          (shape, shape, (3, 2, 3), (2, 1, 3), (1, 0, 2), (1, 2, 1), False, False)]
 for case in cases:
     plan = km._plan(*case)
-    build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, **plan["insert_consts"]), 4)
+    build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, **plan["insert_consts"]),
+          plan["insert_warps"])
     build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, **plan["lookup_consts"]), 8)
 PTRS["keys_ptr"] = "*i32"
 build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, **km._plan(*cases[1])["lookup_consts"]), 8)

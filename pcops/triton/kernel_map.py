@@ -69,8 +69,10 @@ _MAX_GROUPS = 256
 _COUNT_CHUNK = 64
 # rows are merged as ``_ROW_BASE - row`` with atomic_max (−1 = empty is below every row)
 _ROW_BASE = 1 << 40
-# counter cells (after the group counts): M - 1, max batch, P - 1 (all start at -1)
-_NUM_COUNTERS = 4
+# counter cells (after the group counts): M - 1, max batch, P - 1 (all start at -1), each on
+# its own 128-byte line (the M counter takes an atomic per probe round of every program)
+_COUNTER_STRIDE = 16
+_NUM_COUNTERS = 3 * _COUNTER_STRIDE
 
 
 @triton.jit
@@ -97,7 +99,7 @@ def _kmap_insert_kernel(
     D, H, W,  # input grid
     cap_in, log_in,  # input table slots (power of two) and log2
     cap_out, log_out,  # output table slots and log2 (GEN)
-    counters_off,  # workspace index of the counters: [M - 1, max batch, P - 1]
+    counters_off,  # workspace index of the counters M - 1, max batch, P - 1 (CSTRIDE apart)
     sink_off,  # workspace index of the sink
     Do, Ho, Wo,  # output grid (GEN)
     # the geometry is compile-time: fewer launch arguments (host time) and divisions by constants
@@ -116,6 +118,7 @@ def _kmap_insert_kernel(
     BLOCK_N: tl.constexpr,
     JPAD: tl.constexpr,  # next power of two >= J
     SINK_COPIES: tl.constexpr,
+    CSTRIDE: tl.constexpr,  # counter spacing (int64 words)
 ):
     pid = tl.program_id(0)
     r = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -193,9 +196,9 @@ def _kmap_insert_kernel(
         counter_ptr = ws_ptr + counters_off
         # one pair per valid (voxel, offset): the pair count P, before any lookup
         num_pairs = tl.sum(tl.sum((cand & first[:, None]).to(tl.int32), axis=1), axis=0)
-        tl.atomic_add(counter_ptr + 2, num_pairs.to(tl.int64))
+        tl.atomic_add(counter_ptr + 2 * CSTRIDE, num_pairs.to(tl.int64), mask=num_pairs > 0)
         # the largest batch index bounds the output key space: int32 keys sort in half the passes
-        tl.atomic_max(counter_ptr + 1, tl.max(tl.where(inside, b64, -1), axis=0))
+        tl.atomic_max(counter_ptr + CSTRIDE, tl.max(tl.where(inside, b64, -1), axis=0))
         okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
         oslot = _slot(okey, log_out, cap_out)
         active2 = cand
@@ -441,7 +444,8 @@ def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, 
     axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
     per_input = 0 if subm else math.prod(a[3] for a in axes)
     jpad = _pow2(per_input) if per_input else 1
-    block_n = _INSERT_LANES if subm else max(2, _INSERT_LANES // jpad)
+    # candidate generation: more lanes per program (fewer programs, fewer counter atomics)
+    block_n = _INSERT_LANES if subm else max(2, 2 * _INSERT_LANES // jpad)
     geometry = {}
     for axis, k, s, p, d in zip("zyx", kernel_size, stride, padding, dilation):
         geometry.update({"s" + axis: s, "p" + axis: p, "d" + axis: d})
@@ -450,6 +454,7 @@ def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, 
         enum.update({"g" + axis: g, "q" + axis: q, "v" + axis: inv})
     return dict(
         num_k=num_k, block=block, kpad=kpad, per_input=per_input, jpad=jpad, block_n=block_n,
+        insert_warps=4 if subm else 8,
         sink=_SINK_COPIES * block_n * jpad, in_shape=in_shape, out_shape=out_shape,
         insert_consts=dict(Kz=kernel_size[0], Ky=kernel_size[1], Kx=kernel_size[2], **geometry, **enum,
                            Jy=axes[1][3], Jx=axes[2][3], J=max(per_input, 1), GEN=not subm,
@@ -575,13 +580,15 @@ def sparse_conv_kernel_map(
     _kmap_insert_kernel[(_cdiv(n, block_n),)](  # launch 2
         coords, ws, out_keys, out_keys32, out_coords, n, *plan["in_shape"], cap_in, log_in,
         max(cap_out, 1), log_out, counters_off, sink_off, *plan["out_shape"],
-        **plan["insert_consts"], ROW_BASE=_ROW_BASE, SINK_COPIES=_SINK_COPIES, num_warps=4,
+        **plan["insert_consts"], ROW_BASE=_ROW_BASE, SINK_COPIES=_SINK_COPIES, CSTRIDE=_COUNTER_STRIDE,
+        num_warps=plan["insert_warps"],
     )
     if subm:
         num_out, keys = n, ws  # keys unused (FROM_KEYS is off)
     else:
         # the one host sync: the output count M (with P and the largest batch index)
-        last, max_batch, last_pair = ws[counters_off : counters_off + 3].tolist()
+        counters = ws[counters_off : counters_off + _NUM_COUNTERS].tolist()  # contiguous: one plain copy
+        last, max_batch, last_pair = counters[::_COUNTER_STRIDE]
         num_out, num_pairs = last + 1, last_pair + 1
         if num_out == 0:
             return _empty_map(dev, 0, num_k)
