@@ -298,16 +298,6 @@ def _voxelize_kernel(
             x = num_points - 1 - (t * BLOCK + lane_s)
             lst = lists_ptr + lr_s * PB  # int32 offsets: the lists hold < 2**31 entries
             need = cand & (rank < max_points)
-            if WAIT_FIRST:
-                # a voxel begun by an earlier block: wait until that block has put the voxel's first
-                # point at position 0 (it never waits on later blocks: no deadlock), so the reads
-                # below see that block's points and ours do not land first and cascade its
-                wt = need & ((q % 2) == 1)
-                v0 = tl.load(lst, mask=wt, other=-1, volatile=True)
-                wt = wt & (v0 <= thr)
-                while tl.max(wt.to(tl.int32), axis=0) > 0:
-                    v0 = tl.load(lst, mask=wt, other=-1, volatile=True)
-                    wt = wt & (v0 <= thr)
             # earlier blocks' values seen in the list: one at position j proves j + 1 of them (all
             # values larger than an earlier block's value are earlier blocks' values), so any set
             # of positions read gives a valid count. Two steps of reads instead of PB: every SNAP-th
@@ -317,9 +307,30 @@ def _voxelize_kernel(
             # registers). Plain loads: a stale value is an older state of the list, still a valid
             # count. Positions max_points .. PB - 1 are never written (read as -1): no mask there.
             j0 = tl.zeros((BLOCK,), tl.int32)
-            for c in tl.static_range(SNAP, PB, SNAP):
-                v = tl.load(lst + c, mask=need, other=-1, cache_modifier=".cg")
-                j0 = tl.where(v > thr, c, j0)  # c increasing: the last one held wins
+            if WAIT_FIRST:
+                # a voxel begun by an earlier block: wait until that block has put the voxel's first
+                # point at position 0 (it never waits on later blocks: no deadlock), so the reads
+                # below see that block's points and ours do not land first and cascade its. The
+                # first reads go out with the first step's (one round trip); points that had to
+                # wait read the first step again.
+                wt = need & ((q % 2) == 1)
+                v0 = tl.load(lst, mask=wt, other=-1, volatile=True)
+                for c in tl.static_range(SNAP, PB, SNAP):
+                    v = tl.load(lst + c, mask=need, other=-1, cache_modifier=".cg")
+                    j0 = tl.where(v > thr, c, j0)  # c increasing: the last one held wins
+                wt = wt & (v0 <= thr)
+                if tl.max(wt.to(tl.int32), axis=0) > 0:
+                    again = wt
+                    while tl.max(wt.to(tl.int32), axis=0) > 0:
+                        v0 = tl.load(lst, mask=wt, other=-1, volatile=True)
+                        wt = wt & (v0 <= thr)
+                    for c in tl.static_range(SNAP, PB, SNAP):
+                        v = tl.load(lst + c, mask=again, other=-1, cache_modifier=".cg")
+                        j0 = tl.where(again & (v > thr), c, j0)
+            else:
+                for c in tl.static_range(SNAP, PB, SNAP):
+                    v = tl.load(lst + c, mask=need, other=-1, cache_modifier=".cg")
+                    j0 = tl.where(v > thr, c, j0)  # c increasing: the last one held wins
             seen = tl.zeros((BLOCK,), tl.int32)
             lst0 = lst + j0
             for k in tl.static_range(0, SNAP):
