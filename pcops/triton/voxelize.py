@@ -47,10 +47,10 @@ import triton
 import triton.language as tl
 
 # main kernel launch configuration, (points per program (the scan granularity), warps), for
-# clouds below / from _BIG_N points, per mode. Registers (sm_90, PB = 32): hard (1024, 16) 64
-# (one block of 16 warps per SM at KITTI size: more threads for the sort), (1024, 8) 75 (three
-# blocks per SM: the most points in flight for big clouds), (2048, 32) 59; dynamic (1024, 8) 80.
-# benchmarks/bench_voxelize.py sweeps others.
+# clouds below / from _BIG_N points, per mode. Registers (sm_90, PB = 32, ptxas of Triton
+# 3.6): hard (1024, 16) 64 (one block of 16 warps per SM at KITTI size: more threads for the
+# sort), (1024, 8) 109 (two blocks per SM), (2048, 32) 61, (4096, 32) 64 + a 20-byte spill;
+# dynamic (1024, 8) 80 (three blocks per SM). benchmarks/bench_voxelize.py sweeps them.
 _MAIN_CONFIG = {"hard": ((1024, 16), (1024, 8)), "dynamic": ((1024, 8), (1024, 8))}
 _BIG_N = 400_000
 # descriptors read per look-back / wait step
