@@ -343,7 +343,8 @@ __device__ __forceinline__ unsigned long long cull_column(const float4* rc, cons
 // Upper-triangular IoU > thr bitmask of the prepared boxes, mask (B, M, W) (bit c of word ct of row
 // i: box j = 64 ct + c comes after i, shares its group, IoU > thr), and invalid (B, W): bit k of word
 // t set when row 64 t + k is invalid or >= M (written by the diagonal tiles). Grid
-// (W (W + 1) / 2, B), MASKB_THREADS = 64 threads: thread c holds column box 64 ct + c in registers
+// (W (W + 1) / 2, B), MASKB_THREADS = 64 threads (words of tiles without a valid row or column
+// box are not written, see below): thread c holds column box 64 ct + c in registers
 // and tests the bounding circles of the 64 row boxes (broadcast shared reads, no bank conflicts);
 // the candidate pairs are compacted (warp scan) and clipped by all threads.
 extern "C" __global__ void __launch_bounds__(MASKB_THREADS, 16)
@@ -381,7 +382,11 @@ nms_mask_b(const float* __restrict__ sbox, const long long* __restrict__ sgroups
     const unsigned bad = __ballot_sync(0xffffffffu, !(a1.z != 0.f));
     if (lane == 0) ((unsigned*)invalid)[2 * ((long long)b * words + rt) + (tid >> 5)] = bad;
   }
-  __syncthreads();
+  // A tile whose rows or columns are all invalid (e.g. a NaN-score tail) has no bits: its words
+  // are left unwritten. The pass never uses them: it reads words of valid (kept or undecided)
+  // rows only, and ORs them into "removed" words whose boxes are all removed from the start.
+  const int any_row = __syncthreads_or(a1.z != 0.f), any_col = __syncthreads_or(b1.z != 0.f);
+  if (!any_row || !any_col) return;
   unsigned long long cand = has_groups ? cull_column<true>(r0s, rgs, b0.x, b0.y, b0.z, gj)
                                        : cull_column<false>(r0s, rgs, b0.x, b0.y, b0.z, gj);
   if (rt == ct) cand &= (1ull << tid) - 1ull;  // rows before the column only
