@@ -126,8 +126,10 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
     if ok:
         lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
         dummy = torch.empty(0, dtype=torch.int64, device=pts.device)
+        prep = bench(lambda: cu._Inputs(pts, lengths, lengths, dummy, m).order(), warmup=3, rep=20)
+        out.append(row(wl, "fps tile prep only (keys+sort)", prep))
         prep = bench(lambda: cu._Inputs(pts, lengths, lengths, dummy, m).sorted(), warmup=3, rep=20)
-        out.append(row(wl, "fps prep only (Morton sort)", prep))
+        out.append(row(wl, "fps pruned prep only (sort+gather)", prep))
     return out
 
 

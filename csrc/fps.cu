@@ -633,13 +633,13 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
   case J:                 \
     TILE_PICK(J) break;
 
-// points: (B, N, 3) float32 (the start's coordinates); sorted: (B, N, 3) each cloud in Morton order
-// (valid points first); perm: (B, N) int32, original index of each sorted point; lengths, starts:
-// (B,) int64; out: (B, M) int64 pre-filled with -1; cap: floats per coordinate array in the dynamic
-// shared memory (>= ceil(N / C) rounded up to 32). Grid (C, B), TILE_THREADS threads, cluster (C, 1, 1).
+// points: (B, N, 3) float32; order: (B * N) int64, flat indices b * N + i sorted by cloud, then
+// Morton code (valid points first: fps_morton_keys + one stable 1-D sort); lengths, starts: (B,)
+// int64; out: (B, M) int64 pre-filled with -1; cap: floats per coordinate array in the dynamic shared
+// memory (>= ceil(N / C) rounded up to 32). Grid (C, B), TILE_THREADS threads, cluster (C, 1, 1).
 template <int C, int EXCH, int OPT>
-__device__ __forceinline__ void fps_tile(const float* __restrict__ points, const float* __restrict__ sorted,
-                                         const int* __restrict__ perm, const long long* __restrict__ lengths,
+__device__ __forceinline__ void fps_tile(const float* __restrict__ points, const long long* __restrict__ order,
+                                         const long long* __restrict__ lengths,
                                          const long long* __restrict__ starts, long long* __restrict__ out, int n,
                                          int num_samples, int cap) {
   extern __shared__ float tile_smem[];  // xs[cap], ys[cap], zs[cap]
@@ -662,12 +662,13 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   const int lo = (int)rank * share;
   const int cnt = max(0, min(lo + share, length) - lo);
 
-  const float* src = sorted + (b * (long long)n + lo) * 3;
+  const long long* ord = order + b * (long long)n + lo;  // flat indices of this CTA's sorted points
   for (int q = tid; q < cap; q += TILE_THREADS) {
     const bool valid = q < cnt;
-    xs[q] = valid ? src[3 * q + 0] : 0.f;
-    ys[q] = valid ? src[3 * q + 1] : 0.f;
-    zs[q] = valid ? src[3 * q + 2] : 0.f;
+    const float* src = points + 3 * (valid ? ord[q] : 0LL);
+    xs[q] = valid ? src[0] : 0.f;
+    ys[q] = valid ? src[1] : 0.f;
+    zs[q] = valid ? src[2] : 0.f;
   }
   float md[TILE_SLOTS];
   unsigned oi[TILE_SLOTS];
@@ -676,7 +677,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
     const int q = TILE_Q(j);
     const bool valid = q < cnt;
     md[j] = valid ? __int_as_float(0x7f800000) : -1.f;  // -1: padding, later the chosen points
-    oi[j] = valid ? (unsigned)perm[b * (long long)n + lo + q] : 0xFFFFFFFFu;
+    oi[j] = valid ? (unsigned)(ord[q] - b * (long long)n) : 0xFFFFFFFFu;
   }
   if (EXCH == EXCH_ASYNC && tid == 0) {
     mbar_init(shared_address(&tbar[0]), 1);
@@ -849,9 +850,9 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
 #define FPS_TILE_CLUSTER_8 __cluster_dims__(8, 1, 1)
 #define FPS_TILE_ENTRY(NAME, C, EXCH, OPT)                                                                       \
   extern "C" __global__ void __launch_bounds__(TILE_THREADS, 1) FPS_TILE_CLUSTER_##C                            \
-      NAME(const float* points, const float* sorted, const int* perm, const long long* lengths,                  \
-           const long long* starts, long long* out, int n, int num_samples, int cap) {                           \
-    fps_tile<C, EXCH, OPT>(points, sorted, perm, lengths, starts, out, n, num_samples, cap);                     \
+      NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,       \
+           long long* out, int n, int num_samples, int cap) {                                                    \
+    fps_tile<C, EXCH, OPT>(points, order, lengths, starts, out, n, num_samples, cap);                            \
   }
 #define FPS_TILE_OPTS(PREFIX, C, EXCH)                                 \
   FPS_TILE_ENTRY(PREFIX##_c##C, C, EXCH, 0)                            \
@@ -867,3 +868,81 @@ FPS_TILE_ENTRY(fps_tile_c8, 8, EXCH_BAR, 0)
 FPS_TILE_OPTS(fps_tile_async, 2, EXCH_ASYNC)
 FPS_TILE_OPTS(fps_tile_async, 4, EXCH_ASYNC)
 FPS_TILE_OPTS(fps_tile_async, 8, EXCH_ASYNC)
+
+// The fps_tile order in one kernel and one sort: keys (B * N) int64, key of point i of cloud b =
+// (b << 32) | its 30-bit Morton code in the cloud's bounding box (10 bits per axis), 1 << 30 for
+// padding (sorts after every valid point). One CTA per cloud: a bounding-box pass, then the codes.
+__device__ __forceinline__ unsigned spread_bits(unsigned v) {  // 10 bits -> every third bit
+  v = (v | (v << 16)) & 0x030000FFu;
+  v = (v | (v << 8)) & 0x0300F00Fu;
+  v = (v | (v << 4)) & 0x030C30C3u;
+  v = (v | (v << 2)) & 0x09249249u;
+  return v;
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    fps_morton_keys(const float* __restrict__ points, const long long* __restrict__ lengths,
+                    long long* __restrict__ keys, int n) {
+  __shared__ float partial[6][32];
+  __shared__ float box[6];
+  const long long b = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int length = (int)min(max(lengths[b], 0LL), (long long)n);
+  const float* p = points + b * (long long)n * 3;
+  float v[6] = {__int_as_float(0x7f800000), __int_as_float(0x7f800000), __int_as_float(0x7f800000),
+                __int_as_float(0xff800000), __int_as_float(0xff800000), __int_as_float(0xff800000)};
+  for (int i = tid; i < length; i += blockDim.x) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const float c = p[3 * i + a];
+      v[a] = fminf(v[a], c);
+      v[3 + a] = fmaxf(v[3 + a], c);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      v[a] = fminf(v[a], __shfl_xor_sync(FULL_MASK, v[a], o));
+      v[3 + a] = fmaxf(v[3 + a], __shfl_xor_sync(FULL_MASK, v[3 + a], o));
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int a = 0; a < 6; ++a) partial[a][warp] = v[a];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = (int)(blockDim.x >> 5);
+#pragma unroll
+    for (int a = 0; a < 6; ++a) {
+      float w = lane < warps ? partial[a][lane] : v[a];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float t = __shfl_xor_sync(FULL_MASK, w, o);
+        w = a < 3 ? fminf(w, t) : fmaxf(w, t);
+      }
+      if (lane == 0) box[a] = w;
+    }
+  }
+  __syncthreads();
+  float lo[3], scale[3];
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    lo[a] = box[a];
+    scale[a] = 1023.f / fmaxf(box[3 + a] - box[a], 1e-6f);  // NaN (empty cloud) -> 1e-6
+  }
+  const long long high = b << 32;
+  for (int i = tid; i < n; i += blockDim.x) {
+    unsigned code = 1u << 30;
+    if (i < length) {
+      code = 0u;
+#pragma unroll
+      for (int a = 0; a < 3; ++a) {
+        const float t = fminf(fmaxf((p[3 * i + a] - lo[a]) * scale[a], 0.f), 1023.f);  // NaN -> 0
+        code |= spread_bits((unsigned)t) << a;
+      }
+    }
+    keys[b * (long long)n + i] = high | (long long)code;
+  }
+}

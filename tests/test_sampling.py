@@ -806,6 +806,33 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
     assert torch.equal(out, expected), cu.last_launch
 
 
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_order():
+    """fps_morton_keys + one stable sort: per cloud a permutation of its indices, valid points first,
+    Morton codes of the valid points ascending (spatially compact groups)."""
+    from pcops.cuda import sampling as cu
+
+    pts, lengths = make_clouds(3, 1000, seed=9, scale=10.0, device="cuda")
+    lengths[1], lengths[2] = 1, 0
+    inputs = cu._Inputs(pts, lengths, lengths, torch.empty(0, dtype=torch.int64, device="cuda"), 1)
+    order = inputs.order().view(3, 1000).cpu() - torch.arange(3)[:, None] * 1000
+    for b in range(3):
+        length = int(lengths[b])
+        assert sorted(order[b].tolist()) == list(range(1000))
+        assert set(order[b, :length].tolist()) == set(range(length))
+    # cloud 0: the kernel's codes, replayed in float32 numpy, ascending along the order (ties by index)
+    p = pts[0].cpu().numpy().astype(np.float32)
+    lo, hi = p.min(0), p.max(0)
+    scale = np.float32(1023) / np.maximum(hi - lo, np.float32(1e-6))
+    cells = np.minimum(np.maximum((p - lo) * scale, np.float32(0)), np.float32(1023)).astype(np.int64)
+    code = np.zeros(p.shape[0], dtype=np.int64)
+    for bit in range(10):
+        for axis in range(3):
+            code |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
+    assert order[0].tolist() == np.lexsort((np.arange(p.shape[0]), code)).tolist()
+
+
 @pytest.mark.parametrize("opt", ["", "shfl", "unroll", "shfl_unroll"])
 @pytest.mark.parametrize("exchange", ["bar", "async"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8])

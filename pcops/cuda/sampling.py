@@ -133,15 +133,27 @@ class _Inputs:
         self.num_samples = num_samples
         self.cap = 0  # fps_tile_*: floats per coordinate array in shared memory
         self._sorted = None
+        self._order = None
 
     def args(self, name: str) -> list:
         n = self.points.shape[1]
         tail = [self.lengths, self.start_idx, self.out, ctypes.c_int(n), ctypes.c_int(self.num_samples)]
         if name.startswith("fps_tile"):
-            return [self.points, *self.sorted(), *tail, ctypes.c_int(self.cap)]
+            return [self.points, self.order(), *tail, ctypes.c_int(self.cap)]
         if not name.startswith("fps_pruned"):
             return [self.points, *tail]
         return [self.points, *self.sorted(), *tail]
+
+    def order(self) -> torch.Tensor:
+        """``(B * N)`` int64: flat indices ``b * N + i`` sorted by cloud, then Morton code, padding
+        last in each cloud (``fps_morton_keys``, one CTA per cloud, and one stable 1-D sort)."""
+        if self._order is None:
+            batch, n, _ = self.points.shape
+            keys = torch.empty(batch * n, dtype=torch.int64, device=self.points.device)
+            kernel = get_kernel("fps.cu", "fps_morton_keys", self.points.device)
+            kernel((batch,), (1024,), [self.points, self.lengths, keys, ctypes.c_int(n)])
+            self._order = torch.sort(keys, stable=True).indices
+        return self._order
 
     def sorted(self) -> tuple:
         """``(points in Morton order per cloud, original index of each sorted point (int32))``."""
