@@ -279,6 +279,7 @@ nms_rank(const float* __restrict__ boxes, const float* __restrict__ scores, cons
   if (tid == 0) s_unsorted = 0u;
   __syncthreads();
   bool unsorted = false;
+#pragma unroll 8
   for (int k = tid; k + 1 < n; k += RANK_THREADS) unsorted |= rank_key(sc[k], k) < rank_key(sc[k + 1], k + 1);
   if (unsorted) atomicOr(&s_unsorted, 1u);
   __syncthreads();
@@ -286,6 +287,7 @@ nms_rank(const float* __restrict__ boxes, const float* __restrict__ scores, cons
   for (int c0 = 0; s_unsorted && c0 < n; c0 += RANK_CHUNK) {
     const int len = min(RANK_CHUNK, n - c0);
     __syncthreads();  // the previous chunk is consumed
+#pragma unroll 8
     for (int k = tid; k < len; k += RANK_THREADS) keys[k] = rank_key(sc[c0 + k], c0 + k);
     __syncthreads();
     const int per = (len + RANK_THREADS / 32 - 1) / (RANK_THREADS / 32);
