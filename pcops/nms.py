@@ -200,15 +200,16 @@ def nms_bev(
 
     GPU scheme (Rotated NMS without a host round trip, unlike OpenPCDet's/mmcv's host loop), CUDA
     C++ backend, three kernels per call whatever ``B`` (``pcops.cuda.nms.nms_padded``): a stable
-    rank sort of the scores that also writes the first ``pre_max_size`` boxes in score order as
-    prepared records (centre, size, heading, bounding radius, validity); the upper-triangular
+    rank sort of the scores (no counting when they are already in descending order, e.g. top-k
+    outputs) that also writes the first ``pre_max_size`` boxes in score order as prepared
+    records (centre, size, heading, bounding radius, validity); the upper-triangular
     ``IoU > thr`` bitmask in 64-bit words (pairs whose bounding circles do not touch are culled
     before any clipping, the rest compacted and clipped); a single-block (per sample) pipelined
     greedy pass (a warp resolves a tile of 64 boxes from register-held diagonal words while the
     other warps OR the previous tile's kept rows into the "removed" words of the later tiles; it
-    stops once ``post_max_size`` boxes are kept). Above 16,384 boxes per sample or with float64
-    scores, ``torch.sort`` and a gather kernel replace the rank sort; non-float32 boxes add a
-    cast. The Triton backend: ``torch.sort``, a mask kernel and a pass kernel per sample. The
+    stops once ``post_max_size`` boxes are kept, and after the last tile holding a valid box).
+    Above 16,384 boxes per sample (or B·N² > 16,384²) or with float64 scores, ``torch.sort``
+    and a gather kernel replace the rank sort; non-float32 boxes add a cast. The Triton backend: ``torch.sort``, a mask kernel and a pass kernel per sample. The
     variable-length form adds the sync and a copy. Deterministic; the same keep list as the
     float64 reference except where an IoU lies within ~1e-6 of the threshold (e.g. boxes that
     only touch, at threshold 0).

@@ -114,9 +114,10 @@ _RANK_BOXES = 32  # boxes ranked per block
 _GATHER_THREADS = 256
 _MASKB_THREADS = 64
 _SBOX = 8  # floats per prepared box
-# per-sample sizes sorted by ranking in one kernel (O(N²) compares: ~2 µs at 4,096, ~20 µs at
-# 16,384 on the H200, below torch.sort's ~21-40 µs and its 3-5 launches); larger N, and float64
-# scores (whose order float32 could merge), use torch.sort and a gather kernel
+# sizes sorted by ranking in one kernel (O(B·N²) compares, estimated ~3 µs at 4,096 and ~20 µs at
+# 16,384 on the H200, against torch.sort's ~21-40 µs and 3-5 launches; O(B·N) when the scores are
+# already in order, e.g. top-k outputs): N ≤ RANK_MAX and B·N² ≤ RANK_MAX². Larger inputs, and
+# float64 scores (whose order float32 could merge), use torch.sort and a gather kernel.
 RANK_MAX = 16384
 _MAX_GRID_Y = 65535
 _RANK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -130,8 +131,8 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     order written as prepared float32 records: centre, size, heading, bounding radius, validity),
     ``nms_mask_b`` (the ``IoU > thr`` bitmask, grid over the triangle's 64 × 64 tiles and ``B``)
     and ``nms_pass_b`` (the pipelined greedy pass of ``nms_pass_v2``, one block per sample).
-    Above ``RANK_MAX`` boxes per sample, or for float64 scores, ``torch.sort`` + ``nms_gather``
-    replace ``nms_rank`` (+3-5 launches).
+    Above ``RANK_MAX`` boxes per sample (or ``B·N² > RANK_MAX²``), or for float64 scores,
+    ``torch.sort`` + ``nms_gather`` replace ``nms_rank`` (+3-5 launches).
 
     Args:
         boxes: ``(B, N, C)``, C = 5 or ≥ 7, any float dtype (cast to float32 if needed).
@@ -173,7 +174,7 @@ def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor
     bev5 = ctypes.c_int(int(stride == 5))
     has = ctypes.c_int(int(groups is not None))
     sbox = torch.empty((bsz, m, _SBOX), dtype=torch.float32, device=dev)
-    if scores.dtype in _RANK_DTYPES and n <= RANK_MAX:
+    if scores.dtype in _RANK_DTYPES and n <= RANK_MAX and bsz * n * n <= RANK_MAX * RANK_MAX:
         order = torch.empty((bsz, m), dtype=torch.int64, device=dev)
         sgroups = torch.empty((bsz, m), dtype=torch.int64, device=dev) if groups is not None else order
         get_kernel("nms.cu", "nms_rank", dev)(
