@@ -874,7 +874,7 @@ def test_grouped_softmax_layout_for_sm90():
 
 # --- the LayerNorm+GELU backward variants (BWD_VARIANTS, default "tiled"; "rowrange": the row-range kernel) ---
 
-_VARIANTS = ("tiled", "tiled-noprefetch", "tiled-pf2", "tiled-lean")
+_VARIANTS = ("tiled", "tiled-plain", "tiled-noprefetch", "tiled-pf2")
 
 
 def _lng_backward_case(rows, width, dtype, approximate="tanh", p=0.0, seed_value=None):
@@ -906,8 +906,10 @@ def test_bwd_variants_table():
 
 # (rows, width, dtype, block_m): block_m 2 with 3 programs makes every program walk several
 # tiles (the prefetch crosses tiles, the last one runs past the rows)
+# (8, 256, bf16): L2's tile shape, where the launch passes the variant's register cap
 VARIANT_CASES = [(1, 1, torch.float32, None), (13, 3, torch.float32, 2), (11, 127, torch.bfloat16, 2),
-                 (9, 64, torch.float16, 4), (5, 300, torch.float32, 1), (0, 8, torch.float32, None)]
+                 (9, 64, torch.float16, 4), (5, 300, torch.float32, 1), (0, 8, torch.float32, None),
+                 (8, 256, torch.bfloat16, None)]
 
 
 @pytest.mark.parametrize("variant", _VARIANTS)
@@ -967,6 +969,7 @@ def test_triton_bwd_variant_selection_interpreter(monkeypatch):
 _AOT_VARIANT_SCRIPT = r'''
 import os, subprocess, sys, tempfile
 os.environ.pop("TRITON_INTERPRET", None)
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -985,12 +988,15 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
             bm, warps = f._tiled_shape(block_n, cfg)
             consts = dict(APPROX_TANH=not drop, HAS_DROPOUT=drop, PREFETCH=cfg["prefetch"], LEAN=cfg["lean"],
                           BLOCK_N=block_n, BLOCK_M=bm)
+            torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
+            cap = f._tiled_maxnreg(cfg, torch_dtype, drop, block_n, bm, warps)
+            options = {"num_warps": warps, "num_stages": 1, **({"maxnreg": cap} if cap else {})}
             full = {a: "constexpr" if a in consts else sig[a] for a in fn.arg_names}
             # the launch-time specialisation: 16-byte aligned pointers, M and N multiples of 16
             attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                      if a not in consts and (sig[a].startswith("*") or a in ("M", "N"))}
             k = triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+                               target=GPUTarget("cuda", 90, 32), options=options)
             with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as t:
                 t.write(k.asm["cubin"])
             usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", t.name],
@@ -1000,7 +1006,8 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
             regs = int(line.split("REG:")[1].split()[0]) if line else -1
             stack = int(line.split("STACK:")[1].split()[0]) if line else -1
             vec = "ld.global.v4" in k.asm["ptx"] or "ld.global.v2" in k.asm["ptx"]
-            print(f"{dt} {n} {name} dropout={drop} BLOCK_M={bm} warps={warps} regs={regs} stack={stack} vec={int(vec)}")
+            print(f"{dt} {n} {name} dropout={drop} BLOCK_M={bm} warps={warps} regs={regs} stack={stack} vec={int(vec)} "
+                  f"cap={cap or 0}")
 print("compiled")
 '''
 
@@ -1029,6 +1036,8 @@ def test_bwd_variants_compile_for_sm90_without_spills():
         assert fields["vec"] == "1", line  # 8- or 16-byte vector loads
         # measured (Triton 3.6): 48-98 registers without dropout, Philox adds a few
         assert int(fields["regs"]) <= 128, line
+        if fields["cap"] != "0":  # the capped configs (L2's shape) stay at their cap, without spills
+            assert int(fields["regs"]) <= int(fields["cap"]), line
 
 
 # widths and dtypes the other GPU tests already autotune (the default kernels' configs are

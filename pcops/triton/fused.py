@@ -530,21 +530,25 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 # Each entry: ``per_thread`` values per thread per step (raised up to 8 so a warp spans a row)
 # and ``warps`` (rows wider than per_thread · 32 · warps get more warps, up to 16; BLOCK_M =
 # per_thread · 32 · warps / BLOCK_N, at least 1); ``prefetch``: tiles loaded ahead (0, 1, 2);
-# ``lean``: the fewer-instruction maths (``_gelu_grad``/``_bwd_dx`` with LEAN);
-# ``per_sm``: programs per SM of the persistent grid, None = as many as the compiled kernel's
+# ``lean``: the fewer-instruction maths (``_gelu_grad``/``_bwd_dx`` with LEAN); ``regs16``: a
+# register cap (ptxas maxrregcount) for 16-bit rows of 8 values per thread without dropout
+# (L2's shape), where ptxas otherwise spends 8 registers more on the lean maths than the plain
+# ones need and one program per SM less fits (checked spill-free with ptxas for sm_90; the
+# sm_90 compile test re-checks); ``per_sm``: programs per SM of the persistent grid, None = as many as the compiled kernel's
 # registers let reside at once (read from the loaded kernel on first use, cached), an int =
 # that many. (Dropped after the H200 sweep: 4 values per thread with rows split across warps,
 # and 8 warps per program: never better than "tiled" by more than 1 %.)
 BWD_VARIANTS = {
-    # a warp per row (up to 256 bf16/fp16 or fp32 values), 4 warps, one tile ahead: the default
-    "tiled": dict(per_thread=4, warps=4, prefetch=1, lean=False, per_sm=None),
-    # the same without the prefetch: more resident programs hide the latency instead (L3: -5 %)
-    "tiled-noprefetch": dict(per_thread=4, warps=4, prefetch=0, lean=False, per_sm=None),
+    # a warp per row (up to 256 bf16/fp16 or fp32 values), 4 warps, one tile ahead, the lean
+    # maths held to the plain maths' 72 registers on L2 (288 instead of 365 SASS instructions
+    # per 8-element step, no spills): the default
+    "tiled": dict(per_thread=4, warps=4, prefetch=1, lean=True, regs16=72, per_sm=None),
+    # the kernel the H200 measured (L2 bwd 0.093 ms): plain maths, ptxas' own register count
+    "tiled-plain": dict(per_thread=4, warps=4, prefetch=1, lean=False, regs16=None, per_sm=None),
+    # no prefetch: more resident programs hide the latency instead (L3: -5 % measured, plain)
+    "tiled-noprefetch": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=64, per_sm=None),
     # two tiles ahead: twice the bytes in flight per program
-    "tiled-pf2": dict(per_thread=4, warps=4, prefetch=2, lean=False, per_sm=None),
-    # "tiled" with 20 % fewer instructions per element (the loop is close to issue-bound: ≈ 46
-    # SASS instructions per element, ≈ 45 µs of issue for L2 on 132 SMs) for 8 more registers
-    "tiled-lean": dict(per_thread=4, warps=4, prefetch=1, lean=True, per_sm=None),
+    "tiled-pf2": dict(per_thread=4, warps=4, prefetch=2, lean=True, regs16=80, per_sm=None),
 }
 # the variant ``layer_norm_gelu_backward`` runs when its ``variant`` is None ("rowrange": the
 # row-range kernel). The benchmark sets it to sweep the variants through the public op.
@@ -1140,6 +1144,14 @@ def _tiled_programs_per_sm(args, meta, config, device: torch.device) -> int:
     return _TILED_PER_SM[key]
 
 
+def _tiled_maxnreg(config: dict, x_dtype: torch.dtype, has_dropout: bool, block_n: int, block_m: int,
+                   warps: int) -> int | None:
+    """The register cap of a ``BWD_VARIANTS`` config for this launch (``regs16``), or None."""
+    if config["regs16"] is None or has_dropout or x_dtype.itemsize != 2:
+        return None
+    return config["regs16"] if block_m * block_n == 8 * 32 * warps else None
+
+
 def _tiled_shape(block_n: int, config: dict) -> tuple[int, int]:
     """``(BLOCK_M, num_warps)`` for a ``BWD_VARIANTS`` config and row block ``block_n``."""
     per_thread, warps = config["per_thread"], config["warps"]
@@ -1161,6 +1173,9 @@ def _layer_norm_gelu_backward_tiled(
     tiles = triton.cdiv(m_rows, bm)
     meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, PREFETCH=config["prefetch"],
                 LEAN=config["lean"], BLOCK_N=block_n, BLOCK_M=bm, num_warps=warps, num_stages=1)
+    cap = _tiled_maxnreg(config, x.dtype, seed is not None, block_n, bm, warps)
+    if cap is not None:
+        meta["maxnreg"] = cap
     if num_programs is None and tiles:
         if x.device.type == "cuda" and not _interpreting():
             probe = (grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, mean, mean, m_rows, n, 2, float(dropout_p))
@@ -1168,7 +1183,7 @@ def _layer_norm_gelu_backward_tiled(
         else:
             num_programs = 3  # the interpreter: a few programs, several tiles each
     g = min(max(1, num_programs or 1), tiles)  # 0 without rows: the column sum then writes zeros
-    _TILED_LAST.update(block_m=bm, num_warps=warps, programs=g)
+    _TILED_LAST.update(block_m=bm, num_warps=warps, programs=g, maxnreg=cap)
     dw_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     if g:
