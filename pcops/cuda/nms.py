@@ -210,16 +210,19 @@ def mask_b(sbox: torch.Tensor, sgroups: torch.Tensor | None, iou_threshold: floa
     return mask, invalid
 
 
-def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor,
-           out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_len: int, *,
+           threads: int = _PASS_THREADS) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 3 of :func:`nms_padded` (1 launch: ``nms_pass_b``, one block per sample):
-    ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``."""
+    ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``. ``threads`` (private, for the
+    benchmark): threads per block, a multiple of 32 in [64, 1024]."""
+    if threads % 32 or not 64 <= threads <= _PASS_THREADS:
+        raise ValueError(f"threads: expected a multiple of 32 in [64, {_PASS_THREADS}], got {threads}")
     bsz, m, words = mask.shape
     dev = mask.device
     out = torch.empty((bsz, out_len), dtype=torch.int64, device=dev)
     count = torch.empty((bsz,), dtype=torch.int64, device=dev)
     get_kernel("nms.cu", "nms_pass_b", dev)(
-        (bsz,), (_PASS_THREADS,),
+        (bsz,), (threads,),
         [mask, invalid, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len), out, count],
         shared_mem=words * 8,
     )
