@@ -541,6 +541,27 @@ __device__ __forceinline__ void store_cluster_v4(unsigned addr, float x, float y
                : "memory");
 }
 
+__device__ __forceinline__ void store_shared_v2(unsigned addr, int a, unsigned b) {
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
+}
+
+__device__ __forceinline__ void store_shared_v4(unsigned addr, float x, float y, float z) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(0.f) : "memory");
+}
+
+__device__ __forceinline__ int2 load_shared_v2(unsigned addr) {
+  int2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float4 load_shared_v4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr)
+               : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void store_async_v2(unsigned addr, int a, unsigned b, unsigned mbar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%0], {%1, %2}, [%3];" ::"r"(addr),
                "r"(a), "r"(b), "r"(mbar)
@@ -717,6 +738,9 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   unsigned ri = 0xFFFFFFFFu;
   float rx = 0.f, ry = 0.f, rz = 0.f;
   bool dead = false;  // EXCH_ASYNC watchdog: a wait that never ends gives garbage, not a hang
+  const unsigned key_base = shared_address(&tkey[0][0]);
+  const unsigned crd_base = shared_address(&tcrd[0][0]);
+  const unsigned bar_base = shared_address(&tbar[0]);
   long long pending = start;  // warp 0 of rank 0: the index of step (s & ~31) + lane
   for (int s = 1; s < steps; ++s) {
     const int parity = s & 1;
@@ -768,17 +792,19 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
         rz = __shfl_sync(FULL_MASK, lz, from);
       }
     }
-    // 3. exchange the records of the step
+    // 3. exchange the records of the step (shared addresses precomputed: no per-step address maths)
+    const unsigned key_par = key_base + (unsigned)parity * (TILE_RECORDS * 8);
+    const unsigned crd_par = crd_base + (unsigned)parity * (TILE_RECORDS * 16);
     if constexpr (C == 1) {
       if (lane == 0) {
-        tkey[parity][warp] = make_int2(rd, (int)ri);
-        tcrd[parity][warp] = make_float4(rx, ry, rz, 0.f);
+        store_shared_v2(key_par + (unsigned)warp * 8u, rd, ri);
+        store_shared_v4(crd_par + (unsigned)warp * 16u, rx, ry, rz);
       }
       __syncthreads();
     } else {
-      const int slot = (int)rank * TILE_WARPS + warp;
-      const unsigned key_addr = shared_address(&tkey[parity][slot]);
-      const unsigned crd_addr = shared_address(&tcrd[parity][slot]);
+      const unsigned slot = rank * TILE_WARPS + (unsigned)warp;
+      const unsigned key_addr = key_par + slot * 8u;
+      const unsigned crd_addr = crd_par + slot * 16u;
       if constexpr (EXCH == EXCH_BAR) {
         if (lane < C) {
           store_cluster_v2(map_to_rank(key_addr, (unsigned)lane), rd, ri);
@@ -786,7 +812,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
         }
         cluster_sync();
       } else {
-        const unsigned bar = shared_address(&tbar[parity]);
+        const unsigned bar = bar_base + (unsigned)parity * 8u;
         if (tid == 0) mbar_arrive_expect_tx(bar, R * TILE_RECORD_BYTES);
         if (lane < C) {
           const unsigned remote_bar = map_to_rank(bar, (unsigned)lane);
@@ -814,7 +840,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
     for (int t = 0; t < (R + 31) / 32; ++t) {
       const int r = lane + 32 * t;
       if (r < R) {
-        const int2 k = tkey[parity][r];
+        const int2 k = load_shared_v2(key_par + (unsigned)r * 8u);
         if (k.x > bd || (k.x == bd && (unsigned)k.y < bi)) {
           bd = k.x;
           bi = (unsigned)k.y;
@@ -822,7 +848,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
         }
       }
     }
-    const float4 mine = tcrd[parity][br];  // loaded while the reductions run
+    const float4 mine = load_shared_v4(crd_par + (unsigned)br * 16u);  // loaded while the reductions run
     const int gd = tile_max<SHFL>(bd);
     const unsigned c = bd == gd ? bi : 0xFFFFFFFFu;
     sel = tile_min<SHFL>(c);
