@@ -338,8 +338,7 @@ def _nms_bev_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_siz
     out_len = post_max_size if padded else min(m, post_max_size or m)
     groups = idxs.unsqueeze(0) if idxs is not None else None
     out, count = cuda_impl.nms_padded(boxes.unsqueeze(0), scores.unsqueeze(0), groups, iou_threshold,
-                                      pre_max_size, out_len)
-    out, count = out[0], count[0]
+                                      pre_max_size, out_len, single=True)
     if padded:
         return out, count
     k = int(count)  # the one host sync of the variable-length form

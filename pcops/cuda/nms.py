@@ -124,7 +124,7 @@ _RANK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None, iou_threshold: float,
-               pre_max_size: int | None, out_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+               pre_max_size: int | None, out_len: int, *, single: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded rotated NMS of ``B`` independent samples in three launches, no host sync.
 
     ``nms_rank`` (stable descending rank of every score, NaN last; the first ``M`` boxes in score
@@ -141,14 +141,16 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
         pre_max_size: boxes considered per sample (None: all); ``M = min(N, pre_max_size)`` must
             satisfy ``ceil(M / 64) <= MAX_WORDS``.
         out_len: the padded output length (≥ 1 when ``M > 0``).
+        single: ``B == 1`` and the outputs are ``(out_len,)`` and ``()`` (fresh tensors, not views).
     Returns:
         ``(indices (B, out_len) int64 into each sample's boxes, −1 padded, count (B,) int64)``.
     """
     bsz, n = scores.shape
     m = n if pre_max_size is None else min(n, pre_max_size)
+    shape = ((out_len,), ()) if single else ((bsz, out_len), (bsz,))
     if bsz == 0 or m == 0:
-        return (torch.full((bsz, out_len), -1, dtype=torch.int64, device=boxes.device),
-                torch.zeros((bsz,), dtype=torch.int64, device=boxes.device))
+        return (torch.full(shape[0], -1, dtype=torch.int64, device=boxes.device),
+                torch.zeros(shape[1], dtype=torch.int64, device=boxes.device))
     if bsz > _MAX_GRID_Y:  # the sample index is the grid's y dimension in two of the kernels
         parts = [nms_padded(boxes[s:s + _MAX_GRID_Y], scores[s:s + _MAX_GRID_Y],
                             groups[s:s + _MAX_GRID_Y] if groups is not None else None, iou_threshold, pre_max_size,
@@ -156,7 +158,9 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     order, sbox, sgroups = rank_prepare(boxes, scores, groups, m)
     mask, invalid = mask_b(sbox, sgroups if groups is not None else None, iou_threshold)
-    return pass_b(mask, invalid, order, out_len)
+    out = torch.empty(shape[0], dtype=torch.int64, device=boxes.device)
+    count = torch.empty(shape[1], dtype=torch.int64, device=boxes.device)
+    return pass_b(mask, invalid, order, out_len, out=out, count=count)
 
 
 def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None,
@@ -211,16 +215,18 @@ def mask_b(sbox: torch.Tensor, sgroups: torch.Tensor | None, iou_threshold: floa
 
 
 def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_len: int, *,
-           threads: int = _PASS_THREADS) -> tuple[torch.Tensor, torch.Tensor]:
+           threads: int = _PASS_THREADS, out: torch.Tensor | None = None,
+           count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 3 of :func:`nms_padded` (1 launch: ``nms_pass_b``, one block per sample):
-    ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``. ``threads`` (private, for the
+    ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``, written into ``out``/``count``
+    when given (contiguous, ``B * out_len`` and ``B`` elements). ``threads`` (private, for the
     benchmark): threads per block, a multiple of 32 in [64, 1024]."""
     if threads % 32 or not 64 <= threads <= _PASS_THREADS:
         raise ValueError(f"threads: expected a multiple of 32 in [64, {_PASS_THREADS}], got {threads}")
     bsz, m, words = mask.shape
     dev = mask.device
-    out = torch.empty((bsz, out_len), dtype=torch.int64, device=dev)
-    count = torch.empty((bsz,), dtype=torch.int64, device=dev)
+    out = torch.empty((bsz, out_len), dtype=torch.int64, device=dev) if out is None else out
+    count = torch.empty((bsz,), dtype=torch.int64, device=dev) if count is None else count
     get_kernel("nms.cu", "nms_pass_b", dev)(
         (bsz,), (threads,),
         [mask, invalid, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len), out, count],
