@@ -1295,3 +1295,142 @@ def test_gpu_batched_form_graph_capture_and_opcheck():
         torch.library.opcheck(torch.ops.pcops.nms_bev_batched,
                               (small.cuda(), small_s.cuda(), None, 0.3, None, 32, backend))
     torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), g.cuda(), 0.3, 64, 32, "cuda"))
+
+
+# --- the Python launchers of pcops.cuda.nms, with the kernels emulated on the host ----------------
+
+_EMU_LAUNCH = r"""
+// cuLaunchKernel's calling convention (params[i] points at argument i), blocks run one by one
+template <class F> static void grid_run(unsigned gx, unsigned gy, unsigned bx, F f) {
+  for (unsigned y = 0; y < gy; ++y)
+    for (unsigned x = 0; x < gx; ++x) run_block(x, y, (int)bx, f);
+}
+#define P(T, i) (*(T*)p[i])
+extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned bx, unsigned smem, void** p) {
+  std::vector<unsigned long long> dyn(smem / 8 + 1, 0x5a5a5a5a5a5a5a5aull);
+  g_dyn_smem = dyn.data();
+  const std::string k(name);
+  if (k == "nms_rank" || k == "nms_gather") {
+    const bool rank = k == "nms_rank";
+    grid_run(gx, gy, bx, [&] {
+      if (rank)
+        nms_rank(P(const float*, 0), P(const float*, 1), P(const long long*, 2), P(int, 3), P(int, 4), P(int, 5),
+                 P(int, 6), P(int, 7), P(long long*, 8), P(float*, 9), P(long long*, 10));
+      else
+        nms_gather(P(const float*, 0), P(const float*, 1), P(const long long*, 2), P(int, 3), P(int, 4), P(int, 5),
+                   P(int, 6), P(int, 7), P(const long long*, 8), P(float*, 9), P(long long*, 10));
+    });
+  } else if (k == "nms_mask_b") {
+    grid_run(gx, gy, bx, [&] {
+      nms_mask_b(P(const float*, 0), P(const long long*, 1), P(int, 2), P(int, 3), P(int, 4), P(float, 5),
+                 P(unsigned long long*, 6), P(unsigned long long*, 7));
+    });
+  } else if (k == "nms_pass_b") {
+    grid_run(gx, gy, bx, [&] {
+      nms_pass_b(P(const unsigned long long*, 0), P(const unsigned long long*, 1), P(const long long*, 2), P(int, 3),
+                 P(int, 4), P(int, 5), P(long long*, 6), P(long long*, 7));
+    });
+  } else if (k == "nms_mask") {
+    grid_run(gx, gy, bx, [&] {
+      nms_mask(P(const float*, 0), P(const long long*, 1), P(const long long*, 2), P(int, 3), P(int, 4), P(int, 5),
+               P(int, 6), P(int, 7), P(float, 8), P(unsigned long long*, 9));
+    });
+  } else if (k == "nms_pass" || k == "nms_pass_v2") {
+    const bool v2 = k == "nms_pass_v2";
+    grid_run(gx, gy, bx, [&] {
+      (v2 ? nms_pass_v2 : nms_pass)(P(const unsigned long long*, 0), P(const float*, 1), P(const float*, 2),
+                                    P(const long long*, 3), P(int, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8),
+                                    P(long long*, 9), P(long long*, 10));
+    });
+  } else {
+    return 1;
+  }
+  return 0;
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _emu_library(tmp_dir):
+    """csrc/nms.cu with the SIMT shim as a host shared library exposing ``emu_launch``."""
+    import ctypes
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from pcops import _nvrtc
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = (_nvrtc.CSRC_DIR / "nms.cu").read_text()
+    src = src.replace("extern __shared__ unsigned long long removed[];", "unsigned long long* removed = g_dyn_smem;")
+    src = src.replace("__shared__", "static").replace('extern "C" ', "")
+    cpp = Path(tmp_dir) / "nms_lib.cpp"
+    cpp.write_text(_SIMT_SHIM + "#include <string>\n" + src + _EMU_LAUNCH)
+    lib = Path(tmp_dir) / "libnms_emu.so"
+    res = subprocess.run([cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC", "-o",
+                          str(lib), str(cpp)], capture_output=True, text=True)
+    if res.returncode != 0 and "barrier" in res.stderr and "No such file" in res.stderr:
+        pytest.skip("the host C++ library has no <barrier>")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return ctypes.CDLL(str(lib))
+
+
+class _EmuKernel:
+    """Stands in for ``pcops._nvrtc.CudaKernel``: the same call, run by the host emulation."""
+
+    def __init__(self, lib, name):
+        self.lib, self.name = lib, name
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        import ctypes
+
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args]
+        params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+        rc = self.lib.emu_launch(self.name.encode(), grid[0], grid[1], block[0], shared_mem, params)
+        assert rc == 0, self.name
+
+
+@pytest.fixture
+def emulated_cuda(tmp_path_factory, monkeypatch):
+    """``pcops.cuda.nms`` with its kernels emulated on the host (CPU tensors)."""
+    from pcops.cuda import nms as cuda_impl
+
+    lib = _emu_library(str(tmp_path_factory.mktemp("emu")))
+    monkeypatch.setattr(cuda_impl, "get_kernel", lambda file, name, device=None: _EmuKernel(lib, name))
+    return cuda_impl
+
+
+def test_cuda_launchers_emulated_on_the_host(emulated_cuda):
+    """The CUDA registrations of pcops::nms_bev / nms_bev_batched (argument order, shapes, padding,
+    the rank and the torch.sort paths, groups, pre/post, the variable-length form, the old
+    pipeline) on CPU tensors, every kernel emulated on the host, vs the reference."""
+    from pcops import nms as op
+    from pcops.triton import nms as tri
+
+    boxes, scores, g = _batched_case(2, 140, (12, 12), seed=40, groups=True)
+    boxes[:, 3, 3] = 1.0
+    for b in range(2):
+        for pre, post, padded, idxs in [(None, 200, True, None), (100, 9, True, g[b]), (None, None, False, None)]:
+            got = op._nms_bev_cuda(boxes[b], scores[b], idxs, 0.1, pre, post, padded, "cuda")
+            want = ref.nms_bev(boxes[b], scores[b], 0.1, pre, post, idxs)
+            if padded:
+                assert got[0].shape == (post,) and got[1].shape == () and int(got[1]) == want.numel()
+                assert got[0][:want.numel()].tolist() == want.tolist() and (got[0][want.numel():] == -1).all()
+            else:
+                assert got[0].tolist() == want.tolist() and int(got[1]) == want.numel()
+    for idxs, pre, post, sc in [(None, None, 150, scores), (g, 90, 20, scores), (None, 120, 30, scores.double())]:
+        idx, count = op._nms_bev_batched_cuda(boxes, sc, idxs, 0.2, pre, post, "cuda")
+        want_idx, want_count = _loop_padded(boxes, sc, 0.2, pre, post, idxs)
+        assert torch.equal(idx, want_idx) and torch.equal(count, want_count)
+    bev16 = boxes[..., [0, 1, 3, 4, 6]].half()  # 5 columns, cast to float32 by the launcher
+    idx, count = op._nms_bev_batched_cuda(bev16, scores, None, 0.2, None, 40, "cuda")
+    want_idx, want_count = _loop_padded(bev16, scores, 0.2, None, 40)
+    assert torch.equal(idx, want_idx) and torch.equal(count, want_count)
+    # the previous pipeline (torch.sort, nms_mask, nms_pass_v2 / nms_pass) through its launchers
+    for variant in ("v1", "v2"):
+        got, count = tri.nms_bev(boxes[0], scores[0], g[0], 0.1, None, 50, True, _cuda_pass(variant))
+        want = ref.nms_bev(boxes[0], scores[0], 0.1, None, 50, g[0])
+        assert got[:int(count)].tolist() == want.tolist()
