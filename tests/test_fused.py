@@ -489,6 +489,25 @@ def test_triton_sparse_softmax_interpreter(index_dtype, dtype, layout, config):
     )
 
 
+@pytest.mark.parametrize("layout,config", [("grouped", dict(sub=4, vpt=2)), ("tile", dict(block_l=16))])
+@interpret
+def test_triton_sparse_softmax_interpreter_chunks(layout, config):
+    """Rows longer than a chunk whose first chunk is all −inf, or whose max comes late (the grouped
+    kernel rescales its first chunk's exponentials to the final max)."""
+    from pcops.triton import fused as tri
+
+    rows = [torch.cat([torch.full((8,), -math.inf), torch.randn(5, generator=generator(5))]),  # first chunk −inf
+            torch.cat([torch.full((16,), -math.inf), torch.randn(3, generator=generator(6))]),
+            torch.cat([torch.randn(9, generator=generator(7)), torch.tensor([80.0, -3.0])]),  # late max
+            torch.cat([torch.tensor([60.0]), torch.randn(20, generator=generator(8)) - 100]),  # early max
+            torch.full((12,), -math.inf)]
+    values = torch.cat(rows)
+    crow = torch.tensor([0] + [len(r) for r in rows]).cumsum(0)
+    y = tri.sparse_softmax(values, crow, layout=layout, **config)
+    assert not torch.isnan(y).any()
+    torch.testing.assert_close(y.double(), dense_softmax_oracle(values, crow), atol=1e-6, rtol=1e-5)
+
+
 def test_triton_grouped_shape_choice():
     from pcops.cuda import sparse_softmax as cu
     from pcops.triton import fused as tri

@@ -47,6 +47,7 @@ _INV_SQRT_2 = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 # tanh GELU: u = c·(z + k·z³), folded for exp2 in the forward: sigmoid(2u) = 1 / (1 + 2^(z·(A0 + A1·z²)))
 _C, _K, _LOG2E = tl.constexpr(0.7978845608028654), tl.constexpr(0.044715), 1.4426950408889634
+_LOG2E_C = tl.constexpr(_LOG2E)
 _GELU_A0 = tl.constexpr(-2.0 * _C * _LOG2E)
 _GELU_A1 = tl.constexpr(-2.0 * _C * _K * _LOG2E)
 _GELU_B0 = tl.constexpr(2.0 * _C)  # 2u' = B0 + B1·z²
@@ -868,16 +869,17 @@ def _group_shape(rows: int, nnz: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _group_offsets(crow_ptr, rows, nnz, BLOCK_R: tl.constexpr, SUB: tl.constexpr, VPT: tl.constexpr):
-    """This program's rows: ``(start (BLOCK_R, 1, 1) int64, length (BLOCK_R, 1, 1), col (1, VPT, SUB),
-    longest row length)``, row ranges clamped to [0, nnz]."""
+def _group_rows(crow_ptr, rows, nnz, BLOCK_R: tl.constexpr, SUB: tl.constexpr, VPT: tl.constexpr):
+    """This program's rows: ``(start (BLOCK_R, 1, 1) int64, length (BLOCK_R, 1, 1) int32, col (1, VPT,
+    SUB) int32, longest row length)``, row ranges clamped to [0, nnz] (rows shorter than 2^31).
+    Addresses are ``ptr + start`` per row plus the 32-bit ``col`` per entry, masks 32-bit compares."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < rows
     start = tl.minimum(tl.load(crow_ptr + r, mask=r_ok, other=0).to(tl.int64), nnz)
     end = tl.minimum(tl.load(crow_ptr + r + 1, mask=r_ok, other=0).to(tl.int64), nnz)
-    length = tl.maximum(end - start, 0)
-    max_len = tl.max(length, axis=0).to(tl.int32)  # rows shorter than 2^31
-    col = tl.arange(0, SUB)[None, None, :] + SUB * tl.arange(0, VPT)[None, :, None]
+    length = tl.maximum(end - start, 0).to(tl.int32)
+    max_len = tl.max(length, axis=0)
+    col = tl.arange(0, SUB)[None, None, :] + SUB * tl.arange(0, VPT)[:, None][None, :, :]
     return start[:, None, None], length[:, None, None], col, max_len
 
 
@@ -905,28 +907,38 @@ def _sparse_softmax_grouped_kernel(
     VPT: tl.constexpr,  # entries per lane per chunk (a chunk: SUB·VPT entries of a row)
     BLOCK_R: tl.constexpr,  # rows per program: a multiple of 32 / SUB · num_warps
 ):
-    start, length, col, max_len = _group_offsets(crow_ptr, rows, nnz, BLOCK_R, SUB, VPT)
+    start, length, col, max_len = _group_rows(crow_ptr, rows, nnz, BLOCK_R, SUB, VPT)
+    v_row = values_ptr + start
+    o_row = out_ptr + start
     mask0 = col < length
-    offs0 = start + col
-    v0 = tl.load(values_ptr + offs0, mask=mask0, other=float("-inf")).to(tl.float32)
-    m = _row_max(v0)
-    ref = tl.where(m == float("-inf"), 0.0, m)
-    s = _row_sum(tl.exp(v0 - ref))
-    # rows longer than CAP: online max and sum over the rest (only when the program has one)
+    v0 = tl.load(v_row + col, mask=mask0, other=float("-inf")).to(tl.float32)
+    m0 = _row_max(v0)
+    ref0 = tl.where(m0 == float("-inf"), 0.0, m0)
+    # exp(v - ref) as 2^(v·log2e - ref·log2e): one fma and one ex2 (flushing results below 2^-126
+    # to 0) per entry; kept: the output is e0 rescaled per row, no second exp
+    e0 = tl.exp2(v0 * _LOG2E_C - ref0 * _LOG2E_C)
+    s = _row_sum(e0)
+    m = m0
+    # rows longer than one chunk: online max and sum over the rest (only when the program has one)
     for c0 in range(SUB * VPT, max_len, SUB * VPT):
-        mask = c0 + col < length
-        v = tl.load(values_ptr + offs0 + c0, mask=mask, other=float("-inf")).to(tl.float32)
+        mask = col + c0 < length
+        v = tl.load(v_row + (col + c0), mask=mask, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, _row_max(v))
         ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - ref) + _row_sum(tl.exp(v - ref))
+        s = s * tl.exp(m - ref) + _row_sum(tl.exp2(v * _LOG2E_C - ref * _LOG2E_C))
         m = m_new
+    # an all −inf (or empty) row: subtract 0, exp gives 0 and the row's outputs are 0
     ref = tl.where(m == float("-inf"), 0.0, m)
     inv = tl.where(s > 0, 1.0 / tl.where(s > 0, s, 1.0), 0.0)
-    tl.store(out_ptr + offs0, (tl.exp(v0 - ref) * inv).to(out_ptr.dtype.element_ty), mask=mask0)
+    # e0 was taken against ref0 ≤ ref (equal unless a later chunk raised the max); a first chunk
+    # of only −inf has e0 = 0 and must not meet exp(0 − ref) = inf
+    scale0 = tl.where(m0 == float("-inf"), 0.0, tl.exp(ref0 - ref) * inv)
+    tl.store(o_row + col, (e0 * scale0).to(out_ptr.dtype.element_ty), mask=mask0)
     for c0 in range(SUB * VPT, max_len, SUB * VPT):
-        mask = c0 + col < length
-        v = tl.load(values_ptr + offs0 + c0, mask=mask, other=float("-inf")).to(tl.float32)
-        tl.store(out_ptr + offs0 + c0, (tl.exp(v - ref) * inv).to(out_ptr.dtype.element_ty), mask=mask)
+        mask = col + c0 < length
+        v = tl.load(v_row + (col + c0), mask=mask, other=float("-inf")).to(tl.float32)
+        e = tl.exp2(v * _LOG2E_C - ref * _LOG2E_C)
+        tl.store(o_row + (col + c0), (e * inv).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -942,23 +954,25 @@ def _sparse_softmax_grouped_bwd_kernel(
     VPT: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    start, length, col, max_len = _group_offsets(crow_ptr, rows, nnz, BLOCK_R, SUB, VPT)
+    start, length, col, max_len = _group_rows(crow_ptr, rows, nnz, BLOCK_R, SUB, VPT)
+    g_row = grad_ptr + start
+    y_row = y_ptr + start
+    d_row = dx_ptr + start
     mask0 = col < length
-    offs0 = start + col
-    g0 = tl.load(grad_ptr + offs0, mask=mask0, other=0.0).to(tl.float32)
-    y0 = tl.load(y_ptr + offs0, mask=mask0, other=0.0).to(tl.float32)
+    g0 = tl.load(g_row + col, mask=mask0, other=0.0).to(tl.float32)
+    y0 = tl.load(y_row + col, mask=mask0, other=0.0).to(tl.float32)
     dot = _row_sum(g0 * y0)
     for c0 in range(SUB * VPT, max_len, SUB * VPT):
-        mask = c0 + col < length
-        g = tl.load(grad_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
+        mask = col + c0 < length
+        g = tl.load(g_row + (col + c0), mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_row + (col + c0), mask=mask, other=0.0).to(tl.float32)
         dot += _row_sum(g * y)
-    tl.store(dx_ptr + offs0, (y0 * (g0 - dot)).to(dx_ptr.dtype.element_ty), mask=mask0)
+    tl.store(d_row + col, (y0 * (g0 - dot)).to(dx_ptr.dtype.element_ty), mask=mask0)
     for c0 in range(SUB * VPT, max_len, SUB * VPT):
-        mask = c0 + col < length
-        g = tl.load(grad_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + offs0 + c0, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + offs0 + c0, (y * (g - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+        mask = col + c0 < length
+        g = tl.load(g_row + (col + c0), mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_row + (col + c0), mask=mask, other=0.0).to(tl.float32)
+        tl.store(d_row + (col + c0), (y * (g - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 _sparse_softmax_grouped_tuned = triton.autotune(
