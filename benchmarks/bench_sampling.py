@@ -81,48 +81,56 @@ def timed(fn, rep, quick, warm=None):
 
 
 # csrc/fps.cu variants measured on every run (the lead picks the default from these rows):
-# (variant, smallest cluster size). fps_tile_* takes the fewest CTAs that hold the cloud, at least
-# the given number: F1 (16,384 points) 1, 2 or 4 CTAs per cloud, F2 (120,268 points) 8.
-# A third element is the fps_tile code shape (cu._TILE_OPTS), a fourth a smaller M (per-step cost
-# over the run: early steps update more groups).
+# variant, smallest cluster size (fps_tile_* takes the fewest CTAs that hold the cloud, at least
+# this many), code shape of the fps_tile step (cu._TILE_OPTS), warps per CTA, and M when smaller
+# than the workload's (per-step cost over the run: early steps update more groups).
+def _v(variant, cluster=1, opt="", warps=16, samples=None):
+    return dict(variant=variant, cluster=cluster, opt=opt, warps=warps, samples=samples)
+
+
 FPS_VARIANTS = {
-    "F1": [("tile", 1), ("tile", 1, "shfl"), ("tile", 1, "unroll"), ("tile", 1, "shfl_unroll"),
-           ("tile", 1, "", 1024), ("tile", 1, "", 2048), ("tile", 2), ("tile_async", 2), ("tile_async", 4),
-           ("pruned", 1)],
-    "F2": [("tile", 8), ("tile_async", 8), ("tile_async", 8, "shfl"), ("tile_async", 8, "unroll"),
-           ("tile_async", 8, "shfl_unroll"), ("tile_async", 8, "", 4096), ("pruned", 1)],
+    "F1": [_v("tile"), _v("tile", opt="shfl"), _v("tile", opt="unroll"), _v("tile", opt="shfl_unroll"),
+           _v("tile", samples=1024), _v("tile", samples=2048), _v("tile", 2), _v("tile_async", 2),
+           _v("tile", 2, warps=8), _v("tile_async", 2, warps=8), _v("tile", 4, warps=4),
+           _v("tile_async", 4, warps=4), _v("pruned")],
+    "F2": [_v("tile", 8), _v("tile_async", 8), _v("tile_async", 8, "shfl"), _v("tile_async", 8, "unroll"),
+           _v("tile_async", 8, "shfl_unroll"), _v("tile_async", 8, samples=4096), _v("pruned")],
 }
 
 
 def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
-    """One row per csrc/fps.cu variant (``fps <variant> c<CTAs per cloud>``), the Morton sort alone,
-    and notes: the kernel each row launched and whether its indices equal Triton's."""
+    """One row per csrc/fps.cu variant (``fps <variant>[_<shape>] [w<warps>] c<CTAs per cloud>``),
+    the preprocessing alone, and notes: the kernel each row launched, µs per step, and whether its
+    indices equal Triton's."""
     from pcops.cuda import sampling as cu
 
     out = []
-    saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt)
+    saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps)
     ok = cu.fps_supported(pts)
-    for variant, min_cluster, *extra in FPS_VARIANTS[wl[:2]] if ok else []:
-        opt = extra[0] if extra else ""
-        samples = extra[1] if len(extra) > 1 else m
-        cu._VARIANT, cu._tile_min_cluster, cu._tile_opt = variant, min_cluster, opt
+    for v in FPS_VARIANTS[wl[:2]] if ok else []:
+        variant, opt, warps = v["variant"], v["opt"], v["warps"]
+        samples = v["samples"] or m
+        cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps = variant, v["cluster"], opt, warps
         fps = lambda mm=samples: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
+        cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
+        label = f"fps {variant}{'_' + opt if opt else ''}{f' w{warps}' if warps != 16 else ''} c{cluster}"
+        if cluster is None:
+            label = f"fps {variant} (cluster kernel)"
+        if samples != m:
+            label += f" M={samples}"
         try:
             t, got = timed(fps, rep, quick, warm=lambda: fps(32))
         except Exception as e:  # report, keep benchmarking the rest
-            notes[f"{wl} {variant} c{min_cluster} {opt} error"] = repr(e)[:300]
+            notes[f"{wl} {label} error"] = repr(e)[:300]
             continue
         launch = cu.last_launch
-        cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
-        label = f"fps {variant}{'_' + opt if opt else ''} c{cluster}" if cluster else f"fps {variant} (cluster kernel)"
-        if samples != m:
-            label += f" M={samples}"
         same = bool(torch.equal(got, expected[:, :samples])) if expected is not None else None
         per_step = t["median_ms"] * 1e3 / max(1, samples - 1)
         notes[f"{wl} {label}"] = f"{launch}; {per_step:.3f} us per step; identical to triton: {same}"
-        out.append(row(wl, label, t, items=pts.shape[0] * samples, unit="samples/s", baseline=base if samples == m else None,
-                       identical_to_triton=same, kernel=launch, us_per_step=per_step))
-    cu._VARIANT, cu._tile_min_cluster, cu._tile_opt = saved
+        out.append(row(wl, label, t, items=pts.shape[0] * samples, unit="samples/s",
+                       baseline=base if samples == m else None, identical_to_triton=same, kernel=launch,
+                       us_per_step=per_step))
+    cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps = saved
     if ok:
         lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
         dummy = torch.empty(0, dtype=torch.int64, device=pts.device)

@@ -625,8 +625,8 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
   X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)    \
   X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
 
-// slot j of warp w, lane l: CTA-local sorted position ((j * TILE_WARPS + w) * 32 + l)
-#define TILE_Q(J) (((J) * TILE_WARPS + warp) * 32 + lane)
+// slot j of warp w, lane l: CTA-local sorted position ((j * W + w) * 32 + l), W warps per CTA
+#define TILE_Q(J) (((J) * W + warp) * 32 + lane)
 
 // update group J (warp-uniform): new min-distances, the chosen point leaves, the group's new max
 #define TILE_UPDATE(J)                                                                        \
@@ -647,7 +647,7 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
   {                                                                  \
     if (__float_as_int(md[J]) == rd && oi[J] < cand) {               \
       cand = oi[J];                                                  \
-      cq = ((J) * TILE_WARPS + warp) * 32 + lane;                    \
+      cq = ((J) * W + warp) * 32 + lane;                             \
     }                                                                \
   }
 #define TILE_PICK_CASE(J) \
@@ -658,7 +658,7 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
 // Morton code (valid points first: fps_morton_keys + one stable 1-D sort); lengths, starts: (B,)
 // int64; out: (B, M) int64 pre-filled with -1; cap: floats per coordinate array in the dynamic shared
 // memory (>= ceil(N / C) rounded up to 32). Grid (C, B), TILE_THREADS threads, cluster (C, 1, 1).
-template <int C, int EXCH, int OPT>
+template <int C, int EXCH, int OPT, int W>
 __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const long long* __restrict__ order,
                                          const long long* __restrict__ lengths,
                                          const long long* __restrict__ starts, long long* __restrict__ out, int n,
@@ -667,7 +667,8 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   __shared__ int2 tkey[2][TILE_RECORDS];    // (distance bits, original index) by parity, record
   __shared__ float4 tcrd[2][TILE_RECORDS];  // the record's coordinates
   __shared__ unsigned long long tbar[2];    // EXCH_ASYNC: one mbarrier per parity
-  constexpr int R = C * TILE_WARPS;
+  static_assert(W >= 1 && W <= TILE_WARPS && C * W <= TILE_RECORDS, "records per step");
+  constexpr int R = C * W;
   constexpr bool SHFL = (OPT & TILE_SHFL) != 0;
   constexpr bool UNROLL = (OPT & TILE_UNROLL) != 0;
   float* xs = tile_smem;
@@ -684,7 +685,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   const int cnt = max(0, min(lo + share, length) - lo);
 
   const long long* ord = order + b * (long long)n + lo;  // flat indices of this CTA's sorted points
-  for (int q = tid; q < cap; q += TILE_THREADS) {
+  for (int q = tid; q < cap; q += W * 32) {
     const bool valid = q < cnt;
     const float* src = points + 3 * (valid ? ord[q] : 0LL);
     xs[q] = valid ? src[0] : 0.f;
@@ -709,7 +710,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   // lane l: the box of this warp's group l (+-inf for an empty group, which then never updates)
   float blx = __int_as_float(0x7f800000), bly = blx, blz = blx, bhx = -blx, bhy = -blx, bhz = -blx;
   {
-    const int q0 = (lane * TILE_WARPS + warp) * 32;
+    const int q0 = (lane * W + warp) * 32;
     for (int t = 0; t < 32; ++t) {
       const int q = q0 + t;
       if (q < cnt) {
@@ -722,7 +723,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
       }
     }
   }
-  float gmax = (lane * TILE_WARPS + warp) * 32 < cnt ? __int_as_float(0x7f800000) : -1.f;
+  float gmax = (lane * W + warp) * 32 < cnt ? __int_as_float(0x7f800000) : -1.f;
   if (C > 1) cluster_sync();  // every CTA runs (and its mbarriers are initialised) before remote stores
 
   unsigned sel = (unsigned)start;
@@ -802,7 +803,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
       }
       __syncthreads();
     } else {
-      const unsigned slot = rank * TILE_WARPS + (unsigned)warp;
+      const unsigned slot = rank * W + (unsigned)warp;
       const unsigned key_addr = key_par + slot * 8u;
       const unsigned crd_addr = crd_par + slot * 16u;
       if constexpr (EXCH == EXCH_BAR) {
@@ -874,12 +875,13 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
 #define FPS_TILE_CLUSTER_2 __cluster_dims__(2, 1, 1)
 #define FPS_TILE_CLUSTER_4 __cluster_dims__(4, 1, 1)
 #define FPS_TILE_CLUSTER_8 __cluster_dims__(8, 1, 1)
-#define FPS_TILE_ENTRY(NAME, C, EXCH, OPT)                                                                       \
-  extern "C" __global__ void __launch_bounds__(TILE_THREADS, 1) FPS_TILE_CLUSTER_##C                            \
+#define FPS_TILE_ENTRY_W(NAME, C, EXCH, OPT, W)                                                                  \
+  extern "C" __global__ void __launch_bounds__(W * 32, 1) FPS_TILE_CLUSTER_##C                                  \
       NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,       \
            long long* out, int n, int num_samples, int cap) {                                                    \
-    fps_tile<C, EXCH, OPT>(points, order, lengths, starts, out, n, num_samples, cap);                            \
+    fps_tile<C, EXCH, OPT, W>(points, order, lengths, starts, out, n, num_samples, cap);                         \
   }
+#define FPS_TILE_ENTRY(NAME, C, EXCH, OPT) FPS_TILE_ENTRY_W(NAME, C, EXCH, OPT, TILE_WARPS)
 #define FPS_TILE_OPTS(PREFIX, C, EXCH)                                 \
   FPS_TILE_ENTRY(PREFIX##_c##C, C, EXCH, 0)                            \
   FPS_TILE_ENTRY(PREFIX##_shfl_c##C, C, EXCH, TILE_SHFL)               \
@@ -894,6 +896,12 @@ FPS_TILE_ENTRY(fps_tile_c8, 8, EXCH_BAR, 0)
 FPS_TILE_OPTS(fps_tile_async, 2, EXCH_ASYNC)
 FPS_TILE_OPTS(fps_tile_async, 4, EXCH_ASYNC)
 FPS_TILE_OPTS(fps_tile_async, 8, EXCH_ASYNC)
+// fewer warps per CTA (W * 1,024 points), more CTAs per cloud: the same 16 records per step for
+// 16,384 points, a quarter or half of the per-step instructions on each SM
+FPS_TILE_ENTRY_W(fps_tile_w8_c2, 2, EXCH_BAR, 0, 8)
+FPS_TILE_ENTRY_W(fps_tile_async_w8_c2, 2, EXCH_ASYNC, 0, 8)
+FPS_TILE_ENTRY_W(fps_tile_w4_c4, 4, EXCH_BAR, 0, 4)
+FPS_TILE_ENTRY_W(fps_tile_async_w4_c4, 4, EXCH_ASYNC, 0, 4)
 
 // The fps_tile order in one kernel and one sort: keys (B * N) int64, key of point i of cloud b =
 // (b << 32) | its 30-bit Morton code in the cloud's bounding box (10 bits per axis), 1 << 30 for

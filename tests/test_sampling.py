@@ -606,6 +606,9 @@ def test_fps_cu_compiles_with_every_entry_point():
         for exchange in ("bar", "async"):
             for opt in cu._TILE_OPTS if cluster == 1 or exchange == "async" else ("",):
                 assert cu._tile_kernel_name(cluster, exchange, opt).encode() in cubin
+    for warps, cluster in cu._TILE_FEW_WARPS:
+        for exchange in ("bar", "async"):
+            assert cu._tile_kernel_name(cluster, exchange, "", warps).encode() in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
     assert cu._kernel_name("flat", 16, 4, False) == "fps_lazy_c16_p4"
@@ -751,6 +754,8 @@ def test_tile_plan():
     assert cu._tile_kernel_name(1, "bar", "shfl") == "fps_tile_shfl_c1"
     assert cu._tile_kernel_name(8, "async", "shfl_unroll") == "fps_tile_async_shfl_unroll_c8"
     assert cu._tile_kernel_name(8, "bar", "unroll") == "fps_tile_c8"  # the barrier exchange: default shape only
+    assert cu._tile_kernel_name(2, "async", "", 8) == "fps_tile_async_w8_c2"
+    assert cu._tile_plan(16384, warps=4) == 4 and cu._tile_plan(16385, warps=8) == 4
 
 
 def test_fps_cluster_config():
@@ -859,6 +864,28 @@ def test_gpu_fps_tile_kernels(cluster, exchange, opt):
         out = torch.full((batch, m), -1, dtype=torch.int64, device="cuda")
         cu._launch_tile(cu._Inputs(pts, lengths, start, out, m), cluster, exchange, opt)
         assert torch.equal(out, expected), (n, cu.last_launch)
+
+
+@pytest.mark.parametrize("exchange", ["bar", "async"])
+@pytest.mark.parametrize("warps,cluster", [(8, 2), (4, 4)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_few_warps(warps, cluster, exchange, monkeypatch):
+    """fps_tile with 8 or 4 warps per CTA (2 or 4 CTAs per 16k cloud), launched directly and through the op."""
+    from pcops.cuda import sampling as cu
+
+    monkeypatch.setattr(cu, "_tile_warps", warps)
+    for batch, n, m, dup in [(3, 1000, 1000, True), (2, 4099, 2600, True), (8, 16384, 256, False)]:
+        pts, lengths, start, expected = fps_case(batch, n, m, duplicates=dup, scale=1.0 if n == 4099 else 10.0,
+                                                 seed=1 if n == 4099 else None)
+        out = torch.full((batch, m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile(cu._Inputs(pts, lengths, start, out, m), cluster, exchange)
+        assert torch.equal(out, expected), (n, cu.last_launch)
+    monkeypatch.setattr(cu, "_VARIANT", "tile_async" if exchange == "async" else "tile")
+    monkeypatch.setattr(cu, "_tile_min_cluster", cluster)
+    pts, lengths, start, expected = fps_case(8, 16384, 256)
+    assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
+    assert f"w{warps}_c{cluster}" in cu.last_launch
 
 
 # --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --

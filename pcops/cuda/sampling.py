@@ -43,6 +43,8 @@ _TILE_CLUSTERS = (1, 2, 4, 8)
 _tile_min_cluster = 1  # benchmarks may spread small clouds over more CTAs
 _TILE_OPTS = ("", "shfl", "unroll", "shfl_unroll")
 _tile_opt = ""  # code shape of the fps_tile step (see _tile_kernel_name)
+_tile_warps = 16  # warps per CTA (16: 16,384 points per CTA; 8 and 4 compiled for 2 and 4 CTAs)
+_TILE_FEW_WARPS = {(8, 2), (4, 4)}  # (warps, cluster) entry points with fewer warps
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
@@ -206,22 +208,28 @@ def _launch_ex(inputs: _Inputs, cluster: int, ppt: int, variant: str | None = No
     _note(f"{name} (cuLaunchKernelEx, cluster {cluster}, {resident.value} clusters resident at once)")
 
 
-def _tile_plan(n: int, min_cluster: int | None = None) -> int | None:
+def _tile_plan(n: int, min_cluster: int | None = None, warps: int | None = None) -> int | None:
     """Cluster size of ``fps_tile_*`` for clouds of ``n`` points (the fewest CTAs of at most
-    ``_TILE_CAP`` points each, at least ``min_cluster``), or None above 8 × 16,384 points."""
+    ``warps * 1,024`` points each, at least ``min_cluster``), or None above 8 such CTAs."""
     lowest = _tile_min_cluster if min_cluster is None else min_cluster
+    cap = (_tile_warps if warps is None else warps) * 1024
     for cluster in _TILE_CLUSTERS:
-        if cluster >= lowest and triton.cdiv(n, cluster) <= _TILE_CAP:
+        if cluster >= lowest and triton.cdiv(n, cluster) <= cap:
             return cluster
     return None
 
 
-def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None) -> str:
+def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None, warps: int | None = None) -> str:
     """``fps_tile[_async][_<opt>]_c<C>``; ``opt`` (default ``_tile_opt``) picks the code shape of the
     step: ``""`` (redux.sync reductions, switch jumps to the slot), ``"shfl"`` (shuffle-tree
     reductions), ``"unroll"`` (unrolled predicated slot loops), ``"shfl_unroll"``; the cluster-barrier
     exchange (C > 1, ``exchange="bar"``) is compiled with the default only."""
     opt = _tile_opt if opt is None else opt
+    warps = _tile_warps if warps is None else warps
+    if warps != 16:  # fewer warps per CTA: compiled for (8, 2) and (4, 4), default code shape
+        if (warps, cluster) not in _TILE_FEW_WARPS:
+            raise ValueError(f"fps_tile with {warps} warps is compiled for clusters {sorted(_TILE_FEW_WARPS)} only")
+        return f"fps_tile_async_w{warps}_c{cluster}" if exchange == "async" else f"fps_tile_w{warps}_c{cluster}"
     suffix = f"_{opt}" if opt else ""
     if cluster == 1:
         return f"fps_tile{suffix}_c1"  # no cluster: a __syncthreads is the exchange
@@ -235,6 +243,7 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
     """``fps_tile_*`` (compile-time cluster shape, cuLaunchKernel) with ``12 * cap`` bytes of
     dynamic shared memory, ``cap = ceil(N / C)`` rounded up to 32 (at most 196,608 bytes)."""
     name = _tile_kernel_name(cluster, exchange, opt)
+    warps = _tile_warps
     device = inputs.points.device
     kernel = get_kernel("fps.cu", name, device)
     if (name, device) not in _tile_smem_set:
@@ -244,7 +253,9 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
         _tile_smem_set.add((name, device))
     batch, n, _ = inputs.points.shape
     inputs.cap = triton.cdiv(triton.cdiv(n, cluster), 32) * 32
-    kernel((cluster, batch), (_TILE_THREADS,), inputs.args(name), shared_mem=12 * inputs.cap)
+    if inputs.cap > warps * 1024:
+        raise RuntimeError(f"{name}: {inputs.cap} points per CTA exceed {warps} warps")
+    kernel((cluster, batch), (32 * warps,), inputs.args(name), shared_mem=12 * inputs.cap)
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
 
 
