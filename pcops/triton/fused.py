@@ -96,7 +96,7 @@ _INTERPRET = tl.constexpr(_interpreting())
 # lays a tile out as 16-byte vectors along a row, a warp across ≤ 32 vectors of a row and the
 # warps over rows, so BLOCK_N / 8 (16-bit) or / 4 (fp32) lanes share a row and BLOCK_M picks
 # the rows per warp; rows wider than a warp split across warps (cross-warp sums).
-# That leaves 9-12 forward configs and 1-6 backward ones per N, timed with a short
+# That leaves 1-9 forward configs and 1-6 backward ones per N, timed with a short
 # ``do_bench`` (5 ms warm-up, 20 ms of runs) so the first call for a new N costs a few seconds.
 _ROW_CONFIGS = [
     triton.Config({"BLOCK_M": m}, num_warps=w) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16)
@@ -111,14 +111,14 @@ _BWD_SPACE = dict(tiles=(1024, 2048, 4096), warps=(4, 8), per_thread=(4, 16))
 _FWD_MULTI_TILES = 4
 
 
-def _row_space(configs, block_n, tiles, warps, per_thread):
+def _row_space(configs, block_n, tiles, warps, per_thread, fallback=True):
     wanted = {min(256, max(1, t // block_n)) for t in tiles}
     keep = [
         c for c in configs
         if c.kwargs["BLOCK_M"] in wanted and c.num_warps in warps
         and per_thread[0] <= c.kwargs["BLOCK_M"] * block_n / (32 * c.num_warps) <= per_thread[1]
     ]
-    if not keep:  # very narrow or very wide rows: the largest tile, ~8-16 values per thread
+    if not keep and fallback:  # very narrow or very wide rows: the largest tile, ~8-16 values per thread
         m = max(wanted)
         w = min(16, max(1, m * block_n // 512))
         keep = [c for c in configs if c.kwargs["BLOCK_M"] == m and c.num_warps == w]
@@ -137,7 +137,7 @@ def _prune_fwd(configs, named_args, **kwargs):
     one = _row_space([c for c in configs if c.kwargs["TILES"] == 1], block_n, **_FWD_SPACE)
     if not kwargs["ONE_TILE"]:
         return one  # wide rows: the chunked path walks one tile per program
-    multi = _row_space([c for c in configs if c.kwargs["TILES"] > 1], block_n, **_FWD_MULTI_SPACE)
+    multi = _row_space([c for c in configs if c.kwargs["TILES"] > 1], block_n, **_FWD_MULTI_SPACE, fallback=False)
     return one + [c for c in multi if c not in one]
 
 
