@@ -517,7 +517,7 @@ def test_triton_grouped_shape_choice():
         # the same group shape as the CUDA C++ launcher picks
         assert "g%dx%d" % tri._group_shape(rows, nnz) == cu.choose_variant(rows, nnz)
     keep = tri._prune_grouped(tri._GROUPED_CONFIGS, {}, SUB=8)
-    assert {(c.kwargs["BLOCK_R"], c.num_warps) for c in keep} == {(8, 2), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8)}
+    assert {(c.kwargs["BLOCK_R"], c.num_warps) for c in keep} == {(16, 4), (32, 4), (32, 8), (64, 8)}
     with pytest.raises(ValueError, match="layout"):
         tri.sparse_softmax(torch.zeros(2), torch.tensor([0, 2]), layout="rows")
 

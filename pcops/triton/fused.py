@@ -845,17 +845,20 @@ _sparse_softmax_bwd_tuned = triton.autotune(
 # the matching expand_dims (no layout conversion).
 # Config: SUB and VPT from the mean row length as the CUDA C++ launcher picks them (smallest
 # CAP ≥ 2·mean − 1, VPT = 8); search space BLOCK_R = 32 / SUB · num_warps · rows per thread,
-# num_warps ∈ {2, 4, 8} × rows per thread ∈ {1, 2} (6 configs, keyed on the mean length and
-# SUB). Why: one or two rows per thread keeps 8-16 values per thread per tensor (the CSR
-# kernels' 8 per thread above), and the warps per program trade the crow loads' reuse against
-# more, smaller programs in flight.
+# num_warps ∈ {2, 4, 8} × rows per thread ∈ {1, 2}, pruned to 4 warps (1 or 2 rows per
+# thread) and 8 warps (1 or 2): 4 configs, keyed on the mean length and SUB (each first use
+# compiles them all, so the space stays small). Why: one or two rows per thread keeps 8-16
+# values per thread per tensor (the CSR kernels' 8 per thread above), and the warps per
+# program trade the crow loads' reuse against more, smaller programs in flight.
 _GROUP_SHAPES = ((4, 8), (8, 8), (16, 8), (32, 4))  # (SUB, VPT), smallest capacity first (≤ 32, 64, 128, 128)
 _GROUPED_CONFIGS = [triton.Config({"BLOCK_R": r}, num_warps=w) for r in (2, 4, 8, 16, 32, 64, 128) for w in (2, 4, 8)]
+_GROUPED_WARPS = (4, 8)
 
 
 def _prune_grouped(configs, named_args, **kwargs):
     per_warp = 32 // kwargs["SUB"]
-    keep = [c for c in configs if c.kwargs["BLOCK_R"] in (per_warp * c.num_warps, 2 * per_warp * c.num_warps)]
+    keep = [c for c in configs if c.num_warps in _GROUPED_WARPS
+            and c.kwargs["BLOCK_R"] in (per_warp * c.num_warps, 2 * per_warp * c.num_warps)]
     return keep or configs[:1]
 
 
