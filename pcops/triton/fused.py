@@ -40,6 +40,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 from triton.language.extra.cuda import libdevice
 
 # GELU constants (globals read by @triton.jit code must be tl.constexpr)
@@ -86,7 +87,7 @@ _INTERPRET = tl.constexpr(_interpreting())
 # - forward, TILES = 4 (rows that fit one tile): tiles of 512-2K elements with exactly 8 per
 #   thread and 2, 4 or 8 warps: the prefetched tile doubles the live values, and small
 #   programs with a second tile in flight overlap their loads with their own maths instead
-#   of relying on other resident programs (L2: 4×2×2, 4×4×4 and 4×8×8 rows×warps×tiles);
+#   of relying on other resident programs (L2: 2×2×4, 4×4×4 and 8×8×4 rows×warps×tiles);
 # - backward (the row-range kernel): tiles of 1K-4K elements, 4 or 8 warps, 4-16 per thread.
 # Why: these kernels are memory-bound, so what matters is the bytes each SM has in flight:
 # big tiles and 16 values per thread give the most per register; the backward keeps ~5 live
