@@ -183,8 +183,8 @@ def _gelu_grad(z, APPROX_TANH: tl.constexpr, LEAN: tl.constexpr = False):
     if APPROX_TANH and LEAN:
         # the forward's folded exp2 form and 2u' = B0 + B1·z²: gelu' = s + (z·s)·(1 - s)·(B0 + B1·z²)
         # (z·s first: 0 for very negative z, never 0·inf). Fewer instructions (the tiled
-        # backward's loop on L2: 287 instead of 365 SASS instructions per 8 elements a thread)
-        # but ptxas keeps 8 more registers live (80 instead of 72: 6 programs per SM, not 7).
+        # backward's loop on L2: 288 instead of 365 SASS instructions per 8 elements a thread);
+        # ptxas would keep 8 more registers live (80 instead of 72), hence the variants' cap.
         z2 = z * z
         s = _fast_div(1.0, 1.0 + tl.exp2(z * (_GELU_A0 + _GELU_A1 * z2)))
         d = s + (z * s) * (1.0 - s) * (_GELU_B0 + _GELU_B1 * z2)
@@ -524,10 +524,12 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 # 0.019 / 0.022; L3 0.043 / 0.041. The kernel reaches ≈ 2.3 TB/s where torch's elementwise
 # add of the same traffic reaches 4.2: not enough bytes in flight (≈ 28 KB per SM with one
 # tile of prefetch against the ≈ 30 KB Little's law asks), hence "tiled-pf2" (two tiles
-# ahead: 80 registers on L2, 6 programs per SM, 2 tiles each) — to be measured. (Registers
-# were checked with ptxas for every change here: dropping the column mask when N == BLOCK_N,
-# or the forward's leaner GELU maths, cost 8-16 more registers in this kernel, so neither is
-# used.)
+# ahead: 80 registers on L2, 6 programs per SM, 2 tiles each) — to be measured. The default
+# also runs leaner maths (the forward's folded exp2 GELU form and a fast division: 288 instead
+# of 393 SASS instructions per 8-element step on L2, the loop being close to issue-bound at
+# ≈ 49 instructions per element, ≈ 49 µs of issue for L2 on 132 SMs), capped at the plain
+# maths' 72 registers. (Registers checked with ptxas for every change here: dropping the
+# column mask when N == BLOCK_N costs 16 more, so the mask stays.)
 #
 # Each entry: ``per_thread`` values per thread per step (raised up to 8 so a warp spans a row)
 # and ``warps`` (rows wider than per_thread · 32 · warps get more warps, up to 16; BLOCK_M =
