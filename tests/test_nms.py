@@ -506,7 +506,7 @@ def test_gpu_nms_edges_invalid_dtypes(backend):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_nms_cuda_graph_capture(backend):
-    n = 4096 if backend == "cuda" else 512
+    n = 4096 if backend == "cuda" else 300  # Triton: sizes of one specialisation class (not 1, not 16k)
     boxes, scores = make_boxes(n, seed=16)
     static_b, static_s = boxes.cuda(), scores.cuda()
     fn = lambda: pcops.nms_bev(static_b, static_s, 0.01, post_max_size=500, padded=True, backend=backend)
@@ -535,7 +535,7 @@ def test_gpu_opcheck():
     torch.library.opcheck(torch.ops.pcops.boxes_iou_bev, (boxes, boxes[:50], "triton"))
     torch.library.opcheck(torch.ops.pcops.boxes_iou_3d, (boxes, boxes[:50], "cuda"))
     for backend in ("triton", "cuda"):
-        torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 64, True, backend))
+        torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 60, True, backend))
 
 
 @interpret
@@ -1293,7 +1293,7 @@ def test_gpu_batched_form_graph_capture_and_opcheck():
     small[:, 3, 3] = 1.0
     for backend in ("cuda", "triton"):
         torch.library.opcheck(torch.ops.pcops.nms_bev_batched,
-                              (small.cuda(), small_s.cuda(), None, 0.3, None, 32, backend))
+                              (small.cuda(), small_s.cuda(), None, 0.3, None, 30, backend))
     torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), g.cuda(), 0.3, 64, 32, "cuda"))
 
 
