@@ -131,6 +131,11 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
                        baseline=base if samples == m else None, identical_to_triton=same, kernel=launch,
                        us_per_step=per_step))
     cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps = saved
+    if ok and wl.startswith("F1"):
+        try:
+            notes["fps_probe (cycles per dependent op)"] = cu.probe(pts.device)
+        except Exception as e:  # a diagnostic only
+            notes["fps_probe error"] = repr(e)[:300]
     if ok:
         lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
         dummy = torch.empty(0, dtype=torch.int64, device=pts.device)

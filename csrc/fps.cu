@@ -980,3 +980,96 @@ extern "C" __global__ void __launch_bounds__(1024)
     keys[b * (long long)n + i] = high | (long long)code;
   }
 }
+
+// -------------------------------------------------------------------------------------------------
+// fps_probe: latencies of the instructions on the fps_tile step's path, for the benchmark's notes
+// (cycles per dependent operation, thread 0's clock64; and the SM clock from %globaltimer).
+// out (16,) int64: [0] redux.sync chain, [1] shfl chain, [2] ballot chain, [3] shared-load chain,
+// [4] __syncthreads loop (all threads of the CTA), [5] switch jump chain, [6] cluster barrier loop
+// (cluster launches only, else 0), [7] kHz of the SM clock. Loops are not unrolled: each figure
+// includes about 2 cycles of loop control.
+#define PROBE_ITERS 4096
+
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <int CLUSTER>
+__device__ __forceinline__ void fps_probe_body(long long* out) {
+  __shared__ int chain[1024];
+  const int tid = threadIdx.x, lane = tid & 31;
+  for (int i = tid; i < 1024; i += blockDim.x) chain[i] = (i * 37 + 11) & 1023;
+  __syncthreads();
+  const long long g0 = global_ns(), c0 = clock64();
+  int v = lane;
+  long long t = clock64();
+#pragma unroll 1
+  for (int i = 0; i < PROBE_ITERS; ++i) v = redux_max_s32(v) + 1;
+  const long long r0 = clock64() - t;
+  v += lane;  // lane-varying: the shuffles cannot be folded
+  t = clock64();
+#pragma unroll 1
+  for (int i = 0; i < PROBE_ITERS; ++i) v = __shfl_xor_sync(FULL_MASK, v, 1) + 1;
+  const long long r1 = clock64() - t;
+  t = clock64();
+#pragma unroll 1
+  for (int i = 0; i < PROBE_ITERS; ++i) v = (int)__ballot_sync(FULL_MASK, (v & 1) != 0) + lane;
+  const long long r2 = clock64() - t;
+  int idx = lane;
+  t = clock64();
+#pragma unroll 1
+  for (int i = 0; i < PROBE_ITERS; ++i) idx = chain[idx];
+  const long long r3 = clock64() - t;
+  t = clock64();
+#pragma unroll 1
+  for (int i = 0; i < PROBE_ITERS; ++i) __syncthreads();
+  const long long r4 = clock64() - t;
+  // a warp-uniform switch over a register array, as fps_tile's slot updates
+  float arr[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) arr[j] = (float)(j + lane);
+  int w = redux_max_s32(v) & 31;
+  t = clock64();
+#pragma unroll 1
+  for (int i = 0; i < PROBE_ITERS; ++i) {
+    switch (w) {
+#define PROBE_CASE(J)                           \
+  case J:                                       \
+    arr[J] = __fadd_rn(arr[J], 1.f);            \
+    w = (w * 7 + (J ^ 5) + 1) & 31;             \
+    break;
+      TILE_CASES(PROBE_CASE)
+#undef PROBE_CASE
+    }
+  }
+  const long long r5 = clock64() - t;
+  long long r6 = 0;
+  if (CLUSTER) {
+    t = clock64();
+#pragma unroll 1
+    for (int i = 0; i < PROBE_ITERS; ++i) cluster_sync();
+    r6 = clock64() - t;
+  }
+  float f = 0.f;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) f = __fadd_rn(f, arr[j]);
+  const long long g1 = global_ns(), c1 = clock64();
+  if (tid == 0 && blockIdx.x == 0) {
+    out[0] = r0 / PROBE_ITERS;
+    out[1] = r1 / PROBE_ITERS;
+    out[2] = r2 / PROBE_ITERS;
+    out[3] = r3 / PROBE_ITERS;
+    out[4] = r4 / PROBE_ITERS;
+    out[5] = r5 / PROBE_ITERS;
+    out[6] = r6 / PROBE_ITERS;
+    out[7] = g1 > g0 ? (c1 - c0) * 1000000LL / (g1 - g0) : 0;
+    out[8] = (long long)v + (long long)f + idx + w;  // keeps the chains alive
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) fps_probe(long long* out) { fps_probe_body<0>(out); }
+extern "C" __global__ void __launch_bounds__(512, 1) __cluster_dims__(2, 1, 1) fps_probe_c2(long long* out) {
+  fps_probe_body<1>(out);
+}

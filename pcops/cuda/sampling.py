@@ -301,3 +301,20 @@ def farthest_point_sample(
         return tri.farthest_point_sample(points, lengths, start_idx, num_samples)
     _launch(inputs, *config)
     return out
+
+
+def probe(device=None) -> dict:
+    """Cycles per dependent operation on the fps_tile step's path, measured by ``fps_probe`` (one CTA
+    of 512 threads; a second launch as a 2-CTA cluster for the cluster barrier), and the SM clock.
+    A diagnostic for the benchmark's notes."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else device
+    names = ("redux.sync", "shfl", "ballot", "shared load", "__syncthreads", "switch jump", "cluster barrier")
+    out = torch.zeros(16, dtype=torch.int64, device=device)
+    get_kernel("fps.cu", "fps_probe", device)((1,), (512,), [out])
+    first = out.clone()
+    get_kernel("fps.cu", "fps_probe_c2", device)((2,), (512,), [out])
+    values = first.tolist()
+    values[6] = int(out[6])
+    result = {f"{name} cycles": values[i] for i, name in enumerate(names)}
+    result["SM clock MHz"] = values[7] / 1000
+    return result
