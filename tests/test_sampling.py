@@ -731,14 +731,14 @@ def tile_fps_model(points, m, start, cluster, warps=16):
     return out + [-1] * (m - len(out)), updates / max(1, len(groups) * (min(m, n) - 1))
 
 
-@pytest.mark.parametrize("cluster", [1, 2, 4])
-def test_tile_fps_model_is_exact(kitti_dir, cluster):
+@pytest.mark.parametrize("cluster,warps", [(1, 16), (2, 16), (4, 16), (2, 8), (4, 4)])
+def test_tile_fps_model_is_exact(kitti_dir, cluster, warps):
     """fps_tile's bookkeeping (group boxes, cached warp records, the two-level reduction) changes no
-    index, ties included (duplicated points), whatever the number of CTAs."""
+    index, ties included (duplicated points), whatever the number of CTAs and warps."""
     raw = np.fromfile(kitti_dir / "velodyne" / "000001.bin", dtype=np.float32).reshape(-1, 4)
     pts = torch.from_numpy(raw[torch.randperm(raw.shape[0], generator=generator(3))[:2500].numpy(), :3].copy())
     pts[1::4] = pts[0:-1:4][: pts[1::4].shape[0]]  # duplicates: exact ties
-    got, updated = tile_fps_model(pts, 1300, 11, cluster)
+    got, updated = tile_fps_model(pts, 1300, 11, cluster, warps)
     assert got == fps_oracle(pts, 1300, 11)
     assert updated < 0.3  # most group updates are skipped
 
