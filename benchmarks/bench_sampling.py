@@ -90,6 +90,7 @@ def _v(variant, cluster=1, opt="", warps=16, samples=None):
 
 FPS_VARIANTS = {
     "F1": [_v("tile"), _v("tile", opt="shfl"), _v("tile", opt="unroll"), _v("tile", opt="shfl_unroll"),
+           _v("tile", opt="leader"), _v("tile", opt="shfl_leader"),
            _v("tile", samples=1024), _v("tile", samples=2048), _v("tile", 2), _v("tile_async", 2),
            _v("tile", 2, warps=8), _v("tile_async", 2, warps=8), _v("tile", 4, warps=4),
            _v("tile_async", 4, warps=4), _v("pruned")],

@@ -545,8 +545,8 @@ __device__ __forceinline__ void store_shared_v2(unsigned addr, int a, unsigned b
   asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
 }
 
-__device__ __forceinline__ void store_shared_v4(unsigned addr, float x, float y, float z) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(0.f) : "memory");
+__device__ __forceinline__ void store_shared_v4(unsigned addr, float x, float y, float z, float w = 0.f) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
 
 __device__ __forceinline__ int2 load_shared_v2(unsigned addr) {
@@ -620,6 +620,7 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
 
 #define TILE_SHFL 1    // OPT bit: shuffle-tree warp reductions instead of redux.sync
 #define TILE_UNROLL 2  // OPT bit: unrolled predicated loops over the 32 slots instead of switch jumps
+#define TILE_LEADER 4  // OPT bit (one CTA): warp 0 alone reduces the records, a second __syncthreads
 
 #define TILE_CASES(X)                                                                                              \
   X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)    \
@@ -671,6 +672,9 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   constexpr int R = C * W;
   constexpr bool SHFL = (OPT & TILE_SHFL) != 0;
   constexpr bool UNROLL = (OPT & TILE_UNROLL) != 0;
+  constexpr bool LEADER = (OPT & TILE_LEADER) != 0;
+  static_assert(!LEADER || C == 1, "the leader reduction is for one CTA");
+  __shared__ float4 tcent;  // TILE_LEADER: the new sample (coordinates, index bits)
   float* xs = tile_smem;
   float* ys = tile_smem + cap;
   float* zs = tile_smem + 2 * cap;
@@ -742,6 +746,7 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   const unsigned key_base = shared_address(&tkey[0][0]);
   const unsigned crd_base = shared_address(&tcrd[0][0]);
   const unsigned bar_base = shared_address(&tbar[0]);
+  const unsigned cent_addr = shared_address(&tcent);
   long long pending = start;  // warp 0 of rank 0: the index of step (s & ~31) + lane
   for (int s = 1; s < steps; ++s) {
     const int parity = s & 1;
@@ -833,30 +838,44 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
         }
       }
     }
-    // 4. every warp reduces the R records: the largest distance, then the lowest index
-    int bd = -2147483647 - 1;
-    unsigned bi = 0xFFFFFFFFu;
-    int br = 0;
+    // 4. every warp (TILE_LEADER: warp 0, which then shares the result through shared memory after a
+    // second __syncthreads) reduces the R records: the largest distance, then the lowest index
+    if (!LEADER || warp == 0) {
+      int bd = -2147483647 - 1;
+      unsigned bi = 0xFFFFFFFFu;
+      int br = 0;
 #pragma unroll
-    for (int t = 0; t < (R + 31) / 32; ++t) {
-      const int r = lane + 32 * t;
-      if (r < R) {
-        const int2 k = load_shared_v2(key_par + (unsigned)r * 8u);
-        if (k.x > bd || (k.x == bd && (unsigned)k.y < bi)) {
-          bd = k.x;
-          bi = (unsigned)k.y;
-          br = r;
+      for (int t = 0; t < (R + 31) / 32; ++t) {
+        const int r = lane + 32 * t;
+        if (r < R) {
+          const int2 k = load_shared_v2(key_par + (unsigned)r * 8u);
+          if (k.x > bd || (k.x == bd && (unsigned)k.y < bi)) {
+            bd = k.x;
+            bi = (unsigned)k.y;
+            br = r;
+          }
         }
       }
+      const float4 mine = load_shared_v4(crd_par + (unsigned)br * 16u);  // loaded while the reductions run
+      const int gd = tile_max<SHFL>(bd);
+      const unsigned c = bd == gd ? bi : 0xFFFFFFFFu;
+      sel = tile_min<SHFL>(c);
+      const int from = __ffs(__ballot_sync(FULL_MASK, c == sel)) - 1;
+      cx = __shfl_sync(FULL_MASK, mine.x, from);
+      cy = __shfl_sync(FULL_MASK, mine.y, from);
+      cz = __shfl_sync(FULL_MASK, mine.z, from);
+      if (LEADER && lane == 0) store_shared_v4(cent_addr, cx, cy, cz, __uint_as_float(sel));
     }
-    const float4 mine = load_shared_v4(crd_par + (unsigned)br * 16u);  // loaded while the reductions run
-    const int gd = tile_max<SHFL>(bd);
-    const unsigned c = bd == gd ? bi : 0xFFFFFFFFu;
-    sel = tile_min<SHFL>(c);
-    const int from = __ffs(__ballot_sync(FULL_MASK, c == sel)) - 1;
-    cx = __shfl_sync(FULL_MASK, mine.x, from);
-    cy = __shfl_sync(FULL_MASK, mine.y, from);
-    cz = __shfl_sync(FULL_MASK, mine.z, from);
+    if constexpr (LEADER) {
+      // one buffer is enough: warp 0 rewrites it after the next step's first barrier, which every
+      // warp reaches only after reading it
+      __syncthreads();
+      const float4 centre = load_shared_v4(cent_addr);
+      cx = centre.x;
+      cy = centre.y;
+      cz = centre.z;
+      sel = __float_as_uint(centre.w);
+    }
     // the indices leave in coalesced batches of 32 (lane l of warp 0 keeps step s0 + l): a global
     // store every step would make the release fence of the next cluster barrier wait for it
     if (rank == 0 && warp == 0) {
@@ -890,6 +909,8 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
 
 // one CTA (no cluster): the exchange is a __syncthreads
 FPS_TILE_OPTS(fps_tile, 1, EXCH_BAR)
+FPS_TILE_ENTRY(fps_tile_leader_c1, 1, EXCH_BAR, TILE_LEADER)
+FPS_TILE_ENTRY(fps_tile_shfl_leader_c1, 1, EXCH_BAR, TILE_SHFL | TILE_LEADER)
 FPS_TILE_ENTRY(fps_tile_c2, 2, EXCH_BAR, 0)
 FPS_TILE_ENTRY(fps_tile_c4, 4, EXCH_BAR, 0)
 FPS_TILE_ENTRY(fps_tile_c8, 8, EXCH_BAR, 0)

@@ -604,7 +604,7 @@ def test_fps_cu_compiles_with_every_entry_point():
     assert cu._kernel_name("pruned", 8, 32, False).encode() in cubin
     for cluster in cu._TILE_CLUSTERS:
         for exchange in ("bar", "async"):
-            for opt in cu._TILE_OPTS if cluster == 1 or exchange == "async" else ("",):
+            for opt in cu._TILE_OPTS_C1 if cluster == 1 else cu._TILE_OPTS if exchange == "async" else ("",):
                 assert cu._tile_kernel_name(cluster, exchange, opt).encode() in cubin
     for warps, cluster in cu._TILE_FEW_WARPS:
         for exchange in ("bar", "async"):
@@ -838,7 +838,7 @@ def test_gpu_fps_tile_order():
     assert order[0].tolist() == np.lexsort((np.arange(p.shape[0]), code)).tolist()
 
 
-@pytest.mark.parametrize("opt", ["", "shfl", "unroll", "shfl_unroll"])
+@pytest.mark.parametrize("opt", ["", "shfl", "unroll", "shfl_unroll", "leader", "shfl_leader"])
 @pytest.mark.parametrize("exchange", ["bar", "async"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8])
 @pytest.mark.gpu
@@ -852,6 +852,8 @@ def test_gpu_fps_tile_kernels(cluster, exchange, opt):
         pytest.skip("one CTA: no exchange variant")
     if opt and cluster > 1 and exchange == "bar":
         pytest.skip("the cluster-barrier exchange is compiled with the default code shape only")
+    if "leader" in opt and cluster > 1:
+        pytest.skip("the leader reduction is compiled for one CTA only")
     cases = [(3, 1000, 1000, True), (2, 4099, 2600, True), (8, 16384, 256, False), (2, 40000, 256, False)]
     if cluster == 8:
         cases.append((1, 120268, 128, False))

@@ -47,6 +47,7 @@ _TILE_CAP = 16384  # points per CTA of fps_tile_* (coordinates in shared memory)
 _TILE_CLUSTERS = (1, 2, 4, 8)
 _tile_min_cluster = 1  # benchmarks may spread small clouds over more CTAs
 _TILE_OPTS = ("", "shfl", "unroll", "shfl_unroll")
+_TILE_OPTS_C1 = _TILE_OPTS + ("leader", "shfl_leader")  # one CTA: warp 0 alone reduces the records
 _tile_opt = ""  # code shape of the fps_tile step (see _tile_kernel_name)
 _tile_warps = 16  # warps per CTA (16: 16,384 points per CTA; 8 and 4 compiled for 2 and 4 CTAs)
 _TILE_FEW_WARPS = {(8, 2), (4, 4)}  # (warps, cluster) entry points with fewer warps
@@ -238,6 +239,8 @@ def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None, warps
     suffix = f"_{opt}" if opt else ""
     if cluster == 1:
         return f"fps_tile{suffix}_c1"  # no cluster: a __syncthreads is the exchange
+    if opt not in _TILE_OPTS:
+        raise ValueError(f"fps_tile code shape {opt!r} is compiled for one CTA only")
     return f"fps_tile_async{suffix}_c{cluster}" if exchange == "async" else f"fps_tile_c{cluster}"
 
 
