@@ -53,10 +53,26 @@ def host_syncs(fn) -> int:
     return sum("synchroniz" in str(w.message).lower() for w in caught)
 
 
+def host_us(fn, calls: int = 50) -> float:
+    """Host µs per call, the GPU not waited for between calls (with no host sync in ``fn`` this is
+    the pure launch + Python overhead; with one, it includes waiting for the GPU)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
 def launches(fn) -> dict:
-    """Kernels, copies, host syncs and GPU µs of one call."""
+    """Kernels, copies, host syncs, GPU µs and host µs of one call."""
     act = gpu_activities(fn)
     act["host_syncs"] = host_syncs(fn)
+    act["host_us"] = host_us(fn)
     return act
 
 
@@ -92,7 +108,8 @@ def main():
                 extra["launches"] = launches(fn)
                 act = extra["launches"]
                 summary.append(f"{wl:<16} {impl:<40} kernels {act.get('kernels', '?'):>4}  copies {act.get('copies', '?'):>4}"
-                               f"  host syncs {act['host_syncs']}  GPU µs {act.get('gpu_us', float('nan')):.1f}")
+                               f"  host syncs {act['host_syncs']}  GPU µs {act.get('gpu_us', float('nan')):.1f}"
+                               f"  host µs {act['host_us']:.1f}")
             rows.append(row(wl, impl, t, items=n, unit="voxels/s", baseline=base, **extra))
             if check is not None:
                 notes[f"{wl} {impl} equal to reference"] = check
