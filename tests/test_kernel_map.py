@@ -653,3 +653,29 @@ def test_gpu_padded_pairs_and_cuda_graph():
     expected = pcops.sparse_conv_kernel_map(other, shape, 3, subm=True, pad_pairs=True)
     for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
         assert torch.equal(getattr(out, name).cpu(), getattr(expected, name)), name
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_host_sync_count():
+    """The documented host syncs: submanifold 1 (P, at the end) and 0 with pad_pairs; regular and
+    transposed exactly 1 (M), also with pad_pairs."""
+    import warnings
+
+    shape = (17, 40, 33)
+    coords = make_coords(3, shape, 997, seed=36, device="cuda")
+    cases = [(dict(subm=True), False, 1), (dict(subm=True), True, 0), (dict(stride=2, padding=1), False, 1),
+             (dict(stride=2, padding=1), True, 1), (dict(stride=2, transposed=True), False, 1)]
+    for kwargs, pad, expected in cases:
+        pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, pad_pairs=pad)  # compile outside the count
+        torch.cuda.synchronize()
+        prev = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, pad_pairs=pad)
+            finally:
+                torch.cuda.set_sync_debug_mode(prev)
+        syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
+        assert syncs == expected, (kwargs, pad, syncs)
