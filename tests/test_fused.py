@@ -416,10 +416,10 @@ def test_forward_search_space():
 
     l2 = space(256)
     assert {(8, 4, 1), (8, 8, 1), (8, 16, 1), (16, 8, 1), (16, 16, 1), (32, 16, 1)} <= l2  # measured before
-    assert {(2, 2, 4), (4, 4, 4), (8, 8, 4)} <= l2 and len(l2) == 9
+    assert {(4, 2, 4), (4, 4, 4), (8, 4, 4), (8, 8, 4)} <= l2 and len(l2) == 10
     for block_n in (1, 64, 1024, 8192):
         got = space(block_n)
-        assert 1 <= len(got) <= 9
+        assert 1 <= len(got) <= 10
         for m, w, t in got:
             assert t in (1, tri._FWD_MULTI_TILES) and m * block_n / (32 * w) <= 16
     assert all(t == 1 for _, _, t in space(8192, one_tile=False))

@@ -84,10 +84,12 @@ _INTERPRET = tl.constexpr(_interpreting())
 # ∈ {1, 4} for the forward), pruned per N (and dtype, through the autotune key) to
 # - forward, TILES = 1: tiles of 2K-8K elements, 4, 8 or 16 warps, 4-16 elements per thread
 #   (the configs the H200 has measured: L1 0.011 ms, L2 0.053, floor 0.031);
-# - forward, TILES = 4 (rows that fit one tile): tiles of 512-2K elements with exactly 8 per
-#   thread and 2, 4 or 8 warps: the prefetched tile doubles the live values, and small
-#   programs with a second tile in flight overlap their loads with their own maths instead
-#   of relying on other resident programs (L2: 2×2×4, 4×4×4 and 8×8×4 rows×warps×tiles);
+# - forward, TILES = 4 (rows that fit one tile): tiles of 1K-2K elements with 8 or 16 per
+#   thread and 2, 4 or 8 warps: the prefetched tile doubles the live values (L2, ptxas: 48-56
+#   registers at 8 per thread, 80 at 16), and programs with a second tile in flight overlap
+#   their loads with their own maths instead of relying on other resident programs; 16 per
+#   thread also amortises the row reductions (L2: 21.8 SASS instructions per element against
+#   24 at 8 per thread and 26 for one tile) (L2: 4×2, 4×4, 8×4 and 8×8 rows×warps);
 # - backward (the row-range kernel): tiles of 1K-4K elements, 4 or 8 warps, 4-16 per thread.
 # Why: these kernels are memory-bound, so what matters is the bytes each SM has in flight:
 # big tiles and 16 values per thread give the most per register; the backward keeps ~5 live
@@ -97,7 +99,7 @@ _INTERPRET = tl.constexpr(_interpreting())
 # lays a tile out as 16-byte vectors along a row, a warp across ≤ 32 vectors of a row and the
 # warps over rows, so BLOCK_N / 8 (16-bit) or / 4 (fp32) lanes share a row and BLOCK_M picks
 # the rows per warp; rows wider than a warp split across warps (cross-warp sums).
-# That leaves 1-9 forward configs and 1-6 backward ones per N, timed with a short
+# That leaves 1-10 forward configs and 1-6 backward ones per N, timed with a short
 # ``do_bench`` (5 ms warm-up, 20 ms of runs) so the first call for a new N costs a few seconds.
 _ROW_CONFIGS = [
     triton.Config({"BLOCK_M": m}, num_warps=w) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16)
@@ -107,7 +109,7 @@ _FWD_CONFIGS = [
     for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16) for t in (1, 4)
 ]
 _FWD_SPACE = dict(tiles=(2048, 4096, 8192), warps=(4, 8, 16), per_thread=(4, 16))
-_FWD_MULTI_SPACE = dict(tiles=(512, 1024, 2048), warps=(2, 4, 8), per_thread=(8, 8))
+_FWD_MULTI_SPACE = dict(tiles=(1024, 2048), warps=(2, 4, 8), per_thread=(8, 16))
 _BWD_SPACE = dict(tiles=(1024, 2048, 4096), warps=(4, 8), per_thread=(4, 16))
 _FWD_MULTI_TILES = 4
 
