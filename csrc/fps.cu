@@ -625,6 +625,9 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
 #define TILE_CASES(X)                                                                                              \
   X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)    \
   X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
+#define TILE_CASES_HI(X)                                                                                           \
+  X(32) X(33) X(34) X(35) X(36) X(37) X(38) X(39) X(40) X(41) X(42) X(43) X(44) X(45) X(46) X(47) X(48) X(49)      \
+  X(50) X(51) X(52) X(53) X(54) X(55) X(56) X(57) X(58) X(59) X(60) X(61) X(62) X(63)
 
 // slot j of warp w, lane l: CTA-local sorted position ((j * W + w) * 32 + l), W warps per CTA
 #define TILE_Q(J) (((J) * W + warp) * 32 + lane)
@@ -634,10 +637,10 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
   {                                                                                           \
     const int q = TILE_Q(J);                                                                  \
     float m = fminf(md[J], sq_dist(xs[q], ys[q], zs[q], cx, cy, cz));                         \
-    m = oi[J] == sel ? -1.f : m;                                                              \
+    m = TILE_OI(J) == sel ? -1.f : m;                                                         \
     md[J] = m;                                                                                \
     const int gm = tile_max<SHFL>(__float_as_int(m));                                         \
-    if (lane == J) gmax = __int_as_float(gm);                                                 \
+    if (lane == ((J) & 31)) gmax[(J) >> 5] = __int_as_float(gm);                              \
   }
 #define TILE_UPDATE_CASE(J) \
   case J:                   \
@@ -646,11 +649,14 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
 // the lowest original index among this lane's points of group J holding the warp's max
 #define TILE_PICK(J)                                                 \
   {                                                                  \
-    if (__float_as_int(md[J]) == rd && oi[J] < cand) {               \
-      cand = oi[J];                                                  \
+    if (__float_as_int(md[J]) == rd && TILE_OI(J) < cand) {          \
+      cand = TILE_OI(J);                                             \
       cq = ((J) * W + warp) * 32 + lane;                             \
     }                                                                \
   }
+// original index of slot J: PACK (one CTA, 64 slots) keeps two 16-bit indices per register
+#define TILE_OI(J) (PACK ? ((oi[(J) >> 1] >> (((J) & 1) * 16)) & 0xFFFFu) : oi[J])
+
 #define TILE_PICK_CASE(J) \
   case J:                 \
     TILE_PICK(J) break;
@@ -659,7 +665,7 @@ __device__ __forceinline__ unsigned tile_min(unsigned v) {
 // Morton code (valid points first: fps_morton_keys + one stable 1-D sort); lengths, starts: (B,)
 // int64; out: (B, M) int64 pre-filled with -1; cap: floats per coordinate array in the dynamic shared
 // memory (>= ceil(N / C) rounded up to 32). Grid (C, B), TILE_THREADS threads, cluster (C, 1, 1).
-template <int C, int EXCH, int OPT, int W>
+template <int C, int EXCH, int OPT, int W, int G>
 __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const long long* __restrict__ order,
                                          const long long* __restrict__ lengths,
                                          const long long* __restrict__ starts, long long* __restrict__ out, int n,
@@ -669,6 +675,8 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   __shared__ float4 tcrd[2][TILE_RECORDS];  // the record's coordinates
   __shared__ unsigned long long tbar[2];    // EXCH_ASYNC: one mbarrier per parity
   static_assert(W >= 1 && W <= TILE_WARPS && C * W <= TILE_RECORDS, "records per step");
+  static_assert(G == 1 || G == 2, "groups per lane");
+  constexpr int SLOTS = 32 * G;  // points per lane; lane l holds the boxes of slots l + 32 g
   constexpr int R = C * W;
   constexpr bool SHFL = (OPT & TILE_SHFL) != 0;
   constexpr bool UNROLL = (OPT & TILE_UNROLL) != 0;
@@ -696,14 +704,22 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
     ys[q] = valid ? src[1] : 0.f;
     zs[q] = valid ? src[2] : 0.f;
   }
-  float md[TILE_SLOTS];
-  unsigned oi[TILE_SLOTS];
+  float md[SLOTS];
+  // PACK: one CTA holds the whole cloud (N <= 16,384), so original indices fit 16 bits (0xFFFF: none)
+  constexpr bool PACK = C == 1 && G == 2;
+  unsigned oi[SLOTS];
 #pragma unroll
-  for (int j = 0; j < TILE_SLOTS; ++j) {
+  for (int j = 0; j < SLOTS; ++j) {
     const int q = TILE_Q(j);
     const bool valid = q < cnt;
     md[j] = valid ? __int_as_float(0x7f800000) : -1.f;  // -1: padding, later the chosen points
-    oi[j] = valid ? (unsigned)(ord[q] - b * (long long)n) : 0xFFFFFFFFu;
+    const unsigned index = valid ? (unsigned)(ord[q] - b * (long long)n) : 0xFFFFFFFFu;
+    if constexpr (PACK) {
+      if (j & 1) oi[j >> 1] |= (index & 0xFFFFu) << 16;
+      else oi[j >> 1] = index & 0xFFFFu;
+    } else {
+      oi[j] = index;
+    }
   }
   if (EXCH == EXCH_ASYNC && tid == 0) {
     mbar_init(shared_address(&tbar[0]), 1);
@@ -711,23 +727,27 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  // lane l: the box of this warp's group l (+-inf for an empty group, which then never updates)
-  float blx = __int_as_float(0x7f800000), bly = blx, blz = blx, bhx = -blx, bhy = -blx, bhz = -blx;
-  {
-    const int q0 = (lane * W + warp) * 32;
+  // lane l: the boxes of this warp's groups (slots) l + 32 g (+-inf for an empty group, which then
+  // never updates) and their largest min-distances
+  float blx[G], bly[G], blz[G], bhx[G], bhy[G], bhz[G], gmax[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    blx[g] = bly[g] = blz[g] = __int_as_float(0x7f800000);
+    bhx[g] = bhy[g] = bhz[g] = __int_as_float(0xff800000);
+    const int q0 = ((lane + 32 * g) * W + warp) * 32;
     for (int t = 0; t < 32; ++t) {
       const int q = q0 + t;
       if (q < cnt) {
-        blx = fminf(blx, xs[q]);
-        bly = fminf(bly, ys[q]);
-        blz = fminf(blz, zs[q]);
-        bhx = fmaxf(bhx, xs[q]);
-        bhy = fmaxf(bhy, ys[q]);
-        bhz = fmaxf(bhz, zs[q]);
+        blx[g] = fminf(blx[g], xs[q]);
+        bly[g] = fminf(bly[g], ys[q]);
+        blz[g] = fminf(blz[g], zs[q]);
+        bhx[g] = fmaxf(bhx[g], xs[q]);
+        bhy[g] = fmaxf(bhy[g], ys[q]);
+        bhz[g] = fmaxf(bhz[g], zs[q]);
       }
     }
+    gmax[g] = q0 < cnt ? __int_as_float(0x7f800000) : -1.f;
   }
-  float gmax = (lane * W + warp) * 32 < cnt ? __int_as_float(0x7f800000) : -1.f;
   if (C > 1) cluster_sync();  // every CTA runs (and its mbarriers are initialised) before remote stores
 
   unsigned sel = (unsigned)start;
@@ -751,42 +771,66 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
   for (int s = 1; s < steps; ++s) {
     const int parity = s & 1;
     // 1. which groups can change: box distance to the new sample <= the group's max min-distance
-    const float gx = fmaxf(fmaxf(__fsub_rn(blx, cx), __fsub_rn(cx, bhx)), 0.f);
-    const float gy = fmaxf(fmaxf(__fsub_rn(bly, cy), __fsub_rn(cy, bhy)), 0.f);
-    const float gz = fmaxf(fmaxf(__fsub_rn(blz, cz), __fsub_rn(cz, bhz)), 0.f);
-    const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
-    unsigned need = __ballot_sync(FULL_MASK, !(lower > gmax));
-    const bool changed = need != 0u;
+    unsigned need[G];
+    bool changed = false;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float gx = fmaxf(fmaxf(__fsub_rn(blx[g], cx), __fsub_rn(cx, bhx[g])), 0.f);
+      const float gy = fmaxf(fmaxf(__fsub_rn(bly[g], cy), __fsub_rn(cy, bhy[g])), 0.f);
+      const float gz = fmaxf(fmaxf(__fsub_rn(blz[g], cz), __fsub_rn(cz, bhz[g])), 0.f);
+      const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
+      need[g] = __ballot_sync(FULL_MASK, !(lower > gmax[g]));
+      changed |= need[g] != 0u;
+    }
     if constexpr (UNROLL) {
 #pragma unroll
-      for (int j = 0; j < TILE_SLOTS; ++j) {
-        if (need & (1u << j)) TILE_UPDATE(j)
+      for (int j = 0; j < SLOTS; ++j) {
+        if (need[j >> 5] & (1u << (j & 31))) TILE_UPDATE(j)
       }
     } else {
-      while (need) {
-        const int j = __ffs(need) - 1;
-        need &= need - 1u;
+      while (need[0]) {
+        const int j = __ffs(need[0]) - 1;
+        need[0] &= need[0] - 1u;
         switch (j) { TILE_CASES(TILE_UPDATE_CASE) }
+      }
+      if constexpr (G == 2) {
+        while (need[G - 1]) {
+          const int j = 32 + __ffs(need[G - 1]) - 1;
+          need[G - 1] &= need[G - 1] - 1u;
+          switch (j) { TILE_CASES_HI(TILE_UPDATE_CASE) }
+        }
       }
     }
     // 2. the warp's record, recomputed only if one of its groups changed
     if (changed) {
-      rd = tile_max<SHFL>(__float_as_int(gmax));
+      int lane_max = __float_as_int(gmax[0]);
+#pragma unroll
+      for (int g = 1; g < G; ++g) lane_max = max(lane_max, __float_as_int(gmax[g]));
+      rd = tile_max<SHFL>(lane_max);
       ri = 0xFFFFFFFFu;
       if (rd >= 0) {
-        unsigned holders = __ballot_sync(FULL_MASK, __float_as_int(gmax) == rd);  // groups holding the max
         unsigned cand = 0xFFFFFFFFu;
         int cq = 0;
+        unsigned holders[G];  // groups holding the max
+#pragma unroll
+        for (int g = 0; g < G; ++g) holders[g] = __ballot_sync(FULL_MASK, __float_as_int(gmax[g]) == rd);
         if constexpr (UNROLL) {
 #pragma unroll
-          for (int j = 0; j < TILE_SLOTS; ++j) {
-            if (holders & (1u << j)) TILE_PICK(j)
+          for (int j = 0; j < SLOTS; ++j) {
+            if (holders[j >> 5] & (1u << (j & 31))) TILE_PICK(j)
           }
         } else {
-          while (holders) {
-            const int j = __ffs(holders) - 1;
-            holders &= holders - 1u;
+          while (holders[0]) {
+            const int j = __ffs(holders[0]) - 1;
+            holders[0] &= holders[0] - 1u;
             switch (j) { TILE_CASES(TILE_PICK_CASE) }
+          }
+          if constexpr (G == 2) {
+            while (holders[G - 1]) {
+              const int j = 32 + __ffs(holders[G - 1]) - 1;
+              holders[G - 1] &= holders[G - 1] - 1u;
+              switch (j) { TILE_CASES_HI(TILE_PICK_CASE) }
+            }
           }
         }
         // every lane loads its candidate's coordinates while the index is reduced (latency hidden)
@@ -894,12 +938,13 @@ __device__ __forceinline__ void fps_tile(const float* __restrict__ points, const
 #define FPS_TILE_CLUSTER_2 __cluster_dims__(2, 1, 1)
 #define FPS_TILE_CLUSTER_4 __cluster_dims__(4, 1, 1)
 #define FPS_TILE_CLUSTER_8 __cluster_dims__(8, 1, 1)
-#define FPS_TILE_ENTRY_W(NAME, C, EXCH, OPT, W)                                                                  \
+#define FPS_TILE_ENTRY_WG(NAME, C, EXCH, OPT, W, G)                                                              \
   extern "C" __global__ void __launch_bounds__(W * 32, 1) FPS_TILE_CLUSTER_##C                                  \
       NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,       \
            long long* out, int n, int num_samples, int cap) {                                                    \
-    fps_tile<C, EXCH, OPT, W>(points, order, lengths, starts, out, n, num_samples, cap);                         \
+    fps_tile<C, EXCH, OPT, W, G>(points, order, lengths, starts, out, n, num_samples, cap);                      \
   }
+#define FPS_TILE_ENTRY_W(NAME, C, EXCH, OPT, W) FPS_TILE_ENTRY_WG(NAME, C, EXCH, OPT, W, 1)
 #define FPS_TILE_ENTRY(NAME, C, EXCH, OPT) FPS_TILE_ENTRY_W(NAME, C, EXCH, OPT, TILE_WARPS)
 #define FPS_TILE_OPTS(PREFIX, C, EXCH)                                 \
   FPS_TILE_ENTRY(PREFIX##_c##C, C, EXCH, 0)                            \
@@ -923,6 +968,11 @@ FPS_TILE_ENTRY_W(fps_tile_w8_c2, 2, EXCH_BAR, 0, 8)
 FPS_TILE_ENTRY_W(fps_tile_async_w8_c2, 2, EXCH_ASYNC, 0, 8)
 FPS_TILE_ENTRY_W(fps_tile_w4_c4, 4, EXCH_BAR, 0, 4)
 FPS_TILE_ENTRY_W(fps_tile_async_w4_c4, 4, EXCH_ASYNC, 0, 4)
+// 8 warps of 64 points per lane (two boxes per lane, 16-bit original indices): 16,384 points in
+// one CTA with half the warps
+FPS_TILE_ENTRY_WG(fps_tile_w8g2_c1, 1, EXCH_BAR, 0, 8, 2)
+FPS_TILE_ENTRY_WG(fps_tile_shfl_w8g2_c1, 1, EXCH_BAR, TILE_SHFL, 8, 2)
+FPS_TILE_ENTRY_WG(fps_tile_leader_w8g2_c1, 1, EXCH_BAR, TILE_LEADER, 8, 2)
 
 // The fps_tile order in one kernel and one sort: keys (B * N) int64, key of point i of cloud b =
 // (b << 32) | its 30-bit Morton code in the cloud's bounding box (10 bits per axis), 1 << 30 for

@@ -606,6 +606,8 @@ def test_fps_cu_compiles_with_every_entry_point():
         for exchange in ("bar", "async"):
             for opt in cu._TILE_OPTS_C1 if cluster == 1 else cu._TILE_OPTS if exchange == "async" else ("",):
                 assert cu._tile_kernel_name(cluster, exchange, opt).encode() in cubin
+    for opt in cu._TILE_G2_OPTS:
+        assert f"fps_tile{'_' + opt if opt else ''}_w8g2_c1".encode() in cubin
     for warps, cluster in cu._TILE_FEW_WARPS:
         for exchange in ("bar", "async"):
             assert cu._tile_kernel_name(cluster, exchange, "", warps).encode() in cubin
@@ -731,7 +733,7 @@ def tile_fps_model(points, m, start, cluster, warps=16):
     return out + [-1] * (m - len(out)), updates / max(1, len(groups) * (min(m, n) - 1))
 
 
-@pytest.mark.parametrize("cluster,warps", [(1, 16), (2, 16), (4, 16), (2, 8), (4, 4)])
+@pytest.mark.parametrize("cluster,warps", [(1, 16), (2, 16), (4, 16), (2, 8), (4, 4), (1, 8)])
 def test_tile_fps_model_is_exact(kitti_dir, cluster, warps):
     """fps_tile's bookkeeping (group boxes, cached warp records, the two-level reduction) changes no
     index, ties included (duplicated points), whatever the number of CTAs and warps."""
@@ -755,6 +757,12 @@ def test_tile_plan():
     assert cu._tile_kernel_name(8, "async", "shfl_unroll") == "fps_tile_async_shfl_unroll_c8"
     assert cu._tile_kernel_name(8, "bar", "unroll") == "fps_tile_c8"  # the barrier exchange: default shape only
     assert cu._tile_kernel_name(2, "async", "", 8) == "fps_tile_async_w8_c2"
+    cu._tile_groups = 2
+    try:
+        assert cu._tile_kernel_name(1, "bar", "shfl", 8) == "fps_tile_shfl_w8g2_c1"
+        assert cu._tile_plan(16384, warps=8) == 1 and cu._tile_plan(16385, warps=8) == 2
+    finally:
+        cu._tile_groups = 1
     assert cu._tile_plan(16384, warps=4) == 4 and cu._tile_plan(16385, warps=8) == 4
 
 
@@ -888,6 +896,29 @@ def test_gpu_fps_tile_few_warps(warps, cluster, exchange, monkeypatch):
     pts, lengths, start, expected = fps_case(8, 16384, 256)
     assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
     assert f"w{warps}_c{cluster}" in cu.last_launch
+
+
+@pytest.mark.parametrize("opt", ["", "shfl", "leader"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_64_points_per_lane(opt, monkeypatch):
+    """fps_tile_*_w8g2_c1 (8 warps, 64 points and two boxes per lane, 16-bit indices), launched
+    directly on uneven batches with ties and an F1-like batch, and through the op."""
+    from pcops.cuda import sampling as cu
+
+    monkeypatch.setattr(cu, "_tile_warps", 8)
+    monkeypatch.setattr(cu, "_tile_groups", 2)
+    monkeypatch.setattr(cu, "_tile_opt", opt)
+    for batch, n, m, dup in [(3, 1000, 1000, True), (2, 4099, 2600, True), (8, 16384, 256, False)]:
+        pts, lengths, start, expected = fps_case(batch, n, m, duplicates=dup, scale=1.0 if n == 4099 else 10.0,
+                                                 seed=1 if n == 4099 else None)
+        out = torch.full((batch, m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile(cu._Inputs(pts, lengths, start, out, m), 1)
+        assert torch.equal(out, expected), (n, cu.last_launch)
+    monkeypatch.setattr(cu, "_VARIANT", "tile")
+    pts, lengths, start, expected = fps_case(8, 16384, 256)
+    assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
+    assert "w8g2_c1" in cu.last_launch
 
 
 # --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --

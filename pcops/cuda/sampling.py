@@ -51,6 +51,8 @@ _TILE_OPTS_C1 = _TILE_OPTS + ("leader", "shfl_leader")  # one CTA: warp 0 alone 
 _tile_opt = ""  # code shape of the fps_tile step (see _tile_kernel_name)
 _tile_warps = 16  # warps per CTA (16: 16,384 points per CTA; 8 and 4 compiled for 2 and 4 CTAs)
 _TILE_FEW_WARPS = {(8, 2), (4, 4)}  # (warps, cluster) entry points with fewer warps
+_tile_groups = 1  # 2: 64 points and two boxes per lane (fps_tile[_<opt>]_w8g2_c1: 8 warps, one CTA)
+_TILE_G2_OPTS = ("", "shfl", "leader")
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
@@ -218,7 +220,7 @@ def _tile_plan(n: int, min_cluster: int | None = None, warps: int | None = None)
     """Cluster size of ``fps_tile_*`` for clouds of ``n`` points (the fewest CTAs of at most
     ``warps * 1,024`` points each, at least ``min_cluster``), or None above 8 such CTAs."""
     lowest = _tile_min_cluster if min_cluster is None else min_cluster
-    cap = (_tile_warps if warps is None else warps) * 1024
+    cap = (_tile_warps if warps is None else warps) * 1024 * _tile_groups
     for cluster in _TILE_CLUSTERS:
         if cluster >= lowest and triton.cdiv(n, cluster) <= cap:
             return cluster
@@ -232,6 +234,10 @@ def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None, warps
     exchange (C > 1, ``exchange="bar"``) is compiled with the default only."""
     opt = _tile_opt if opt is None else opt
     warps = _tile_warps if warps is None else warps
+    if _tile_groups == 2:
+        if warps != 8 or cluster != 1 or opt not in _TILE_G2_OPTS:
+            raise ValueError("fps_tile with 64 points per lane is compiled for 8 warps, one CTA")
+        return f"fps_tile{'_' + opt if opt else ''}_w8g2_c1"
     if warps != 16:  # fewer warps per CTA: compiled for (8, 2) and (4, 4), default code shape
         if (warps, cluster) not in _TILE_FEW_WARPS:
             raise ValueError(f"fps_tile with {warps} warps is compiled for clusters {sorted(_TILE_FEW_WARPS)} only")
@@ -261,7 +267,7 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
         _tile_smem_set.add((name, device))
     batch, n, _ = inputs.points.shape
     inputs.cap = triton.cdiv(triton.cdiv(n, cluster), 32) * 32
-    if inputs.cap > warps * 1024:
+    if inputs.cap > warps * 1024 * _tile_groups:
         raise RuntimeError(f"{name}: {inputs.cap} points per CTA exceed {warps} warps")
     kernel((cluster, batch), (32 * warps,), inputs.args(name), shared_mem=12 * inputs.cap)
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
