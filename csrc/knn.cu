@@ -65,10 +65,7 @@ __device__ __forceinline__ void insert(float (&bd)[KP], int (&bi)[KP], float d, 
   }
 }
 
-// SUBT > 0: each tile is further split into sub-tiles of SUBT points with boxes of their own
-// (sub_boxes); a thread scans only the sub-tiles within its K-th distance, so a warp skips a
-// sub-tile unless one of its lanes needs it (a warp-level cut of the distance evaluations).
-template <int QB, int KP, int SUBT>
+template <int QB, int KP>
 __device__ __forceinline__ void knn_body(
     const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
     const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
@@ -76,8 +73,6 @@ __device__ __forceinline__ void knn_body(
     const long long* __restrict__ r_perm,   // (B, Nr) original index of each sorted reference
     const float* __restrict__ boxes,        // (B, S * sb, 8) tile boxes (min xyz, max xyz, -, -)
     const float* __restrict__ sboxes,       // (B, S, 8) superblock boxes
-    const float* __restrict__ sub_boxes,    // (B, U, 8) boxes of the sub-tiles of SUBT points (SUBT > 0)
-    int num_subs,                           // U
     const long long* __restrict__ q_len_p,  // (B,)
     const long long* __restrict__ r_len_p,  // (B,)
     float* __restrict__ dists,              // (B, Nq, k) out, ascending, inf padded
@@ -133,25 +128,11 @@ __device__ __forceinline__ void knn_body(
       __syncthreads();
       if (need) {
         const int count = min(QB, r_len - base);
-        if (SUBT == 0) {
-          for (int j = 0; j < count; ++j) {
-            const float4 r = tile_pts[j];
-            const float d = sq_dist(qx, qy, qz, r.x, r.y, r.z);
-            const int i = __float_as_int(r.w);
-            if (key_less(d, i, kd, ki)) insert<KP>(bd, bi, d, i, k, kd, ki);
-          }
-        } else {
-          for (int s0 = 0; s0 < count; s0 += (SUBT > 0 ? SUBT : 1)) {
-            const int sub = (base + s0) / (SUBT > 0 ? SUBT : 1);
-            if (box_dist(sub_boxes + (b * num_subs + sub) * 8, qx, qy, qz) > kd) continue;
-            const int e = min(s0 + SUBT, count);
-            for (int j = s0; j < e; ++j) {
-              const float4 r = tile_pts[j];
-              const float d = sq_dist(qx, qy, qz, r.x, r.y, r.z);
-              const int i = __float_as_int(r.w);
-              if (key_less(d, i, kd, ki)) insert<KP>(bd, bi, d, i, k, kd, ki);
-            }
-          }
+        for (int j = 0; j < count; ++j) {
+          const float4 r = tile_pts[j];
+          const float d = sq_dist(qx, qy, qz, r.x, r.y, r.z);
+          const int i = __float_as_int(r.w);
+          if (key_less(d, i, kd, ki)) insert<KP>(bd, bi, d, i, k, kd, ki);
         }
       }
       __syncthreads();
@@ -171,27 +152,22 @@ __device__ __forceinline__ void knn_body(
   }
 }
 
-#define PCOPS_KNN_ENTRY(QB, KP, SUBT, NAME)                                                                \
-  extern "C" __global__ void __launch_bounds__(QB) NAME(                                                   \
-      const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm,    \
-      const float* boxes, const float* sboxes, const float* sub_boxes, int num_subs, const long long* q_len, \
-      const long long* r_len, float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {  \
-    knn_body<QB, KP, SUBT>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, sub_boxes, num_subs, q_len, \
-                           r_len, dists, idx, nq, nr, num_sb, sb, k);                                     \
+#define PCOPS_KNN_ENTRY(QB, KP)                                                                          \
+  extern "C" __global__ void __launch_bounds__(QB) knn_sorted_q##QB##_k##KP(                             \
+      const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm,   \
+      const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,         \
+      float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                       \
+    knn_body<QB, KP>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, nq,  \
+                     nr, num_sb, sb, k);                                                                 \
   }
 
-// knn_sorted_q<QB>_k<KP> (tiles only) and knn_sub16_q<QB>_k<KP> (sub-tiles of 16)
-#define PCOPS_KNN_ENTRIES_K(QB, KP)                     \
-  PCOPS_KNN_ENTRY(QB, KP, 0, knn_sorted_q##QB##_k##KP)  \
-  PCOPS_KNN_ENTRY(QB, KP, 16, knn_sub16_q##QB##_k##KP)
-
 #define PCOPS_KNN_ENTRIES(QB) \
-  PCOPS_KNN_ENTRIES_K(QB, 1)  \
-  PCOPS_KNN_ENTRIES_K(QB, 2)  \
-  PCOPS_KNN_ENTRIES_K(QB, 4)  \
-  PCOPS_KNN_ENTRIES_K(QB, 8)  \
-  PCOPS_KNN_ENTRIES_K(QB, 16) \
-  PCOPS_KNN_ENTRIES_K(QB, 32)
+  PCOPS_KNN_ENTRY(QB, 1)      \
+  PCOPS_KNN_ENTRY(QB, 2)      \
+  PCOPS_KNN_ENTRY(QB, 4)      \
+  PCOPS_KNN_ENTRY(QB, 8)      \
+  PCOPS_KNN_ENTRY(QB, 16)     \
+  PCOPS_KNN_ENTRY(QB, 32)
 
 PCOPS_KNN_ENTRIES(32)
 PCOPS_KNN_ENTRIES(64)

@@ -224,9 +224,9 @@ def knn(
     may vary between runs. ``idx`` is not differentiable.
 
     GPU algorithm: queries and references are sorted along a Morton (Z-order) curve per cloud,
-    the references cut into tiles of 64 with bounding boxes (and superblocks of 4 tiles). For
+    the references cut into tiles of 32 with bounding boxes (and superblocks of 4-8 tiles). For
     ``K ≤ 32`` a CUDA C++ kernel (``csrc/knn.cu``, NVRTC) gives each query one thread with its
-    top K sorted in registers; a block of 64 sorted queries visits superblocks outward from its
+    top K sorted in registers; a block of 32 sorted queries visits superblocks outward from its
     own position along the curve and reads a tile only if some query is within its current K-th
     distance of the tile's box (an exact test). Larger ``K`` (or no NVRTC) uses the Triton kernel
     of the same scheme, a block of queries per program. No host synchronisation.

@@ -510,11 +510,11 @@ def test_gpu_knn_matches_reference(batch, nq, nr, k):
     assert torch.equal(i, is_ref) and torch.equal(d, ds_ref)
 
 
-@pytest.mark.parametrize("k,tile,group,sub", [(1, 32, 8, 0), (3, 64, 4, 0), (17, 32, 16, 16), (32, 64, 16, 0),
-                                               (16, 64, 1, 16), (8, 32, 1, 0), (5, 64, 3, 16)])
+@pytest.mark.parametrize("k,tile,group", [(1, 32, 8), (3, 64, 4), (17, 32, 16), (32, 64, 16), (16, 32, None),
+                                         (8, 32, 1), (5, 64, 3)])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_knn_cuda_kernel_ties_and_k(k, tile, group, sub):
+def test_gpu_knn_cuda_kernel_ties_and_k(k, tile, group):
     """The CUDA C++ kernel (K <= 32, KP = next power of two slots) on clouds with duplicate points
     (ties resolve to the lowest index), padded lengths, several superblocks, against the reference."""
     from pcops.cuda import knn as cuda_knn
@@ -523,7 +523,7 @@ def test_gpu_knn_cuda_kernel_ties_and_k(k, tile, group, sub):
     r, rl = make_clouds(3, 1800, seed=50 + k, scale=6.0, duplicates=True, device="cuda")
     assert cuda_knn.supported(q, k)
     for a, b, la, lb in ((q, r, ql, rl), (q, q, ql, ql)):
-        d, i = cuda_knn.knn(a, b, la, lb, k, tile=tile, group=group, sub=sub)
+        d, i = cuda_knn.knn(a, b, la, lb, k, tile=tile, group=group)
         d_ref, i_ref = ref.knn(a, b, la, lb, k)
         assert torch.equal(i, i_ref)
         assert torch.equal(d, d_ref)

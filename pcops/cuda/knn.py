@@ -15,15 +15,19 @@ import triton
 from .._nvrtc import get_kernel, nvrtc
 
 # queries per block = references per tile (32 or 64: the kernels compiled in csrc/knn.cu) and
-# tiles per superblock. Measured on the H200 (K1/K2, graph-captured): tiles of 64 beat 128 by
-# 20 % (fewer distances per query: a block reads a tile if any of its queries needs it), 64 x 4
-# was the best K1 shape; a buffered insertion variant was 1.5-2.5x slower and was removed.
-_QB = 64
-_SB = 4
-_SUB = 0  # 0 or 16: sub-tiles of 16 points with boxes of their own (csrc/knn.cu knn_sub16_*)
+# tiles per superblock. Measured on the H200 (graph-captured; benchmarks/results/sampling.json):
+# K1 (8 x 16,384, K = 16) 1.30 ms with 32 x 4, 1.33 with 32 x 8, 1.50 with 64 x 4, 1.90 with
+# 128 x 8; K2 (120,268) 1.72 ms with 32 x 8, 1.95 with 32 x 4. Smaller tiles win because a
+# block reads a tile whenever one of its queries needs it. Tried and removed: a per-thread
+# buffered insertion (1.5-2.5x slower) and boxes for sub-tiles of 16 (no gain).
+_QB = 32
 TILES = (32, 64)
-SUBS = (0, 16)
-MAX_K = 32
+
+
+def _group(n: int) -> int:
+    """Tiles per superblock for clouds of ``n`` reference points (measured: 4 for 16k, 8 for 120k)."""
+    return 4 if n <= 32_768 else 8
+
 
 _available: dict[int, bool] = {}
 
@@ -44,7 +48,7 @@ def supported(query: torch.Tensor, k: int) -> bool:
 
 def knn(
     query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int,
-    tile: int | None = None, group: int | None = None, sub: int | None = None,
+    tile: int | None = None, group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``pcops.triton.sampling.knn`` for ``K ≤ 32``; no host synchronisation.
 
@@ -53,8 +57,7 @@ def knn(
         query_lengths, ref_lengths: ``(B,)`` int64 (clamped to the padded sizes).
         k: ``1 ≤ K ≤ 32``.
         tile: queries per block = references per tile, 32 or 64 (default ``_QB``).
-        group: tiles per superblock (default ``_SB``).
-        sub: 0, or 16 for sub-tile boxes inside each tile (default ``_SUB``).
+        group: tiles per superblock (default: 4 up to 32,768 reference points, else 8).
     Returns:
         ``(dists (B, Nq, K) float32, idx (B, Nq, K) int64)``, ascending, ``inf`` / −1 padded.
         Launches: the Morton sort of each side (about 14 small ops; a self-KNN with one lengths
@@ -71,44 +74,20 @@ def knn(
     if nr == 0:
         return dists.fill_(float("inf")), idx.fill_(-1)
     tile = _QB if tile is None else tile
-    group = _SB if group is None else group
-    sub = _SUB if sub is None else sub
-    if tile not in TILES or group < 1 or sub not in SUBS:
-        raise ValueError(f"tile, group, sub: expected tile in {TILES}, group >= 1, sub in {SUBS}, got {tile}, {group}, {sub}")
-    if sub:
-        # boxes of sub-tiles (the sort's tiles), of tiles (its superblocks), then of superblocks
-        r_sorted, r_perm, sub_boxes, tile_boxes = _morton_sort(ref, ref_lengths, sub, tile // sub)
-        boxes, superboxes = _group_boxes(tile_boxes, group)
-    else:
-        r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, tile, group)
-        sub_boxes = boxes
+    group = _group(nr) if group is None else group
+    if tile not in TILES or group < 1:
+        raise ValueError(f"tile, group: expected tile in {TILES} and group >= 1, got {tile}, {group}")
+    r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, tile, group)
     same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query_lengths.data_ptr() == ref_lengths.data_ptr()
     if same:  # self-KNN: one sort serves both sides
         q_sorted, q_perm = r_sorted, r_perm
     else:
         q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, tile)
     kp = triton.next_power_of_2(k)
-    kernel = get_kernel("knn.cu", f"knn_{'sub16' if sub else 'sorted'}_q{tile}_k{kp}", query.device)
+    kernel = get_kernel("knn.cu", f"knn_sorted_q{tile}_k{kp}", query.device)
     kernel(
         (triton.cdiv(nq, tile), batch), (tile,),
-        [q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, sub_boxes, ctypes.c_int(sub_boxes.shape[1]),
-         query_lengths, ref_lengths, dists, idx,
+        [q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, query_lengths, ref_lengths, dists, idx,
          ctypes.c_int(nq), ctypes.c_int(nr), ctypes.c_int(superboxes.shape[1]), ctypes.c_int(group), ctypes.c_int(k)],
     )
     return dists, idx
-
-
-def _group_boxes(boxes: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``boxes (B, T, 8)`` → ``(boxes padded to (B, S * group, 8), group boxes (B, S, 8))``; the
-    padding boxes are inverted (+inf min, −inf max): infinitely far, never visited."""
-    batch, num, _ = boxes.shape
-    num_groups = triton.cdiv(num, group)
-    padded = boxes.new_empty((batch, num_groups * group, 8))
-    padded[:, :num] = boxes
-    padded[:, num:, :3] = float("inf")
-    padded[:, num:, 3:] = -float("inf")
-    grouped = padded.view(batch, num_groups, group, 8)
-    out = padded.new_zeros((batch, num_groups, 8))
-    out[..., :3] = grouped[..., :3].amin(2)
-    out[..., 3:6] = grouped[..., 3:6].amax(2)
-    return padded, out
