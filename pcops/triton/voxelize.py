@@ -47,11 +47,11 @@ import triton
 import triton.language as tl
 
 # main kernel launch configuration, (points per program (the scan granularity), warps), for
-# clouds below / from _BIG_N points, per mode. Registers (sm_90, PB = 32, ptxas of Triton
-# 3.6): hard (1024, 16) 64 (one block of 16 warps per SM at KITTI size: more threads for the
-# sort), (1024, 8) 109 (two blocks per SM), (2048, 32) 61, (4096, 32) 64 + a 20-byte spill;
-# dynamic (1024, 8) 80 (three blocks per SM). benchmarks/bench_voxelize.py sweeps them.
-_MAIN_CONFIG = {"hard": ((1024, 16), (1024, 8)), "dynamic": ((1024, 8), (1024, 8))}
+# clouds below / from _BIG_N points, per mode. H200, graph-replayed pad_to_max, commit 72fc0f0
+# (hard with the first-point wait, since dropped): (1024, 16) was the fastest hard and dynamic
+# configuration on V1 and V2 (dynamic V1 0.029 ms vs 0.037 with (1024, 8); V2 hard 0.53 vs 0.65
+# (1024, 8), 0.61 (2048, 32), 0.82 (4096, 32)). benchmarks/bench_voxelize.py sweeps them.
+_MAIN_CONFIG = {"hard": ((1024, 16), (1024, 16)), "dynamic": ((1024, 16), (1024, 16))}
 _BIG_N = 400_000
 # descriptors read per look-back / wait step
 _LOOKBACK = 128
@@ -59,8 +59,9 @@ _LOOKBACK = 128
 _ROWS_CONFIG = (16, 4)
 # hard mode: in-block point ranks from a sort of (voxel, lane) keys (True) or the plain cascade
 _RANK_SORT = True
-# hard mode, sorted ranks: wait until a voxel begun by an earlier block holds its first point
-_WAIT_FIRST = True
+# hard mode, sorted ranks: wait until a voxel begun by an earlier block holds its first point.
+# Off: the waits chain block after block (H200 V1 0.36 ms with, 0.092 ms without)
+_WAIT_FIRST = False
 # the "inserted" wait reads flags from a shared watermark on (False: from block 0)
 _WATERMARK = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
