@@ -17,12 +17,10 @@ kernels (hard), a fill + 1 kernel (dynamic). Also the CPU reference on one threa
 loader path; goal <= 5 ms on V1).
 
 Variant rows (``--no-sweep`` skips them): the graph-replayed ``pad_to_max`` form of V1 / V2 (hard
-and dynamic) under other launch configurations of ``pcops.triton.voxelize`` (main kernel points
-per program and warps, hard-mode ranking by in-block sort or the plain atomic cascade, sorted ranking
-without waiting for voxels begun by earlier blocks (``no wait-first``), the "inserted" wait reading
-every earlier block's flag (``no watermark``), rows kernel
-rows per program and warps); each row says whether its output equals the default's exactly
-(``same_as_default``). The default is ``_MAIN_CONFIG`` / ``_ROWS_CONFIG`` / ``_RANK_SORT`` there.
+and dynamic) under other settings of ``pcops.triton.voxelize`` (``HARD_VARIANTS`` below: main
+kernel points per program and warps, the "inserted" wait reading every earlier block's flag,
+the plain atomic cascade instead of sorted ranks, ...); each row says whether its output equals
+the default's exactly (``same_as_default``).
 """
 import contextlib
 import sys
@@ -46,18 +44,13 @@ def make_big(scan):
     return big
 
 
-HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes
+HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72fc0f0 dropped the slower ones:
+    # 2048/32, 4096/32 points/warps, rows 32/4 and 64/8, the first-point wait)
     "main 1024/8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
-    "main 1024/16": dict(_MAIN_CONFIG={"hard": ((1024, 16),) * 2, "dynamic": ((1024, 16),) * 2}),
-    "main 2048/32": dict(_MAIN_CONFIG={"hard": ((2048, 32),) * 2, "dynamic": ((2048, 32),) * 2}),
-    "main 4096/32": dict(_MAIN_CONFIG={"hard": ((4096, 32),) * 2, "dynamic": ((4096, 32),) * 2}),
-    "no wait-first": dict(_WAIT_FIRST=False),
     "no watermark": dict(_WATERMARK=False),
-    "cascade main 1024/8": dict(_RANK_SORT=False, _MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
-    "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
-    "rows 64/8": dict(_ROWS_CONFIG=(64, 8)),
+    "cascade": dict(_RANK_SORT=False),
 }
-DYNAMIC_VARIANTS = ("main 1024/16", "main 4096/32", "no watermark")
+DYNAMIC_VARIANTS = ("main 1024/8",)
 
 
 @contextlib.contextmanager
@@ -154,7 +147,7 @@ def main():
         "V2 dynamic pad_to_max": gpu_activities(
             lambda: pcops.dynamic_voxelize(big_gpu, V1["voxel_size"], V1["point_cloud_range"], pad_to_max=True)),
     }
-    print("GPU ops per call:", {k: v.get("gpu_ops") for k, v in launches.items()})
+    print("GPU µs per call:", {k: v.get("per_call_us", v) for k, v in launches.items()})
     torch.set_num_threads(1)
     t = bench_cpu(lambda: pcops.voxelize(scan, **V1), rep=10 if args.quick else 30)
     rows.append(row("V1 CPU", "torch reference, 1 thread", t, items=scan.shape[0]))
