@@ -60,7 +60,7 @@ _NUM_WARPS = 8
 # the hash tables hold at least this many slots
 _MIN_CAPACITY = 16
 # lanes per program in the insert pass: small, since a tile probes until its slowest lane is done
-_INSERT_LANES = 256
+_INSERT_LANES = 128
 # idle lanes of concurrent programs CAS different sink copies
 _SINK_COPIES = 16
 # at most this many count groups: each compaction program reads all of them (G·KPAD int64)
@@ -202,22 +202,24 @@ def _kmap_insert_kernel(
         okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
         oslot = _slot(okey, log_out, cap_out)
         active2 = cand
+        mine = oslot < 0  # (all False) the lanes whose key this program claimed (a lane's key never changes)
         lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
         while _any2d(active2):
             cell = tl.where(active2, 2 * cap_in + oslot, sink + lane2)
             old = tl.atomic_cas(ws_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey)
             claimed = active2 & (old == -1)
-            # one atomic per round: rank the claimed lanes in row-major order inside the tile
-            c = claimed.to(tl.int32)
-            row_tot = tl.sum(c, axis=1)
-            rank = (tl.cumsum(row_tot, axis=0) - row_tot)[:, None] + tl.cumsum(c, axis=1) - c
-            total = tl.sum(row_tot, axis=0)
-            # the counter starts at -1; rounds that claim nothing skip the atomic
-            start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0) + 1
-            tl.store(out_keys_ptr + start + rank, okey, mask=claimed)
-            tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=claimed)
+            mine = mine | claimed
             active2 = active2 & ~claimed & (old != okey)
             oslot = tl.where(active2, (oslot + 1) & (cap_out - 1), oslot)
+        # one counter atomic per program, after the probing: rank the claimed lanes row-major
+        c = mine.to(tl.int32)
+        row_tot = tl.sum(c, axis=1)
+        rank = (tl.cumsum(row_tot, axis=0) - row_tot)[:, None] + tl.cumsum(c, axis=1) - c
+        total = tl.sum(row_tot, axis=0)
+        # the counter starts at -1; programs that claim nothing skip the atomic
+        start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0) + 1
+        tl.store(out_keys_ptr + start + rank, okey, mask=mine)
+        tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=mine)
 
 
 @triton.jit
@@ -444,7 +446,7 @@ def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, 
     axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
     per_input = 0 if subm else math.prod(a[3] for a in axes)
     jpad = _pow2(per_input) if per_input else 1
-    # candidate generation: more lanes per program (fewer programs, fewer counter atomics)
+    # candidate generation: 2x the lanes (one counter atomic per program)
     block_n = _INSERT_LANES if subm else max(2, 2 * _INSERT_LANES // jpad)
     geometry = {}
     for axis, k, s, p, d in zip("zyx", kernel_size, stride, padding, dilation):
@@ -454,7 +456,7 @@ def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, 
         enum.update({"g" + axis: g, "q" + axis: q, "v" + axis: inv})
     return dict(
         num_k=num_k, block=block, kpad=kpad, per_input=per_input, jpad=jpad, block_n=block_n,
-        insert_warps=4 if subm else 8,
+        insert_warps=4,
         sink=_SINK_COPIES * block_n * jpad, in_shape=in_shape, out_shape=out_shape,
         insert_consts=dict(Kz=kernel_size[0], Ky=kernel_size[1], Kx=kernel_size[2], **geometry, **enum,
                            Jy=axes[1][3], Jx=axes[2][3], J=max(per_input, 1), GEN=not subm,
