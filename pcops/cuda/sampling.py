@@ -23,6 +23,10 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   ``ceil(N / C) <= 16,384``, at least ``_tile_min_cluster``). One exchange per step: C = 1 a
   ``__syncthreads``; C > 1 one cluster barrier (``"tile"``) or st.async stores completing on the
   receivers' mbarriers, no barrier (``"tile_async"``). Clouds over 131,072 points use ``"pruned"``.
+  Measured alternatives of the step (benchmark rows, GPU tests; defaults unchanged until measured
+  better): ``_tile_opt`` (shuffle-tree reductions, unrolled slot loops, a leader warp reducing the
+  records in one CTA), ``_tile_warps`` / ``_tile_groups`` (8 warps x 2 CTAs, 4 warps x 4 CTAs, or
+  8 warps of 64 points per lane in one CTA for 16k clouds).
 """
 from __future__ import annotations
 
