@@ -351,15 +351,17 @@ def test_triton_interpreter(cfg, num):
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[9]], ids=_cfg_id)
-@pytest.mark.parametrize("tile,groups,chunk", [(256, 3, 2), (512, 1, 64)])
+@pytest.mark.parametrize("tile,groups,chunk,lanes", [(256, 3, 2, 512), (512, 1, 64, 8192)])
 @interpret
-def test_triton_interpreter_groups_and_padded_pairs(cfg, tile, groups, chunk, monkeypatch):
-    """Many row blocks per count group and many groups (small tiles), and the padded pairs form."""
+def test_triton_interpreter_groups_and_padded_pairs(cfg, tile, groups, chunk, lanes, monkeypatch):
+    """Many row blocks per count group and many groups (small tiles), several compaction steps per
+    program, and the padded pairs form."""
     from pcops.triton import kernel_map as tri
 
     monkeypatch.setattr(tri, "_TILE", tile)
     monkeypatch.setattr(tri, "_MAX_GROUPS", groups)
     monkeypatch.setattr(tri, "_COUNT_CHUNK", chunk)
+    monkeypatch.setattr(tri, "_COMPACT_LANES", lanes)
     kernel, stride, padding, dilation, subm, transposed = cfg
     coords = make_coords(2, (5, 6, 7), 41, seed=24)
     got, args = _launch(coords, (5, 6, 7), kernel, stride, padding, dilation, subm, transposed)
@@ -514,7 +516,8 @@ PTRS["keys_ptr"] = "*i32"
 build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, **km._plan(*cases[1])["lookup_consts"]), 8)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
 for pad in (False, True):
-    build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=64, PAD=pad), 8)
+    build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=256, ROWS=256, PAD=pad), 8)
+build(km._kmap_compact_kernel, dict(BLOCK_M=16, KPAD=128, CHUNK=64, ROWS=64, PAD=False), 8)
 print("compiled")
 """
 

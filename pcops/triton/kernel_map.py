@@ -65,8 +65,12 @@ _INSERT_LANES = 128
 _SINK_COPIES = 16
 # at most this many count groups: each compaction program reads all of them (G·KPAD int64)
 _MAX_GROUPS = 256
-# group-count rows reduced per step in the compaction
-_COUNT_CHUNK = 64
+# group-count rows reduced per step in the compaction (S1: all groups in one step)
+_COUNT_CHUNK = 256
+# (row, offset) lanes ranked per step of the compaction: one 64 × 32 tile keeps it at 118
+# registers (2 programs per SM, S1's ≤ 256 groups in one wave); the counts of all groups are
+# reduced in one step
+_COMPACT_LANES = 2048
 # rows are merged as ``_ROW_BASE - row`` with atomic_max (−1 = empty is below every row)
 _ROW_BASE = 1 << 40
 # counter cells (after the group counts): M - 1, max batch, P - 1 (all start at -1), each on
@@ -344,7 +348,8 @@ def _kmap_compact_kernel(
     cap_pairs,  # length of the pair arrays (P, or M * K when padded)
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
-    CHUNK: tl.constexpr,  # group rows reduced per step
+    CHUNK: tl.constexpr,  # group rows reduced per step (S1: all at once)
+    ROWS: tl.constexpr,  # rows ranked per step: BLOCK_M times a power of two dividing `sub` (S1: 1)
     PAD: tl.constexpr,  # write -1 to the pair entries [P, cap_pairs)
 ):
     # program = one count group: reduce every group's counts (a few KB) into the per-offset
@@ -366,8 +371,8 @@ def _kmap_compact_kernel(
     tl.store(offsets_ptr + rk, start, mask=k_live & (pid == 0))
     tl.store(offsets_ptr + K + rk * 0, start * 0 + num_pairs, mask=(rk == 0) & (pid == 0))
     run = start + before
-    for s in range(0, sub):
-        m = (pid * sub + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+    for s in range(0, sub, ROWS // BLOCK_M):
+        m = (pid * sub + s) * BLOCK_M + tl.arange(0, ROWS)
         mask = (m < m_total)[:, None] & k_live[None, :]
         v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
         hit = (v >= 0).to(tl.int32)
@@ -411,7 +416,7 @@ def _capacity(count: int, slack: int = 2) -> tuple[int, int]:
 
 def _groups(num_blocks: int) -> tuple[int, int]:
     """``(blocks per count group, groups)`` with at most ``_MAX_GROUPS`` groups."""
-    sub = max(1, _cdiv(num_blocks, _MAX_GROUPS))
+    sub = _cdiv(num_blocks, _MAX_GROUPS)
     return sub, _cdiv(num_blocks, sub)
 
 
@@ -484,7 +489,8 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
     _kmap_compact_kernel[(num_groups,)](
         out_in, counts, pair_in, pair_out, offsets, counts_off, num_out, num_k, sub, num_groups, cap_pairs,
-        BLOCK_M=block_m, KPAD=kpad, CHUNK=max(2, min(_COUNT_CHUNK, _TILE // kpad)), PAD=pad,
+        BLOCK_M=block_m, KPAD=kpad, CHUNK=max(2, min(_COUNT_CHUNK, _COMPACT_LANES // kpad)),
+        ROWS=block_m * min(sub & -sub, max(1, _COMPACT_LANES // (block_m * kpad))), PAD=pad,
         num_warps=_NUM_WARPS,
     )
     return pair_in, pair_out, offsets
