@@ -49,6 +49,8 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72f
     "main 1024/8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
     "no watermark": dict(_WATERMARK=False),
     "cascade": dict(_RANK_SORT=False),
+    "table": dict(_RANK_TABLE=True),
+    "table main 1024/8": dict(_RANK_TABLE=True, _MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
 }
 DYNAMIC_VARIANTS = ("main 1024/8",)
 

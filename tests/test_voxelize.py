@@ -398,13 +398,15 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
                             pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
-RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK)
-    "sort": (True, True, False, True, True),
-    "sort-no-wait": (True, True, False, False, True),
-    "sort-no-seen": (True, False, False, False, True),  # start at the in-block rank: earlier blocks' values cascade ours
-    "sort-key64": (True, True, True, True, True),
-    "cascade": (False, True, False, True, True),
-    "no-watermark": (True, True, False, True, False),  # every block reads all earlier "inserted" flags
+RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK, _RANK_TABLE)
+    "sort": (True, True, False, False, True, False),
+    "sort-wait-first": (True, True, False, True, True, False),
+    "sort-no-seen": (True, False, False, False, True, False),  # start at the in-block rank: earlier blocks' values cascade ours
+    "sort-key64": (True, True, True, False, True, False),
+    "cascade": (False, True, False, False, True, False),
+    "no-watermark": (True, True, False, False, False, False),  # every block reads all earlier "inserted" flags
+    "table": (True, True, False, False, True, True),
+    "table-key64-no-watermark": (True, True, True, False, False, True),
 }
 
 
@@ -415,7 +417,7 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
     """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops;
     each way of ranking the points in their voxels."""
     tri = small_blocks
-    for name, value in zip(("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK"), RANK_MODES[mode]):
+    for name, value in zip(("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK", "_RANK_TABLE"), RANK_MODES[mode]):
         monkeypatch.setattr(tri, name, value)
     pts = random_cloud(250, seed=p)
     vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
@@ -519,6 +521,8 @@ GPU_VARIANTS = {  # pcops.triton.voxelize attributes (the benchmark times these)
     "no-watermark": dict(_WATERMARK=False),
     "key64": dict(_KEY64=True),
     "main-1024-8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
+    "table": dict(_RANK_TABLE=True),
+    "table-key64": dict(_RANK_TABLE=True, _KEY64=True),
 }
 
 
@@ -603,15 +607,16 @@ def compile_(fn, types, constexprs, num_warps, ones=()):
     triton.compile(ASTSource(fn, sig, constexprs), target=target, options={"num_warps": num_warps})
 
 
-main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 8 + ["*i64", "*i32"] + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
-for hl, hard, seg, pb, bmax, ones, rank_sort, key64 in [
-        (True, True, True, 32, 4, (), True, False), (True, True, True, 32, 4, (), False, False),
-        (False, True, False, 8, 0, (), True, True), (False, False, False, 1, 0, (), False, False),
-        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False),
-        (True, False, False, 1, 0, (), False, False)]:
+main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 10 + ["*i64", "*i32"] + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
+for hl, hard, seg, pb, bmax, ones, rank_sort, key64, table in [
+        (True, True, True, 32, 4, (), True, False, False), (True, True, True, 32, 4, (), False, False, False),
+        (False, True, False, 8, 0, (), True, True, False), (False, False, False, 1, 0, (), False, False, False),
+        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, False),
+        (True, False, False, 1, 0, (), False, False, False), (False, True, False, 32, 0, (), True, False, True),
+        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, True)]:
     compile_(tri._voxelize_kernel, main_types, dict(HAS_LENGTHS=hl, HARD=hard, SEGMENTED=seg, PB=pb, BLOCK=1024,
              LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax, RANK_SORT=rank_sort, KEY64=key64,
-             SEEN=True, WAIT_FIRST=True, WATERMARK=True), 8, ones)
+             SEEN=True, WAIT_FIRST=True, WATERMARK=True, TABLE=table, CBITS=pb.bit_length() + 1), 16, ones)
 rows_types = ["*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6 + ["i32"] * 3
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True), 4)
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True), 8)

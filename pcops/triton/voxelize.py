@@ -62,6 +62,9 @@ _RANK_SORT = True
 # hard mode, sorted ranks: wait until a voxel begun by an earlier block holds its first point.
 # Off: the waits chain block after block (H200 V1 0.36 ms with, 0.092 ms without)
 _WAIT_FIRST = False
+# hard mode: exact point ranks from per-voxel tables of the earliest blocks' runs (no point
+# cascades between racing blocks; a second "inserted" wait); else _RANK_SORT decides
+_RANK_TABLE = False
 # the "inserted" wait reads flags from a shared watermark on (False: from block 0)
 _WATERMARK = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
@@ -85,6 +88,28 @@ def _run_start_combine(k1, s1, k2, s2):
 
 
 @triton.jit
+def _seen_larger(lst, need, thr, SNAP: tl.constexpr, PB: tl.constexpr):
+    """How many list entries larger than ``thr`` a read of the list ``lst`` (per lane) proves: an
+    entry ``> thr`` at position ``j`` proves ``j + 1`` (a list position only ever holds a value
+    whose larger values fill the positions before it), so any set of positions read gives a
+    valid count. Two steps of reads instead of PB: every SNAP-th position, then the SNAP positions
+    from the last of those held (the list fills from the front, so this finds the whole prefix
+    in the usual case). One [BLOCK] load per position (constant offsets from one pointer per
+    lane: few registers); plain loads (a stale value is an older state, still a valid count);
+    positions past the cap are never written (read as -1), so they need no mask."""
+    j0 = tl.zeros_like(need.to(tl.int32))
+    for c in tl.static_range(SNAP, PB, SNAP):
+        v = tl.load(lst + c, mask=need, other=-1, cache_modifier=".cg")
+        j0 = tl.where(v > thr, c, j0)  # c increasing: the last one held wins
+    seen = tl.where(j0 > 0, j0 + 1, 0)
+    lst0 = lst + j0
+    for k in tl.static_range(0, SNAP):
+        v = tl.load(lst0 + k, mask=need, other=-1, cache_modifier=".cg")
+        seen = tl.maximum(seen, tl.where(v > thr, j0 + k + 1, 0))
+    return seen
+
+
+@triton.jit
 def _voxel_cell(v, lo, hi, size, cells):
     """Cell index along one axis (int32) and the in-range test, exactly the reference's float32 math."""
     c = tl.floor(tl.math.div_rn(v - lo, size))
@@ -99,12 +124,14 @@ def _voxelize_kernel(
     keys_ptr,  # (CAP,) int64 hash keys, -1 = empty
     first_ptr,  # (CAP,) int32 max of N - 1 - p over the slot's points (-1 = none)
     row_ptr,  # (CAP,) int32 voxel row (sample-local) of the slot, -2 dropped, -1 not yet known
-    ticket_ptr,  # (2,) int32 block ticket, then the "inserted" watermark (blocks < it all inserted); start at -1
+    ticket_ptr,  # (3,) int32 block ticket, the "inserted" and "run table inserted" watermarks; start at -1
     flags_ptr,  # (G,) int32 "inserted" flag per block, -1 = not yet
     desc_ptr,  # (G,) int32 look-back descriptor per block: value << 2 | status (1 aggregate, 2 inclusive)
     stats_ptr,  # (2, B) int32: voxel count before the first / after the last point of each sample
     drop_ptr,  # (B,) int32 dropped-point counter per sample, starts at -1
     lists_ptr,  # (B * S, PB) int32 per-voxel lists of N - 1 - p, -1 = empty (HARD only)
+    table_ptr,  # (B * S, PB) int32 per-voxel run tables (G-1-block) << CBITS | count, -1 = empty (TABLE only)
+    flags2_ptr,  # (G,) int32 "run table inserted" flag per block, -1 = not yet (TABLE only)
     p2v_ptr,  # (N,) int64 point_to_voxel: -1 (HARD: rows kernel fills the kept ones) / row
     coords_ptr,  # (N, 4) int32 (b, z, y, x) per voxel row (dynamic only)
     num_points, num_channels, batch_size, cap,
@@ -126,6 +153,8 @@ def _voxelize_kernel(
     SEEN: tl.constexpr,  # RANK_SORT: read earlier blocks' list entries (tests: False forces cascades)
     WAIT_FIRST: tl.constexpr,  # RANK_SORT: wait for the first point of voxels begun by earlier blocks
     WATERMARK: tl.constexpr,  # the "inserted" wait starts at a shared watermark (else at block 0)
+    TABLE: tl.constexpr,  # HARD: exact ranks from per-voxel tables of the earliest runs (see _RANK_TABLE)
+    CBITS: tl.constexpr,  # TABLE: bits of a run's point count in a table entry
 ):
     t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
     lane = tl.arange(0, BLOCK)
@@ -277,7 +306,81 @@ def _voxelize_kernel(
         # larger than ours proves j + 1 larger values; s >= max_points drops the point at once.
         keep = valid & (row >= 0)
         dropped_v = valid & (row == -2)  # voxel dropped by max_voxels
-        if RANK_SORT:
+        if TABLE:
+            # exact ranks, no cascade of points: rank = (points of the voxel in earlier blocks) +
+            # (rank among this block's points of the voxel, from a sort of (list row, lane)).
+            # The first term comes from the voxel's run table: each block enters one entry per
+            # voxel, (G - 1 - block, point count), kept in a list of the max_points largest
+            # entries (= earliest blocks) by the order-free atomic_max cascade; once every
+            # earlier block has entered its runs (a second "inserted" wait), the earlier blocks'
+            # entries are settled in the table's first positions (later entries are smaller and
+            # never move them), so their counts add up exactly. If the table holds max_points
+            # earlier entries, earlier blocks hold >= max_points points: all ours drop. Each kept
+            # point then stores itself at its final list position (a plain store).
+            lr_none = batch_size * list_stride
+            lr = tl.where(keep, b * list_stride + row, lr_none)
+            if KEY64:
+                skey = tl.sort(lr.to(tl.int64) * BLOCK + lane)
+            else:
+                skey = tl.sort(lr * BLOCK + lane)
+            lr_s = (skey // BLOCK).to(tl.int32)
+            lane_s = (skey % BLOCK).to(tl.int32)
+            _, run0 = tl.associative_scan((lr_s, lane), 0, _run_start_combine)
+            _, run1 = tl.associative_scan((lr_s, lane), 0, _run_start_combine, reverse=True)  # run end
+            rank = lane - run0
+            cand = lr_s < lr_none
+            x = num_points - 1 - (t * BLOCK + lane_s)
+            tab = table_ptr + lr_s * PB
+            lead = cand & (rank == 0)
+            cmask = (1 << CBITS) - 1
+            num_blocks = tl.cdiv(num_points, BLOCK)
+            ent = ((num_blocks - 1 - t) << CBITS) | tl.minimum(run1 - run0 + 1, PB)
+            # enter the run: start after the earlier blocks' entries seen (entries > ours)
+            epos = _seen_larger(tab, lead, ent, SNAP, PB)
+            ecar = lead
+            eact = ecar & (epos < max_points)
+            while tl.max(eact.to(tl.int32), axis=0) > 0:
+                old = tl.atomic_max(tab + epos, ent, mask=eact)
+                ecar = ecar & ~(eact & (old == -1))
+                ent = tl.where(eact, tl.minimum(old, ent), ent)
+                epos = tl.where(eact, epos + 1, epos)
+                eact = ecar & (epos < max_points)
+            tl.debug_barrier()
+            tl.atomic_xchg(flags2_ptr + t, 1, sem="release")
+            if WATERMARK:
+                w2 = tl.maximum(tl.atomic_add(ticket_ptr + 2, 0, sem="acquire"), 0)
+            else:
+                w2 = t * 0
+            for c0 in range(w2, t, BLOCK):
+                offs = c0 + lane
+                m = offs < t
+                f = tl.atomic_add(flags2_ptr + offs, 0, mask=m, sem="acquire")
+                todo = m & (f < 0)
+                while tl.max(todo.to(tl.int32), axis=0) > 0:
+                    f = tl.atomic_add(flags2_ptr + offs, 0, mask=todo, sem="acquire")
+                    todo = todo & (f < 0)
+            if WATERMARK:
+                tl.atomic_max(ticket_ptr + 2, t + 1, sem="release")
+            # points of the voxel in earlier blocks: the counts of the table's leading entries
+            # from blocks < t (entry > thr_e), read SNAP positions per round trip
+            thr_e = ((num_blocks - 1 - t) << CBITS) | cmask
+            need = cand & (rank < max_points)
+            earlier = tl.zeros((BLOCK,), tl.int32)
+            inpre = need
+            c = t * 0
+            while tl.max(inpre.to(tl.int32), axis=0) > 0:
+                rd = inpre
+                for k in tl.static_range(0, SNAP):
+                    v = tl.load(tab + c + k, mask=rd, other=-1, volatile=True)
+                    inpre = inpre & (v > thr_e)
+                    earlier += tl.where(inpre, v & cmask, 0)
+                c += SNAP
+                inpre = inpre & (c < max_points) & (earlier + rank < max_points)
+            grank = earlier + rank
+            kept = need & (grank < max_points)
+            tl.store(lists_ptr + lr_s * PB + grank, x, mask=kept)
+            carrying = cand & ~kept  # dropped: the voxel already holds max_points earlier points
+        elif RANK_SORT:
             # in-block rank without atomics: sort (list row, lane), rank = index - run start. A
             # value's start is (earlier blocks' values seen in the list) + (in-block rank), both
             # counted among its larger values, so in the usual case every point lands with one
@@ -351,14 +454,15 @@ def _voxelize_kernel(
                 snap = tl.load(lst[:, None] + jj[None, :], mask=keep[:, None] & (jj < max_points)[None, :], other=-1,
                                volatile=True)
                 pos = tl.maximum(pos, tl.max(tl.where(snap > x[:, None], jj[None, :] + 1, 0), axis=1))
-        carrying = cand  # still holds a value that is not in the list
-        act = carrying & (pos < max_points)
-        while tl.max(act.to(tl.int32), axis=0) > 0:
-            old = tl.atomic_max(lst + pos, x, mask=act)
-            carrying = carrying & ~(act & (old == -1))
-            x = tl.where(act, tl.minimum(old, x), x)
-            pos = tl.where(act, pos + 1, pos)
+        if not TABLE:
+            carrying = cand  # still holds a value that is not in the list
             act = carrying & (pos < max_points)
+            while tl.max(act.to(tl.int32), axis=0) > 0:
+                old = tl.atomic_max(lst + pos, x, mask=act)
+                carrying = carrying & ~(act & (old == -1))
+                x = tl.where(act, tl.minimum(old, x), x)
+                pos = tl.where(act, pos + 1, pos)
+                act = carrying & (pos < max_points)
         # carrying: a point pushed off the list (in sorted order under RANK_SORT)
         nd = tl.sum(dropped_v.to(tl.int32), axis=0) + tl.sum(carrying.to(tl.int32), axis=0)
         if HAS_LENGTHS:
@@ -368,7 +472,7 @@ def _voxelize_kernel(
                 tl.atomic_add(drop_ptr + b_lo, nd, mask=nd > 0)
             else:
                 ones = tl.full((BLOCK,), 1, tl.int32)
-                if RANK_SORT:
+                if RANK_SORT or TABLE:  # carrying is in sorted order
                     tl.atomic_add(drop_ptr + b, ones, mask=dropped_v)
                     tl.atomic_add(drop_ptr + lr_s // list_stride, ones, mask=carrying)
                 else:
@@ -513,24 +617,29 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     # one int32 buffer, one fill: every "empty" is -1 (keys: int64 -1 = two int32 -1)
     # coords first: the tensor returned to the caller then starts at storage offset 0 (as the fake
     # function promises), and the int64 keys stay 8-byte aligned (coords_len is a multiple of 4)
-    sizes = [coords_len, 2 * cap, cap, cap, 2, num_blocks, num_blocks, 2 * batch, batch, list_len]
+    cbits = pb.bit_length() + 1  # run counts are capped at pb
+    table = hard and _RANK_TABLE and num_blocks < 2 ** (31 - cbits)
+    table_len = list_len if table else 0
+    flags2_len = num_blocks if table else 0
+    sizes = [coords_len, 2 * cap, cap, cap, 3, num_blocks, num_blocks, 2 * batch, batch, list_len, table_len,
+             flags2_len]
     work = torch.full((sum(sizes),), -1, dtype=torch.int32, device=device)
     views = list(torch.split(work, sizes))
     keys = views[1].view(torch.int64)
-    coords, first, row, ticket, flags, desc, stats, drop, lists = views[0], *views[2:]
+    coords, first, row, ticket, flags, desc, stats, drop, lists, tables, flags2 = views[0], *views[2:]
     p2v = torch.empty(n, dtype=torch.int64, device=device)
     if not hard and not pad_to_max:
         coords = torch.empty((n, 4), dtype=torch.int32, device=device)  # rows < M all written
     segmented = hard and lengths is not None
     _voxelize_kernel[(num_blocks,)](
         points, lengths if lengths is not None else ticket, keys, first, row, ticket, flags, desc, stats, drop,
-        lists, p2v, coords, n, num_channels, batch, cap,
+        lists, tables, flags2, p2v, coords, n, num_channels, batch, cap,
         *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
         max_points, max_voxels, list_stride,
         HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=block,
         LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), BMAX=_bmax(batch),
         RANK_SORT=hard and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * 2 * block >= 2**31, SEEN=_SEEN,
-        WAIT_FIRST=_WAIT_FIRST, WATERMARK=_WATERMARK,
+        WAIT_FIRST=_WAIT_FIRST, WATERMARK=_WATERMARK, TABLE=table, CBITS=cbits,
         num_warps=num_warps,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
