@@ -36,6 +36,9 @@ atomics: order-independent sums); each compaction program reduces all group coun
 (a few KB) into the offsets and its own first position per offset, then ranks the hits of its
 rows (``tl.cumsum``), so pairs within an offset are in ascending output order, no atomics.
 
+Every atomic is ``sem="relaxed"`` (Triton's default is acq_rel, a fence per atomic): only
+the atomicity of each operation matters inside a pass; the passes are ordered by their launches.
+
 Launches and host syncs (S1 workloads: 44k voxels):
   submanifold: fill, insert, lookup, compact = 4 launches; 1 host sync at the very end (the
   pair count P, read after everything is queued: no bubble) or none with ``pad_pairs`` (pairs
@@ -154,11 +157,11 @@ def _kmap_insert_kernel(
     lane = tl.arange(0, BLOCK_N)
     while tl.max(active.to(tl.int32), axis=0) > 0:
         cell = tl.where(active, slot.to(tl.int64) * 2, sink + lane)
-        old = tl.atomic_cas(ws_ptr + cell, tl.where(active, -1, -2).to(tl.int64), key)
+        old = tl.atomic_cas(ws_ptr + cell, tl.where(active, -1, -2).to(tl.int64), key, sem="relaxed")
         claimed = active & (old == -1)
         done = claimed | (active & (old == key))
         first = first | claimed
-        tl.atomic_max(ws_ptr + slot.to(tl.int64) * 2 + 1, ROW_BASE - r.to(tl.int64), mask=done)
+        tl.atomic_max(ws_ptr + slot.to(tl.int64) * 2 + 1, ROW_BASE - r.to(tl.int64), mask=done, sem="relaxed")
         active = active & ~done
         slot = tl.where(active, (slot + 1) & (cap_in - 1), slot)
 
@@ -200,9 +203,9 @@ def _kmap_insert_kernel(
         counter_ptr = ws_ptr + counters_off
         # one pair per valid (voxel, offset): the pair count P, before any lookup
         num_pairs = tl.sum(tl.sum((cand & first[:, None]).to(tl.int32), axis=1), axis=0)
-        tl.atomic_add(counter_ptr + 2 * CSTRIDE, num_pairs.to(tl.int64), mask=num_pairs > 0)
+        tl.atomic_add(counter_ptr + 2 * CSTRIDE, num_pairs.to(tl.int64), mask=num_pairs > 0, sem="relaxed")
         # the largest batch index bounds the output key space: int32 keys sort in half the passes
-        tl.atomic_max(counter_ptr + CSTRIDE, tl.max(tl.where(inside, b64, -1), axis=0))
+        tl.atomic_max(counter_ptr + CSTRIDE, tl.max(tl.where(inside, b64, -1), axis=0), sem="relaxed")
         okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
         oslot = _slot(okey, log_out, cap_out)
         active2 = cand
@@ -210,7 +213,7 @@ def _kmap_insert_kernel(
         lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
         while _any2d(active2):
             cell = tl.where(active2, 2 * cap_in + oslot, sink + lane2)
-            old = tl.atomic_cas(ws_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey)
+            old = tl.atomic_cas(ws_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey, sem="relaxed")
             claimed = active2 & (old == -1)
             mine = mine | claimed
             active2 = active2 & ~claimed & (old != okey)
@@ -221,7 +224,7 @@ def _kmap_insert_kernel(
         rank = (tl.cumsum(row_tot, axis=0) - row_tot)[:, None] + tl.cumsum(c, axis=1) - c
         total = tl.sum(row_tot, axis=0)
         # the counter starts at -1; programs that claim nothing skip the atomic
-        start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0) + 1
+        start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0, sem="relaxed") + 1
         tl.store(out_keys_ptr + start + rank, okey, mask=mine)
         tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=mine)
 
@@ -317,7 +320,7 @@ def _kmap_lookup_kernel(
     out_mask = live[:, None] & k_live[None, :]
     tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
     cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
-    tl.atomic_add(ws_ptr + counts_off + (pid // sub) * KPAD + rk, cnt, mask=k_live)
+    tl.atomic_add(ws_ptr + counts_off + (pid // sub) * KPAD + rk, cnt, mask=k_live, sem="relaxed")
 
 
 @triton.jit
@@ -334,7 +337,7 @@ def _kmap_count_kernel(
     mask = (m < m_total)[:, None] & (rk < K)[None, :]
     v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
     cnt = tl.sum((v >= 0).to(tl.int64), axis=0)
-    tl.atomic_add(counts_ptr + (pid // sub) * KPAD + rk, cnt, mask=rk < K)
+    tl.atomic_add(counts_ptr + (pid // sub) * KPAD + rk, cnt, mask=rk < K, sem="relaxed")
 
 
 @triton.jit
