@@ -48,9 +48,8 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72f
     # 2048/32, 4096/32 points/warps, rows 32/4 and 64/8, the first-point wait)
     "main 1024/8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
     "no watermark": dict(_WATERMARK=False),
-    "cascade": dict(_RANK_SORT=False),
-    "table": dict(_RANK_TABLE=True),
-    "table main 1024/8": dict(_RANK_TABLE=True, _MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
+    "sort (no table)": dict(_RANK_TABLE=False),
+    "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False),
 }
 DYNAMIC_VARIANTS = ("main 1024/8",)
 

@@ -516,10 +516,10 @@ def test_gpu_kitti(kitti_dir):
 
 
 GPU_VARIANTS = {  # pcops.triton.voxelize attributes (the benchmark times these); few, for compile time
-    "cascade": dict(_RANK_SORT=False),
+    "sort": dict(_RANK_TABLE=False),
+    "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False),
     "no-watermark": dict(_WATERMARK=False),
     "main-1024-8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
-    "table": dict(_RANK_TABLE=True),
 }
 
 
