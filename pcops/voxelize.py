@@ -5,9 +5,10 @@ Deterministic at hash-table speed: on the GPU an open-addressing hash table on t
 voxel key gives every occupied voxel its first point (``atomic_max`` on an encoded index);
 voxels are numbered in first-point order by a prefix sum over "first point of its voxel"
 flags (a single-pass decoupled look-back scan, segmented by sample), and each voxel keeps its
-``max_points_per_voxel`` lowest point indices in a list filled by ``atomic_max`` insertion
-whose final state does not depend on the order of the atomics (each point starts at its rank,
-from an in-block sort plus the earlier blocks' entries, so it usually lands with one atomic).
+``max_points_per_voxel`` lowest point indices: each point's exact rank in its voxel is its rank
+among its block's points (an in-block sort) plus the points of the voxel in earlier blocks,
+read from a per-voxel table of the earliest blocks' run counts (filled by ``atomic_max``
+insertion, whose final state does not depend on the order of the atomics).
 Output is bit-identical to the CPU reference (``pcops/reference/voxelize.py``) and run to run.
 """
 from __future__ import annotations

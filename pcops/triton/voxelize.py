@@ -24,14 +24,18 @@ Hard voxelization is one fill and two launches (dynamic: one fill and one launch
       fall off the end: the deterministic FCFS set. (Proof: the values that ever reach position
       ``j`` are exactly those that are not among the ``j`` largest and do not start beyond
       ``j``; the largest of them stays. That holds for any start position up to a value's rank,
-      i.e. the number of larger values in its voxel.) The start is that rank in the usual case,
-      so a point lands with one atomic: the block sorts its (voxel row, lane) keys, giving each
-      point its rank among the block's points of its voxel (index − run start), and adds the
-      earlier blocks' values seen in the list (one at position ``j`` proves ``j + 1`` of them;
-      a point of a voxel begun by an earlier block first waits until that block has put the
-      voxel's first point at position 0). Ranks ≥ ``max_points_per_voxel`` drop at once. Only
-      blocks racing on one voxel cascade. (``_RANK_SORT = False``: the plain cascade from a
-      list snapshot, every point of a voxel in a block contending.)
+      i.e. the number of larger values in its voxel.)
+      Default (``_RANK_TABLE``): exact ranks, so no point ever cascades. The block sorts its
+      (voxel row, lane) keys: rank in the block = index − run start, run length from a reverse
+      scan. Each run enters one entry (earliness of its block, point count) into its voxel's
+      run table, a list of the ``max_points_per_voxel`` earliest runs kept by the same
+      ``atomic_max`` cascade (runs, not points, so races cost a round or two); after a second
+      wait for every earlier block's entries, those entries are settled at the table's front
+      and their counts give the points of the voxel in earlier blocks. A point's rank is that
+      count plus its rank in the block; kept points store themselves at their final list
+      position (a plain store). ``_RANK_TABLE = False``: the start is the in-block rank plus
+      the earlier blocks' values seen in the list, and blocks racing on a voxel cascade each
+      other's points; ``_RANK_SORT = False`` as well: the plain cascade from a list snapshot.
 3. ``_voxel_rows_kernel``, one program per block of output rows: maps a packed output row to
    its sample's list, gathers the points into ``voxels`` (zero padding written in the same
    pass), writes ``coords``, ``num_points``, ``point_to_voxel`` of the kept points and the
