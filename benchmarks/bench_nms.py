@@ -10,7 +10,7 @@ Implementations, all in the same run:
   form (one host sync to size the output), the padded form eager (no sync) and captured in a CUDA
   graph (with the profiler's per-kernel GPU µs in ``gpu_activities``), and each of its three
   kernels captured alone (``stage`` rows: kernel time + ~2 µs of graph launch; the pass also
-  with 256 and 512 threads per block instead of 1024).
+  with the other block sizes among 256, 512 and 1024 threads).
 * the previous CUDA pipeline (``torch.sort`` + ``nms_mask`` + ``nms_pass_v2``, and with the first
   pass kernel ``nms_pass`` v1), graph-captured, with its sort and mask stages; the notes'
   ``equal_outputs`` say per workload whether all CUDA pipelines give the same outputs (padded N
@@ -144,7 +144,9 @@ def main():
                           ("pass_b", lambda: cuda_impl.pass_b(mask, invalid, order, n))):
             t = bench(fn, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, f"  stage cuda: {stage} (graph)", t, **kw))
-        for threads in (256, 512):  # the pass with fewer threads per block (default 1024)
+        for threads in (256, 512, 1024):  # the pass with other threads per block (default: pass_threads)
+            if threads == cuda_impl.pass_threads(mask.shape[2]):
+                continue
             fn = lambda threads=threads: cuda_impl.pass_b(mask, invalid, order, n, threads=threads)
             t = bench(fn, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, f"  stage cuda: pass_b {threads} threads (graph)", t,

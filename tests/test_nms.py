@@ -405,6 +405,14 @@ def _random_iou_oracle(dtype):
 # float32 (N, 7) boxes at small sizes only (its logic is covered by the interpreter tests).
 _IOU_CASES = [("cuda", dt) for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64)]
 _IOU_CASES.append(("triton", torch.float32))
+# The Triton NMS kernels take ~50 s to compile on the H200 host: their GPU cases are marked
+# ``slow`` instead of ``gpu`` (run them with ``-m slow`` on a GPU machine).
+_GPU, _SLOW_GPU = [pytest.mark.gpu], [pytest.mark.slow]
+
+
+def _backend_params(cuda_cases, triton_cases):
+    return ([pytest.param(*c, marks=_GPU) for c in cuda_cases]
+            + [pytest.param(*c, marks=_SLOW_GPU) for c in triton_cases])
 
 
 @pytest.mark.parametrize("backend,dtype", _IOU_CASES)
@@ -453,8 +461,8 @@ def _nms_case(n, span, thr):
             _ref_nms(boxes, scores, thr, idxs=groups))
 
 
-@pytest.mark.parametrize("backend,n", [("cuda", n) for n in (1, 63, 64, 65, 1000, 4096)] + [("triton", 65), ("triton", 300)])
-@pytest.mark.gpu
+@pytest.mark.parametrize("backend,n", _backend_params([("cuda", n) for n in (1, 63, 64, 65, 1000, 4096)],
+                                                      [("triton", 65), ("triton", 300)]))
 @requires_cuda
 def test_gpu_nms_matches_reference(backend, n):
     configs = [((69.12, 79.36), 0.01), ((69.12, 79.36), 0.5)]
@@ -484,8 +492,7 @@ def _invalid_nms_oracle(dtype):
     return b, sc, ref.nms_bev(b, sc, 0.1)
 
 
-@pytest.mark.parametrize("backend", ["triton", "cuda"])
-@pytest.mark.gpu
+@pytest.mark.parametrize("backend", _backend_params([("cuda",)], [("triton",)]))
 @requires_cuda
 def test_gpu_nms_edges_invalid_dtypes(backend):
     edge = torch.tensor([[70.0, -39.0, 0, 4.0, 1.0, 1, 0.0], [71.0, -39.0, 0, 4.0, 1.0, 1, 0.0]], device="cuda")
@@ -502,8 +509,7 @@ def test_gpu_nms_edges_invalid_dtypes(backend):
     assert empty.tolist() == [-1, -1, -1] and int(count) == 0
 
 
-@pytest.mark.parametrize("backend", ["triton", "cuda"])
-@pytest.mark.gpu
+@pytest.mark.parametrize("backend", _backend_params([("cuda",)], [("triton",)]))
 @requires_cuda
 def test_gpu_nms_cuda_graph_capture(backend):
     n = 4096 if backend == "cuda" else 300  # Triton: sizes of one specialisation class (not 1, not 16k)
@@ -534,8 +540,18 @@ def test_gpu_opcheck():
     boxes, scores = make_boxes(200, seed=18, span=(15, 15), device="cuda")
     torch.library.opcheck(torch.ops.pcops.boxes_iou_bev, (boxes, boxes[:50], "triton"))
     torch.library.opcheck(torch.ops.pcops.boxes_iou_3d, (boxes, boxes[:50], "cuda"))
-    for backend in ("triton", "cuda"):
-        torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 60, True, backend))
+    torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 60, True, "cuda"))
+
+
+@pytest.mark.slow
+@requires_cuda
+def test_gpu_triton_nms_opcheck():
+    """opcheck of both NMS ops with the Triton backend on CUDA (slow: Triton compilations)."""
+    boxes, scores = make_boxes(200, seed=18, span=(15, 15), device="cuda")
+    torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 60, True, "triton"))
+    small, small_s, _ = _batched_case(2, 100, (12, 12), seed=36)
+    small[:, 3, 3] = 1.0
+    torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), None, 0.3, None, 30, "triton"))
 
 
 @interpret
@@ -1291,9 +1307,7 @@ def test_gpu_batched_form_graph_capture_and_opcheck():
     assert torch.equal(idx, want_idx) and torch.equal(count, want_count)
     small, small_s, g = _batched_case(2, 100, (12, 12), seed=36, groups=True)
     small[:, 3, 3] = 1.0
-    for backend in ("cuda", "triton"):
-        torch.library.opcheck(torch.ops.pcops.nms_bev_batched,
-                              (small.cuda(), small_s.cuda(), None, 0.3, None, 30, backend))
+    torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), None, 0.3, None, 30, "cuda"))
     torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), g.cuda(), 0.3, 64, 32, "cuda"))
 
 

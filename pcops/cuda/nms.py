@@ -114,11 +114,13 @@ _RANK_BOXES = 32  # boxes ranked per block
 _GATHER_THREADS = 256
 _MASKB_THREADS = 64
 _SBOX = 8  # floats per prepared box
-# sizes sorted by ranking in one kernel (O(B·N²) compares, estimated ~3 µs at 4,096 and ~20 µs at
-# 16,384 on the H200, against torch.sort's ~21-40 µs and 3-5 launches; O(B·N) when the scores are
-# already in order, e.g. top-k outputs): N ≤ RANK_MAX and B·N² ≤ RANK_MAX². Larger inputs, and
-# float64 scores (whose order float32 could merge), use torch.sort and a gather kernel.
-RANK_MAX = 16384
+# sizes sorted by ranking in one kernel (O(B·N²) compares; O(B·N) when the scores are already in
+# order, e.g. top-k outputs): N ≤ RANK_MAX and B·N² ≤ RANK_WORK. Measured on the H200 (graph
+# replays): 18 µs at N = 4,096 against 34 µs for nan_to_num + torch.sort, but 92 µs against 66 µs
+# at 16,384. Larger inputs, and float64 scores (whose order float32 could merge), use torch.sort
+# and a gather kernel.
+RANK_MAX = 8192
+RANK_WORK = 8 * 4096 * 4096
 _MAX_GRID_Y = 65535
 _RANK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -131,7 +133,7 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     order written as prepared float32 records: centre, size, heading, bounding radius, validity),
     ``nms_mask_b`` (the ``IoU > thr`` bitmask, grid over the triangle's 64 × 64 tiles and ``B``)
     and ``nms_pass_b`` (the pipelined greedy pass of ``nms_pass_v2``, one block per sample).
-    Above ``RANK_MAX`` boxes per sample (or ``B·N² > RANK_MAX²``), or for float64 scores,
+    Above ``RANK_MAX`` boxes per sample (or ``B·N² > RANK_WORK``), or for float64 scores,
     ``torch.sort`` + ``nms_gather`` replace ``nms_rank`` (+3-5 launches).
 
     Args:
@@ -178,7 +180,7 @@ def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor
     bev5 = ctypes.c_int(int(stride == 5))
     has = ctypes.c_int(int(groups is not None))
     sbox = torch.empty((bsz, m, _SBOX), dtype=torch.float32, device=dev)
-    if scores.dtype in _RANK_DTYPES and n <= RANK_MAX and bsz * n * n <= RANK_MAX * RANK_MAX:
+    if scores.dtype in _RANK_DTYPES and n <= RANK_MAX and bsz * n * n <= RANK_WORK:
         order = torch.empty((bsz, m), dtype=torch.int64, device=dev)
         sgroups = torch.empty((bsz, m), dtype=torch.int64, device=dev) if groups is not None else order
         get_kernel("nms.cu", "nms_rank", dev)(
@@ -214,13 +216,22 @@ def mask_b(sbox: torch.Tensor, sgroups: torch.Tensor | None, iou_threshold: floa
     return mask, invalid
 
 
+def pass_threads(words: int) -> int:
+    """Threads per block of ``nms_pass_b``: measured on the H200 (graph replays of the pass alone),
+    N = 4,096 (64 words): 1024 threads 77 / 91 µs (threshold 0.01 / 0.5), 512 threads 65 / 81,
+    256 threads 61 / 86; N = 16,384 (256 words): 1024 500 µs, 512 517, 256 707."""
+    return 512 if words <= 128 else _PASS_THREADS
+
+
 def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_len: int, *,
-           threads: int = _PASS_THREADS, out: torch.Tensor | None = None,
+           threads: int | None = None, out: torch.Tensor | None = None,
            count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 3 of :func:`nms_padded` (1 launch: ``nms_pass_b``, one block per sample):
     ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``, written into ``out``/``count``
     when given (contiguous, ``B * out_len`` and ``B`` elements). ``threads`` (private, for the
-    benchmark): threads per block, a multiple of 32 in [64, 1024]."""
+    benchmark): threads per block, a multiple of 32 in [64, 1024] (default: :func:`pass_threads`)."""
+    if threads is None:
+        threads = pass_threads(mask.shape[2])
     if threads % 32 or not 64 <= threads <= _PASS_THREADS:
         raise ValueError(f"threads: expected a multiple of 32 in [64, {_PASS_THREADS}], got {threads}")
     bsz, m, words = mask.shape
