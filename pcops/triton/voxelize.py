@@ -26,8 +26,8 @@ Hard voxelization is one fill and two launches (dynamic: one fill and one launch
       ``j``; the largest of them stays. That holds for any start position up to a value's rank,
       i.e. the number of larger values in its voxel.)
       Default (``_RANK_TABLE``): exact ranks, so no point ever cascades. The block sorts its
-      (voxel row, lane) keys: rank in the block = index − run start, run length from a reverse
-      scan. Each run enters one entry (earliness of its block, point count) into its voxel's
+      (voxel row, lane) keys: rank in the block = index − run start, run length from the same
+      scan of the flipped keys. Each run enters one entry (earliness of its block, point count) into its voxel's
       run table, a list of the ``max_points_per_voxel`` earliest runs kept by the same
       ``atomic_max`` cascade (runs, not points, so races cost a round or two); after a second
       wait for every earlier block's entries, those entries are settled at the table's front
@@ -332,7 +332,9 @@ def _voxelize_kernel(
             lr_s = (skey // BLOCK).to(tl.int32)
             lane_s = (skey % BLOCK).to(tl.int32)
             _, run0 = tl.associative_scan((lr_s, lane), 0, _run_start_combine)
-            _, run1 = tl.associative_scan((lr_s, lane), 0, _run_start_combine, reverse=True)  # run end
+            # run end: the same forward scan on the flipped keys (descending, runs still contiguous)
+            _, end_f = tl.associative_scan((tl.flip(lr_s, 0), lane), 0, _run_start_combine)
+            run1 = BLOCK - 1 - tl.flip(end_f, 0)
             rank = lane - run0
             cand = lr_s < lr_none
             x = num_points - 1 - (t * BLOCK + lane_s)
