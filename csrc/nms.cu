@@ -601,6 +601,11 @@ __device__ __forceinline__ void load_leader(const unsigned long long* __restrict
 // the kept box indices, set carry to the kept rows at word t + 1, publish the kept set, its compact
 // list and the running count for the workers. The caller alternates two Lead sets (no register
 // copies that would wait for the prefetch before the barrier).
+__device__ __forceinline__ unsigned long long resolve_tile(unsigned long long und, int lane, unsigned long long d0,
+                                                           unsigned long long d1, long long o0, long long o1,
+                                                           int count, int post, long long* __restrict__ out,
+                                                           unsigned char* list);
+
 __device__ __forceinline__ void leader_tile(const unsigned long long* __restrict__ mask,
                                             const long long* __restrict__ order, int m, int words, int post, int t,
                                             int lane, const Lead& cur, Lead& nxt, const unsigned long long* removed,
@@ -608,16 +613,34 @@ __device__ __forceinline__ void leader_tile(const unsigned long long* __restrict
                                             unsigned long long* s_kept, int* s_count, int* s_total,
                                             unsigned char* list) {
   load_leader(mask, order, m, words, t + 1, lane, nxt);
-  unsigned long long und = ~(removed[t] | carry), kept = 0ull;
+  const unsigned long long kept =
+      resolve_tile(~(removed[t] | carry), lane, cur.d0, cur.d1, cur.o0, cur.o1, count, post, out, list);
+  carry = warp_or64(pick_rows(kept, lane, cur.n0, cur.n1));
+  count += __popcll(kept);
+  if (lane == 0) {
+    *s_kept = kept;
+    *s_count = count;
+    *s_total = count;
+  }
+}
+
+// The greedy resolve of one tile by the leader warp: und = its undecided boxes, lane l holds the
+// diagonal words d0, d1 of rows l and l + 32 and their box indices o0, o1. Writes the kept boxes'
+// indices at out[count + rank] (below post) and their rows into list; returns the kept set.
+__device__ __forceinline__ unsigned long long resolve_tile(unsigned long long und, int lane, unsigned long long d0,
+                                                           unsigned long long d1, long long o0, long long o1,
+                                                           int count, int post, long long* __restrict__ out,
+                                                           unsigned char* list) {
+  unsigned long long kept = 0ull;
   for (int round = 0; und && round < NMS_ROUNDS; ++round) {
     // rows only have bits above their own: a box no undecided earlier box suppresses is kept
-    const unsigned long long fresh = und & ~warp_or64(pick_rows(und, lane, cur.d0, cur.d1));
+    const unsigned long long fresh = und & ~warp_or64(pick_rows(und, lane, d0, d1));
     kept |= fresh;
-    und &= ~(fresh | warp_or64(pick_rows(fresh, lane, cur.d0, cur.d1)));
+    und &= ~(fresh | warp_or64(pick_rows(fresh, lane, d0, d1)));
   }
   while (und) {  // the lowest undecided box is kept (every box before it is decided)
     const int b = __ffsll((long long)und) - 1;
-    const unsigned long long src = b < 32 ? cur.d0 : cur.d1;
+    const unsigned long long src = b < 32 ? d0 : d1;
     const unsigned lo = __shfl_sync(FULL_MASK, (unsigned)src, b & 31);
     const unsigned hi = __shfl_sync(FULL_MASK, (unsigned)(src >> 32), b & 31);
     kept |= 1ull << b;
@@ -626,21 +649,15 @@ __device__ __forceinline__ void leader_tile(const unsigned long long* __restrict
   const unsigned klo = (unsigned)kept, khi = (unsigned)(kept >> 32), below = (1u << lane) - 1u;
   if ((klo >> lane) & 1u) {
     const int rank = __popc(klo & below);
-    if (count + rank < post) out[count + rank] = cur.o0;
+    if (count + rank < post) out[count + rank] = o0;
     list[rank] = (unsigned char)lane;
   }
   if ((khi >> lane) & 1u) {
     const int rank = __popc(klo) + __popc(khi & below);
-    if (count + rank < post) out[count + rank] = cur.o1;
+    if (count + rank < post) out[count + rank] = o1;
     list[rank] = (unsigned char)(lane + 32);
   }
-  carry = warp_or64(pick_rows(kept, lane, cur.n0, cur.n1));
-  count += __popcll(kept);
-  if (lane == 0) {
-    *s_kept = kept;
-    *s_count = count;
-    *s_total = count;
-  }
+  return kept;
 }
 
 // OR of word w of the rows row0 + list[k], k = first, first + step, ... < nk (PASS_BATCH loads in flight).
