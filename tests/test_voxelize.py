@@ -523,16 +523,7 @@ GPU_VARIANTS = {  # pcops.triton.voxelize attributes (the benchmark times these)
 }
 
 
-@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
-@pytest.mark.gpu
-@requires_cuda
-def test_gpu_variants(monkeypatch, variant):
-    """Every selectable configuration / ranking gives the reference's output: a dense cloud where
-    every block races on every voxel (~900 points in each of 216 voxels), and a sparse one."""
-    from pcops.triton import voxelize as tri
-
-    for name, value in GPU_VARIANTS[variant].items():
-        monkeypatch.setattr(tri, name, value)
+def _race_cases():
     dense = random_cloud(200003, seed=3, special=False)
     grid = dict(point_cloud_range=SMALL["point_cloud_range"], max_voxels=100)
     _gpu_case(dense, dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=32))
@@ -541,6 +532,27 @@ def test_gpu_variants(monkeypatch, variant):
               torch.tensor([20000, 30021]), pad=True)
     _gpu_case(torch.cat([sparse, dense]), dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=5),
               torch.tensor([50021, 200003]))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_block_races():
+    """The default ranking under maximal races: a dense cloud where every block holds points of
+    every voxel (~900 points in each of 216 voxels), a sparse batched one, and both as a batch."""
+    _race_cases()
+
+
+@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
+@pytest.mark.slow
+@requires_cuda
+def test_gpu_variants(monkeypatch, variant):
+    """Every selectable configuration / ranking gives the reference's output on the race cases
+    (marked slow: each variant compiles its own kernels)."""
+    from pcops.triton import voxelize as tri
+
+    for name, value in GPU_VARIANTS[variant].items():
+        monkeypatch.setattr(tri, name, value)
+    _race_cases()
 
 
 @pytest.mark.gpu
