@@ -8,8 +8,8 @@ Baselines: a plain-torch segment softmax (``scatter_reduce`` amax + exp + ``inde
 row index of every entry precomputed, as graph libraries keep it) and ``torch.sparse.softmax``
 on the equivalent COO tensor. pcops: Triton and CUDA C++ (NVRTC) both; for CUDA C++ also each
 group shape of ``pcops.cuda.sparse_softmax.VARIANTS`` (kernels called directly; ``(auto)``
-marks the one the op picks for Q1), and the Triton layout the op does not use
-(``pcops.triton.fused.CSR_LAYOUT``: "grouped" rows per warp or the "tile" kernel).
+marks the one the op picks for Q1), and Triton grouped rows with the group width the op does
+not pick (``--csr-sub``, default 16; the "tile" layout measured 0.037 / 0.069 ms on the H200).
 
 fwd+bwd rows: ``y = f(x, w, b); y.backward(dy)`` with the leaves' ``.grad`` reset to None
 before each call (what ``optimizer.zero_grad()`` does by default since torch 2.0), so autograd
@@ -27,8 +27,8 @@ timing the backward op alone (``torch.ops.pcops.layer_norm_gelu_backward``: back
 column sum; floor: x, dy read, dx written) for the default and each variant; the notes record
 each variant's max |gradient − default's| (dx, dweight, dbias), its grid, the autotuned forward
 config and the per-kernel GPU time of L2 fwd+bwd (torch profiler). ``--bwd-variants a,b``
-picks the variants (default: every non-default entry; ``rowrange``: the row-range kernel,
-0.34 ms on L2, autotuned on first use; ``none``: skip).
+picks the variants (default: the non-default entries but "tiled-plain"; ``all``;
+``rowrange``: the row-range kernel, 0.34 ms on L2, autotuned on first use; ``none``: skip).
 
 Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
 checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
@@ -212,7 +212,7 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
     notes[wl] = info
 
 
-def bench_sparse_softmax(rows, rep, launches):
+def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,)):
     torch.manual_seed(0)
     lengths = torch.randint(1, 65, (Q1_ROWS,))
     crow = torch.zeros(Q1_ROWS + 1, dtype=torch.int64)
@@ -264,19 +264,20 @@ def bench_sparse_softmax(rows, rep, launches):
     graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)",
               fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton"), accumulate=True), rep, fb_floor,
               Q1_ROWS, (base or {}).get(True))
-    # the Triton layout the op does not use, then the CUDA C++ group shapes
-    # (pcops.cuda.sparse_softmax.VARIANTS); kernels called directly
-    other = [lay for lay in tri._CSR_LAYOUTS if lay != tri.CSR_LAYOUT]
-    for lay in other:
-        err = (tri.sparse_softmax(values, crow, layout=lay) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
-        print(f"Q1 triton layout={lay}: max |pcops - segment softmax| = {err:.3g}")
-        graph_row(rows, wl, f"pcops triton {lay} (fwd)", lambda lay=lay: tri.sparse_softmax(values, crow, layout=lay),
+    # Triton grouped rows with the group width the op does not pick (--csr-sub), then the CUDA C++
+    # group shapes (pcops.cuda.sparse_softmax.VARIANTS); kernels called directly
+    auto_sub = tri._group_shape(Q1_ROWS, nnz)[0]
+    for sub in [s for s in csr_subs if s != auto_sub]:
+        vpt = 4 if sub == 32 else 8
+        kw = dict(layout="grouped", sub=sub, vpt=vpt)
+        err = (tri.sparse_softmax(values, crow, **kw) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
+        print(f"Q1 triton grouped sub={sub}: max |pcops - segment softmax| = {err:.3g}")
+        graph_row(rows, wl, f"pcops triton grouped sub={sub} (fwd)", lambda kw=kw: tri.sparse_softmax(values, crow, **kw),
                   rep, fwd_floor, Q1_ROWS, fwd_base.get(True))
-        graph_row(rows, wl, f"pcops triton {lay} (fwd+bwd kernels)",
-                  lambda lay=lay: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow, layout=lay), crow,
-                                                              layout=lay),
+        graph_row(rows, wl, f"pcops triton grouped sub={sub} (fwd+bwd kernels)",
+                  lambda kw=kw: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow, **kw), crow, **kw),
                   rep, fb_floor, Q1_ROWS, (base or {}).get(True))
-    graph_row(rows, wl, f"pcops triton {tri.CSR_LAYOUT} (default) (fwd+bwd kernels)",
+    graph_row(rows, wl, f"pcops triton {tri.CSR_LAYOUT} sub={auto_sub} (default) (fwd+bwd kernels)",
               lambda: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow), crow), rep, fb_floor, Q1_ROWS,
               (base or {}).get(True))
     from pcops.cuda import sparse_softmax as cu
@@ -302,9 +303,14 @@ def main():
 
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline (saves its warm-up)")
-    extra.add_argument("--bwd-variants", default="all",
+    extra.add_argument("--bwd-variants", default="default",
                        help="LayerNorm+GELU backward variants to sweep: comma-separated names of "
-                            "pcops.triton.fused.BWD_VARIANTS, 'all' (default) or 'none'")
+                            "pcops.triton.fused.BWD_VARIANTS or 'rowrange', 'default' (the non-default "
+                            "tiled variants but 'tiled-plain', measured 6-8 %% slower on the H200), 'all' "
+                            "or 'none'")
+    extra.add_argument("--csr-sub", default="16",
+                       help="Triton grouped CSR softmax group widths to time besides the automatic one "
+                            "(comma-separated of 4, 8, 16, 32; '' for none)")
     known, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = parse_args(__doc__)
@@ -312,11 +318,13 @@ def main():
     rows = []
     t0 = time.perf_counter()
     launches = {}
-    bench_sparse_softmax(rows, rep, launches)
+    bench_sparse_softmax(rows, rep, launches, tuple(int(v) for v in known.csr_sub.split(",") if v))
     t1 = time.perf_counter()
     known_variants = [*tri.BWD_VARIANTS, "rowrange"]
     if known.bwd_variants == "all":
         variants = [v for v in tri.BWD_VARIANTS if v != tri.BWD_VARIANT]
+    elif known.bwd_variants == "default":
+        variants = [v for v in tri.BWD_VARIANTS if v not in (tri.BWD_VARIANT, "tiled-plain")]
     elif known.bwd_variants == "none":
         variants = []
     else:
@@ -342,7 +350,8 @@ def main():
             "what": f"LayerNorm+GELU backward variants (pcops.triton.fused.BWD_VARIANTS; default "
                     f"{tri.BWD_VARIANT!r}). max_abs_diff_vs_default: max |variant - default| of dx, dweight, dbias "
                     "(float32 of the outputs; max_abs_default gives the scale); fwd+bwd rows with grads reset",
-            "predicted_ms": {"L2 bwd kernel": 0.08, "L2 fwd+bwd": 0.13, "L2 fwd": 0.045},
+            "predicted_ms": {"L1 fwd": 0.011, "L2 fwd": 0.044, "L2 bwd kernel": 0.093, "L2 fwd+bwd": 0.133,
+                             "Q1 triton fwd": 0.019, "Q1 cuda fwd": 0.026},
             **variant_notes,
         }
     report(rows, "fused", args.out, notes=notes)

@@ -75,6 +75,17 @@ def dense_softmax_oracle(values, crow):
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta", "ignore:Sparse invariant checks")
 
+
+@pytest.fixture(autouse=True)
+def _fixed_triton_configs(request, monkeypatch):
+    """The launchers' fixed default configs instead of autotuning (which compiles and times up
+    to 10 configs per new row length: the GPU tests see dozens), except in the tests named
+    ``test_gpu_autotuned_*``. (The interpreter never autotunes.)"""
+    from pcops.triton import fused as tri
+
+    if not request.node.name.startswith("test_gpu_autotuned"):
+        monkeypatch.setattr(tri, "AUTOTUNE", False)
+
 AWKWARD_LENGTHS = [0, 1, 5, 0, 0, 17, 1, 64, 3, 130, 2, 0, 33, 1]
 
 
@@ -410,10 +421,15 @@ def test_forward_search_space():
     """The documented forward configs for the benchmark widths (block_n 1024, 256, 64)."""
     from pcops.triton import fused as tri
 
-    def space(block_n, one_tile=True):
+    def space(block_n, one_tile=True, m_rows=131072):
         return {(c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["TILES"])
-                for c in tri._prune_fwd(tri._FWD_CONFIGS, {}, BLOCK_N=block_n, ONE_TILE=one_tile)}
+                for c in tri._prune_fwd(tri._FWD_CONFIGS, {"M": m_rows}, BLOCK_N=block_n, ONE_TILE=one_tile,
+                                        M_CLASS=tri._m_class(m_rows))}
 
+    # L1 (4,096 rows): one tile per program only (4 tiles left too few programs on the H200)
+    assert all(t == 1 for _, _, t in space(1024, m_rows=4096)) and space(1024, m_rows=4096)
+    # L3 (131,072 × 64): multi-tile configs only while they keep ≥ 2,048 programs
+    assert {(m, w, t) for m, w, t in space(64) if t > 1} == {(16, 2, 4), (16, 4, 4)}
     l2 = space(256)
     assert {(8, 4, 1), (8, 8, 1), (8, 16, 1), (16, 8, 1), (16, 16, 1), (32, 16, 1)} <= l2  # measured before
     assert {(4, 2, 4), (4, 4, 4), (8, 4, 4), (8, 8, 4)} <= l2 and len(l2) == 10
@@ -695,18 +711,21 @@ def test_cuda_softmax_group_choice():
         cu._plan(10, 10, "g2x2")
 
 
-# every CUDA C++ group shape, every Triton group shape (fixed config: no autotuning) and the
-# Triton tile layout (autotuned)
-SOFTMAX_GPU_IMPLS = ([("cuda", dict(variant=v)) for v in ("g32x4", "g4x8", "g8x8", "g16x8")]
-                     + [("triton", dict(layout="grouped", sub=s, vpt=v, num_warps=4)) for s, v in ((4, 8), (8, 8), (16, 8), (32, 4))]
-                     + [("triton", dict(layout="tile"))])
+# every CUDA C++ group shape (one NVRTC module), every Triton group shape and the Triton tile
+# layout (fixed configs) in float32 / int64; the Q1 shapes also in bfloat16 / int32
+F32, BF16 = (torch.float32, torch.int64), (torch.bfloat16, torch.int32)
+SOFTMAX_GPU_CASES = ([("cuda", dict(variant=v), F32) for v in ("g32x4", "g4x8", "g8x8", "g16x8")]
+                     + [("cuda", dict(variant="g8x8"), BF16)]
+                     + [("triton", dict(layout="grouped", sub=s, vpt=v, num_warps=4), F32)
+                        for s, v in ((4, 8), (8, 8), (16, 8), (32, 4))]
+                     + [("triton", dict(layout="grouped", sub=8, vpt=8, num_warps=4), BF16),
+                        ("triton", dict(layout="tile"), F32)])
 
 
-@pytest.mark.parametrize("backend,config", SOFTMAX_GPU_IMPLS)
-@pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)])
+@pytest.mark.parametrize("backend,config,types", SOFTMAX_GPU_CASES)
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_softmax_groups(backend, config, dtype, index_dtype):
+def test_gpu_softmax_groups(backend, config, types):
     """Every group shape against the reference: rows at and around each capacity (32, 64, 128),
     long rows, empty and all −inf rows, groups of a warp with mixed lengths."""
     if backend == "cuda":
@@ -714,6 +733,7 @@ def test_gpu_softmax_groups(backend, config, dtype, index_dtype):
     else:
         from pcops.triton import fused as impl
 
+    dtype, index_dtype = types
     g = generator(36)
     lengths = (AWKWARD_LENGTHS + [31, 32, 33, 63, 64, 65, 127, 128, 129, 257, 1000, 0, 5000]
                + torch.randint(0, 70, (2000,), generator=g).tolist())
@@ -779,6 +799,34 @@ def test_gpu_opcheck():
         torch.library.opcheck(torch.ops.pcops.sparse_softmax, (values, crow, backend))
 
 
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_autotuned_paths():
+    """The autotuned launchers (the other GPU tests run fixed configs): an L2-like LayerNorm+GELU
+    forward and backward through the public op, and a Q1-like CSR softmax on both backends."""
+    x, w, b = make_ln(8192, 256, seed=40, dtype=torch.bfloat16)
+    g = torch.randn(8192, 256, generator=generator(41)).to(torch.bfloat16)
+    leaves = [t.cuda().requires_grad_(True) for t in (x, w, b)]
+    y = pcops.fused_layer_norm_gelu(*leaves)
+    y.backward(g.cuda())
+    yr, mr, rr = ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    torch.testing.assert_close(y.detach().cpu(), yr, **TOL[torch.bfloat16])
+    exp = ref.layer_norm_gelu_backward(g, x, w, b, mr, rr, "tanh")
+    for i, (leaf, e) in enumerate(zip(leaves, exp)):
+        tol = {k: v * (math.sqrt(8192) if i else 1) for k, v in GRAD_TOL[torch.bfloat16].items()}
+        torch.testing.assert_close(leaf.grad.cpu().float(), e.float(), **tol)
+    lengths = torch.randint(1, 65, (3000,), generator=generator(42)).tolist()
+    values, crow = make_csr(lengths, seed=43)
+    gy = torch.randn(values.shape, generator=generator(44))
+    for backend in ("triton", "cuda"):
+        vc = values.cuda().requires_grad_(True)
+        out = pcops.sparse_softmax(vc, crow.cuda(), backend=backend)
+        out.backward(gy.cuda())
+        torch.testing.assert_close(out.detach().cpu(), ref.sparse_softmax(values, crow), **TOL[torch.float32])
+        torch.testing.assert_close(vc.grad.cpu(), ref.sparse_softmax_backward(gy, out.detach().cpu(), crow),
+                                   **GRAD_TOL[torch.float32])
+
+
 # --- the Triton kernels compile for sm_90 (no GPU needed) -----------------------------------
 
 _AOT_SCRIPT = r'''
@@ -799,9 +847,9 @@ ln = dict(x_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}", y_ptr=f"*{dt}", mean_p
           seed_ptr="*i64", M="i32", N="i32", eps="fp32", dropout_p="fp32", dy_ptr=f"*{dt}", dx_ptr=f"*{dt}",
           dw_part_ptr="*fp32", db_part_ptr="*fp32", rows_per_program="i32")
 flags = dict(APPROX_TANH=approx, HAS_DROPOUT=drop, ONE_TILE=one, BLOCK_N=256)
-comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=one, BLOCK_M=16, TILES=1), 8)
+comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=one, BLOCK_M=16, TILES=1, M_CLASS=0), 8)
 if one:
-    comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=False, BLOCK_M=4, TILES=4), 4)
+    comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=False, BLOCK_M=4, TILES=4, M_CLASS=1), 4)
 comp(f._layer_norm_gelu_bwd_kernel, ln, dict(flags, BLOCK_M=8), 4)
 comp(f._column_sum_kernel, dict(dw_part_ptr="*fp32", db_part_ptr="*fp32", dw_ptr=f"*{dt}", db_ptr=f"*{dt}", G="i32", N="i32"),
      dict(BLOCK_G=1024, BLOCK_N=4), 16)

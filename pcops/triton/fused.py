@@ -76,6 +76,22 @@ def _interpreting() -> bool:
 # read by @triton.jit code: the interpreter lacks libdevice (fixed at import, as Triton itself is)
 _INTERPRET = tl.constexpr(_interpreting())
 
+# False: the launchers use their fixed default configs instead of ``triton.autotune`` (every
+# config of a new row length is compiled and timed on first use: the GPU tests, which see many
+# row lengths, switch it off and check the autotuned paths on a few shapes)
+AUTOTUNE = True
+
+
+def _autotuning() -> bool:
+    return AUTOTUNE and not _interpreting()
+
+
+def _m_class(m_rows: int) -> int:
+    """The forward's row-count class (part of its autotune key): 1 for ≥ 65,536 rows, where the
+    multi-tile configs keep ≥ 2,048 programs in flight; 0 below, where they are pruned (L1,
+    4,096 rows: a 4-tile config left 512 programs and ran at half the speed of one tile)."""
+    return 1 if m_rows >= _MULTI_TILE_MIN_ROWS else 0
+
 
 # --- autotuning search space ----------------------------------------------------------------
 # A program handles (BLOCK_M, BLOCK_N) tiles, BLOCK_N = next_pow2(N) fixed by the launcher; the
@@ -112,6 +128,8 @@ _FWD_SPACE = dict(tiles=(2048, 4096, 8192), warps=(4, 8, 16), per_thread=(4, 16)
 _FWD_MULTI_SPACE = dict(tiles=(1024, 2048), warps=(2, 4, 8), per_thread=(8, 16))
 _BWD_SPACE = dict(tiles=(1024, 2048, 4096), warps=(4, 8), per_thread=(4, 16))
 _FWD_MULTI_TILES = 4
+_MULTI_TILE_MIN_ROWS = 65536
+_MULTI_TILE_MIN_PROGRAMS = 2048
 
 
 def _row_space(configs, block_n, tiles, warps, per_thread, fallback=True):
@@ -138,9 +156,12 @@ def _prune_rows(tiles, warps, per_thread):
 def _prune_fwd(configs, named_args, **kwargs):
     block_n = kwargs["BLOCK_N"]
     one = _row_space([c for c in configs if c.kwargs["TILES"] == 1], block_n, **_FWD_SPACE)
-    if not kwargs["ONE_TILE"]:
-        return one  # wide rows: the chunked path walks one tile per program
+    if not kwargs["ONE_TILE"] or not kwargs.get("M_CLASS", 1):
+        return one  # wide rows (the chunked path walks one tile per program) or few rows
     multi = _row_space([c for c in configs if c.kwargs["TILES"] > 1], block_n, **_FWD_MULTI_SPACE, fallback=False)
+    m_rows = named_args.get("M", _MULTI_TILE_MIN_ROWS)
+    multi = [c for c in multi
+             if triton.cdiv(m_rows, c.kwargs["BLOCK_M"] * c.kwargs["TILES"]) >= _MULTI_TILE_MIN_PROGRAMS]
     return one + [c for c in multi if c not in one]
 
 
@@ -284,6 +305,7 @@ def _layer_norm_gelu_fwd_kernel(
     BLOCK_N: tl.constexpr,  # columns per tile (>= N when ONE_TILE, else the chunk width)
     BLOCK_M: tl.constexpr,  # rows per tile (autotuned)
     TILES: tl.constexpr,  # consecutive tiles per program (autotuned; 1 unless ONE_TILE)
+    M_CLASS: tl.constexpr = 1,  # _m_class(M): part of the autotune key only
 ):
     pid = tl.program_id(0)
     seed, keep_scale = _dropout_params(seed_ptr, dropout_p, HAS_DROPOUT)
@@ -481,7 +503,7 @@ def _column_sum_kernel(
 
 
 _layer_norm_gelu_fwd_tuned = triton.autotune(
-    configs=_FWD_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=_quick_bench
+    configs=_FWD_CONFIGS, key=["N", "M_CLASS"], prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=_quick_bench
 )(_layer_norm_gelu_fwd_kernel)
 _layer_norm_gelu_bwd_tuned = triton.autotune(
     configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_BWD_SPACE)},
@@ -849,7 +871,8 @@ _sparse_softmax_bwd_tuned = triton.autotune(
 # reduce the in-thread axis first, then the lanes, and come back to the tile's layout through
 # the matching expand_dims (no layout conversion).
 # Config: SUB and VPT from the mean row length as the CUDA C++ launcher picks them (smallest
-# CAP ≥ 2·mean − 1, VPT = 8); search space BLOCK_R = 32 / SUB · num_warps · rows per thread,
+# CAP ≥ 1.9·mean, VPT = 8; the H200 run at 2·mean − 1 gave Q1 SUB 16: fwd 0.022 ms, fwd+bwd
+# 0.045, and the CUDA C++ g8x8 beat g16x8 by 25 %); search space BLOCK_R = 32 / SUB · num_warps · rows per thread,
 # num_warps ∈ {2, 4, 8} × rows per thread ∈ {1, 2}, pruned to 4 warps (1 or 2 rows per
 # thread) and 8 warps (1 or 2): 4 configs, keyed on the mean length and SUB (each first use
 # compiles them all, so the space stays small). Why: one or two rows per thread keeps 8-16
@@ -868,8 +891,9 @@ def _prune_grouped(configs, named_args, **kwargs):
 
 
 def _group_shape(rows: int, nnz: int) -> tuple[int, int]:
-    """``(SUB, VPT)`` for the mean row length ``nnz / rows`` (no host sync)."""
-    longest = 2 * nnz / max(rows, 1) - 1
+    """``(SUB, VPT)`` for the mean row length ``nnz / rows`` (no host sync): as the CUDA C++
+    launcher, the smallest capacity ≥ 1.9·mean."""
+    longest = 1.9 * nnz / max(rows, 1)
     for sub, vpt in _GROUP_SHAPES:
         if sub * vpt >= longest:
             return sub, vpt
@@ -1038,8 +1062,9 @@ def layer_norm_gelu(
     args = (x, weight, bias, y, mean, rstd, _seed_arg(seed, x), m_rows, n, float(eps), float(dropout_p))
     meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile,
                 EVEN_N=n == block_n, BLOCK_N=block_n)
-    if block_m is None and tiles is None and max_block_n is None and not _interpreting():
-        _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](*args, **meta)
+    if block_m is None and tiles is None and max_block_n is None and _autotuning():
+        _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](
+            *args, **meta, M_CLASS=_m_class(m_rows))
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), triton.next_power_of_2(m_rows))
         t = (tiles or 1) if one_tile else 1
@@ -1107,7 +1132,7 @@ def layer_norm_gelu_backward(
         args = (grad_y, x, weight, bias, mean, rstd, _seed_arg(seed, x), dx, dw_part, db_part,
                 m_rows, n, rows_per_program, float(dropout_p))
         meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile, BLOCK_N=block_n)
-        if block_m is None and max_block_n is None and not _interpreting():
+        if block_m is None and max_block_n is None and _autotuning():
             _layer_norm_gelu_bwd_tuned[(g,)](*args, **meta)
         else:
             bm = block_m or min(_default_block_m(block_n, _BWD_SPACE["tiles"][1]), triton.next_power_of_2(rows_per_program))
@@ -1268,7 +1293,7 @@ def dropout_keep_mask(seed: torch.Tensor, shape, dropout_p: float) -> torch.Tens
 
 
 def _csr_launch(tuned, kernel, args, rows, avg_len, block_r, block_l, num_warps):
-    if block_r is None and not _interpreting():
+    if block_r is None and _autotuning():
         tuned[lambda c: (triton.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len)
     else:
         bl = block_l or _csr_width(avg_len)
@@ -1286,7 +1311,7 @@ def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps,
     if sub is None:
         sub, vpt = _group_shape(rows, nnz)
     vpt = vpt or 8
-    if block_r is None and num_warps is None and not _interpreting():
+    if block_r is None and num_warps is None and _autotuning():
         tuned[lambda c: (triton.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len, SUB=sub, VPT=vpt)
     else:
         w = num_warps or 4
