@@ -10,7 +10,8 @@ Implementations, all in the same run:
   form (one host sync to size the output), the padded form eager (no sync) and captured in a CUDA
   graph (with the profiler's per-kernel GPU µs in ``gpu_activities``), and each of its three
   kernels captured alone (``stage`` rows: kernel time + ~2 µs of graph launch; the pass also
-  with the other block sizes among 256, 512 and 1024 threads).
+  with the other block sizes among 256, 512 and 1024 threads, and the experimental
+  ``nms_pass_b2``, whose workers' loads stay in flight across the barrier).
 * the previous CUDA pipeline (``torch.sort`` + ``nms_mask`` + ``nms_pass_v2``, and with the first
   pass kernel ``nms_pass`` v1), graph-captured, with its sort and mask stages; the notes'
   ``equal_outputs`` say per workload whether all CUDA pipelines give the same outputs (padded N
@@ -150,6 +151,11 @@ def main():
             fn = lambda threads=threads: cuda_impl.pass_b(mask, invalid, order, n, threads=threads)
             t = bench(fn, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, f"  stage cuda: pass_b {threads} threads (graph)", t,
+                            equal=same(fn(), cuda_impl.pass_b(mask, invalid, order, n)), **kw))
+        for threads in (256, 512):  # the experimental pass with the workers' loads across the barrier
+            fn = lambda threads=threads: cuda_impl.pass_b(mask, invalid, order, n, threads=threads, variant="b2")
+            t = bench(fn, warmup=warm, rep=rep, graph=True)
+            rows.append(row(name, f"  stage cuda: pass_b2 {threads} threads (graph)", t,
                             equal=same(fn(), cuda_impl.pass_b(mask, invalid, order, n)), **kw))
 
         # the previous CUDA pipeline: torch.sort, nms_mask, nms_pass_v2 / nms_pass

@@ -804,3 +804,178 @@ nms_pass_b(const unsigned long long* __restrict__ mask, const unsigned long long
   for (int w = threadIdx.x; w < words; w += blockDim.x) removed[w] = invalid[b * words + w];
   pass_pipeline(mask + b * m * words, order + b * m, m, words, post, out + b * post, count_out + b, removed);
 }
+
+// ---- nms_pass_b2: nms_pass_b with the workers' loads off the critical path (experimental, opt-in:
+// pcops.cuda.nms.pass_b(variant="b2")) -----------------------------------------------------------
+// In nms_pass_b the workers apply tile t - 1 within iteration t, so every tile waits for one L2
+// round trip of the workers' loads (H200: pass ~1 us per tile at N1). Here the leader also ORs
+// tile t's rows into word t + 2 (it prefetches three words per row), and the workers apply tile
+// t - 1 to words >= t + 2 across two iterations: they issue the loads in iteration t and OR the
+// values into "removed" in iteration t + 1 (the loads stay in flight across the barrier); the
+// leader reads word t + 2 only in iteration t + 2. Launched with PASS_B2_THREADS (the leader's
+// and the workers' in-flight registers need more than 64 registers per thread).
+#define PASS_B2_THREADS 512
+
+struct Lead3 {
+  unsigned long long d0, d1, n0, n1, q0, q1;  // words t, t + 1, t + 2 of rows 64t + lane, 64t + lane + 32
+  long long o0, o1;
+};
+
+__device__ __forceinline__ void load_leader3(const unsigned long long* __restrict__ mask,
+                                             const long long* __restrict__ order, int m, int words, int t, int lane,
+                                             Lead3& L) {
+  const int r0 = t * NMS_TILE + lane, r1 = r0 + 32;
+  const bool a = t < words && r0 < m, b = t < words && r1 < m, w1 = t + 1 < words, w2 = t + 2 < words;
+  L.d0 = a ? mask[(long long)r0 * words + t] : 0ull;
+  L.d1 = b ? mask[(long long)r1 * words + t] : 0ull;
+  L.n0 = (a && w1) ? mask[(long long)r0 * words + t + 1] : 0ull;
+  L.n1 = (b && w1) ? mask[(long long)r1 * words + t + 1] : 0ull;
+  L.q0 = (a && w2) ? mask[(long long)r0 * words + t + 2] : 0ull;
+  L.q1 = (b && w2) ? mask[(long long)r1 * words + t + 2] : 0ull;
+  L.o0 = a ? order[r0] : -1;
+  L.o1 = b ? order[r1] : -1;
+}
+
+// c1: what tiles t - 1 and t - 2 remove from word t; c2: what tile t - 1 removes from word t + 1.
+__device__ __forceinline__ void leader_tile3(const unsigned long long* __restrict__ mask,
+                                             const long long* __restrict__ order, int m, int words, int post, int t,
+                                             int lane, const Lead3& cur, Lead3& nxt, const unsigned long long* removed,
+                                             unsigned long long& c1, unsigned long long& c2, int& count,
+                                             long long* __restrict__ out, unsigned long long* s_kept, int* s_count,
+                                             int* s_total, unsigned char* list) {
+  load_leader3(mask, order, m, words, t + 1, lane, nxt);
+  const unsigned long long kept =
+      resolve_tile(~(removed[t] | c1), lane, cur.d0, cur.d1, cur.o0, cur.o1, count, post, out, list);
+  c1 = c2 | warp_or64(pick_rows(kept, lane, cur.n0, cur.n1));
+  c2 = warp_or64(pick_rows(kept, lane, cur.q0, cur.q1));
+  count += __popcll(kept);
+  if (lane == 0) {
+    *s_kept = kept;
+    *s_count = count;
+    *s_total = count;
+  }
+}
+
+__device__ __forceinline__ void atomic_or_halves(unsigned long long* p, unsigned long long v) {
+  unsigned* half = (unsigned*)p;
+  if ((unsigned)v) atomicOr(half, (unsigned)v);
+  if (v >> 32) atomicOr(half + 1, (unsigned)(v >> 32));
+}
+
+// A worker's loads in flight across a barrier: word w (-1: none) gets acc | v[0] | ... later.
+struct Pending {
+  unsigned long long v[PASS_BATCH];
+  unsigned long long acc;
+  int w;
+};
+
+// Word w of the listed rows k = first, first + step, ... < nk: all but the last PASS_BATCH rows
+// ORed now (waiting), the last ones' loads left in flight in p.
+__device__ __forceinline__ void issue_rows(const unsigned long long* __restrict__ mask, long long row0, int words,
+                                           int w, const unsigned char* list, int nk, int first, int step,
+                                           Pending& p) {
+  int left = first < nk ? (nk - first + step - 1) / step : 0, k = first;
+  unsigned long long acc = 0ull;
+  while (left > PASS_BATCH) {
+    unsigned long long v[PASS_BATCH];
+#pragma unroll
+    for (int q = 0; q < PASS_BATCH; ++q) v[q] = mask[(row0 + list[k + q * step]) * words + w];
+#pragma unroll
+    for (int q = 0; q < PASS_BATCH; ++q) acc |= v[q];
+    k += PASS_BATCH * step;
+    left -= PASS_BATCH;
+  }
+#pragma unroll
+  for (int q = 0; q < PASS_BATCH; ++q) p.v[q] = q < left ? mask[(row0 + list[k + q * step]) * words + w] : 0ull;
+  p.acc = acc;
+  p.w = w;
+}
+
+__device__ __forceinline__ void pass_pipeline3(const unsigned long long* __restrict__ mask,
+                                               const long long* __restrict__ order, int m, int words, int post,
+                                               long long* __restrict__ out, long long* __restrict__ count_out,
+                                               unsigned long long* removed) {
+  __shared__ unsigned long long s_kept[2];
+  __shared__ int s_count[2];
+  __shared__ int s_total, s_tiles;
+  __shared__ unsigned char s_list[2][NMS_TILE];
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
+  if (tid == 0) {
+    s_total = 0;
+    s_tiles = 0;
+  }
+  __syncthreads();
+  for (int w = tid; w < words; w += nt)
+    if (~removed[w]) atomicMax(&s_tiles, w + 1);
+
+  Lead3 la, lb;
+  unsigned long long c1 = 0ull, c2 = 0ull;
+  int count = 0;
+  Pending pend;
+  pend.w = -1;
+  if (tid < 32) load_leader3(mask, order, m, words, 0, lane, la);
+  __syncthreads();
+  const int tiles = s_tiles;
+
+  bool stop = post <= 0;
+  for (int t = 0; t < tiles && !stop; ++t) {
+    const int cur = t & 1;
+    if (tid < 32) {
+      if (cur == 0)
+        leader_tile3(mask, order, m, words, post, t, lane, la, lb, removed, c1, c2, count, out, &s_kept[0],
+                     &s_count[0], &s_total, s_list[0]);
+      else
+        leader_tile3(mask, order, m, words, post, t, lane, lb, la, removed, c1, c2, count, out, &s_kept[1],
+                     &s_count[1], &s_total, s_list[1]);
+    } else {
+      // complete tile t - 2 (words >= t + 1; the leader reads word t now)
+      if (pend.w >= 0) {
+        unsigned long long acc = pend.acc;
+#pragma unroll
+        for (int q = 0; q < PASS_BATCH; ++q) acc |= pend.v[q];
+        if (acc) atomic_or_halves(&removed[pend.w], acc);
+        pend.w = -1;
+      }
+      // issue tile t - 1 on words t + 2 .. tiles - 1 (the leader took words t and t + 1)
+      const int rest = tiles - t - 2;
+      if (t > 0 && rest > 0) {
+        const int prev = cur ^ 1;
+        const unsigned long long kept = s_kept[prev];
+        const int nk = __popcll(kept);
+        if (nk) {
+          const int wid = tid - 32, nw = nt - 32;
+          const long long row0 = (long long)(t - 1) * NMS_TILE;
+          if (rest >= nw) {  // several words per thread: all but the last one now
+            int w = t + 2 + wid;
+            for (; w + nw < tiles; w += nw) {
+              const unsigned long long acc = or_listed_rows(mask, row0, words, w, s_list[prev], nk, 0, 1);
+              if (acc) atomic_or_halves(&removed[w], acc);
+            }
+            issue_rows(mask, row0, words, w, s_list[prev], nk, 0, 1, pend);
+          } else {
+            const int groups = min(nw / rest, (nk + PASS_BATCH - 1) / PASS_BATCH);
+            const int g = wid / rest;
+            if (g < groups) issue_rows(mask, row0, words, t + 2 + wid % rest, s_list[prev], nk, g, groups, pend);
+          }
+        }
+      }
+    }
+    __syncthreads();
+    stop = s_count[cur] >= post;
+  }
+  const int total = s_total < post ? s_total : post;
+  for (int p = total + tid; p < post; p += nt) out[p] = -1;
+  if (tid == 0) *count_out = total;
+}
+
+// nms_pass_b's contract (grid (B,), dynamic shared memory words * 8 bytes), blockDim.x a multiple
+// of 32 in [64, PASS_B2_THREADS].
+extern "C" __global__ void __launch_bounds__(PASS_B2_THREADS)
+nms_pass_b2(const unsigned long long* __restrict__ mask, const unsigned long long* __restrict__ invalid,
+            const long long* __restrict__ order, int m, int words, int post, long long* __restrict__ out,
+            long long* __restrict__ count_out) {
+  extern __shared__ unsigned long long removed[];
+  const long long b = blockIdx.x;
+  for (int w = threadIdx.x; w < words; w += blockDim.x) removed[w] = invalid[b * words + w];
+  pass_pipeline3(mask + b * m * words, order + b * m, m, words, post, out + b * post, count_out + b, removed);
+}

@@ -1049,7 +1049,7 @@ def test_cuda_pass_kernels_compile_without_spills():
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
     text = log.value.decode(errors="replace")
     assert status == 0, text
-    for kernel in ("nms_pass", "nms_pass_v2", "nms_pass_b", "nms_mask_b", "nms_rank"):
+    for kernel in ("nms_pass", "nms_pass_v2", "nms_pass_b", "nms_pass_b2", "nms_mask_b", "nms_rank"):
         part = text.split(f"Function properties for {kernel}\n", 1)
         if len(part) < 2:
             pytest.skip("this NVRTC does not forward ptxas' verbose log")
@@ -1339,10 +1339,12 @@ extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned b
       nms_mask_b(P(const float*, 0), P(const long long*, 1), P(int, 2), P(int, 3), P(int, 4), P(float, 5),
                  P(unsigned long long*, 6), P(unsigned long long*, 7));
     });
-  } else if (k == "nms_pass_b") {
+  } else if (k == "nms_pass_b" || k == "nms_pass_b2") {
+    const bool b2 = k == "nms_pass_b2";
     grid_run(gx, gy, bx, [&] {
-      nms_pass_b(P(const unsigned long long*, 0), P(const unsigned long long*, 1), P(const long long*, 2), P(int, 3),
-                 P(int, 4), P(int, 5), P(long long*, 6), P(long long*, 7));
+      (b2 ? nms_pass_b2 : nms_pass_b)(P(const unsigned long long*, 0), P(const unsigned long long*, 1),
+                                      P(const long long*, 2), P(int, 3), P(int, 4), P(int, 5), P(long long*, 6),
+                                      P(long long*, 7));
     });
   } else if (k == "nms_mask") {
     grid_run(gx, gy, bx, [&] {
@@ -1448,3 +1450,45 @@ def test_cuda_launchers_emulated_on_the_host(emulated_cuda):
         got, count = tri.nms_bev(boxes[0], scores[0], g[0], 0.1, None, 50, True, _cuda_pass(variant))
         want = ref.nms_bev(boxes[0], scores[0], 0.1, None, 50, g[0])
         assert got[:int(count)].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("n,span,thr,post,threads", [
+    (300, (15, 15), 0.1, 300, 96), (300, (15, 15), 0.1, 20, 512), (700, (30, 30), 0.01, 700, 512),
+    (2600, (40, 40), 0.01, 2600, 64), (130, (6, 6), 0.3, 130, 64),
+])
+def test_cuda_pass_b2_emulated_on_the_host(emulated_cuda, n, span, thr, post, threads):
+    """The experimental nms_pass_b2 (loads in flight across the barrier) gives nms_pass_b's outputs
+    on the same masks; 64 threads with 41 words exercise its several-words-per-thread path."""
+    cuda_impl = emulated_cuda
+    boxes, scores = make_boxes(n, seed=n + 50, span=span)
+    boxes[3, 0] = float("inf")
+    scores[5] = float("nan")
+    order, sbox, _ = cuda_impl.rank_prepare(boxes[None], scores[None], None, n)
+    mask, invalid = cuda_impl.mask_b(sbox, None, thr)
+    want = cuda_impl.pass_b(mask, invalid, order, post)
+    got = cuda_impl.pass_b(mask, invalid, order, post, threads=threads, variant="b2")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ref_idx, ref_count = ref.nms_bev_padded(boxes, scores, thr, None, post)
+    if not torch.equal(want[0][0], ref_idx):
+        _check_keep(want[0][0][:int(want[1][0])], ref_idx[:int(ref_count)], boxes, scores, thr)
+    with pytest.raises(ValueError, match="variant"):
+        cuda_impl.pass_b(mask, invalid, order, post, variant="b3")
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_pass_b2_equals_pass_b():
+    """The experimental nms_pass_b2 gives nms_pass_b's outputs on the device (N1/N2-like masks,
+    full and capped outputs, both block sizes)."""
+    from pcops.cuda import nms as cuda_impl
+
+    for n, thr in [(4096, 0.01), (4096, 0.5), (16384, 0.5)]:
+        boxes, scores = make_boxes(n, seed=60)
+        b, s = boxes.cuda(), scores.cuda()
+        order, sbox, _ = cuda_impl.rank_prepare(b[None], s[None], None, n)
+        mask, invalid = cuda_impl.mask_b(sbox, None, thr)
+        for post in (n, 500):
+            want = cuda_impl.pass_b(mask, invalid, order, post)
+            for threads in (256, 512):
+                got = cuda_impl.pass_b(mask, invalid, order, post, threads=threads, variant="b2")
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (n, thr, post, threads)

@@ -223,22 +223,30 @@ def pass_threads(words: int) -> int:
     return 512 if words <= 128 else _PASS_THREADS
 
 
+_PASS_B_KERNELS = {"b": ("nms_pass_b", _PASS_THREADS), "b2": ("nms_pass_b2", 512)}
+
+
 def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_len: int, *,
-           threads: int | None = None, out: torch.Tensor | None = None,
-           count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           threads: int | None = None, out: torch.Tensor | None = None, count: torch.Tensor | None = None,
+           variant: str = "b") -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 3 of :func:`nms_padded` (1 launch: ``nms_pass_b``, one block per sample):
     ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``, written into ``out``/``count``
     when given (contiguous, ``B * out_len`` and ``B`` elements). ``threads`` (private, for the
-    benchmark): threads per block, a multiple of 32 in [64, 1024] (default: :func:`pass_threads`)."""
+    benchmark): threads per block, a multiple of 32 in [64, 1024] (default: :func:`pass_threads`).
+    ``variant`` (private, experimental): ``"b2"`` runs ``nms_pass_b2`` (the workers' loads in
+    flight across the barrier, at most 512 threads; the same outputs)."""
+    if variant not in _PASS_B_KERNELS:
+        raise ValueError(f"variant: expected one of {sorted(_PASS_B_KERNELS)}, got {variant!r}")
+    kernel, max_threads = _PASS_B_KERNELS[variant]
     if threads is None:
-        threads = pass_threads(mask.shape[2])
-    if threads % 32 or not 64 <= threads <= _PASS_THREADS:
-        raise ValueError(f"threads: expected a multiple of 32 in [64, {_PASS_THREADS}], got {threads}")
+        threads = min(pass_threads(mask.shape[2]), max_threads)
+    if threads % 32 or not 64 <= threads <= max_threads:
+        raise ValueError(f"threads: expected a multiple of 32 in [64, {max_threads}], got {threads}")
     bsz, m, words = mask.shape
     dev = mask.device
     out = torch.empty((bsz, out_len), dtype=torch.int64, device=dev) if out is None else out
     count = torch.empty((bsz,), dtype=torch.int64, device=dev) if count is None else count
-    get_kernel("nms.cu", "nms_pass_b", dev)(
+    get_kernel("nms.cu", kernel, dev)(
         (bsz,), (threads,),
         [mask, invalid, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len), out, count],
         shared_mem=words * 8,
