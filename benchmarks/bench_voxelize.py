@@ -48,7 +48,7 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72f
     # 2048/32, 4096/32 points/warps, rows 32/4 and 64/8, the first-point wait)
     "main 1024/8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
     "no watermark": dict(_WATERMARK=False),
-    "sort (no table)": dict(_RANK_TABLE=False),
+    "run table": dict(_RANK_TABLE=True),
     "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False),
 }
 DYNAMIC_VARIANTS = ("main 1024/8",)

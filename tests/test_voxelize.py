@@ -516,7 +516,7 @@ def test_gpu_kitti(kitti_dir):
 
 
 GPU_VARIANTS = {  # pcops.triton.voxelize attributes (the benchmark times these); few, for compile time
-    "sort": dict(_RANK_TABLE=False),
+    "table": dict(_RANK_TABLE=True),
     "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False),
     "no-watermark": dict(_WATERMARK=False),
     "main-1024-8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
@@ -539,6 +539,16 @@ def _race_cases():
 def test_gpu_block_races():
     """The default ranking under maximal races: a dense cloud where every block holds points of
     every voxel (~900 points in each of 216 voxels), a sparse batched one, and both as a batch."""
+    _race_cases()
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_table_variant(monkeypatch):
+    """The run-table ranking (a candidate default) under the same races."""
+    from pcops.triton import voxelize as tri
+
+    monkeypatch.setattr(tri, "_RANK_TABLE", True)
     _race_cases()
 
 

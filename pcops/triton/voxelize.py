@@ -25,7 +25,10 @@ Hard voxelization is one fill and two launches (dynamic: one fill and one launch
       ``j`` are exactly those that are not among the ``j`` largest and do not start beyond
       ``j``; the largest of them stays. That holds for any start position up to a value's rank,
       i.e. the number of larger values in its voxel.)
-      Default (``_RANK_TABLE``): exact ranks, so no point ever cascades. The block sorts its
+      Default (``_RANK_TABLE = False``, ``_RANK_SORT = True``, measured on the H200): the
+      block sorts its (voxel row, lane) keys; a point starts at its in-block rank plus the
+      earlier blocks' values it sees in the list, and blocks racing on a voxel cascade each
+      other's points. ``_RANK_TABLE = True`` (selectable, being measured): exact ranks, so no point ever cascades. The block sorts its
       (voxel row, lane) keys: rank in the block = index − run start, run length from the same
       scan of the flipped keys. Each run enters one entry (earliness of its block, point count) into its voxel's
       run table, a list of the ``max_points_per_voxel`` earliest runs kept by the same
@@ -33,9 +36,7 @@ Hard voxelization is one fill and two launches (dynamic: one fill and one launch
       wait for every earlier block's entries, those entries are settled at the table's front
       and their counts give the points of the voxel in earlier blocks. A point's rank is that
       count plus its rank in the block; kept points store themselves at their final list
-      position (a plain store). ``_RANK_TABLE = False``: the start is the in-block rank plus
-      the earlier blocks' values seen in the list, and blocks racing on a voxel cascade each
-      other's points; ``_RANK_SORT = False`` as well: the plain cascade from a list snapshot.
+      position (a plain store). ``_RANK_SORT = False``: the plain cascade from a list snapshot.
 3. ``_voxel_rows_kernel``, one program per block of output rows: maps a packed output row to
    its sample's list, gathers the points into ``voxels`` (zero padding written in the same
    pass), writes ``coords``, ``num_points``, ``point_to_voxel`` of the kept points and the
@@ -69,8 +70,9 @@ _WAIT_FIRST = False
 # hard mode: exact point ranks from per-voxel tables of the earliest blocks' runs (no point
 # cascades between racing blocks; a second "inserted" wait); else _RANK_SORT decides. (H200 at
 # 72fc0f0, sorted ranks: V1 0.092 ms of which ~50 µs past the dynamic kernel, mostly point
-# cascades of blocks racing on a voxel; not yet measured on the GPU: the benchmark's "sort" row.)
-_RANK_TABLE = True
+# cascades of blocks racing on a voxel.) Off by default until measured on the H200: the
+# benchmark's "run table" row and tests/test_voxelize.py::test_gpu_table_variant exercise it.
+_RANK_TABLE = False
 # the "inserted" wait reads flags from a shared watermark on (False: from block 0)
 _WATERMARK = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
