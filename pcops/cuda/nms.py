@@ -162,7 +162,7 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     mask, invalid = mask_b(sbox, sgroups if groups is not None else None, iou_threshold)
     out = torch.empty(shape[0], dtype=torch.int64, device=boxes.device)
     count = torch.empty(shape[1], dtype=torch.int64, device=boxes.device)
-    return pass_b(mask, invalid, order, out_len, out=out, count=count)
+    return pass_b(mask, invalid, order, out_len, out=out, count=count, variant=PASS_VARIANT)
 
 
 def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None,
@@ -224,6 +224,9 @@ def pass_threads(words: int) -> int:
 
 
 _PASS_B_KERNELS = {"b": ("nms_pass_b", _PASS_THREADS), "b2": ("nms_pass_b2", 512)}
+# the pass kernel of nms_padded: "b" (nms_pass_b, measured: N1 65-93 µs) or the experimental "b2"
+# (nms_pass_b2, same outputs; the benchmark's "pass_b2" stage rows measure it)
+PASS_VARIANT = "b"
 
 
 def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_len: int, *,
