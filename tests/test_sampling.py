@@ -766,6 +766,28 @@ def test_tile_plan():
     assert cu._tile_plan(16384, warps=4) == 4 and cu._tile_plan(16385, warps=8) == 4
 
 
+def test_tile_choice_falls_back_where_a_shape_is_not_compiled(monkeypatch):
+    """A code shape chosen for 16k clouds (one CTA) never breaks larger clouds: they get the
+    general 16-warp shape (without the one-CTA-only leader reduction)."""
+    from pcops.cuda import sampling as cu
+
+    assert cu._tile_choice(16384) == (1, "", 16, 1) and cu._tile_choice(120268) == (8, "", 16, 1)
+    assert cu._tile_choice(131073) is None
+    monkeypatch.setattr(cu, "_tile_opt", "shfl_leader")
+    assert cu._tile_choice(16384) == (1, "shfl_leader", 16, 1) and cu._tile_choice(120268) == (8, "shfl", 16, 1)
+    monkeypatch.setattr(cu, "_tile_opt", "leader")
+    monkeypatch.setattr(cu, "_tile_warps", 8)
+    monkeypatch.setattr(cu, "_tile_groups", 2)
+    assert cu._tile_choice(16384) == (1, "leader", 8, 2) and cu._tile_choice(120268) == (8, "", 16, 1)
+    monkeypatch.setattr(cu, "_tile_groups", 1)
+    assert cu._tile_choice(16384) == (1, "leader", 16, 1)  # 8 warps x 2 CTAs: default shape only
+    monkeypatch.setattr(cu, "_tile_opt", "")
+    assert cu._tile_choice(16384) == (2, "", 8, 1) and cu._tile_choice(300) == (1, "", 16, 1)
+    for n in (1, 300, 16384, 16385, 120268, 131072):
+        cluster, opt, warps, groups = cu._tile_choice(n)
+        cu._tile_kernel_name(cluster, "async", opt, warps, groups)  # compiled (no ValueError)
+
+
 def test_fps_cluster_config():
     from pcops.cuda import sampling as cu
 

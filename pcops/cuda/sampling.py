@@ -220,31 +220,35 @@ def _launch_ex(inputs: _Inputs, cluster: int, ppt: int, variant: str | None = No
     _note(f"{name} (cuLaunchKernelEx, cluster {cluster}, {resident.value} clusters resident at once)")
 
 
-def _tile_plan(n: int, min_cluster: int | None = None, warps: int | None = None) -> int | None:
+def _tile_plan(n: int, min_cluster: int | None = None, warps: int | None = None,
+               groups: int | None = None) -> int | None:
     """Cluster size of ``fps_tile_*`` for clouds of ``n`` points (the fewest CTAs of at most
-    ``warps * 1,024`` points each, at least ``min_cluster``), or None above 8 such CTAs."""
+    ``warps * groups * 1,024`` points each, at least ``min_cluster``), or None above 8 such CTAs."""
     lowest = _tile_min_cluster if min_cluster is None else min_cluster
-    cap = (_tile_warps if warps is None else warps) * 1024 * _tile_groups
+    cap = (_tile_warps if warps is None else warps) * 1024 * (_tile_groups if groups is None else groups)
     for cluster in _TILE_CLUSTERS:
         if cluster >= lowest and triton.cdiv(n, cluster) <= cap:
             return cluster
     return None
 
 
-def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None, warps: int | None = None) -> str:
+def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None, warps: int | None = None,
+                      groups: int | None = None) -> str:
     """``fps_tile[_async][_<opt>]_c<C>``; ``opt`` (default ``_tile_opt``) picks the code shape of the
     step: ``""`` (redux.sync reductions, switch jumps to the slot), ``"shfl"`` (shuffle-tree
     reductions), ``"unroll"`` (unrolled predicated slot loops), ``"shfl_unroll"``; the cluster-barrier
     exchange (C > 1, ``exchange="bar"``) is compiled with the default only."""
     opt = _tile_opt if opt is None else opt
     warps = _tile_warps if warps is None else warps
-    if _tile_groups == 2:
+    groups = _tile_groups if groups is None else groups
+    if groups == 2:
         if warps != 8 or cluster != 1 or opt not in _TILE_G2_OPTS:
             raise ValueError("fps_tile with 64 points per lane is compiled for 8 warps, one CTA")
         return f"fps_tile{'_' + opt if opt else ''}_w8g2_c1"
     if warps != 16:  # fewer warps per CTA: compiled for (8, 2) and (4, 4), default code shape
-        if (warps, cluster) not in _TILE_FEW_WARPS:
-            raise ValueError(f"fps_tile with {warps} warps is compiled for clusters {sorted(_TILE_FEW_WARPS)} only")
+        if (warps, cluster) not in _TILE_FEW_WARPS or opt:
+            raise ValueError(f"fps_tile with {warps} warps is compiled for (warps, cluster) {sorted(_TILE_FEW_WARPS)}, "
+                             "default code shape, only")
         return f"fps_tile_async_w{warps}_c{cluster}" if exchange == "async" else f"fps_tile_w{warps}_c{cluster}"
     suffix = f"_{opt}" if opt else ""
     if cluster == 1:
@@ -257,11 +261,32 @@ def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None, warps
 _tile_smem_set: set = set()
 
 
-def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str | None = None) -> None:
+def _tile_choice(n: int) -> tuple[int, str, int, int] | None:
+    """``(cluster, opt, warps, groups)`` of the fps_tile launch for clouds of ``n`` points: the
+    configured code shape (``_tile_opt``, ``_tile_warps``, ``_tile_groups``) where it is compiled
+    for the cluster size the cloud needs, else the general one (16 warps, one group per lane, the
+    code shape without its one-CTA-only parts); None above 131,072 points."""
+    cluster = _tile_plan(n)
+    if cluster is not None:
+        try:
+            _tile_kernel_name(cluster, "async")
+            return cluster, _tile_opt, _tile_warps, _tile_groups
+        except ValueError:
+            pass
+    cluster = _tile_plan(n, warps=16, groups=1)
+    if cluster is None:
+        return None
+    opt = _tile_opt if cluster == 1 or _tile_opt in _TILE_OPTS else _tile_opt.replace("_leader", "").replace("leader", "")
+    return cluster, opt, 16, 1
+
+
+def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str | None = None,
+                 warps: int | None = None, groups: int | None = None) -> None:
     """``fps_tile_*`` (compile-time cluster shape, cuLaunchKernel) with ``12 * cap`` bytes of
     dynamic shared memory, ``cap = ceil(N / C)`` rounded up to 32 (at most 196,608 bytes)."""
-    name = _tile_kernel_name(cluster, exchange, opt)
-    warps = _tile_warps
+    warps = _tile_warps if warps is None else warps
+    groups = _tile_groups if groups is None else groups
+    name = _tile_kernel_name(cluster, exchange, opt, warps, groups)
     device = inputs.points.device
     kernel = get_kernel("fps.cu", name, device)
     if (name, device) not in _tile_smem_set:
@@ -271,7 +296,7 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
         _tile_smem_set.add((name, device))
     batch, n, _ = inputs.points.shape
     inputs.cap = triton.cdiv(triton.cdiv(n, cluster), 32) * 32
-    if inputs.cap > warps * 1024 * _tile_groups:
+    if inputs.cap > warps * 1024 * groups:
         raise RuntimeError(f"{name}: {inputs.cap} points per CTA exceed {warps} warps")
     kernel((cluster, batch), (32 * warps,), inputs.args(name), shared_mem=12 * inputs.cap)
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
@@ -295,10 +320,12 @@ def farthest_point_sample(
     config = _plan(n, index) if batch <= 65535 else None
     inputs = _Inputs(points, lengths, start_idx, out, num_samples)
     if _VARIANT in ("tile", "tile_async") and batch <= 65535:
-        cluster = _tile_plan(n)
-        if cluster is not None:
+        choice = _tile_choice(n)
+        if choice is not None:
+            cluster, opt, warps, groups = choice
+            exchange = "async" if _VARIANT == "tile_async" else "bar"
             try:
-                _launch_tile(inputs, cluster, "async" if _VARIANT == "tile_async" else "bar")
+                _launch_tile(inputs, cluster, exchange, opt, warps, groups)
                 return out
             except RuntimeError:  # launch refused (e.g. cluster shape or shared memory): the cluster kernels
                 pass
