@@ -6,8 +6,10 @@ each figure is the whole map (coords → out_coords, out-in table and pairs), ho
 Rows: the public op (eager), the Triton launcher alone (no dispatch / checks), the padded-pairs
 form (``pad_pairs=True``), and for the submanifold padded form, which has no host sync, the same
 call captured in a CUDA graph (replays timed: what a captured backbone pays).
-Every pcops row says what one call runs: kernels and copies (torch profiler) and host syncs
-(``torch.cuda.set_sync_debug_mode``), plus the GPU µs per kernel in the JSON.
+Every pcops row says what one call runs: kernels and copies (torch profiler), host syncs
+(``torch.cuda.set_sync_debug_mode``; through the custom op torch 2.11 reported the default
+submanifold map's one sync, one device-to-host copy, twice), the host µs per call with the GPU
+not awaited, plus the GPU µs per kernel in the JSON.
 Baseline: the plain-torch reference (sort + searchsorted per offset, torch.unique for the output
 set) run on the GPU in the same process. Peers: spconv's CUDA wheels are not installed here.
 The voxels are computed here in plain torch (floor + unique), independent of pcops.voxelize.
@@ -126,6 +128,7 @@ def main():
         add("pcops pad_pairs (public op)", fp,
             check=all(torch.equal(a, b) for a, b in zip(kp[:1] + kp[3:], expected[:1] + expected[3:]))
             and torch.equal(kp.pair_in[:p], expected[1]) and torch.equal(kp.pair_out[:p], expected[2]))
+        add("pcops launcher pad_pairs", lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True))
         if subm:
             # no host sync: the whole map replays from a CUDA graph
             add("pcops pad_pairs, CUDA graph", fp, graph=True)
