@@ -510,6 +510,17 @@ def test_gpu_knn_matches_reference(batch, nq, nr, k):
     assert torch.equal(i, is_ref) and torch.equal(d, ds_ref)
 
 
+def test_cuda_knn_supported_without_a_gpu():
+    """The launcher's eligibility test runs its cheap checks before touching CUDA (K above the
+    compiled maximum or a batch over the grid limit go to Triton)."""
+    from pcops.cuda import knn as cuda_knn
+
+    assert cuda_knn.MAX_K == 32
+    assert not cuda_knn.supported(torch.zeros(1, 4, 3), cuda_knn.MAX_K + 1)
+    assert not cuda_knn.supported(torch.zeros(65536, 1, 3), 4)
+    assert cuda_knn._group(16384) == 4 and cuda_knn._group(120268) == 8
+
+
 @pytest.mark.parametrize("k,tile,group", [(1, 32, 8), (3, 64, 4), (17, 32, 16), (32, 64, 16), (16, 32, None),
                                          (8, 32, 1), (5, 64, 3)])
 @pytest.mark.gpu

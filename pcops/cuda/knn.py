@@ -22,6 +22,7 @@ from .._nvrtc import get_kernel, nvrtc
 # buffered insertion (1.5-2.5x slower) and boxes for sub-tiles of 16 (no gain).
 _QB = 32
 TILES = (32, 64)
+MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two of K, up to 32)
 
 
 def _group(n: int) -> int:

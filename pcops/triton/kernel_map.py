@@ -522,7 +522,7 @@ def pairs_from_table(out_in: torch.Tensor, pad_pairs: bool = False) -> tuple[tor
     _kmap_count_kernel[(nb,)](out_in, counts, num_out, sub, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
     pair_in, pair_out, offsets = _compact(out_in, counts, 0, sub, num_groups, block_m, kpad, num_out * num_k, pad_pairs)
     if not pad_pairs:
-        num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size
+        num_pairs = offsets[num_k : num_k + 1].tolist()[0]  # host sync: the pair count is an output size
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
     return pair_in, pair_out, offsets
 
@@ -618,6 +618,6 @@ def sparse_conv_kernel_map(
     pair_in, pair_out, offsets = _compact(out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs,
                                           pad_pairs)  # launch 4
     if subm and not pad_pairs:
-        num_pairs = int(offsets[num_k])  # host sync: the pair count is an output size (all work is queued)
+        num_pairs = offsets[num_k : num_k + 1].tolist()[0]  # host sync: the pair count is an output size (all work is queued)
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
     return out_coords, pair_in, pair_out, offsets, out_in
