@@ -5,10 +5,11 @@ Deterministic at hash-table speed: on the GPU an open-addressing hash table on t
 voxel key gives every occupied voxel its first point (``atomic_max`` on an encoded index);
 voxels are numbered in first-point order by a prefix sum over "first point of its voxel"
 flags (a single-pass decoupled look-back scan, segmented by sample), and each voxel keeps its
-``max_points_per_voxel`` lowest point indices: each point's exact rank in its voxel is its rank
-among its block's points (an in-block sort) plus the points of the voxel in earlier blocks,
-read from a per-voxel table of the earliest blocks' run counts (filled by ``atomic_max``
-insertion, whose final state does not depend on the order of the atomics).
+``max_points_per_voxel`` lowest point indices in a per-voxel list filled by ``atomic_max``
+insertion, whose final state does not depend on the order of the atomics: a point starts at
+its rank among its block's points (an in-block sort) plus the earlier blocks' points it sees in
+the list, and passes a smaller index on when it displaces one (see ``pcops.triton.voxelize``;
+per-voxel tables of the earliest blocks' run counts give exact ranks as a selectable variant).
 Output is bit-identical to the CPU reference (``pcops/reference/voxelize.py``) and run to run.
 """
 from __future__ import annotations
