@@ -23,6 +23,20 @@ NUM_DECORATED = 10
 
 
 @triton.jit
+def _pillar_header(num_points_ptr, coords_ptr, row, in_rows, batch_size, grid_h, grid_w):
+    """Point count and (batch, z, y, x) cell of pillar row(s) ``row`` (int64, scalar or block),
+    and whether each is live: a real pillar inside the canvas (only live rows are ever written)."""
+    n = tl.load(num_points_ptr + row, mask=in_rows, other=0)
+    b = tl.load(coords_ptr + row * 4 + 0, mask=in_rows, other=-1)
+    cz = tl.load(coords_ptr + row * 4 + 1, mask=in_rows, other=0)
+    cy = tl.load(coords_ptr + row * 4 + 2, mask=in_rows, other=-1)
+    cx = tl.load(coords_ptr + row * 4 + 3, mask=in_rows, other=-1)
+    live = in_rows & (n > 0) & (b >= 0) & (b < batch_size) & (cy >= 0) & (cy < grid_h)
+    live = live & (cx >= 0) & (cx < grid_w)
+    return n, b, cz, cy, cx, live
+
+
+@triton.jit
 def _pfn_scatter_kernel(
     voxels_ptr,  # (M, T, F) float32, zero-padded point slots, F >= 4 (x, y, z, r, ...)
     num_points_ptr,  # (M,) int32, valid slots per pillar (0 = unused capacity row)
@@ -55,14 +69,7 @@ def _pfn_scatter_kernel(
     if pid >= count:  # capacity rows past the count: no work at all (most rows at KITTI size)
         return
     row = pid.to(tl.int64)
-    n = tl.load(num_points_ptr + row, mask=pid < count, other=0)
-    b = tl.load(coords_ptr + row * 4 + 0, mask=pid < count, other=-1)
-    cz = tl.load(coords_ptr + row * 4 + 1, mask=pid < count, other=0)
-    cy = tl.load(coords_ptr + row * 4 + 2, mask=pid < count, other=-1)
-    cx = tl.load(coords_ptr + row * 4 + 3, mask=pid < count, other=-1)
-    # a row writes only when it is a real pillar inside the canvas (never out of bounds)
-    live = (pid < count) & (n > 0) & (b >= 0) & (b < batch_size) & (cy >= 0) & (cy < grid_h)
-    live = live & (cx >= 0) & (cx < grid_w)
+    n, b, cz, cy, cx, live = _pillar_header(num_points_ptr, coords_ptr, row, pid < count, batch_size, grid_h, grid_w)
 
     t = tl.arange(0, BLOCK_T)
     in_t = t < num_slots
@@ -159,13 +166,7 @@ def _pfn_scatter_dot_kernel(
     rows = pid * BLOCK_P + tl.arange(0, BLOCK_P)
     in_rows = rows < count
     rows64 = rows.to(tl.int64)
-    n = tl.load(num_points_ptr + rows64, mask=in_rows, other=0)
-    b = tl.load(coords_ptr + rows64 * 4 + 0, mask=in_rows, other=-1)
-    cz = tl.load(coords_ptr + rows64 * 4 + 1, mask=in_rows, other=0)
-    cy = tl.load(coords_ptr + rows64 * 4 + 2, mask=in_rows, other=-1)
-    cx = tl.load(coords_ptr + rows64 * 4 + 3, mask=in_rows, other=-1)
-    live = in_rows & (n > 0) & (b >= 0) & (b < batch_size) & (cy >= 0) & (cy < grid_h)
-    live = live & (cx >= 0) & (cx < grid_w)
+    n, b, cz, cy, cx, live = _pillar_header(num_points_ptr, coords_ptr, rows64, in_rows, batch_size, grid_h, grid_w)
 
     t = tl.arange(0, BLOCK_T)
     in_t = t < num_slots
