@@ -247,55 +247,61 @@ def batched_nms_bev(
 # --- registration: one schema per op, one implementation per device key --------------------
 
 
-@torch.library.custom_op("pcops::boxes_iou_bev", mutates_args=(), device_types="cpu")
-def _boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
+def _iou_cpu(ref_fn, boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
+    """The CPU body of both IoU ops: size checks, the float64 reference, float32 out (float64 in)."""
     _check_sizes_cpu("boxes_a", boxes_a)
     _check_sizes_cpu("boxes_b", boxes_b)
-    out_dtype = torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
-    return _ref.boxes_iou_bev(boxes_a, boxes_b).to(out_dtype)
+    return ref_fn(boxes_a, boxes_b).to(_iou_dtype(boxes_a))
+
+
+def _iou_cuda(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str, three_d: bool) -> torch.Tensor:
+    if backend == "cuda":
+        from .cuda import nms as impl
+    else:
+        from .triton import nms as impl
+
+    return impl.boxes_iou(boxes_a, boxes_b, three_d=three_d)
+
+
+def _iou_fake(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> torch.Tensor:
+    torch._check(boxes_a.dim() == 2 and boxes_b.dim() == 2, lambda: "boxes: expected 2-D tensors")
+    if three_d:
+        torch._check(boxes_a.shape[1] >= 7 and boxes_b.shape[1] >= 7, lambda: "boxes: expected (N, >=7)")
+    return boxes_a.new_empty((boxes_a.shape[0], boxes_b.shape[0]), dtype=_iou_dtype(boxes_a))
+
+
+def _iou_dtype(boxes_a: torch.Tensor) -> torch.dtype:
+    return torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("pcops::boxes_iou_bev", mutates_args=(), device_types="cpu")
+def _boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
+    return _iou_cpu(_ref.boxes_iou_bev, boxes_a, boxes_b)
 
 
 @_boxes_iou_bev.register_kernel("cuda")
 def _boxes_iou_bev_cuda(boxes_a, boxes_b, backend):
-    if backend == "cuda":
-        from .cuda import nms as impl
-    else:
-        from .triton import nms as impl
-
-    return impl.boxes_iou(boxes_a, boxes_b, three_d=False)
+    return _iou_cuda(boxes_a, boxes_b, backend, three_d=False)
 
 
 @_boxes_iou_bev.register_fake
 def _boxes_iou_bev_fake(boxes_a, boxes_b, backend):
-    torch._check(boxes_a.dim() == 2 and boxes_b.dim() == 2, lambda: "boxes: expected 2-D tensors")
-    out_dtype = torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
-    return boxes_a.new_empty((boxes_a.shape[0], boxes_b.shape[0]), dtype=out_dtype)
+    return _iou_fake(boxes_a, boxes_b, three_d=False)
 
 
 @torch.library.custom_op("pcops::boxes_iou_3d", mutates_args=(), device_types="cpu")
 def _boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
-    _check_sizes_cpu("boxes_a", boxes_a)
-    _check_sizes_cpu("boxes_b", boxes_b)
-    out_dtype = torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
-    return _ref.boxes_iou_3d(boxes_a, boxes_b).to(out_dtype)
+    return _iou_cpu(_ref.boxes_iou_3d, boxes_a, boxes_b)
 
 
 @_boxes_iou_3d.register_kernel("cuda")
 def _boxes_iou_3d_cuda(boxes_a, boxes_b, backend):
-    if backend == "cuda":
-        from .cuda import nms as impl
-    else:
-        from .triton import nms as impl
-
-    return impl.boxes_iou(boxes_a, boxes_b, three_d=True)
+    return _iou_cuda(boxes_a, boxes_b, backend, three_d=True)
 
 
 @_boxes_iou_3d.register_fake
 def _boxes_iou_3d_fake(boxes_a, boxes_b, backend):
-    torch._check(boxes_a.dim() == 2 and boxes_b.dim() == 2, lambda: "boxes: expected 2-D tensors")
-    torch._check(boxes_a.shape[1] >= 7 and boxes_b.shape[1] >= 7, lambda: "boxes: expected (N, >=7)")
-    out_dtype = torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
-    return boxes_a.new_empty((boxes_a.shape[0], boxes_b.shape[0]), dtype=out_dtype)
+    return _iou_fake(boxes_a, boxes_b, three_d=True)
 
 
 @torch.library.custom_op("pcops::nms_bev", mutates_args=(), device_types="cpu")
