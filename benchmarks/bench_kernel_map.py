@@ -4,8 +4,9 @@ range [0, -40, -3, 70.4, 40, 1], grid (D, H, W) = (40, 1600, 1408)).
 Maps: submanifold 3×3×3, and regular 3×3×3 stride 2 padding 1 (output coords + kernel map);
 each figure is the whole map (coords → out_coords, out-in table and pairs), host syncs included.
 Rows: the public op (eager), the Triton launcher alone (no dispatch / checks), the padded-pairs
-form (``pad_pairs=True``), and for the submanifold padded form, which has no host sync, the same
-call captured in a CUDA graph (replays timed: what a captured backbone pays).
+form (``pad_pairs=True``), and for the forms with no host sync (submanifold ``pad_pairs``, strided
+``static_shapes``) the same call captured in a CUDA graph (replays timed: what a captured backbone
+pays).
 Every pcops row says what one call runs: kernels and copies (torch profiler), host syncs
 (``torch.cuda.set_sync_debug_mode``; through the custom op torch 2.11 reported the default
 submanifold map's one sync, one device-to-host copy, twice), the host µs per call with the GPU
@@ -134,6 +135,19 @@ def main():
             add("pcops pad_pairs, CUDA graph", fp, graph=True)
             add("pcops launcher pad_pairs, graph", lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True),
                 graph=True)
+        else:
+            # static_shapes: no host sync for the strided map either (outputs padded to N·J rows)
+            fs = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw, static_shapes=True)
+            ks = fs()
+            m, p = expected[0].shape[0], int(ks.offsets[-1])
+            ok = (torch.equal(ks.out_coords[:m], expected[0]) and torch.equal(ks.out_in[:m], expected[4])
+                  and torch.equal(ks.offsets, expected[3]) and torch.equal(ks.pair_in[:p], expected[1])
+                  and torch.equal(ks.pair_out[:p], expected[2]) and bool((ks.out_coords[m:] == -1).all()))
+            add("pcops static_shapes (public op)", fs, check=ok)
+            rows[-1].update(rows_allocated=ks.out_coords.shape[0])
+            add("pcops static_shapes, CUDA graph", fs, graph=True)
+            add("pcops launcher static_shapes, graph",
+                lambda: tri.sparse_conv_kernel_map(*ref_args, static_shapes=True), graph=True)
 
     # the plain-torch convolution on the subm map (16 → 16 channels), forward
     km = pcops.sparse_conv_kernel_map(coords, SHAPE, 3, subm=True)

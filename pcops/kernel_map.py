@@ -110,6 +110,7 @@ def sparse_conv_kernel_map(
     transposed: bool = False,
     *,
     pad_pairs: bool = False,
+    static_shapes: bool = False,
 ) -> KernelMap:
     """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
     which kernel offset (spconv / torchsparse index generation).
@@ -135,6 +136,14 @@ def sparse_conv_kernel_map(
             exceeds: one input per (output, offset), so it never overflows); the ``P =
             offsets[K]`` real pairs come first, exactly as in the default form, then −1. Saves
             the submanifold map's only host sync.
+        static_shapes: every output size a function of ``N`` alone, and **no host sync** for
+            any kind of map, so regular and transposed maps can be captured in a CUDA graph
+            too. Submanifold: the same as ``pad_pairs``. Regular/transposed: ``out_coords`` and
+            ``out_in`` get ``N·J`` rows (``J`` = the most outputs one input can reach: 8 for
+            3×3×3 stride 2, ``K`` for transposed), the ``M`` real rows first, exactly as in the
+            default form, then rows of −1; the pair arrays get ``N·J`` entries (one pair per
+            valid (input, offset), so ``P ≤ N·J``), −1 past ``P = offsets[K]``. ``M`` is
+            ``(out_coords[:, 0] >= 0).sum()``, on the device.
 
     Rules (per axis, ``k = (kz, ky, kx)`` with each index in ``[0, size)``):
         regular: output ``o`` receives input ``i`` through ``k`` iff ``i = o * stride -
@@ -174,7 +183,9 @@ def sparse_conv_kernel_map(
       in a CUDA graph.
     - regular/transposed: 4 launches + ``torch.sort``'s; exactly **one** host sync, for the
       output count ``M`` (``P`` and the largest batch index are read with it), after the
-      insert pass. ``pad_pairs`` changes only the pair arrays' length.
+      insert pass. ``pad_pairs`` changes only the pair arrays' length; with
+      ``static_shapes=True`` **none** (the unique output keys are sorted in an ``N·J``-long
+      buffer whose unused entries sort first; the lookup reads ``M`` on the device).
     """
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
     if type(subm) is not bool or type(transposed) is not bool or type(pad_pairs) is not bool:
@@ -188,13 +199,15 @@ def sparse_conv_kernel_map(
         op_args = _op_args_cached(*key)
     if not isinstance(pad_pairs, bool):
         raise TypeError(f"pad_pairs: expected a bool, got {type(pad_pairs).__name__}")
+    if not isinstance(static_shapes, bool):
+        raise TypeError(f"static_shapes: expected a bool, got {type(static_shapes).__name__}")
     if coords.dtype != torch.int32:
         coords = coords.to(torch.int32)
     if not coords.is_contiguous():
         coords = coords.contiguous()
     out_shape = op_args[1]
     out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
-        coords, *op_args, subm, transposed, pad_pairs
+        coords, *op_args, subm, transposed, pad_pairs, static_shapes
     )
     return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
 
@@ -300,31 +313,37 @@ def _kernel_map(
     subm: bool,
     transposed: bool,
     pad_pairs: bool = False,
+    static_shapes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _ref.sparse_conv_kernel_map(
-        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs
+        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
+        static_shapes,
     )
 
 
 @_kernel_map.register_kernel("cuda")
 def _kernel_map_cuda(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
-                     pad_pairs=False):
+                     pad_pairs=False, static_shapes=False):
     from .triton import kernel_map as impl
 
     return impl.sparse_conv_kernel_map(
-        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs
+        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
+        static_shapes,
     )
 
 
 @_kernel_map.register_fake
 def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
-                     pad_pairs=False):
+                     pad_pairs=False, static_shapes=False):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
     torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
     ctx = torch.library.get_ctx()
     num_k = math.prod(kernel_size)
-    num_out = coords.shape[0] if subm else ctx.new_dynamic_size()
-    num_pairs = num_out * num_k if pad_pairs else ctx.new_dynamic_size()
+    if static_shapes and not subm:
+        num_out = num_pairs = coords.shape[0] * _ref.outputs_per_input(kernel_size, stride, dilation, transposed)
+    else:
+        num_out = coords.shape[0] if subm else ctx.new_dynamic_size()
+        num_pairs = num_out * num_k if (pad_pairs or static_shapes) else ctx.new_dynamic_size()
     return (
         coords.new_empty((num_out, 4)),
         coords.new_empty((num_pairs,)),

@@ -394,6 +394,61 @@ def test_padded_pairs_public():
     torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
 
 
+def test_static_shapes_public():
+    """static_shapes: the default map's rows and pairs first, then −1, at sizes from N alone
+    (J outputs per input: 8 for 3×3×3 stride 2, 27 transposed, 2·2·1 for the mixed case)."""
+    coords = make_coords(2, (5, 6, 7), 40, seed=26)
+    cases = ((dict(subm=True), 27), (dict(stride=2, padding=1), 8), (dict(stride=2, transposed=True), 27),
+             (dict(kernel_size=(3, 2, 3), stride=(2, 1, 3), dilation=(1, 2, 2)), 2 * 2 * 1))
+    for kwargs, per_input in cases:
+        km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs)
+        ks = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs, static_shapes=True)
+        m, k = km.out_in.shape
+        p = int(km.offsets[-1])
+        if kwargs.get("subm"):
+            rows, cap = 40, 40 * k
+        else:
+            rows = cap = 40 * per_input
+        assert ks.out_coords.shape == (rows, 4) and ks.out_in.shape == (rows, k)
+        assert ks.pair_in.shape == (cap,) and ks.pair_out.shape == (cap,)
+        assert torch.equal(ks.out_coords[:m], km.out_coords) and bool((ks.out_coords[m:] == -1).all())
+        assert torch.equal(ks.out_in[:m], km.out_in) and bool((ks.out_in[m:] == -1).all())
+        assert torch.equal(ks.pair_in[:p], km.pair_in) and bool((ks.pair_in[p:] == -1).all())
+        assert torch.equal(ks.pair_out[:p], km.pair_out) and bool((ks.pair_out[p:] == -1).all())
+        assert torch.equal(ks.offsets, km.offsets) and int((ks.out_coords[:, 0] >= 0).sum()) == m
+    with pytest.raises(TypeError, match="static_shapes"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), static_shapes=1)
+    args = (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False, False, True)
+    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
+
+
+def test_static_shapes_compile():
+    """static_shapes under torch.compile(fullgraph=True): sizes known from N, equal to eager."""
+    coords = make_coords(2, (5, 6, 7), 33, seed=27)
+    fn = lambda c: pcops.sparse_conv_kernel_map(c, (5, 6, 7), 3, 2, 1, static_shapes=True)
+    got = torch.compile(fn, fullgraph=True)(coords)
+    expected = fn(coords)
+    for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[6], CONFIGS[9]], ids=_cfg_id)
+@pytest.mark.parametrize("num", [0, 1, 37])
+@interpret
+def test_triton_interpreter_static_shapes(cfg, num):
+    """The sync-free form: keys sorted in an N·J buffer, M read on the device."""
+    from pcops.triton import kernel_map as tri
+
+    kernel, stride, padding, dilation, subm, transposed = cfg
+    coords = make_coords(2, (5, 6, 7), num, seed=num + 28)
+    _, args = _launch(coords[:0], (5, 6, 7), kernel, stride, padding, dilation, subm, transposed)
+    args = (coords, *args[1:])
+    got = tri.sparse_conv_kernel_map(*args, static_shapes=True)
+    expected = ref.sparse_conv_kernel_map(*args, static_shapes=True)
+    for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
 @interpret
 def test_triton_interpreter_pairs_from_table_padded():
     from pcops.triton import kernel_map as tri
@@ -509,15 +564,18 @@ cases = [(shape, shape, (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), True, False)
          (shape, shape, (3, 2, 3), (2, 1, 3), (1, 0, 2), (1, 2, 1), False, False)]
 for case in cases:
     plan = km._plan(*case)
-    build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, **plan["insert_consts"]),
-          plan["insert_warps"])
-    build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, **plan["lookup_consts"]), 8)
+    subm = case[6]
+    # static shapes (regular/transposed): no int32 keys, M read on the device
+    for static in ((False,) if subm else (False, True)):
+        build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
+                                           **plan["insert_consts"]), plan["insert_warps"])
+        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, **plan["lookup_consts"]), 8)
 PTRS["keys_ptr"] = "*i32"
-build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, **km._plan(*cases[1])["lookup_consts"]), 8)
+build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, **km._plan(*cases[1])["lookup_consts"]), 8)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
-for pad in (False, True):
-    build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=256, ROWS=256, PAD=pad), 8)
-build(km._kmap_compact_kernel, dict(BLOCK_M=16, KPAD=128, CHUNK=64, ROWS=64, PAD=False), 8)
+for pad, dev_m in ((False, False), (True, False), (True, True)):
+    build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=256, ROWS=256, PAD=pad, DEV_M=dev_m), 8)
+build(km._kmap_compact_kernel, dict(BLOCK_M=16, KPAD=128, CHUNK=64, ROWS=64, PAD=False, DEV_M=False), 8)
 print("compiled")
 """
 
@@ -639,8 +697,18 @@ def test_gpu_padded_pairs_and_cuda_graph():
         got = pcops.sparse_conv_kernel_map(coords.cuda(), shape, 3, **kwargs, pad_pairs=True)
         for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
             assert torch.equal(getattr(got, name).cpu(), getattr(expected, name)), name
+    for kwargs in (dict(subm=True), dict(stride=2, padding=1), dict(stride=2, transposed=True)):
+        expected = pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True)
+        got = pcops.sparse_conv_kernel_map(coords.cuda(), shape, 3, **kwargs, static_shapes=True)
+        for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
+            assert torch.equal(getattr(got, name).cpu(), getattr(expected, name)), name
+    _check_graph(coords, shape, dict(subm=True, pad_pairs=True))
+    _check_graph(coords, shape, dict(stride=2, padding=1, static_shapes=True))
+
+
+def _check_graph(coords, shape, kwargs):
     static = coords.cuda()
-    fn = lambda: pcops.sparse_conv_kernel_map(static, shape, 3, subm=True, pad_pairs=True)
+    fn = lambda: pcops.sparse_conv_kernel_map(static, shape, 3, **kwargs)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -653,7 +721,7 @@ def test_gpu_padded_pairs_and_cuda_graph():
     static.copy_(other.cuda())
     g.replay()
     torch.cuda.synchronize()
-    expected = pcops.sparse_conv_kernel_map(other, shape, 3, subm=True, pad_pairs=True)
+    expected = pcops.sparse_conv_kernel_map(other, shape, 3, **kwargs)
     for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
         assert torch.equal(getattr(out, name).cpu(), getattr(expected, name)), name
 
@@ -694,3 +762,5 @@ def test_gpu_host_sync_count():
         syncs = count(lambda: tri.sparse_conv_kernel_map(coords, *args, subm, transposed, pad))
         assert syncs == expected, (kwargs, pad, syncs)
     assert count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, subm=True, pad_pairs=True)) == 0
+    for kwargs in (dict(stride=2, padding=1), dict(stride=2, transposed=True)):
+        assert count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True)) == 0

@@ -9,6 +9,8 @@ offset the pairs are in ascending output order.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -143,11 +145,15 @@ def sparse_conv_kernel_map(
     subm: bool,
     transposed: bool,
     pad_pairs: bool = False,
+    static_shapes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(out_coords, pair_in, pair_out, offsets, out_in)``; see ``pcops.sparse_conv_kernel_map``.
 
     For ``subm`` the caller passes stride 1 and the centred padding ``(K - 1) // 2 * d``.
     ``pad_pairs``: the pair arrays get ``M·K`` entries, −1 past ``P``.
+    ``static_shapes``: submanifold as ``pad_pairs``; regular/transposed: ``out_coords`` and
+    ``out_in`` get ``N·J`` rows and the pair arrays ``N·J`` entries (``J =
+    outputs_per_input(...)``), −1 past ``M`` and ``P``.
     Raises ``ValueError`` on out-of-grid or duplicate input voxels.
     """
     sorted_keys, perm = check_coords(coords, in_shape)
@@ -157,11 +163,27 @@ def sparse_conv_kernel_map(
         out_coords = output_coords(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, transposed)
     out_in = out_in_table(out_coords, sorted_keys, perm, in_shape, kernel_size, stride, padding, dilation, transposed)
     pair_in, pair_out, offsets = pairs_from_table(out_in)
-    if pad_pairs:
-        pad = out_in.numel() - pair_in.numel()
-        pair_in = torch.cat([pair_in, pair_in.new_full((pad,), -1)])
-        pair_out = torch.cat([pair_out, pair_out.new_full((pad,), -1)])
+    if static_shapes and not subm:
+        cap = coords.shape[0] * outputs_per_input(kernel_size, stride, dilation, transposed)
+        out_coords, out_in = _pad_rows(out_coords, cap), _pad_rows(out_in, cap)
+        pair_in, pair_out = _pad_rows(pair_in, cap), _pad_rows(pair_out, cap)
+    elif pad_pairs or static_shapes:
+        pair_in, pair_out = _pad_rows(pair_in, out_in.numel()), _pad_rows(pair_out, out_in.numel())
     return out_coords, pair_in, pair_out, offsets, out_in
+
+
+def outputs_per_input(kernel_size, stride, dilation, transposed: bool) -> int:
+    """How many outputs one input voxel can reach: transposed, every offset (``K``); regular,
+    per axis the offsets ``k`` with ``k * d`` in one residue class mod ``s``: ``ceil(K / (s /
+    gcd(d, s)))`` (8 of 27 for 3×3×3 stride 2)."""
+    if transposed:
+        return math.prod(kernel_size)
+    return math.prod(-(-k // (s // math.gcd(d, s))) for k, s, d in zip(kernel_size, stride, dilation))
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` followed by −1 rows up to ``rows`` rows."""
+    return torch.cat([t, t.new_full((rows - t.shape[0], *t.shape[1:]), -1)])
 
 
 def inverse_table(out_in: torch.Tensor, num_in: int) -> torch.Tensor:

@@ -122,6 +122,7 @@ def _kmap_insert_kernel(
     GEN: tl.constexpr,  # generate candidate outputs (regular / transposed conv)
     TRANSPOSED: tl.constexpr,
     COPY: tl.constexpr,
+    KEYS32: tl.constexpr,  # also write the int32 keys
     BLOCK_N: tl.constexpr,
     JPAD: tl.constexpr,  # next power of two >= J
     SINK_COPIES: tl.constexpr,
@@ -226,18 +227,20 @@ def _kmap_insert_kernel(
         # the counter starts at -1; programs that claim nothing skip the atomic
         start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0, sem="relaxed") + 1
         tl.store(out_keys_ptr + start + rank, okey, mask=mine)
-        tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=mine)
+        if KEYS32:
+            tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=mine)
 
 
 @triton.jit
 def _kmap_lookup_kernel(
     coords_ptr,  # (N, 4) int32 input voxels (submanifold: also the outputs)
     ws_ptr,  # (ws,) int64 workspace: input table (key, ROW_BASE - row) pairs at [0, 2 cap_in); group counts
-    keys_ptr,  # (M,) int64 or int32 sorted output keys (FROM_KEYS)
-    out_coords_ptr,  # (M, 4) int32 out: decoded output voxels (FROM_KEYS)
+    keys_ptr,  # (M,) int64 or int32 sorted output keys (FROM_KEYS); DEV_M: (m_total,), the M keys last
+    out_coords_ptr,  # (M, 4) int32 out: decoded output voxels (FROM_KEYS); DEV_M: rows past M are -1
     out_in_ptr,  # (M, K) int32 out: input row per (output, offset), -1 for none
-    m_total,  # M
+    m_total,  # M (DEV_M: the row capacity)
     counts_off,  # workspace index of the (G, KPAD) group counts (start at -1)
+    m_off,  # DEV_M: workspace index of the counter M - 1
     sub,  # blocks per count group
     D, H, W,  # input grid
     cap_in, log_in,
@@ -249,24 +252,33 @@ def _kmap_lookup_kernel(
     ROW_BASE: tl.constexpr,
     FROM_KEYS: tl.constexpr,  # outputs are sorted keys (regular/transposed) or coords (submanifold)
     TRANSPOSED: tl.constexpr,
+    DEV_M: tl.constexpr,  # M is read on the device (static shapes): rows [M, m_total) get -1
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = m < m_total
+    rows = m < m_total  # rows written
+    if DEV_M:
+        # the m_total - M unused key cells hold -1 and sort first: output m is key m_total - M + m
+        m_dev = tl.load(ws_ptr + m_off) + 1
+        live = m < m_dev
+        key_row = m + (m_total - m_dev)
+    else:
+        live = rows
+        key_row = m
     if FROM_KEYS:
-        okey = tl.load(keys_ptr + m, mask=live, other=0).to(tl.int64)
+        okey = tl.load(keys_ptr + key_row, mask=live, other=0).to(tl.int64)
         ox = okey % Wo
         t = okey // Wo
         oy = t % Ho
         t = t // Ho
         oz = t % Do
-        b = t // Do
-        tl.store(out_coords_ptr + m * 4 + 0, b.to(tl.int32), mask=live)
-        tl.store(out_coords_ptr + m * 4 + 1, oz.to(tl.int32), mask=live)
-        tl.store(out_coords_ptr + m * 4 + 2, oy.to(tl.int32), mask=live)
-        tl.store(out_coords_ptr + m * 4 + 3, ox.to(tl.int32), mask=live)
+        b = tl.where(live, t // Do, -1)
+        tl.store(out_coords_ptr + m * 4 + 0, b.to(tl.int32), mask=rows)
+        tl.store(out_coords_ptr + m * 4 + 1, tl.where(live, oz, -1).to(tl.int32), mask=rows)
+        tl.store(out_coords_ptr + m * 4 + 2, tl.where(live, oy, -1).to(tl.int32), mask=rows)
+        tl.store(out_coords_ptr + m * 4 + 3, tl.where(live, ox, -1).to(tl.int32), mask=rows)
     else:
         b = tl.load(coords_ptr + m * 4 + 0, mask=live, other=-1).to(tl.int64)
         oz = tl.load(coords_ptr + m * 4 + 1, mask=live, other=0).to(tl.int64)
@@ -317,7 +329,7 @@ def _kmap_lookup_kernel(
         bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
     found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
 
-    out_mask = live[:, None] & k_live[None, :]
+    out_mask = rows[:, None] & k_live[None, :]
     tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
     cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
     tl.atomic_add(ws_ptr + counts_off + (pid // sub) * KPAD + rk, cnt, mask=k_live, sem="relaxed")
@@ -349,11 +361,13 @@ def _kmap_compact_kernel(
     offsets_ptr,  # (K + 1,) int32 out (program 0 writes it)
     counts_off, m_total, K, sub, num_groups,
     cap_pairs,  # length of the pair arrays (P, or M * K when padded)
+    m_off,  # DEV_M: index in counts_ptr of the counter M - 1
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
     CHUNK: tl.constexpr,  # group rows reduced per step (S1: all at once)
     ROWS: tl.constexpr,  # rows ranked per step: BLOCK_M times a power of two dividing `sub` (S1: 1)
     PAD: tl.constexpr,  # write -1 to the pair entries [P, cap_pairs)
+    DEV_M: tl.constexpr,  # rows [M, m_total) hold no hits (static shapes): not read
 ):
     # program = one count group: reduce every group's counts (a few KB) into the per-offset
     # totals and this group's first position per offset, then rank the hits row by row
@@ -374,10 +388,13 @@ def _kmap_compact_kernel(
     tl.store(offsets_ptr + rk, start, mask=k_live & (pid == 0))
     tl.store(offsets_ptr + K + rk * 0, start * 0 + num_pairs, mask=(rk == 0) & (pid == 0))
     run = start + before
+    m_read = m_total
+    if DEV_M:
+        m_read = tl.load(counts_ptr + m_off).to(tl.int32) + 1
     for s in range(0, sub, ROWS // BLOCK_M):
         m = (pid * sub + s) * BLOCK_M + tl.arange(0, ROWS)
         mask = (m < m_total)[:, None] & k_live[None, :]
-        v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask, other=-1)
+        v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask & (m < m_read)[:, None], other=-1)
         hit = (v >= 0).to(tl.int32)
         # stable: rank among this tile's hits of the same offset, in output order
         pos = run[None, :] + tl.cumsum(hit, axis=0) - hit
@@ -482,9 +499,9 @@ def _empty_map(dev, num_out: int, num_k: int, out_coords=None):
             torch.empty((num_out, num_k), dtype=torch.int32, device=dev))
 
 
-def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pairs, pad):
+def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pairs, pad, m_off=None):
     """Pairs (``cap_pairs`` long) and offsets from the out-in table and its group counts
-    (``counts[counts_off:]``): 1 launch."""
+    (``counts[counts_off:]``; ``counts[m_off] + 1`` = the rows holding hits when given): 1 launch."""
     num_out, num_k = out_in.shape
     dev = out_in.device
     pair_in = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
@@ -492,9 +509,10 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
     _kmap_compact_kernel[(num_groups,)](
         out_in, counts, pair_in, pair_out, offsets, counts_off, num_out, num_k, sub, num_groups, cap_pairs,
+        m_off or 0,
         BLOCK_M=block_m, KPAD=kpad, CHUNK=max(2, min(_COUNT_CHUNK, _COMPACT_LANES // kpad)),
         ROWS=block_m * min(sub & -sub, max(1, _COMPACT_LANES // (block_m * kpad))), PAD=pad,
-        num_warps=_NUM_WARPS,
+        DEV_M=m_off is not None, num_warps=_NUM_WARPS,
     )
     return pair_in, pair_out, offsets
 
@@ -538,6 +556,7 @@ def sparse_conv_kernel_map(
     subm: bool,
     transposed: bool,
     pad_pairs: bool = False,
+    static_shapes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Kernel map on the GPU (or on CPU tensors under the Triton interpreter).
 
@@ -547,6 +566,10 @@ def sparse_conv_kernel_map(
         in_shape, out_shape: ``(D, H, W)`` grids; kernel_size, stride, padding, dilation: 3-lists
             (submanifold: stride 1 and the centred padding, as the public function passes).
         pad_pairs: pairs of length ``M·K`` (the bound; entries past ``offsets[K]`` are −1).
+        static_shapes: no host sync at all; submanifold as ``pad_pairs``; regular/transposed
+            outputs padded to ``N·J`` rows and pairs (see ``pcops.sparse_conv_kernel_map``):
+            the unique keys are sorted in an ``N·J``-long −1-filled buffer (the fills sort
+            first), and the lookup and compaction read ``M`` on the device.
     Returns:
         ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
         int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``.
@@ -565,9 +588,15 @@ def sparse_conv_kernel_map(
         return _empty_map(dev, 0, num_k)
     # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
     cap_in, log_in = _capacity(n, 4)
+    static_out = static_shapes and not subm
+    pad_pairs = pad_pairs or static_shapes
     if subm:
         bound, cap_out, log_out = 0, 0, 0
         sub, num_groups = _groups(_cdiv(n, block))
+    elif static_out:
+        bound = n * plan["per_input"]
+        cap_out, log_out = _capacity(bound + 1, 1)
+        sub, num_groups = _groups(_cdiv(bound, block))
     else:
         bound = n * plan["per_input"]
         # ≥ bound + 1 slots can never fill up; the real load is far lower (S1: 73k outputs of 354k candidates)
@@ -576,13 +605,17 @@ def sparse_conv_kernel_map(
     counts_off = 2 * cap_in + cap_out
     counters_off = counts_off + num_groups * kpad
     sink_off = counters_off + _NUM_COUNTERS
-    ws_len = sink_off + plan["sink"]
+    keys_off = sink_off + plan["sink"]  # static shapes: the N·J output keys (-1 = unused)
+    ws_len = keys_off + (bound if static_out else 0)
     if ws_len >= 2**31:
         raise ValueError(f"coords: {n} voxels need hash tables of {2 * cap_in + cap_out} slots (limit 2^31)")
     ws = torch.full((ws_len,), -1, dtype=torch.int64, device=dev)  # launch 1
     if subm:  # no candidate keys: any pointer will do for the unused arguments
         out_keys, out_keys32 = ws, coords
         out_coords = torch.empty((n, 4), dtype=torch.int32, device=dev)
+    elif static_out:
+        out_keys, out_keys32 = ws[keys_off:], coords
+        out_coords = coords  # unused (COPY is off)
     else:
         out_keys = torch.empty(bound, dtype=torch.int64, device=dev)
         out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
@@ -592,10 +625,15 @@ def sparse_conv_kernel_map(
         coords, ws, out_keys, out_keys32, out_coords, n, *plan["in_shape"], cap_in, log_in,
         max(cap_out, 1), log_out, counters_off, sink_off, *plan["out_shape"],
         **plan["insert_consts"], ROW_BASE=_ROW_BASE, SINK_COPIES=_SINK_COPIES, CSTRIDE=_COUNTER_STRIDE,
-        num_warps=plan["insert_warps"],
+        KEYS32=not (subm or static_out), num_warps=plan["insert_warps"],
     )
     if subm:
         num_out, keys = n, ws  # keys unused (FROM_KEYS is off)
+    elif static_out:
+        # no sync: sort all N·J cells; the unused ones (-1) come first, the M keys last
+        keys = torch.sort(ws[keys_off:]).values
+        num_out = bound
+        out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     else:
         # the one host sync: the output count M (with P and the largest batch index)
         counters = ws[counters_off : counters_off + _NUM_COUNTERS].tolist()  # contiguous: one plain copy
@@ -611,12 +649,16 @@ def sparse_conv_kernel_map(
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
     nb = _cdiv(num_out, block)
     _kmap_lookup_kernel[(nb,)](  # launch 3
-        coords, ws, keys, out_coords, out_in, num_out, counts_off, sub, *plan["in_shape"], cap_in, log_in,
-        *plan["out_shape"], **plan["lookup_consts"], ROW_BASE=_ROW_BASE, num_warps=_NUM_WARPS,
+        coords, ws, keys, out_coords, out_in, num_out, counts_off, counters_off, sub, *plan["in_shape"], cap_in,
+        log_in, *plan["out_shape"], **plan["lookup_consts"], ROW_BASE=_ROW_BASE, DEV_M=static_out,
+        num_warps=_NUM_WARPS,
     )
-    cap_pairs = num_out * num_k if (subm or pad_pairs) else num_pairs
+    if static_out:
+        cap_pairs = bound  # one pair per valid (input, offset)
+    else:
+        cap_pairs = num_out * num_k if (subm or pad_pairs) else num_pairs
     pair_in, pair_out, offsets = _compact(out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs,
-                                          pad_pairs)  # launch 4
+                                          pad_pairs, counters_off if static_out else None)  # launch 4
     if subm and not pad_pairs:
         num_pairs = offsets[num_k : num_k + 1].tolist()[0]  # host sync: the pair count is an output size (all work is queued)
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
