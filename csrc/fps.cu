@@ -1144,3 +1144,307 @@ extern "C" __global__ void __launch_bounds__(512, 1) fps_probe(long long* out) {
 extern "C" __global__ void __launch_bounds__(512, 1) __cluster_dims__(2, 1, 1) fps_probe_c2(long long* out) {
   fps_probe_body<1>(out);
 }
+
+// -------------------------------------------------------------------------------------------------
+// fps_tile_md_u{U}_c1: fps_tile for one CTA per cloud (<= 16,384 points) with a short step.
+//
+// Where fps_tile's step goes (H200, F1: 1.0 us = 1,980 cycles late, 1.63 us early; fps_probe
+// latencies): its min-distances live in registers, md[32] per lane, so every access to a group
+// picked at run time is a 32-way switch, an indirect jump (BRX, 211 cycles), and every group update
+// ends in a redux.sync (63) whose result the next jump waits for: ~330 cycles per updated group on
+// the busiest warp, twice a jump when the warp record is rebuilt (update + pick), and the record
+// costs redux max + ballot + jump + redux min + ballot + shfl. Roughly: box test 60 + updates
+// k * 330 + record ~500 + barrier ~60 + reduction ~270 = ~900 + 330 k cycles; more groups change
+// early (k larger), hence 1.6 us early against 1.0 late.
+// This kernel removes the jumps and the dependent pairs:
+//   * the coordinates AND min-distances of the first S = 27 slots (13,824 points) are in shared
+//     memory (xs, ys, zs, md: 16 B per point, 221,184 B), addressed by the slot number: no switch;
+//     the last 5 slots of each lane (2,560 points) stay in registers, read and written with selects
+//     (5-way, branch-free) — 16,384 points do not fit 227 KB at 16 B per point;
+//   * needed groups are updated U at a time (loads of all U issued together, U redux.sync in
+//     flight together): the latency of a batch is about one group's;
+//   * the warp record is (max bits, CTA-local sorted position q) + coordinates, written by the lane
+//     that holds the point (no shuffles): the fast path (one group holds the warp max and one lane
+//     in it) is redux + ballot + 4 shared loads + ballot; ties (equal maxima) take a slow path
+//     that reads original indices from `order` (global, rare);
+//   * the CTA reduction after the one __syncthreads: 16 records, redux max + ballot, then 4
+//     shuffles from the winning lane (a tie between warps: original indices from `order`);
+//   * sorted positions are written to `out` during the run and turned into original indices after
+//     the loop (one pass over `out`, no global load on the step's path).
+// Expected step: box test ~60 + one batch ~140 + record ~190 + barrier ~60 + reduction ~190 ~= 650
+// cycles (0.33 us) when each warp updates <= U groups. Same arguments, results and double buffering
+// as fps_tile (C == 1); grid (1, B), 512 threads, 16 * cap bytes of dynamic shared memory with
+// cap = min(N rounded up to 32, 13,824).
+#define TMD_WARPS 16
+#define TMD_SLOTS_SMEM 27
+#define TMD_SLOTS_REG (TILE_SLOTS - TMD_SLOTS_SMEM)
+#define TMD_SMEM_POINTS (TMD_SLOTS_SMEM * TMD_WARPS * 32)  // 13,824 points in shared memory
+
+template <int R>
+__device__ __forceinline__ float tmd_pick(const float (&a)[R], int r) {
+  float v = a[0];
+#pragma unroll
+  for (int i = 1; i < R; ++i) v = r == i ? a[i] : v;
+  return v;
+}
+
+// point q (slot j) of this lane: shared memory for j < S, else register slot j - S
+template <int S, int R>
+__device__ __forceinline__ void tmd_load(int j, int q, int lane, const float* xs, const float* ys, const float* zs,
+                                         const float* mds, const float (&rx)[R], const float (&ry)[R],
+                                         const float (&rz)[R], const float (&rm)[R], float& x, float& y, float& z,
+                                         float& m) {
+  const int qs = j < S ? q : lane;  // a valid address either way (cap >= 32)
+  x = xs[qs];
+  y = ys[qs];
+  z = zs[qs];
+  m = mds[qs];
+  if (j >= S) {  // warp-uniform
+    const int r = j - S;
+    x = tmd_pick<R>(rx, r);
+    y = tmd_pick<R>(ry, r);
+    z = tmd_pick<R>(rz, r);
+    m = tmd_pick<R>(rm, r);
+  }
+}
+
+template <int U>
+__device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, const long long* __restrict__ order,
+                                            const long long* __restrict__ lengths,
+                                            const long long* __restrict__ starts, long long* __restrict__ out, int n,
+                                            int num_samples, int cap) {
+  constexpr int W = TMD_WARPS, S = TMD_SLOTS_SMEM, R = TMD_SLOTS_REG;
+  extern __shared__ float tmd_smem[];  // xs[cap], ys[cap], zs[cap], md[cap]
+  __shared__ int2 mkey[2][W];          // (max bits, sorted position) by parity, warp
+  __shared__ float4 mcrd[2][W];        // the record's coordinates
+  __shared__ int mstart;               // sorted position of the start point
+  float* xs = tmd_smem;
+  float* ys = tmd_smem + cap;
+  float* zs = tmd_smem + 2 * cap;
+  float* mds = tmd_smem + 3 * cap;
+  const long long b = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int length = (int)min(max(lengths[b], 0LL), (long long)n);
+  const long long start = starts[b];
+  const int steps = (start >= 0 && start < length) ? min(length, num_samples) : 0;
+  const long long cloud = b * (long long)n;
+  const long long* ord = order + cloud;  // flat indices cloud + i in Morton order, valid points first
+  const float kInf = __int_as_float(0x7f800000);
+
+  for (int p = tid; p < cap; p += W * 32) {
+    const bool valid = p < length;
+    const long long f = valid ? ord[p] : cloud;
+    xs[p] = valid ? points[3 * f + 0] : 0.f;
+    ys[p] = valid ? points[3 * f + 1] : 0.f;
+    zs[p] = valid ? points[3 * f + 2] : 0.f;
+    mds[p] = valid ? kInf : -1.f;  // -1: padding, later the chosen points
+    if (valid && f - cloud == start) mstart = p;
+  }
+  float rx[R], ry[R], rz[R], rm[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int q = ((S + r) * W + warp) * 32 + lane;
+    const bool valid = q < length;
+    const long long f = valid ? ord[q] : cloud;
+    rx[r] = valid ? points[3 * f + 0] : 0.f;
+    ry[r] = valid ? points[3 * f + 1] : 0.f;
+    rz[r] = valid ? points[3 * f + 2] : 0.f;
+    rm[r] = valid ? kInf : -1.f;
+    if (valid && f - cloud == start) mstart = q;
+  }
+  __syncthreads();
+  // lane j: box and largest min-distance of this warp's slot j (group j * W + warp, points
+  // q0 .. q0 + 31); +-inf boxes for empty groups, which then never update
+  const int q0 = (lane * W + warp) * 32;
+  float blx = kInf, bly = kInf, blz = kInf, bhx = -kInf, bhy = -kInf, bhz = -kInf;
+  if (lane < S) {
+    for (int t = 0; t < 32; ++t) {
+      const int q = q0 + t;
+      if (q < length) {
+        blx = fminf(blx, xs[q]);
+        bly = fminf(bly, ys[q]);
+        blz = fminf(blz, zs[q]);
+        bhx = fmaxf(bhx, xs[q]);
+        bhy = fmaxf(bhy, ys[q]);
+        bhz = fmaxf(bhz, zs[q]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {  // register slots: the box by warp reductions, kept by lane S + r
+    const bool valid = ((S + r) * W + warp) * 32 + lane < length;
+    float v[6] = {valid ? rx[r] : kInf, valid ? ry[r] : kInf, valid ? rz[r] : kInf,
+                  valid ? rx[r] : -kInf, valid ? ry[r] : -kInf, valid ? rz[r] : -kInf};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int a = 0; a < 3; ++a) {
+        v[a] = fminf(v[a], __shfl_xor_sync(FULL_MASK, v[a], o));
+        v[3 + a] = fmaxf(v[3 + a], __shfl_xor_sync(FULL_MASK, v[3 + a], o));
+      }
+    }
+    if (lane == S + r) {
+      blx = v[0];
+      bly = v[1];
+      blz = v[2];
+      bhx = v[3];
+      bhy = v[4];
+      bhz = v[5];
+    }
+  }
+  float gmax = q0 < length ? kInf : -1.f;
+
+  int selq = steps > 0 ? mstart : 0;
+  float cx = 0.f, cy = 0.f, cz = 0.f;
+  if (steps > 0) {
+    const float* p = points + (cloud + start) * 3;
+    cx = p[0];
+    cy = p[1];
+    cz = p[2];
+  }
+  // this warp's record: max bits (< 0: none, uniform), and, in the lane that holds the point
+  // (`owner`; lane 0 when none), its sorted position and coordinates
+  int c_rd = -1, c_q = 0;
+  float c_x = 0.f, c_y = 0.f, c_z = 0.f;
+  bool owner = lane == 0;
+  const unsigned key_base = shared_address(&mkey[0][0]);
+  const unsigned crd_base = shared_address(&mcrd[0][0]);
+  long long pending = start;  // warp 0: step (s & ~31) + lane (sorted positions from step 1 on)
+  for (int s = 1; s < steps; ++s) {
+    const int parity = s & 1;
+    // 1. which of the warp's groups can change
+    const float gx = fmaxf(fmaxf(__fsub_rn(blx, cx), __fsub_rn(cx, bhx)), 0.f);
+    const float gy = fmaxf(fmaxf(__fsub_rn(bly, cy), __fsub_rn(cy, bhy)), 0.f);
+    const float gz = fmaxf(fmaxf(__fsub_rn(blz, cz), __fsub_rn(cz, bhz)), 0.f);
+    const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
+    unsigned need = __ballot_sync(FULL_MASK, !(lower > gmax));
+    const bool changed = need != 0u;
+    // 2. update them, U groups per batch (a short batch repeats its last group: same values)
+    while (need) {
+      int js[U];
+      js[0] = __ffs(need) - 1;
+      need &= need - 1u;
+#pragma unroll
+      for (int u = 1; u < U; ++u) {
+        js[u] = need ? __ffs(need) - 1 : js[u - 1];
+        need &= need - 1u;
+      }
+      float nm[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int q = (js[u] * W + warp) * 32 + lane;
+        float x, y, z, m;
+        tmd_load<S, R>(js[u], q, lane, xs, ys, zs, mds, rx, ry, rz, rm, x, y, z, m);
+        m = fminf(m, sq_dist(x, y, z, cx, cy, cz));
+        nm[u] = q == selq ? -1.f : m;
+      }
+      int gm[U];  // the groups' new maxima (issued before the stores, which are off the path)
+#pragma unroll
+      for (int u = 0; u < U; ++u) gm[u] = redux_max_s32(__float_as_int(nm[u]));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = js[u];
+        if (j < S) {
+          mds[(j * W + warp) * 32 + lane] = nm[u];
+        } else {
+#pragma unroll
+          for (int r = 0; r < R; ++r) rm[r] = j - S == r ? nm[u] : rm[r];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (lane == js[u]) gmax = __int_as_float(gm[u]);
+      }
+    }
+    // 3. the warp's record, rebuilt only if one of its groups changed
+    if (changed) {
+      const int rd = redux_max_s32(__float_as_int(gmax));
+      c_rd = rd;
+      owner = lane == 0;
+      if (rd >= 0) {
+        const unsigned holders = __ballot_sync(FULL_MASK, __float_as_int(gmax) == rd);
+        const int j = __ffs(holders) - 1;
+        const int q = (j * W + warp) * 32 + lane;
+        float x, y, z, m;
+        tmd_load<S, R>(j, q, lane, xs, ys, zs, mds, rx, ry, rz, rm, x, y, z, m);
+        const unsigned hit = __ballot_sync(FULL_MASK, __float_as_int(m) == rd);
+        if (((holders & (holders - 1u)) | (hit & (hit - 1u))) == 0u) {  // one point holds the max
+          owner = lane == __ffs(hit) - 1;
+          c_q = q;
+          c_x = x;
+          c_y = y;
+          c_z = z;
+        } else {  // ties: the lowest original index among the holders (from `order`, global)
+          unsigned best = 0xFFFFFFFFu;
+          unsigned h = holders;
+          while (h) {
+            const int jj = __ffs(h) - 1;
+            h &= h - 1u;
+            const int qq = (jj * W + warp) * 32 + lane;
+            float xx, yy, zz, mm;
+            tmd_load<S, R>(jj, qq, lane, xs, ys, zs, mds, rx, ry, rz, rm, xx, yy, zz, mm);
+            if (__float_as_int(mm) == rd) {
+              const unsigned oi = (unsigned)(ord[qq] - cloud);
+              if (oi < best) {
+                best = oi;
+                c_q = qq;
+                c_x = xx;
+                c_y = yy;
+                c_z = zz;
+              }
+            }
+          }
+          const unsigned low = redux_min_u32(best);  // original indices are distinct: one lane
+          owner = lane == __ffs(__ballot_sync(FULL_MASK, best == low)) - 1;
+        }
+      }
+    }
+    // 4. exchange: the owner lane publishes, one __syncthreads (double buffered by parity)
+    const unsigned key_par = key_base + (unsigned)parity * (W * 8);
+    const unsigned crd_par = crd_base + (unsigned)parity * (W * 16);
+    if (owner) {
+      store_shared_v2(key_par + (unsigned)warp * 8u, c_rd, (unsigned)c_q);
+      store_shared_v4(crd_par + (unsigned)warp * 16u, c_x, c_y, c_z);
+    }
+    __syncthreads();
+    // 5. every warp reduces the 16 records: the largest distance, then the lowest original index
+    const int2 k = load_shared_v2(key_par + (unsigned)(lane & (W - 1)) * 8u);
+    const float4 c = load_shared_v4(crd_par + (unsigned)(lane & (W - 1)) * 16u);
+    const int kd = lane < W ? k.x : (-2147483647 - 1);
+    const int gd = redux_max_s32(kd);
+    const unsigned win = __ballot_sync(FULL_MASK, kd == gd);
+    int from = __ffs(win) - 1;
+    if (win & (win - 1u)) {  // equal maxima in several warps (rare): original indices decide
+      const unsigned oi = kd == gd ? (unsigned)(ord[k.y] - cloud) : 0xFFFFFFFFu;
+      const unsigned low = redux_min_u32(oi);
+      from = __ffs(__ballot_sync(FULL_MASK, kd == gd && oi == low)) - 1;
+    }
+    selq = __shfl_sync(FULL_MASK, k.y, from);
+    cx = __shfl_sync(FULL_MASK, c.x, from);
+    cy = __shfl_sync(FULL_MASK, c.y, from);
+    cz = __shfl_sync(FULL_MASK, c.z, from);
+    // sorted positions leave in coalesced batches of 32 (warp 0), translated after the loop
+    if (warp == 0) {
+      if (lane == (s & 31)) pending = selq;
+      if ((s & 31) == 31 || s == steps - 1) {
+        if (lane <= (s & 31)) out[b * num_samples + (s & ~31) + lane] = pending;
+      }
+    }
+  }
+  if (steps == 1 && tid == 0) out[b * num_samples] = start;
+  __syncthreads();  // warp 0's stores are visible to the CTA
+  for (int t = 1 + tid; t < steps; t += W * 32) {
+    const long long q = out[b * num_samples + t];
+    out[b * num_samples + t] = ord[q] - cloud;
+  }
+}
+
+#define FPS_TILE_MD_ENTRY(U)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1)                                         \
+      fps_tile_md_u##U##_c1(const float* points, const long long* order, const long long* lengths,          \
+                            const long long* starts, long long* out, int n, int num_samples, int cap) {      \
+    fps_tile_md<U>(points, order, lengths, starts, out, n, num_samples, cap);                             \
+  }
+FPS_TILE_MD_ENTRY(1)
+FPS_TILE_MD_ENTRY(2)
+FPS_TILE_MD_ENTRY(4)

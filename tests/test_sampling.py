@@ -622,7 +622,10 @@ def test_fps_cu_compiles_with_every_entry_point():
     for warps, cluster in cu._TILE_FEW_WARPS:
         for exchange in ("bar", "async"):
             assert cu._tile_kernel_name(cluster, exchange, "", warps).encode() in cubin
+    for unroll in cu._TILE_MD_UNROLLS:
+        assert f"fps_tile_md_u{unroll}_c1".encode() in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
+    assert cu._kernel_name("tile_md", 8, 32, False) == "fps_pruned_c8_p32"
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
     assert cu._kernel_name("flat", 16, 4, False) == "fps_lazy_c16_p4"
 
@@ -952,6 +955,48 @@ def test_gpu_fps_tile_64_points_per_lane(opt, monkeypatch):
     pts, lengths, start, expected = fps_case(8, 16384, 256)
     assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
     assert "w8g2_c1" in cu.last_launch
+
+
+def lattice_clouds(batch, shape, seed):
+    """Shuffled integer lattices ``(B, X*Y*Z, 3)`` (scaled by 0.5: exact in float32): many distinct
+    points at exactly equal distances, so ties arise inside groups, across groups and across warps."""
+    g = generator(seed)
+    axes = torch.meshgrid(*[torch.arange(k, dtype=torch.float32) for k in shape], indexing="ij")
+    grid = torch.stack([a.reshape(-1) for a in axes], 1) * 0.5
+    return torch.stack([grid[torch.randperm(grid.shape[0], generator=g)] for _ in range(batch)])
+
+
+@pytest.mark.parametrize("unroll", [1, 2, 4])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_md(unroll, monkeypatch):
+    """fps_tile_md_u<U>_c1 launched directly: uneven lengths with duplicated points (ties; M > N:
+    -1 padding), one point, lattices (ties at every level, 16,384 points: register slots included),
+    an F1-like batch; indices identical to the reference. Then through the op, where clouds over
+    16,384 points take tile_async."""
+    from pcops.cuda import sampling as cu
+
+    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
+             fps_case(8, 16384, 256), fps_case(1, 1, 3), fps_case(3, 31, 40, duplicates=True)]
+
+    def lattice():
+        pts = lattice_clouds(2, (32, 32, 16), seed=11).cuda()
+        lengths = torch.tensor([16384, 9001], device="cuda")
+        start = torch.tensor([0, 4321], device="cuda")
+        return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 1500)
+
+    cases.append(cached_reference(("lattice", 32, 32, 16, 1500), lattice))
+    for pts, lengths, start, expected in cases:
+        m = expected.shape[1]
+        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll)
+        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+    monkeypatch.setattr(cu, "_VARIANT", "tile_md")
+    monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
+    for batch, n, m in [(8, 16384, 256), (2, 40000, 256)]:
+        pts, lengths, start, expected = fps_case(batch, n, m)
+        assert torch.equal(pcops.farthest_point_sample(pts, m, lengths, start, backend="cuda"), expected)
+        assert ("fps_tile_md" in cu.last_launch) == (n <= 16384), cu.last_launch
 
 
 # --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --

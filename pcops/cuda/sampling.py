@@ -27,6 +27,9 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   better): ``_tile_opt`` (shuffle-tree reductions, unrolled slot loops, a leader warp reducing the
   records in one CTA), ``_tile_warps`` / ``_tile_groups`` (8 warps x 2 CTAs, 4 warps x 4 CTAs, or
   8 warps of 64 points per lane in one CTA for 16k clouds).
+- ``"tile_md"`` (``fps_tile_md_u<U>_c1``, ``_tile_md_unroll``): clouds of up to 16,384 points in one
+  CTA with the min-distances in shared memory too (no jump tables on the step: see the kernel's
+  notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ _TARGET_PPT = 4  # points per thread before another CTA joins the cluster
 # 20.7 ms. Every variant is tested on the GPU (identical indices).
 _VARIANT = "tile_async"
 _VARIANTS = ("keys", "lazy", "flat", "pruned")  # fps_cluster kernels
-_TILE_VARIANTS = ("tile", "tile_async")  # fps_tile kernels; clouds they cannot hold use "pruned"
+_TILE_VARIANTS = ("tile", "tile_async", "tile_md")  # fps_tile kernels; clouds they cannot hold use "pruned"
 _TILE_THREADS = 512
 _TILE_CAP = 16384  # points per CTA of fps_tile_* (coordinates in shared memory)
 _TILE_CLUSTERS = (1, 2, 4, 8)
@@ -57,6 +60,12 @@ _tile_warps = 16  # warps per CTA (16: 16,384 points per CTA; 8 and 4 compiled f
 _TILE_FEW_WARPS = {(8, 2), (4, 4)}  # (warps, cluster) entry points with fewer warps
 _tile_groups = 1  # 2: 64 points and two boxes per lane (fps_tile[_<opt>]_w8g2_c1: 8 warps, one CTA)
 _TILE_G2_OPTS = ("", "shfl", "leader")
+# "tile_md" (fps_tile_md_u<U>_c1, experimental until measured): clouds of <= 16,384 points, one CTA,
+# coordinates and min-distances of 13,824 points in shared memory (the other 2,560 in registers),
+# no jump tables on the step, U needed groups updated per batch; larger clouds take "tile_async"
+_TILE_MD_UNROLLS = (1, 2, 4)
+_tile_md_unroll = 2
+_TILE_MD_SMEM_POINTS = 27 * 512  # TMD_SMEM_POINTS in csrc/fps.cu
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
@@ -302,6 +311,28 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
 
 
+def _launch_tile_md(inputs: _Inputs, unroll: int | None = None) -> None:
+    """``fps_tile_md_u<U>_c1`` (one CTA per cloud of at most 16,384 points, cuLaunchKernel) with
+    ``16 * cap`` bytes of dynamic shared memory, ``cap = min(N rounded up to 32, 13,824)``."""
+    unroll = _tile_md_unroll if unroll is None else unroll
+    if unroll not in _TILE_MD_UNROLLS:
+        raise ValueError(f"fps_tile_md is compiled for unroll in {_TILE_MD_UNROLLS}, got {unroll}")
+    batch, n, _ = inputs.points.shape
+    if n > _TILE_CAP:
+        raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per cloud, got {n}")
+    name = f"fps_tile_md_u{unroll}_c1"
+    device = inputs.points.device
+    kernel = get_kernel("fps.cu", name, device)
+    if (name, device) not in _tile_smem_set:
+        status = _cuda().cuFuncSetAttribute(kernel._func, _MAX_DYNAMIC_SHARED_SIZE_BYTES, 16 * _TILE_MD_SMEM_POINTS)
+        if status != 0:
+            raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
+        _tile_smem_set.add((name, device))
+    inputs.cap = min(triton.cdiv(n, 32) * 32, _TILE_MD_SMEM_POINTS)
+    kernel((1, batch), (_TILE_THREADS,), inputs.args(name), shared_mem=16 * inputs.cap)
+    _note(f"{name} (cuLaunchKernel, cluster 1, {n} points per CTA)")
+
+
 def farthest_point_sample(
     points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int
 ) -> torch.Tensor:
@@ -319,11 +350,17 @@ def farthest_point_sample(
     index = points.device.index if points.device.index is not None else torch.cuda.current_device()
     config = _plan(n, index) if batch <= 65535 else None
     inputs = _Inputs(points, lengths, start_idx, out, num_samples)
-    if _VARIANT in ("tile", "tile_async") and batch <= 65535:
+    if _VARIANT == "tile_md" and batch <= 65535 and n <= _TILE_CAP:
+        try:
+            _launch_tile_md(inputs)
+            return out
+        except RuntimeError:  # launch refused (shared memory): the fps_tile kernels
+            pass
+    if _VARIANT in _TILE_VARIANTS and batch <= 65535:
         choice = _tile_choice(n)
         if choice is not None:
             cluster, opt, warps, groups = choice
-            exchange = "async" if _VARIANT == "tile_async" else "bar"
+            exchange = "bar" if _VARIANT == "tile" else "async"  # tile_md: larger clouds as tile_async
             try:
                 _launch_tile(inputs, cluster, exchange, opt, warps, groups)
                 return out
