@@ -156,6 +156,37 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
     return out
 
 
+def knn_variant_rows(wl, pts, lengths, k, d, i, base, rep, notes):
+    """csrc/knn.cu top-K variants (``cuda_knn.VARIANTS``) at the default tile/group, graph-captured:
+    the whole op, the search kernel alone (on one prepared Morton sort), and the sort alone; each
+    variant's output compared with the default's (``d``, ``i``)."""
+    pairs = pts.shape[0] * pts.shape[1]
+    out = []
+    tile, group, _ = cuda_knn._options(pts.shape[1], None, None, None)
+    prepared = cuda_knn.prepare(pts, pts, lengths, lengths, tile, group)
+    prep = bench(lambda: cuda_knn.prepare(pts, pts, lengths, lengths, tile, group), warmup=3, rep=max(20, rep // 2), graph=True)
+    out.append(row(wl, f"knn cuda prep only (Morton sort, tile={tile} group={group}, graph)", prep))
+    dists, idx = torch.empty_like(d), torch.empty_like(i)
+    for variant in cuda_knn.VARIANTS:
+        label = f"knn cuda variant={variant}{' (default)' if variant == cuda_knn._VARIANT else ''}"
+        full = lambda v=variant: cuda_knn.knn(pts, pts, lengths, lengths, k, variant=v)  # noqa: E731
+        try:
+            d_v, i_v = full()
+            same = bool(torch.equal(i_v, i) and torch.equal(d_v, d))
+            del d_v, i_v
+            tv = bench(full, warmup=3, rep=max(20, rep // 2), graph=True)
+            search = lambda v=variant: cuda_knn.search(prepared, lengths, lengths, dists, idx, k, tile, group, v)  # noqa: E731
+            ts = bench(search, warmup=3, rep=max(20, rep // 2), graph=True)
+        except Exception as e:  # report, keep benchmarking the rest
+            notes[f"{wl} {label} error"] = repr(e)[:300]
+            continue
+        out.append(row(wl, f"{label} (graph)", tv, items=pairs, unit="queries/s", baseline=base, identical_to_default=same))
+        out.append(row(wl, f"{label} search only (graph)", ts, identical_to_default=same))
+        notes[f"{wl} {label}"] = (f"graph {tv['median_ms']:.4f} ms, search kernel alone {ts['median_ms']:.4f} ms, "
+                                  f"prep alone {prep['median_ms']:.4f} ms; identical to the default: {same}")
+    return out
+
+
 def tuning_rows(clouds, xyz):
     """KNN tile shapes and FPS points-per-thread targets, a few repetitions each."""
     from pcops.cuda import sampling as cuda_fps
@@ -251,7 +282,8 @@ def main():
         rows.append(row(wl, "pcops knn triton", tt, items=pairs, unit="queries/s", baseline=base, identical_to_auto=same))
         rows.append(row(wl, "pcops knn triton (graph)", ttg, items=pairs, unit="queries/s", baseline=base))
         del d_t, i_t
-        if impl == "cuda":  # tile / superblock shapes of the CUDA kernel (graph-captured)
+        if impl == "cuda":  # top-K variants, then tile / superblock shapes of the CUDA kernel (graph-captured)
+            rows.extend(knn_variant_rows(wl, pts, lengths, k, d, i, base, rep, notes))
             for tile, group in ((32, 4), (32, 8), (64, 4)):
                 fn = lambda: cuda_knn.knn(pts, pts, lengths, lengths, k, tile=tile, group=group)  # noqa: E731
                 tv = bench(fn, warmup=3, rep=max(20, rep // 2), graph=True)

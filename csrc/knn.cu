@@ -171,3 +171,196 @@ __device__ __forceinline__ void knn_body(
 
 PCOPS_KNN_ENTRIES(32)
 PCOPS_KNN_ENTRIES(64)
+
+// ---------------------------------------------------------------------------------------------
+// Variants (pcops/cuda/knn.py's `variant`): the same search with a cheaper top-K.
+//
+// Why: knn_body above keeps (bd, bi) in registers only for KP = 32. For KP < 32 its "refresh the
+// K-th best" loop (`if (m == k - 1) kd = bd[m]`) is turned by the compiler into one load at the
+// run-time index k - 1, so both arrays live in local memory (ptxas: 8 * KP bytes stack frame; the
+// PTX stores every swap to local memory and reloads the K-th best). And its compare-and-swap is
+// one dependent chain of KP steps.
+//
+// Here each (distance, index) pair is one 64-bit key: the float's bits (distances are >= +0, so
+// their bit patterns order like the floats; NaN never enters) above index + 1. Comparing keys is
+// exactly key_less. The list holds KP keys, right-aligned: slots [0, KP - k) hold the sentinel 0
+// (below every real key, never displaced) and the K-th best is always key[KP - 1] -- no run-time
+// index anywhere, so everything stays in registers. Insertion is a select network: new slot m =
+// old m if the candidate is not below it, else old m - 1 if the candidate is not below that, else
+// the candidate (each slot reads only old values: no KP-long dependent chain).
+//
+// Q = 0 ("net"): a thread inserts on the spot when its candidate beats its K-th best (the lanes
+// of a warp still diverge: the warp pays one insertion for every candidate any lane keeps).
+// Q > 0 ("wq<Q>"): warp queues -- a candidate that beats the thread's K-th best as of the last
+// merge is pushed into a Q-slot register queue (a shift, the same instructions on every lane);
+// when some lane's queue is full, and after every tile, the warp merges: max-over-lanes queue
+// length insertions, all lanes together (a lane with fewer pushes inserts empty keys, a no-op).
+// The warp pays the longest queue, not the union of every lane's insertions. Exact: the K-th best
+// only falls, so a stale one admits more candidates, never fewer.
+// ---------------------------------------------------------------------------------------------
+
+typedef unsigned long long knn_key;
+#define KEY_EMPTY 0x7f800000ffffffffULL  // (inf, no index): above every real key, never output
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ knn_key make_key(float d, int i) {
+  return ((knn_key)__float_as_uint(d) << 32) | (knn_key)(unsigned)(i + 1);
+}
+
+__device__ __forceinline__ float key_dist(knn_key key) { return __uint_as_float((unsigned)(key >> 32)); }
+
+// insert c into the ascending list (a no-op when c is not below key[KP - 1], e.g. KEY_EMPTY)
+template <int KP>
+__device__ __forceinline__ void net_insert(knn_key (&key)[KP], knn_key c) {
+  bool below_hi = c < key[KP - 1];
+#pragma unroll
+  for (int m = KP - 1; m > 0; --m) {
+    const bool below_lo = c < key[m - 1];
+    key[m] = below_hi ? (below_lo ? key[m - 1] : c) : key[m];
+    below_hi = below_lo;
+  }
+  key[0] = below_hi ? c : key[0];
+}
+
+// merge every lane's queue into its list: the warp's longest queue many insertions
+template <int KP, int Q>
+__device__ __forceinline__ void flush_queue(knn_key (&key)[KP], knn_key (&queue)[Q], int& waiting) {
+  const int rounds = (int)__reduce_max_sync(FULL_MASK, (unsigned)waiting);
+  for (int t = 0; t < rounds; ++t) {
+    net_insert<KP>(key, queue[0]);
+#pragma unroll
+    for (int m = 0; m + 1 < Q; ++m) queue[m] = queue[m + 1];
+    queue[Q - 1] = KEY_EMPTY;
+  }
+  waiting = 0;
+}
+
+template <int QB, int KP, int Q>
+__device__ __forceinline__ void knn_body_keys(
+    const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
+    const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
+    const float* __restrict__ r_sorted,     // (B, Nr, 3) references in Morton order
+    const long long* __restrict__ r_perm,   // (B, Nr) original index of each sorted reference
+    const float* __restrict__ boxes,        // (B, S * sb, 8) tile boxes (min xyz, max xyz, -, -)
+    const float* __restrict__ sboxes,       // (B, S, 8) superblock boxes
+    const long long* __restrict__ q_len_p,  // (B,)
+    const long long* __restrict__ r_len_p,  // (B,)
+    float* __restrict__ dists,              // (B, Nq, k) out, ascending, inf padded
+    long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
+    int nq, int nr, int num_sb, int sb, int k) {
+  __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
+  const long long b = blockIdx.y;
+  const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
+  const int r_len = (int)min(max(r_len_p[b], 0LL), (long long)nr);
+  const int first = blockIdx.x * QB;
+  const int row = first + threadIdx.x;
+  const bool valid = row < q_len;
+  float qx = 0.0f, qy = 0.0f, qz = 0.0f;
+  if (valid) {
+    const float* q = q_sorted + (b * nq + row) * 3;
+    qx = q[0];
+    qy = q[1];
+    qz = q[2];
+  }
+  knn_key key[KP];
+#pragma unroll
+  for (int m = 0; m < KP; ++m) key[m] = m < KP - k ? 0ULL : KEY_EMPTY;
+  knn_key queue[Q > 0 ? Q : 1];
+#pragma unroll
+  for (int m = 0; m < (Q > 0 ? Q : 1); ++m) queue[m] = KEY_EMPTY;
+  int waiting = 0;
+
+  const int n_t = first < q_len ? (r_len + QB - 1) / QB : 0;
+  const int n_sb = (n_t + sb - 1) / sb;
+  const int num_tiles = num_sb * sb;
+  const long long t0 = ((long long)first * r_len / (q_len > 0 ? q_len : 1)) / QB;
+  const int sb0 = (int)min(t0 / sb, (long long)(n_sb > 0 ? n_sb - 1 : 0));
+  const float* r_base = r_sorted + b * (long long)nr * 3;
+  const long long* p_base = r_perm + b * (long long)nr;
+  for (int step = 0; step < n_sb; ++step) {
+    const int off = (step + 1) / 2;
+    int s = (step & 1) ? sb0 + off : sb0 - off;
+    s = (s + n_sb) % n_sb;
+    const bool want = valid && box_dist(sboxes + (b * num_sb + s) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
+    if (!__syncthreads_or(want)) continue;
+    const int t_end = min((s + 1) * sb, n_t);
+    for (int tile = s * sb; tile < t_end; ++tile) {
+      const bool need = want && box_dist(boxes + (b * num_tiles + tile) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
+      if (!__syncthreads_or(need)) continue;
+      const int base = tile * QB;
+      const int pos = base + threadIdx.x;
+      if (pos < r_len) {
+        tile_pts[threadIdx.x] = make_float4(r_base[pos * 3 + 0], r_base[pos * 3 + 1], r_base[pos * 3 + 2],
+                                            __int_as_float((int)p_base[pos]));
+      }
+      __syncthreads();
+      const int count = min(QB, r_len - base);
+      if (Q == 0) {
+        if (need) {
+          for (int j = 0; j < count; ++j) {
+            const float4 r = tile_pts[j];
+            const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
+            if (c < key[KP - 1]) net_insert<KP>(key, c);
+          }
+        }
+      } else {
+        // every lane runs the loop (count is the same for the block): the votes need the whole warp
+        for (int j = 0; j < count; ++j) {
+          const float4 r = tile_pts[j];
+          const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
+          const bool take = need && c < key[KP - 1];  // the K-th best as of the last merge
+#pragma unroll
+          for (int m = (Q > 0 ? Q : 1) - 1; m > 0; --m) queue[m] = take ? queue[m - 1] : queue[m];
+          queue[0] = take ? c : queue[0];
+          waiting += take;
+          if (__any_sync(FULL_MASK, waiting == Q)) {
+            flush_queue<KP, (Q > 0 ? Q : 1)>(key, queue, waiting);
+          }
+        }
+        if (__any_sync(FULL_MASK, waiting > 0)) flush_queue<KP, (Q > 0 ? Q : 1)>(key, queue, waiting);
+      }
+      __syncthreads();
+    }
+  }
+  if (row < nq) {
+    const long long orig = q_perm[b * nq + row];
+    const long long out = (b * nq + orig) * k;
+#pragma unroll
+    for (int m = 0; m < KP; ++m) {
+      if (m >= KP - k) {  // the k real slots
+        const bool found = valid && key[m] != KEY_EMPTY;
+        dists[out + m - (KP - k)] = found ? key_dist(key[m]) : F_INF;
+        idx[out + m - (KP - k)] = found ? (long long)(unsigned)key[m] - 1LL : -1LL;
+      }
+    }
+  }
+}
+
+// knn_<variant>_q<QB>_k<KP>: variant net (Q = 0) or wq<Q>; MINB = __launch_bounds__ minimum blocks
+#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, Q, MINB)                                                    \
+  extern "C" __global__ void __launch_bounds__(QB, MINB) NAME(                                         \
+      const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm, \
+      const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,       \
+      float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                     \
+    knn_body_keys<QB, KP, Q>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists,  \
+                             idx, nq, nr, num_sb, sb, k);                                              \
+  }
+
+#define PCOPS_KNN_KEYS_ENTRIES(VARIANT, Q, MINB)                        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k1, 32, 1, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k2, 32, 2, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k4, 32, 4, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k8, 32, 8, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k16, 32, 16, Q, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k32, 32, 32, Q, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k1, 64, 1, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k2, 64, 2, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k4, 64, 4, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k8, 64, 8, Q, MINB)     \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k16, 64, 16, Q, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k32, 64, 32, Q, MINB)
+
+PCOPS_KNN_KEYS_ENTRIES(net, 0, 1)
+PCOPS_KNN_KEYS_ENTRIES(wq2, 2, 1)
+PCOPS_KNN_KEYS_ENTRIES(wq4, 4, 1)
+PCOPS_KNN_KEYS_ENTRIES(wq8, 8, 1)

@@ -540,6 +540,104 @@ def test_gpu_knn_cuda_kernel_ties_and_k(k, tile, group):
         assert torch.equal(d, d_ref)
 
 
+def _nvrtc_ptx(source, name):
+    """PTX of ``source`` for compute_90 (NVRTC, no GPU)."""
+    import ctypes
+
+    from pcops import _nvrtc
+
+    lib = _nvrtc.nvrtc()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None) == 0
+    try:
+        opts = [b"--gpu-architecture=compute_90", b"--std=c++17", b"-default-device"]
+        assert lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) == 0
+        size = ctypes.c_size_t()
+        assert lib.nvrtcGetPTXSize(prog, ctypes.byref(size)) == 0
+        buf = ctypes.create_string_buffer(size.value)
+        assert lib.nvrtcGetPTX(prog, buf) == 0
+        return buf.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def test_cuda_knn_variants_compile_without_local_memory():
+    """Every variant's kernels exist for every tile and KP, and the 64-bit-key variants keep their
+    top K in registers (no ``.local`` array in their PTX: a run-time index into the list would put
+    it in local memory, as it does for the "sorted" kernels with KP < 32). Bad variant -> ValueError."""
+    try:
+        from pcops import _nvrtc
+
+        _nvrtc.nvrtc()
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC not installed: {e}")
+    from pcops.cuda import knn as cuda_knn
+
+    ptx = _nvrtc_ptx((_nvrtc.CSRC_DIR / "knn.cu").read_text(), "knn.cu")
+    bodies = {}
+    for chunk in ptx.split(".entry ")[1:]:
+        bodies[chunk.split("(", 1)[0].strip()] = chunk.split("\n}", 1)[0]
+    for variant in cuda_knn.VARIANTS:
+        for tile in cuda_knn.TILES:
+            for kp in (1, 2, 4, 8, 16, 32):
+                name = f"knn_{variant}_q{tile}_k{kp}"
+                assert name in bodies, name
+                if variant != "sorted":
+                    assert ".local" not in bodies[name], name
+    with pytest.raises(ValueError, match="variant"):
+        cuda_knn._options(100, None, None, "bogus")
+    with pytest.raises(ValueError, match="tile"):
+        cuda_knn._options(100, 48, None, None)
+    assert cuda_knn._options(100, None, None, None) == (cuda_knn._QB, 4, cuda_knn._VARIANT)
+
+
+def tie_grid_clouds(batch, n, seed, device):
+    """Points on a coarse integer grid (many exactly equal distances), uneven lengths."""
+    g = generator(seed)
+    pts = torch.randint(-3, 4, (batch, n, 3), generator=g).float()
+    lengths = torch.randint(1, n + 1, (batch,), generator=g)
+    lengths[0] = n
+    return pts.to(device), lengths.to(device)
+
+
+@pytest.mark.parametrize("variant", ["sorted", "net", "wq2", "wq4", "wq8"])
+@pytest.mark.parametrize("k,tile,group", [(1, 32, 4), (16, 32, 4), (32, 32, 4), (5, 64, 8), (16, 64, 3), (17, 32, 1), (32, 64, 16)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_cuda_variants_match_reference(variant, k, tile, group):
+    """Each top-K variant of csrc/knn.cu against the reference, bit for bit: several clouds with
+    uneven lengths, duplicate points and grid points (ties: lowest index first), cross and self."""
+    from pcops.cuda import knn as cuda_knn
+
+    q, ql = make_clouds(3, 2500, seed=60 + k, scale=6.0, duplicates=True, device="cuda")
+    r, rl = make_clouds(3, 1800, seed=70 + k, scale=6.0, duplicates=True, device="cuda")
+    g, gl = tie_grid_clouds(2, 1500, seed=80 + k, device="cuda")
+    for a, b, la, lb in ((q, r, ql, rl), (q, q, ql, ql), (g, g, gl, gl), (r[:, :7], r, rl.clamp(max=7), rl)):
+        d, i = cuda_knn.knn(a, b, la, lb, k, tile=tile, group=group, variant=variant)
+        d_ref, i_ref = ref.knn(a, b, la, lb, k)
+        assert torch.equal(i, i_ref), (variant, k, tile, group)
+        assert torch.equal(d, d_ref), (variant, k, tile, group)
+
+
+@pytest.mark.parametrize("variant", ["net", "wq2", "wq4", "wq8"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_cuda_variants_kitti_k1_shape(variant):
+    """The K1 shape (8 clouds of 16,384 KITTI points, self-KNN, K = 16 and 32): each variant
+    gives exactly the default kernel's output (which the other tests pin to the reference)."""
+    from pcops.cuda import knn as cuda_knn
+
+    scan = load_scan_xyz().cuda()
+    g = generator(0)
+    clouds = torch.stack([scan[torch.randperm(scan.shape[0], generator=g)[:16384].cuda()] for _ in range(8)]).contiguous()
+    lengths = torch.full((8,), 16384, device="cuda")
+    lengths[3] = 9001  # one uneven cloud
+    for k in (16, 32):
+        d0, i0 = cuda_knn.knn(clouds, clouds, lengths, lengths, k, variant="sorted")
+        d, i = cuda_knn.knn(clouds, clouds, lengths, lengths, k, variant=variant)
+        assert torch.equal(i, i0) and torch.equal(d, d0), (variant, k)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_kitti_and_backward():

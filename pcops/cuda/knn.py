@@ -24,6 +24,17 @@ _QB = 32
 TILES = (32, 64)
 MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two of K, up to 32)
 
+# top-K code shape (csrc/knn.cu; kernel knn_<variant>_q<tile>_k<KP>), all exact and identical:
+# "sorted": (distance, index) arrays with a compare-and-swap chain; for KP < 32 the compiler keeps
+#   them in local memory (the K-th best is read at the run-time index k - 1).
+# "net": 64-bit keys right-aligned in KP slots (the K-th best is always the last slot: registers
+#   only), inserted on the spot with a select network.
+# "wq2" / "wq4" / "wq8": "net" plus warp queues of 2 / 4 / 8 keys per thread, merged by the whole
+#   warp when one lane's queue is full and after every tile (the warp pays the longest queue, not
+#   every lane's insertions one after the other).
+VARIANTS = ("sorted", "net", "wq2", "wq4", "wq8")
+_VARIANT = "sorted"
+
 
 def _group(n: int) -> int:
     """Tiles per superblock for clouds of ``n`` reference points (measured: 4 for 16k, 8 for 120k)."""
@@ -49,7 +60,7 @@ def supported(query: torch.Tensor, k: int) -> bool:
 
 def knn(
     query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int,
-    tile: int | None = None, group: int | None = None,
+    tile: int | None = None, group: int | None = None, variant: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``pcops.triton.sampling.knn`` for ``K ≤ 32``; no host synchronisation.
 
@@ -59,13 +70,12 @@ def knn(
         k: ``1 ≤ K ≤ 32``.
         tile: queries per block = references per tile, 32 or 64 (default ``_QB``).
         group: tiles per superblock (default: 4 up to 32,768 reference points, else 8).
+        variant: top-K code shape, one of ``VARIANTS`` (default ``_VARIANT``); same results.
     Returns:
         ``(dists (B, Nq, K) float32, idx (B, Nq, K) int64)``, ascending, ``inf`` / −1 padded.
         Launches: the Morton sort of each side (about 14 small ops; a self-KNN with one lengths
         tensor sorts once) and one search kernel.
     """
-    from ..triton.sampling import _morton_sort
-
     batch, nq, _ = query.shape
     nr = ref.shape[1]
     dists = torch.empty((batch, nq, k), dtype=torch.float32, device=query.device)
@@ -74,21 +84,47 @@ def knn(
         return dists, idx
     if nr == 0:
         return dists.fill_(float("inf")), idx.fill_(-1)
+    tile, group, variant = _options(nr, tile, group, variant)
+    prepared = prepare(query, ref, query_lengths, ref_lengths, tile, group)
+    search(prepared, query_lengths, ref_lengths, dists, idx, k, tile, group, variant)
+    return dists, idx
+
+
+def _options(nr: int, tile: int | None, group: int | None, variant: str | None) -> tuple[int, int, str]:
     tile = _QB if tile is None else tile
     group = _group(nr) if group is None else group
+    variant = _VARIANT if variant is None else variant
     if tile not in TILES or group < 1:
         raise ValueError(f"tile, group: expected tile in {TILES} and group >= 1, got {tile}, {group}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    return tile, group, variant
+
+
+def prepare(query, ref, query_lengths, ref_lengths, tile: int, group: int) -> tuple:
+    """The Morton sort of both sides (one for a self-KNN): ``(q_sorted, q_perm, r_sorted, r_perm,
+    boxes, superboxes)``. Split from ``search`` so a benchmark can time each part."""
+    from ..triton.sampling import _morton_sort
+
     r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, tile, group)
     same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query_lengths.data_ptr() == ref_lengths.data_ptr()
     if same:  # self-KNN: one sort serves both sides
         q_sorted, q_perm = r_sorted, r_perm
     else:
         q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, tile)
+    return q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes
+
+
+def search(prepared: tuple, query_lengths, ref_lengths, dists, idx, k: int, tile: int, group: int, variant: str) -> None:
+    """One launch of the search kernel ``knn_<variant>_q<tile>_k<KP>`` on ``prepare``'s output,
+    writing ``dists`` and ``idx`` (``(B, Nq, K)``; ``Nq ≥ 1``, ``Nr ≥ 1``)."""
+    q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes = prepared
+    batch, nq, _ = q_sorted.shape
+    nr = r_sorted.shape[1]
     kp = triton.next_power_of_2(k)
-    kernel = get_kernel("knn.cu", f"knn_sorted_q{tile}_k{kp}", query.device)
+    kernel = get_kernel("knn.cu", f"knn_{variant}_q{tile}_k{kp}", q_sorted.device)
     kernel(
         (triton.cdiv(nq, tile), batch), (tile,),
         [q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, query_lengths, ref_lengths, dists, idx,
          ctypes.c_int(nq), ctypes.c_int(nr), ctypes.c_int(superboxes.shape[1]), ctypes.c_int(group), ctypes.c_int(k)],
     )
-    return dists, idx
