@@ -84,8 +84,9 @@ def timed(fn, rep, quick, warm=None):
 # variant, smallest cluster size (fps_tile_* takes the fewest CTAs that hold the cloud, at least
 # this many), code shape of the fps_tile step (cu._TILE_OPTS), warps per CTA, and M when smaller
 # than the workload's (per-step cost over the run: early steps update more groups).
-def _v(variant, cluster=1, opt="", warps=16, samples=None, groups=1, unroll=None):
-    return dict(variant=variant, cluster=cluster, opt=opt, warps=warps, samples=samples, groups=groups, unroll=unroll)
+def _v(variant, cluster=1, opt="", warps=16, samples=None, groups=1, unroll=None, early=False):
+    return dict(variant=variant, cluster=cluster, opt=opt, warps=warps, samples=samples, groups=groups, unroll=unroll,
+                early=early)
 
 
 FPS_VARIANTS = {
@@ -95,9 +96,12 @@ FPS_VARIANTS = {
            _v("tile", 2, warps=8), _v("tile_async", 2, warps=8), _v("tile", 4, warps=4),
            _v("tile_async", 4, warps=4), _v("tile", warps=8, groups=2), _v("tile", opt="shfl", warps=8, groups=2),
            _v("tile", opt="leader", warps=8, groups=2), _v("pruned"),
-           # fps_tile_md_u<U>_c1: min-distances in shared memory, no jump tables (cu._tile_md_unroll = U)
+           # fps_tile_md[_e]_u<U>_c1: min-distances in shared memory, no jump tables (cu._tile_md_unroll = U,
+           # cu._tile_md_early: the warp max without its own redux)
            _v("tile_md", unroll=1), _v("tile_md", unroll=2), _v("tile_md", unroll=4),
-           _v("tile_md", unroll=2, samples=1024), _v("tile_md", unroll=2, samples=2048)],
+           _v("tile_md", unroll=2, samples=1024), _v("tile_md", unroll=2, samples=2048),
+           _v("tile_md", unroll=1, early=True), _v("tile_md", unroll=2, early=True), _v("tile_md", unroll=4, early=True),
+           _v("tile_md", unroll=2, early=True, samples=1024)],
     "F2": [_v("tile", 8), _v("tile_async", 8), _v("tile_async", 8, "shfl"), _v("tile_async", 8, "unroll"),
            _v("tile_async", 8, "shfl_unroll"), _v("tile_async", 8, samples=4096), _v("pruned")],
 }
@@ -110,18 +114,19 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
     from pcops.cuda import sampling as cu
 
     out = []
-    saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll)
+    saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
+             cu._tile_md_early)
     ok = cu.fps_supported(pts)
     for v in FPS_VARIANTS[wl[:2]] if ok else []:
         variant, opt, warps = v["variant"], v["opt"], v["warps"]
         samples = v["samples"] or m
         cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps = variant, v["cluster"], opt, warps
         cu._tile_groups = v["groups"]
-        cu._tile_md_unroll = v["unroll"] or cu._tile_md_unroll
+        cu._tile_md_unroll, cu._tile_md_early = v["unroll"] or cu._tile_md_unroll, v["early"]
         fps = lambda mm=samples: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
         cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
         unroll = v["unroll"]
-        label = (f"fps {variant}{'_' + opt if opt else ''}{f'_u{unroll}' if unroll else ''}"
+        label = (f"fps {variant}{'_' + opt if opt else ''}{'_e' if v['early'] else ''}{f'_u{unroll}' if unroll else ''}"
                  f"{f' w{warps}' if warps != 16 else ''}"
                  f"{'g2' if v['groups'] == 2 else ''} c{cluster}")
         if cluster is None:
@@ -140,7 +145,8 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
         out.append(row(wl, label, t, items=pts.shape[0] * samples, unit="samples/s",
                        baseline=base if samples == m else None, identical_to_triton=same, kernel=launch,
                        us_per_step=per_step))
-    cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll = saved
+    (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
+     cu._tile_md_early) = saved
     if ok and wl.startswith("F1"):
         try:
             notes["fps_probe (cycles per dependent op)"] = cu.probe(pts.device)

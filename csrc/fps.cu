@@ -1208,7 +1208,7 @@ __device__ __forceinline__ void tmd_load(int j, int q, int lane, const float* xs
   }
 }
 
-template <int U>
+template <int U, bool E>
 __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, const long long* __restrict__ order,
                                             const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out, int n,
@@ -1319,6 +1319,10 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
     unsigned need = __ballot_sync(FULL_MASK, !(lower > gmax));
     const bool changed = need != 0u;
+    // E: the largest max of the groups that do not change, reduced while the others update; the
+    // warp max is then one integer max away from the updates' redux results
+    const int kept = E ? redux_max_s32(((need >> lane) & 1u) ? (-2147483647 - 1) : __float_as_int(gmax)) : 0;
+    int upd = -2147483647 - 1;  // E: the largest new maximum of the updated groups
     // 2. update them, U groups per batch (a short batch repeats its last group: same values)
     while (need) {
       int js[U];
@@ -1354,11 +1358,12 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (lane == js[u]) gmax = __int_as_float(gm[u]);
+        if (E) upd = max(upd, gm[u]);
       }
     }
     // 3. the warp's record, rebuilt only if one of its groups changed
     if (changed) {
-      const int rd = redux_max_s32(__float_as_int(gmax));
+      const int rd = E ? max(kept, upd) : redux_max_s32(__float_as_int(gmax));
       c_rd = rd;
       owner = lane == 0;
       if (rd >= 0) {
@@ -1404,12 +1409,13 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     const unsigned crd_par = crd_base + (unsigned)parity * (W * 16);
     if (owner) {
       store_shared_v2(key_par + (unsigned)warp * 8u, c_rd, (unsigned)c_q);
-      store_shared_v4(crd_par + (unsigned)warp * 16u, c_x, c_y, c_z);
+      store_shared_v4(crd_par + (unsigned)warp * 16u, c_x, c_y, c_z, __int_as_float(c_q));
     }
     __syncthreads();
     // 5. every warp reduces the 16 records: the largest distance, then the lowest original index
     const int2 k = load_shared_v2(key_par + (unsigned)(lane & (W - 1)) * 8u);
-    const float4 c = load_shared_v4(crd_par + (unsigned)(lane & (W - 1)) * 16u);
+    float4 c = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!E) c = load_shared_v4(crd_par + (unsigned)(lane & (W - 1)) * 16u);
     const int kd = lane < W ? k.x : (-2147483647 - 1);
     const int gd = redux_max_s32(kd);
     const unsigned win = __ballot_sync(FULL_MASK, kd == gd);
@@ -1419,10 +1425,18 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       const unsigned low = redux_min_u32(oi);
       from = __ffs(__ballot_sync(FULL_MASK, kd == gd && oi == low)) - 1;
     }
-    selq = __shfl_sync(FULL_MASK, k.y, from);
-    cx = __shfl_sync(FULL_MASK, c.x, from);
-    cy = __shfl_sync(FULL_MASK, c.y, from);
-    cz = __shfl_sync(FULL_MASK, c.z, from);
+    if constexpr (E) {  // the winner's record read by every lane (a broadcast load, not 4 shuffles)
+      const float4 w = load_shared_v4(crd_par + (unsigned)from * 16u);
+      selq = __float_as_int(w.w);
+      cx = w.x;
+      cy = w.y;
+      cz = w.z;
+    } else {
+      selq = __shfl_sync(FULL_MASK, k.y, from);
+      cx = __shfl_sync(FULL_MASK, c.x, from);
+      cy = __shfl_sync(FULL_MASK, c.y, from);
+      cz = __shfl_sync(FULL_MASK, c.z, from);
+    }
     // sorted positions leave in coalesced batches of 32 (warp 0), translated after the loop
     if (warp == 0) {
       if (lane == (s & 31)) pending = selq;
@@ -1439,12 +1453,17 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   }
 }
 
-#define FPS_TILE_MD_ENTRY(U)                                                                                 \
+#define FPS_TILE_MD_ENTRY(NAME, U, E)                                                                         \
   extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1)                                         \
-      fps_tile_md_u##U##_c1(const float* points, const long long* order, const long long* lengths,          \
-                            const long long* starts, long long* out, int n, int num_samples, int cap) {      \
-    fps_tile_md<U>(points, order, lengths, starts, out, n, num_samples, cap);                             \
+      NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,   \
+           long long* out, int n, int num_samples, int cap) {                                               \
+    fps_tile_md<U, E>(points, order, lengths, starts, out, n, num_samples, cap);                          \
   }
-FPS_TILE_MD_ENTRY(1)
-FPS_TILE_MD_ENTRY(2)
-FPS_TILE_MD_ENTRY(4)
+FPS_TILE_MD_ENTRY(fps_tile_md_u1_c1, 1, false)
+FPS_TILE_MD_ENTRY(fps_tile_md_u2_c1, 2, false)
+FPS_TILE_MD_ENTRY(fps_tile_md_u4_c1, 4, false)
+// _e_: the warp max from the kept groups' redux (issued before the updates) and the updates' own
+// maxima (saves the record's redux, ~60 cycles), the winner's record read by a broadcast load
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u1_c1, 1, true)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c1, 2, true)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u4_c1, 4, true)

@@ -721,7 +721,8 @@ def test_fps_cu_compiles_with_every_entry_point():
         for exchange in ("bar", "async"):
             assert cu._tile_kernel_name(cluster, exchange, "", warps).encode() in cubin
     for unroll in cu._TILE_MD_UNROLLS:
-        assert f"fps_tile_md_u{unroll}_c1".encode() in cubin
+        for early in (False, True):
+            assert cu._tile_md_kernel_name(unroll, early).encode() in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("tile_md", 8, 32, False) == "fps_pruned_c8_p32"
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
@@ -1064,11 +1065,12 @@ def lattice_clouds(batch, shape, seed):
     return torch.stack([grid[torch.randperm(grid.shape[0], generator=g)] for _ in range(batch)])
 
 
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("unroll", [1, 2, 4])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fps_tile_md(unroll, monkeypatch):
-    """fps_tile_md_u<U>_c1 launched directly: uneven lengths with duplicated points (ties; M > N:
+def test_gpu_fps_tile_md(unroll, early, monkeypatch):
+    """fps_tile_md[_e]_u<U>_c1 launched directly: uneven lengths with duplicated points (ties; M > N:
     -1 padding), one point, lattices (ties at every level, 16,384 points: register slots included),
     an F1-like batch; indices identical to the reference. Then through the op, where clouds over
     16,384 points take tile_async."""
@@ -1087,10 +1089,11 @@ def test_gpu_fps_tile_md(unroll, monkeypatch):
     for pts, lengths, start, expected in cases:
         m = expected.shape[1]
         out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
-        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll)
+        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, early)
         assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
+    monkeypatch.setattr(cu, "_tile_md_early", early)
     for batch, n, m in [(8, 16384, 256), (2, 40000, 256)]:
         pts, lengths, start, expected = fps_case(batch, n, m)
         assert torch.equal(pcops.farthest_point_sample(pts, m, lengths, start, backend="cuda"), expected)

@@ -27,7 +27,7 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   better): ``_tile_opt`` (shuffle-tree reductions, unrolled slot loops, a leader warp reducing the
   records in one CTA), ``_tile_warps`` / ``_tile_groups`` (8 warps x 2 CTAs, 4 warps x 4 CTAs, or
   8 warps of 64 points per lane in one CTA for 16k clouds).
-- ``"tile_md"`` (``fps_tile_md_u<U>_c1``, ``_tile_md_unroll``): clouds of up to 16,384 points in one
+- ``"tile_md"`` (``fps_tile_md[_e]_u<U>_c1``, ``_tile_md_unroll``, ``_tile_md_early``): clouds of up to 16,384 points in one
   CTA with the min-distances in shared memory too (no jump tables on the step: see the kernel's
   notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``.
 """
@@ -65,6 +65,7 @@ _TILE_G2_OPTS = ("", "shfl", "leader")
 # no jump tables on the step, U needed groups updated per batch; larger clouds take "tile_async"
 _TILE_MD_UNROLLS = (1, 2, 4)
 _tile_md_unroll = 2
+_tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _TILE_MD_SMEM_POINTS = 27 * 512  # TMD_SMEM_POINTS in csrc/fps.cu
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -311,16 +312,22 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
 
 
-def _launch_tile_md(inputs: _Inputs, unroll: int | None = None) -> None:
-    """``fps_tile_md_u<U>_c1`` (one CTA per cloud of at most 16,384 points, cuLaunchKernel) with
-    ``16 * cap`` bytes of dynamic shared memory, ``cap = min(N rounded up to 32, 13,824)``."""
+def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None) -> str:
+    """``fps_tile_md[_e]_u<U>_c1`` (defaults ``_tile_md_unroll``, ``_tile_md_early``)."""
     unroll = _tile_md_unroll if unroll is None else unroll
+    early = _tile_md_early if early is None else early
     if unroll not in _TILE_MD_UNROLLS:
         raise ValueError(f"fps_tile_md is compiled for unroll in {_TILE_MD_UNROLLS}, got {unroll}")
+    return f"fps_tile_md{'_e' if early else ''}_u{unroll}_c1"
+
+
+def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | None = None) -> None:
+    """``fps_tile_md[_e]_u<U>_c1`` (one CTA per cloud of at most 16,384 points, cuLaunchKernel) with
+    ``16 * cap`` bytes of dynamic shared memory, ``cap = min(N rounded up to 32, 13,824)``."""
+    name = _tile_md_kernel_name(unroll, early)
     batch, n, _ = inputs.points.shape
     if n > _TILE_CAP:
         raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per cloud, got {n}")
-    name = f"fps_tile_md_u{unroll}_c1"
     device = inputs.points.device
     kernel = get_kernel("fps.cu", name, device)
     if (name, device) not in _tile_smem_set:
