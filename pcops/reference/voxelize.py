@@ -2,15 +2,21 @@
 
 First come, first served (spconv's CPU voxelizer / mmcv's deterministic mode), vectorised:
 
-1. voxel of each point: ``floor((p - range_min) / voxel_size)`` in float32, in range iff
-   ``range_min <= p < range_max`` and ``0 <= c < grid`` (NaN/inf fail the comparisons);
-2. one packed int64 key per in-range point, ``((b * gz + z) * gy + y) * gx + x``;
-3. one *stable* sort of the keys (in point order): equal keys become contiguous runs in point
-   order, so the first element of a run is the voxel's first point and the offset inside the
-   run is the point's rank in its voxel;
-4. voxels are numbered by their first point (a prefix count of "first point" flags), which
-   is sample-major because samples are contiguous runs of points; the per-sample cap
-   ``max_voxels`` keeps the first ones, the per-voxel cap keeps ranks ``< max_points_per_voxel``.
+1. cell of each point: ``floor((p - range_min) / voxel_size)`` in float32, in range iff
+   ``range_min <= p < range_max`` and ``cell < grid`` (NaN/inf fail the comparisons; ``cell >= 0``
+   follows from ``p >= range_min``);
+2. one packed key per in-range point, ``((b * gz + z) * gy + y) * gx + x`` (int32 when it fits);
+3. one *stable* sort of the keys: equal keys become contiguous runs in point order, so a run is
+   a voxel, its first element the voxel's first point, and the offset inside the run a point's
+   rank in its voxel;
+4. voxels are numbered by their first point (a prefix count of "first point" flags), which is
+   sample-major because samples are contiguous runs of points; the per-sample cap
+   ``max_voxels`` keeps the first ones, the per-voxel cap keeps ranks ``< max_points_per_voxel``;
+5. the outputs are scattered from sorted order: point ``(row, rank)`` goes to ``voxels[row, rank]``.
+
+Written for one CPU thread too (the data-loader path): each step is one pass of a vectorised
+torch op over ``N`` (points), ``K`` (in-range points) or ``V`` (voxels) elements, and the
+choices below are measured on a KITTI scan (N = 120k, K = 62k, V = 15k), not style.
 """
 from __future__ import annotations
 
@@ -53,26 +59,39 @@ def voxel_coords(
     hi = torch.tensor(point_cloud_range[3:], **col)[:, None]
     vs = torch.tensor(voxel_size, **col)[:, None]
     grid = torch.tensor(grid_size(voxel_size, point_cloud_range), **col)[:, None]
-    cell = torch.floor((xyz - lo) / vs)
-    ok = (xyz >= lo) & (xyz < hi) & (cell < grid)
-    return cell, ok[0] & ok[1] & ok[2]
-
-
-def _take(t: torch.Tensor, index: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """``t[index]`` along ``dim`` (``index_select``: several times faster than advanced indexing on the CPU)."""
-    return t.index_select(dim, index)
+    cell = (xyz - lo).div_(vs).floor_()
+    # the three tests as 1.0 / 0.0 and their product: comparisons written to float32 are
+    # vectorised on the CPU, ~4x faster than to bool
+    ok = torch.ge(xyz, lo, out=torch.empty_like(xyz))
+    test = torch.lt(xyz, hi, out=torch.empty_like(xyz))  # (xyz may be a view of points: not in place)
+    ok *= test
+    ok *= torch.lt(cell, grid, out=test)
+    return cell, (ok[0] * ok[1] * ok[2]).bool()
 
 
 _ROW_DTYPES = {4: torch.int32, 8: torch.int64, 16: torch.complex128}  # one element per row of that many bytes
 
 
-def _take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t[index]`` for a contiguous ``(R, C)`` ``t``; rows of 4, 8 or 16 bytes are copied as one
-    element each (a plain bit copy: ~3x faster than ``index_select`` of short rows on the CPU)."""
+def _as_elements(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``(R, C)`` ``t`` as ``(R,)`` elements of one row each when a row is 4, 8 or 16
+    bytes (a bit copy moves it: ~3x faster than moving ``C`` short elements on the CPU); else ``t``."""
     row_dtype = _ROW_DTYPES.get(t.shape[1] * t.element_size())
     if row_dtype is None or not t.is_contiguous():
-        return _take(t, index)
-    return _take(t.view(row_dtype).view(-1), index).view(t.dtype).view(-1, t.shape[1])
+        return t
+    return t.view(row_dtype).view(-1)
+
+
+def _take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[index]`` for a ``(R, C)`` ``t`` (``index_select``: several times faster than advanced
+    indexing on the CPU)."""
+    return _as_elements(t).index_select(0, index).view(t.dtype).view(-1, t.shape[1])
+
+
+def _put_rows(rows: int, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A ``(rows, C)`` tensor of zeros with ``out[index] = values``."""
+    out = values.new_zeros((rows, values.shape[1]))
+    _as_elements(out).index_copy_(0, index, _as_elements(values))
+    return out
 
 
 def _put(n: int, index: torch.Tensor, values: torch.Tensor, fill) -> torch.Tensor:
@@ -81,66 +100,59 @@ def _put(n: int, index: torch.Tensor, values: torch.Tensor, fill) -> torch.Tenso
 
 
 def _fcfs(points, voxel_size, point_cloud_range, lengths):
-    """Voxel numbering in first-point order.
+    """The occupied voxels, numbered in first-point order.
 
-    Returns ``(idx (K,) in-range point indices ascending, vid (K,) voxel of each in first-point
-    order, rank (K,) rank in its voxel in point order, count (V,) points per voxel,
-    vb (V,) sample of each voxel, vcell (3, V) int (x, y, z) of each voxel, b (K,) sample of
-    each in-range point)``.
+    Returns ``(point, run, rank, vid, count, vb, vcell)``. Per in-range point, in key-sorted
+    order (a voxel's points are a contiguous run, in point order): ``point (K,)`` int64 its
+    index, ``run (K,)`` int64 its run, ``rank (K,)`` int32 its rank in the voxel. Per run:
+    ``vid (V,)`` int32 its voxel number. Per voxel (indexed by number): ``count (V,)`` int64 its
+    points, ``vb (V,)`` int64 its sample, ``vcell (3, V)`` int32 its ``(x, y, z)``.
+    Index arithmetic is int32 where it fits (int64 ops are several times slower on the CPU).
     """
     gx, gy, gz = grid_size(voxel_size, point_cloud_range)
     batch = 1 if lengths is None else lengths.numel()
     device = points.device
     cell, ok = voxel_coords(points, voxel_size, point_cloud_range)
     if lengths is not None:
-        b_all = sample_ids(lengths, points.shape[0], device)
-        ok = ok & (b_all < batch)
+        b = sample_ids(lengths, points.shape[0], device)
+        ok &= b < batch
     idx = ok.nonzero().squeeze(1)
-    c = _take(cell, idx, 1).to(torch.int32)  # (3, K) x, y, z
-    # packed key ((b * gz + z) * gy + y) * gx + x; int32 (a faster sort) when it fits
-    if batch * gx * gy * gz >= 2**31:
-        c = c.long()
-    key = (c[2] * gy + c[1]) * gx + c[0]
+    # packed key ((b * gz + z) * gy + y) * gx + x; int32 (a faster sort) when it fits. Computed
+    # for every point (cells out of range convert to garbage, never read) and gathered once
+    cell = cell.to(torch.int32 if batch * gx * gy * gz < 2**31 else torch.int64)
+    key = torch.add(cell[0], torch.add(cell[1], cell[2], alpha=gy), alpha=gx).index_select(0, idx)
     if lengths is not None:
-        b = _take(b_all, idx)
-        key = key + b.to(key.dtype) * (gx * gy * gz)
-    else:
-        b = None  # one sample
+        key += b.index_select(0, idx).to(key.dtype) * (gx * gy * gz)
     sk, perm = torch.sort(key, stable=True)  # runs of equal keys, each run in point order
-    num = sk.numel()
-    head = torch.ones(num, dtype=torch.bool, device=device)
-    head[1:] = sk[1:] != sk[:-1]
-    run = torch.cumsum(head, 0) - 1  # run (voxel in key order) of each sorted position
-    heads = head.nonzero().squeeze(1)
-    first_pos = _take(perm, heads)  # position (in idx) of each voxel's first point, key order
-    count = torch.diff(heads, append=heads.new_tensor([num]))
-    # number the voxels by first point: a prefix count of the "first point" flags (no sort)
-    nv = first_pos.numel()
-    is_first = torch.zeros(num, dtype=torch.bool, device=device).index_fill_(0, first_pos, True)
-    vid_of_run = (torch.cumsum(is_first, 0) - 1).index_select(0, first_pos)
-    order = _put(nv, vid_of_run, torch.arange(nv, device=device), 0)  # voxel (key order) of each vid
-    rank_sorted = torch.arange(num, device=device) - _take(heads, run)
-    vid = _put(num, perm, _take(vid_of_run, run), 0)
-    rank = _put(num, perm, rank_sorted, 0)
-    fpos = _take(first_pos, order)
-    vb = torch.zeros(nv, dtype=torch.int64, device=device) if b is None else _take(b, fpos)
-    return idx, vid, rank, _take(count, order), vb, _take(c, fpos, 1), b
+    _, run, count = torch.unique_consecutive(sk, return_inverse=True, return_counts=True)
+    head = torch.cumsum(count, 0) - count  # sorted position of each run's first point
+    first = perm.index_select(0, head)  # position in idx of each run's first point
+    # number the runs by first point: a prefix count of "first point" flags over idx (no sort)
+    is_first = torch.zeros(idx.numel(), dtype=torch.int32, device=device).index_fill_(0, first, 1)
+    vid = (torch.cumsum(is_first, 0, dtype=torch.int32) - 1).index_select(0, first)
+    run_of_vid = _put(first.numel(), vid.long(), torch.arange(first.numel(), device=device), 0)
+    rank = torch.arange(sk.numel(), dtype=torch.int32, device=device) - head.to(torch.int32).index_select(0, run)
+    vfirst = idx.index_select(0, first.index_select(0, run_of_vid))  # first point of each voxel
+    vb = torch.zeros_like(vfirst) if lengths is None else b.index_select(0, vfirst)
+    vcell = cell.index_select(1, vfirst).to(torch.int32)
+    return idx.index_select(0, perm), run, rank, vid, count.index_select(0, run_of_vid), vb, vcell
 
 
-def _per_sample(b: torch.Tensor | None, batch: int, total: int, device) -> torch.Tensor:
-    """``(B,)`` int64 count of entries per sample (``b is None``: one sample of ``total``)."""
-    if b is None:
-        return torch.full((1,), total, dtype=torch.int64, device=device)
-    return torch.bincount(b, minlength=batch)[:batch]
+def _per_sample(index: torch.Tensor, values: torch.Tensor, batch: int) -> torch.Tensor:
+    """``(B,)`` int64 sums of ``values`` by sample ``index``."""
+    return torch.zeros(batch, dtype=torch.int64, device=values.device).index_add_(0, index, values.long())
 
 
-def _coords(vb: torch.Tensor, vcell: torch.Tensor, rows: int) -> torch.Tensor:
-    """``(rows, 4)`` int32 ``(b, z, y, x)``: the voxels first, then −1 rows."""
-    coords = torch.full((rows, 4), -1, dtype=torch.int32, device=vb.device)
-    m = vb.numel()
-    coords[:m, 0] = vb
-    coords[:m, 1:] = vcell.flip(0).t()
-    return coords
+def _coords(vb: torch.Tensor, vcell: torch.Tensor) -> torch.Tensor:
+    """``(V, 4)`` int32 ``(b, z, y, x)``."""
+    return torch.stack([vb.to(torch.int32), vcell[2], vcell[1], vcell[0]], 1)
+
+
+def _pad(t: torch.Tensor, rows: int, fill) -> torch.Tensor:
+    """``t`` followed by rows of ``fill`` up to ``rows`` rows."""
+    if rows <= t.shape[0]:
+        return t
+    return torch.cat([t, t.new_full((rows - t.shape[0],) + t.shape[1:], fill)])
 
 
 def voxelize(
@@ -160,33 +172,32 @@ def voxelize(
     n, num_channels = points.shape
     device = points.device
     batch = 1 if lengths is None else lengths.numel()
-    idx, vid, rank, count, vb, vcell, b = _fcfs(points, voxel_size, point_cloud_range, lengths)
-    nvox = _per_sample(vb, batch, vb.numel(), device)  # voxels are sample-major
+    point, run, rank, vid, count, vb, vcell = _fcfs(points, voxel_size, point_cloud_range, lengths)
+    # each sample keeps its first max_voxels voxels (voxels are sample-major): kept voxel kv[r]
+    # becomes row r
+    nvox = _per_sample(vb, torch.ones_like(vb), batch)
     start = torch.cumsum(nvox, 0) - nvox
-    local = torch.arange(vb.numel(), device=device) - _take(start, vb)
-    keep_v = local < max_voxels
+    keep_v = torch.arange(vb.numel(), device=device) - start.index_select(0, vb) < max_voxels
     kv = keep_v.nonzero().squeeze(1)
     m = kv.numel()
-    row_of_vid = (torch.cumsum(keep_v, 0) - 1).where(keep_v, -1)
-    keep_p = (_take(row_of_vid, vid) >= 0) & (rank < max_points_per_voxel)
-    kp = keep_p.nonzero().squeeze(1)
-    kidx, krow, krank = _take(idx, kp), _take(row_of_vid, _take(vid, kp)), _take(rank, kp)
+    row_of_vid = (torch.cumsum(keep_v, 0, dtype=torch.int32) - 1).where(keep_v, -1)
+    # each voxel keeps its first max_points_per_voxel points; row -1: dropped
+    row = row_of_vid.index_select(0, vid).index_select(0, run).where(rank < max_points_per_voxel, -1)
+    point_to_voxel = _put(n, point, row.long(), -1)
 
-    point_to_voxel = _put(n, kidx, krow, -1)
     total = batch * max_voxels if pad_to_max else m
-    # gather through a slot table (N = a zero row): cheaper than zero-fill + scatter
-    slot = _put(total * max_points_per_voxel, krow * max_points_per_voxel + krank, kidx, n)
-    padded = torch.cat([points, points.new_zeros((1, num_channels))])
-    voxels = _take_rows(padded, slot).view(total, max_points_per_voxel, num_channels)
-    coords = _coords(_take(vb, kv), _take(vcell, kv, 1), total)
-    num_points = torch.zeros(total, dtype=torch.int32, device=device)
-    num_points[:m] = _take(count, kv).clamp(max=max_points_per_voxel)
+    # point (row, rank) goes to slot row * max_points_per_voxel + rank; the dropped ones to a
+    # spare slot, cut off after
+    slot = torch.add(rank, row, alpha=max_points_per_voxel).where(row >= 0, total * max_points_per_voxel)
+    voxels = _put_rows(total * max_points_per_voxel + 1, slot.long(), _take_rows(points, point))
+    voxels = voxels[:-1].view(total, max_points_per_voxel, num_channels)
+    kept_count = count.index_select(0, kv).clamp(max=max_points_per_voxel)
+    coords = _pad(_take_rows(_coords(vb, vcell), kv), total, -1)
+    num_points = _pad(kept_count.to(torch.int32), total, 0)
 
     num_voxels = nvox.clamp(max=max_voxels)
-    num_dropped_voxels = nvox - num_voxels
-    in_range = _per_sample(b, batch, idx.numel(), device)
-    kept = _per_sample(None if b is None else _take(b, kp), batch, kp.numel(), device)
-    return voxels, coords, num_points, point_to_voxel, num_voxels, in_range - kept, num_dropped_voxels
+    dropped_points = _per_sample(vb, count, batch) - _per_sample(vb.index_select(0, kv), kept_count, batch)
+    return voxels, coords, num_points, point_to_voxel, num_voxels, dropped_points, nvox - num_voxels
 
 
 def dynamic_voxelize(
@@ -202,10 +213,10 @@ def dynamic_voxelize(
     """
     n = points.shape[0]
     batch = 1 if lengths is None else lengths.numel()
-    idx, vid, rank, count, vb, vcell, b = _fcfs(points, voxel_size, point_cloud_range, lengths)
-    point_to_voxel = _put(n, idx, vid, -1)
-    coords = _coords(vb, vcell, n if pad_to_max else vb.numel())
-    num_voxels = _per_sample(vb, batch, vb.numel(), points.device)
+    point, run, _, vid, _, vb, vcell = _fcfs(points, voxel_size, point_cloud_range, lengths)
+    point_to_voxel = _put(n, point, vid.long().index_select(0, run), -1)
+    coords = _pad(_coords(vb, vcell), n if pad_to_max else 0, -1)
+    num_voxels = _per_sample(vb, torch.ones_like(vb), batch)
     return point_to_voxel, coords, num_voxels
 
 
