@@ -137,7 +137,7 @@ def main():
                 graph=True)
         else:
             # static_shapes: no host sync for the strided map either (outputs padded to N·J rows)
-            fs = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw, static_shapes=True)
+            fs = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw, static_shapes=True, batch_size=1)
             ks = fs()
             m, p = expected[0].shape[0], int(ks.offsets[-1])
             ok = (torch.equal(ks.out_coords[:m], expected[0]) and torch.equal(ks.out_in[:m], expected[4])
@@ -147,7 +147,7 @@ def main():
             rows[-1].update(rows_allocated=ks.out_coords.shape[0])
             add("pcops static_shapes, CUDA graph", fs, graph=True)
             add("pcops launcher static_shapes, graph",
-                lambda: tri.sparse_conv_kernel_map(*ref_args, static_shapes=True), graph=True)
+                lambda: tri.sparse_conv_kernel_map(*ref_args, static_shapes=True, batch_size=1), graph=True)
 
     # the plain-torch convolution on the subm map (16 → 16 channels), forward
     km = pcops.sparse_conv_kernel_map(coords, SHAPE, 3, subm=True)

@@ -111,6 +111,7 @@ def sparse_conv_kernel_map(
     *,
     pad_pairs: bool = False,
     static_shapes: bool = False,
+    batch_size: Optional[int] = None,
 ) -> KernelMap:
     """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
     which kernel offset (spconv / torchsparse index generation).
@@ -143,7 +144,11 @@ def sparse_conv_kernel_map(
             3×3×3 stride 2, ``K`` for transposed), the ``M`` real rows first, exactly as in the
             default form, then rows of −1; the pair arrays get ``N·J`` entries (one pair per
             valid (input, offset), so ``P ≤ N·J``), −1 past ``P = offsets[K]``. ``M`` is
-            ``(out_coords[:, 0] >= 0).sum()``, on the device.
+            ``(out_coords[:, 0] >= 0).sum()``, on the device. Needs ``batch_size``.
+        batch_size: with ``static_shapes`` for a regular/transposed map, the number of samples
+            (batch indices ``0 … batch_size - 1``); the GPU marks outputs in a bitmap of that
+            many output grids (``batch_size · D'H'W' < 2^31``). Like an out-of-grid voxel, an
+            input of a later sample is an error on the CPU path and never an input on the GPU.
 
     Rules (per axis, ``k = (kz, ky, kx)`` with each index in ``[0, size)``):
         regular: output ``o`` receives input ``i`` through ``k`` iff ``i = o * stride -
@@ -184,8 +189,9 @@ def sparse_conv_kernel_map(
     - regular/transposed: 4 launches + ``torch.sort``'s; exactly **one** host sync, for the
       output count ``M`` (``P`` and the largest batch index are read with it), after the
       insert pass. ``pad_pairs`` changes only the pair arrays' length; with
-      ``static_shapes=True`` **none** (the unique output keys are sorted in an ``N·J``-long
-      buffer whose unused entries sort first; the lookup reads ``M`` on the device).
+      ``static_shapes=True`` **none**: 6 launches (fill; insert, candidates clearing their bit
+      in a bitmap of the output grids; a count and a ranking pass over the bitmap write the
+      output keys in order and ``M``; lookup and compaction read ``M`` on the device), no sort.
     """
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
     if type(subm) is not bool or type(transposed) is not bool or type(pad_pairs) is not bool:
@@ -201,13 +207,20 @@ def sparse_conv_kernel_map(
         raise TypeError(f"pad_pairs: expected a bool, got {type(pad_pairs).__name__}")
     if not isinstance(static_shapes, bool):
         raise TypeError(f"static_shapes: expected a bool, got {type(static_shapes).__name__}")
+    if static_shapes and not subm:
+        if batch_size is None:
+            raise ValueError("batch_size: static_shapes=True needs the number of samples for a regular or "
+                             "transposed map (the size of the output bitmap)")
+        batch_size = _checks.check_int("batch_size", batch_size, min_value=1)
+    else:
+        batch_size = 0
     if coords.dtype != torch.int32:
         coords = coords.to(torch.int32)
     if not coords.is_contiguous():
         coords = coords.contiguous()
     out_shape = op_args[1]
     out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
-        coords, *op_args, subm, transposed, pad_pairs, static_shapes
+        coords, *op_args, subm, transposed, pad_pairs, static_shapes, batch_size
     )
     return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
 
@@ -314,27 +327,28 @@ def _kernel_map(
     transposed: bool,
     pad_pairs: bool = False,
     static_shapes: bool = False,
+    batch_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _ref.sparse_conv_kernel_map(
         coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
-        static_shapes,
+        static_shapes, batch_size,
     )
 
 
 @_kernel_map.register_kernel("cuda")
 def _kernel_map_cuda(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
-                     pad_pairs=False, static_shapes=False):
+                     pad_pairs=False, static_shapes=False, batch_size=0):
     from .triton import kernel_map as impl
 
     return impl.sparse_conv_kernel_map(
         coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
-        static_shapes,
+        static_shapes, batch_size,
     )
 
 
 @_kernel_map.register_fake
 def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
-                     pad_pairs=False, static_shapes=False):
+                     pad_pairs=False, static_shapes=False, batch_size=0):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
     torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
     ctx = torch.library.get_ctx()

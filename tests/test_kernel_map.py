@@ -402,7 +402,7 @@ def test_static_shapes_public():
              (dict(kernel_size=(3, 2, 3), stride=(2, 1, 3), dilation=(1, 2, 2)), 2 * 2 * 1))
     for kwargs, per_input in cases:
         km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs)
-        ks = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs, static_shapes=True)
+        ks = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs, static_shapes=True, batch_size=2)
         m, k = km.out_in.shape
         p = int(km.offsets[-1])
         if kwargs.get("subm"):
@@ -418,14 +418,20 @@ def test_static_shapes_public():
         assert torch.equal(ks.offsets, km.offsets) and int((ks.out_coords[:, 0] >= 0).sum()) == m
     with pytest.raises(TypeError, match="static_shapes"):
         pcops.sparse_conv_kernel_map(coords, (5, 6, 7), static_shapes=1)
-    args = (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False, False, True)
+    with pytest.raises(ValueError, match="batch_size"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), stride=2, static_shapes=True)
+    with pytest.raises(ValueError, match="batch_size"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), stride=2, static_shapes=True, batch_size=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), stride=2, static_shapes=True, batch_size=1)
+    args = (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False, False, True, 2)
     torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
 
 
 def test_static_shapes_compile():
     """static_shapes under torch.compile(fullgraph=True): sizes known from N, equal to eager."""
     coords = make_coords(2, (5, 6, 7), 33, seed=27)
-    fn = lambda c: pcops.sparse_conv_kernel_map(c, (5, 6, 7), 3, 2, 1, static_shapes=True)
+    fn = lambda c: pcops.sparse_conv_kernel_map(c, (5, 6, 7), 3, 2, 1, static_shapes=True, batch_size=2)
     got = torch.compile(fn, fullgraph=True)(coords)
     expected = fn(coords)
     for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
@@ -443,10 +449,22 @@ def test_triton_interpreter_static_shapes(cfg, num):
     coords = make_coords(2, (5, 6, 7), num, seed=num + 28)
     _, args = _launch(coords[:0], (5, 6, 7), kernel, stride, padding, dilation, subm, transposed)
     args = (coords, *args[1:])
-    got = tri.sparse_conv_kernel_map(*args, static_shapes=True)
-    expected = ref.sparse_conv_kernel_map(*args, static_shapes=True)
+    got = tri.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2)
+    expected = ref.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2)
     for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
         assert a.dtype == b.dtype and torch.equal(a, b), name
+    if not subm and num:
+        # inputs of samples >= batch_size are never inputs: as if sample 1 were absent
+        got = tri.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=1)
+        rows = torch.nonzero(coords[:, 0] == 0).squeeze(1).int()
+        expected = ref.sparse_conv_kernel_map(coords[rows], *args[1:], static_shapes=True, batch_size=1)
+        cap = got[0].shape[0]
+        for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
+            if name in ("pair_in", "out_in"):  # rows of the subset → rows of coords
+                b = torch.where(b >= 0, rows[b.clamp(min=0).long()], b)
+            if name != "offsets":
+                b = torch.cat([b, b.new_full((cap - b.shape[0], *b.shape[1:]), -1)])
+            assert torch.equal(a, b), name
 
 
 @interpret
@@ -546,7 +564,7 @@ from pcops.triton import kernel_map as km
 
 PTRS = dict(coords_ptr="*i32", ws_ptr="*i64", out_keys_ptr="*i64", out_keys32_ptr="*i32", out_coords_ptr="*i32",
             keys_ptr="*i64", out_in_ptr="*i32", counts_ptr="*i64", offsets_ptr="*i32", pair_in_ptr="*i32",
-            pair_out_ptr="*i32")
+            pair_out_ptr="*i32", bits_ptr="*i32", sums_ptr="*i32")
 
 
 def build(fn, consts, num_warps):
@@ -568,11 +586,14 @@ for case in cases:
     # static shapes (regular/transposed): no int32 keys, M read on the device
     for static in ((False,) if subm else (False, True)):
         build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
-                                           **plan["insert_consts"]), plan["insert_warps"])
+                                           BITMAP=static, **plan["insert_consts"]), plan["insert_warps"])
         build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, **plan["lookup_consts"]), 8)
 PTRS["keys_ptr"] = "*i32"
 build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, **km._plan(*cases[1])["lookup_consts"]), 8)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
+build(km._kmap_bits_count_kernel, dict(WORDS=km._BITS_WORDS), 4)
+PTRS["keys_ptr"] = "*i64"
+build(km._kmap_bits_emit_kernel, dict(WORDS=km._BITS_WORDS, CELLS=km._BITS_CELLS, SUMS=1024), 4)
 for pad, dev_m in ((False, False), (True, False), (True, True)):
     build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=256, ROWS=256, PAD=pad, DEV_M=dev_m), 8)
 build(km._kmap_compact_kernel, dict(BLOCK_M=16, KPAD=128, CHUNK=64, ROWS=64, PAD=False, DEV_M=False), 8)
@@ -698,12 +719,12 @@ def test_gpu_padded_pairs_and_cuda_graph():
         for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
             assert torch.equal(getattr(got, name).cpu(), getattr(expected, name)), name
     for kwargs in (dict(subm=True), dict(stride=2, padding=1), dict(stride=2, transposed=True)):
-        expected = pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True)
-        got = pcops.sparse_conv_kernel_map(coords.cuda(), shape, 3, **kwargs, static_shapes=True)
+        expected = pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True, batch_size=3)
+        got = pcops.sparse_conv_kernel_map(coords.cuda(), shape, 3, **kwargs, static_shapes=True, batch_size=3)
         for name in ("out_coords", "pair_in", "pair_out", "offsets", "out_in"):
             assert torch.equal(getattr(got, name).cpu(), getattr(expected, name)), name
     _check_graph(coords, shape, dict(subm=True, pad_pairs=True))
-    _check_graph(coords, shape, dict(stride=2, padding=1, static_shapes=True))
+    _check_graph(coords, shape, dict(stride=2, padding=1, static_shapes=True, batch_size=3))
 
 
 def _check_graph(coords, shape, kwargs):
@@ -763,4 +784,5 @@ def test_gpu_host_sync_count():
         assert syncs == expected, (kwargs, pad, syncs)
     assert count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, subm=True, pad_pairs=True)) == 0
     for kwargs in (dict(stride=2, padding=1), dict(stride=2, transposed=True)):
-        assert count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True)) == 0
+        assert count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True,
+                                                          batch_size=3)) == 0

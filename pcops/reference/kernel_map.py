@@ -146,6 +146,7 @@ def sparse_conv_kernel_map(
     transposed: bool,
     pad_pairs: bool = False,
     static_shapes: bool = False,
+    batch_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(out_coords, pair_in, pair_out, offsets, out_in)``; see ``pcops.sparse_conv_kernel_map``.
 
@@ -154,9 +155,12 @@ def sparse_conv_kernel_map(
     ``static_shapes``: submanifold as ``pad_pairs``; regular/transposed: ``out_coords`` and
     ``out_in`` get ``N·J`` rows and the pair arrays ``N·J`` entries (``J =
     outputs_per_input(...)``), −1 past ``M`` and ``P``.
-    Raises ``ValueError`` on out-of-grid or duplicate input voxels.
+    Raises ``ValueError`` on out-of-grid or duplicate input voxels, and (static regular or
+    transposed maps) on batch indices ``>= batch_size``.
     """
     sorted_keys, perm = check_coords(coords, in_shape)
+    if static_shapes and not subm and coords.shape[0] and int(coords[:, 0].max()) >= batch_size:
+        raise ValueError(f"coords: batch index {int(coords[:, 0].max())} is not below batch_size={batch_size}")
     if subm:
         out_coords = coords.clone()
     else:

@@ -76,6 +76,9 @@ _COUNT_CHUNK = 256
 _COMPACT_LANES = 2048
 # rows are merged as ``_ROW_BASE - row`` with atomic_max (−1 = empty is below every row)
 _ROW_BASE = 1 << 40
+# static-shape maps: bitmap words per program of the count and ranking passes, cells ranked per step
+_BITS_WORDS = 512
+_BITS_CELLS = 4096
 # counter cells (after the group counts): M - 1, max batch, P - 1 (all start at -1), each on
 # its own 128-byte line (the M counter takes an atomic per probe round of every program)
 _COUNTER_STRIDE = 16
@@ -102,7 +105,9 @@ def _kmap_insert_kernel(
     out_keys_ptr,  # (bound,) int64 out: distinct candidate output keys, unordered (GEN)
     out_keys32_ptr,  # (bound,) int32 out: the same keys truncated (used when the key space fits)
     out_coords_ptr,  # (N, 4) int32 out: a copy of coords (COPY: submanifold)
+    bits_ptr,  # BITMAP: (words,) int32 output-cell bitmap, all ones = empty; a cleared bit = an output
     n,  # N
+    nbatch,  # BITMAP: samples covered by the bitmap (inputs of later samples are never inputs)
     D, H, W,  # input grid
     cap_in, log_in,  # input table slots (power of two) and log2
     cap_out, log_out,  # output table slots and log2 (GEN)
@@ -123,6 +128,7 @@ def _kmap_insert_kernel(
     TRANSPOSED: tl.constexpr,
     COPY: tl.constexpr,
     KEYS32: tl.constexpr,  # also write the int32 keys
+    BITMAP: tl.constexpr,  # mark candidate outputs in a dense bitmap (static shapes) instead of the table
     BLOCK_N: tl.constexpr,
     JPAD: tl.constexpr,  # next power of two >= J
     SINK_COPIES: tl.constexpr,
@@ -142,6 +148,8 @@ def _kmap_insert_kernel(
         tl.store(out_coords_ptr + r * 4 + 3, x, mask=live)
     # out-of-grid voxels are never inserted, so they are never found as inputs
     inside = live & (b >= 0) & (z >= 0) & (z < D) & (y >= 0) & (y < H) & (x >= 0) & (x < W)
+    if BITMAP:
+        inside = inside & (b < nbatch)
     b64 = b.to(tl.int64)
     key = ((b64 * D + z) * H + y) * W + x
     # atomic_cas has no mask: idle lanes CAS a private, contiguous sink cell (coalesced, no
@@ -208,34 +216,84 @@ def _kmap_insert_kernel(
         # the largest batch index bounds the output key space: int32 keys sort in half the passes
         tl.atomic_max(counter_ptr + CSTRIDE, tl.max(tl.where(inside, b64, -1), axis=0), sem="relaxed")
         okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
-        oslot = _slot(okey, log_out, cap_out)
-        active2 = cand
-        mine = oslot < 0  # (all False) the lanes whose key this program claimed (a lane's key never changes)
-        lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
-        while _any2d(active2):
-            cell = tl.where(active2, 2 * cap_in + oslot, sink + lane2)
-            old = tl.atomic_cas(ws_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey, sem="relaxed")
-            claimed = active2 & (old == -1)
-            mine = mine | claimed
-            active2 = active2 & ~claimed & (old != okey)
-            oslot = tl.where(active2, (oslot + 1) & (cap_out - 1), oslot)
-        # one counter atomic per program, after the probing: rank the claimed lanes row-major
-        c = mine.to(tl.int32)
-        row_tot = tl.sum(c, axis=1)
-        rank = (tl.cumsum(row_tot, axis=0) - row_tot)[:, None] + tl.cumsum(c, axis=1) - c
-        total = tl.sum(row_tot, axis=0)
-        # the counter starts at -1; programs that claim nothing skip the atomic
-        start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0, sem="relaxed") + 1
-        tl.store(out_keys_ptr + start + rank, okey, mask=mine)
-        if KEYS32:
-            tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=mine)
+        if BITMAP:
+            # keys are bit positions: the bitmap's set of cleared bits is the output set, in key order
+            bit = (okey & 31).to(tl.int32)
+            tl.atomic_and(bits_ptr + (okey >> 5), ~(tl.full(bit.shape, 1, tl.int32) << bit), mask=cand, sem="relaxed")
+        else:
+            oslot = _slot(okey, log_out, cap_out)
+            active2 = cand
+            mine = oslot < 0  # (all False) the lanes whose key this program claimed (a lane's key never changes)
+            lane2 = tl.arange(0, BLOCK_N)[:, None] * JPAD + j[None, :]
+            while _any2d(active2):
+                cell = tl.where(active2, 2 * cap_in + oslot, sink + lane2)
+                old = tl.atomic_cas(ws_ptr + cell, tl.where(active2, -1, -2).to(tl.int64), okey, sem="relaxed")
+                claimed = active2 & (old == -1)
+                mine = mine | claimed
+                active2 = active2 & ~claimed & (old != okey)
+                oslot = tl.where(active2, (oslot + 1) & (cap_out - 1), oslot)
+            # one counter atomic per program, after the probing: rank the claimed lanes row-major
+            c = mine.to(tl.int32)
+            row_tot = tl.sum(c, axis=1)
+            rank = (tl.cumsum(row_tot, axis=0) - row_tot)[:, None] + tl.cumsum(c, axis=1) - c
+            total = tl.sum(row_tot, axis=0)
+            # the counter starts at -1; programs that claim nothing skip the atomic
+            start = tl.atomic_add(counter_ptr, total.to(tl.int64), mask=total > 0, sem="relaxed") + 1
+            tl.store(out_keys_ptr + start + rank, okey, mask=mine)
+            if KEYS32:
+                tl.store(out_keys32_ptr + start + rank, okey.to(tl.int32), mask=mine)
+
+
+@triton.jit
+def _kmap_bits_count_kernel(
+    bits_ptr,  # (words,) int32 output bitmap (a cleared bit = an output)
+    sums_ptr,  # (chunks,) int32 out: outputs per chunk of WORDS words
+    words,
+    WORDS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    w = pid * WORDS + tl.arange(0, WORDS)
+    v = ~tl.load(bits_ptr + w, mask=w < words, other=-1)
+    occ = (v[:, None] >> tl.arange(0, 32)[None, :]) & 1
+    tl.store(sums_ptr + pid, tl.sum(tl.sum(occ, axis=1), axis=0))
+
+
+@triton.jit
+def _kmap_bits_emit_kernel(
+    bits_ptr,  # (words,) int32 output bitmap (a cleared bit = an output)
+    sums_ptr,  # (chunks,) int32 outputs per chunk
+    keys_ptr,  # (cap,) int64 out: the output keys in ascending order, at [0, M)
+    ws_ptr,  # int64 workspace: the counter M - 1 is written at m_off (program 0)
+    m_off, words, chunks,
+    WORDS: tl.constexpr,  # words per program (as in the count pass)
+    CELLS: tl.constexpr,  # cells ranked per step
+    SUMS: tl.constexpr,  # chunk sums reduced per step
+):
+    pid = tl.program_id(0)
+    before = tl.zeros([SUMS], dtype=tl.int32)
+    total = tl.zeros([SUMS], dtype=tl.int32)
+    for c0 in range(0, chunks, SUMS):
+        c = c0 + tl.arange(0, SUMS)
+        v = tl.load(sums_ptr + c, mask=c < chunks, other=0)
+        total += v
+        before += tl.where(c < pid, v, 0)
+    base = tl.sum(before, axis=0)
+    tl.store(ws_ptr + m_off, tl.sum(total, axis=0).to(tl.int64) - 1, mask=pid == 0)
+    for c0 in range(0, WORDS * 32, CELLS):
+        cell = pid.to(tl.int64) * (WORDS * 32) + c0 + tl.arange(0, CELLS)
+        word = cell >> 5
+        v = ~tl.load(bits_ptr + word, mask=word < words, other=-1)
+        occ = (v >> (cell & 31).to(tl.int32)) & 1
+        rank = base + tl.cumsum(occ, axis=0) - occ
+        tl.store(keys_ptr + rank, cell, mask=occ > 0)
+        base += tl.sum(occ, axis=0)
 
 
 @triton.jit
 def _kmap_lookup_kernel(
     coords_ptr,  # (N, 4) int32 input voxels (submanifold: also the outputs)
     ws_ptr,  # (ws,) int64 workspace: input table (key, ROW_BASE - row) pairs at [0, 2 cap_in); group counts
-    keys_ptr,  # (M,) int64 or int32 sorted output keys (FROM_KEYS); DEV_M: (m_total,), the M keys last
+    keys_ptr,  # (M,) int64 or int32 sorted output keys (FROM_KEYS; DEV_M: at [0, M) of a longer buffer)
     out_coords_ptr,  # (M, 4) int32 out: decoded output voxels (FROM_KEYS); DEV_M: rows past M are -1
     out_in_ptr,  # (M, K) int32 out: input row per (output, offset), -1 for none
     m_total,  # M (DEV_M: the row capacity)
@@ -260,15 +318,11 @@ def _kmap_lookup_kernel(
     m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = m < m_total  # rows written
     if DEV_M:
-        # the m_total - M unused key cells hold -1 and sort first: output m is key m_total - M + m
-        m_dev = tl.load(ws_ptr + m_off) + 1
-        live = m < m_dev
-        key_row = m + (m_total - m_dev)
+        live = m < tl.load(ws_ptr + m_off) + 1
     else:
         live = rows
-        key_row = m
     if FROM_KEYS:
-        okey = tl.load(keys_ptr + key_row, mask=live, other=0).to(tl.int64)
+        okey = tl.load(keys_ptr + m, mask=live, other=0).to(tl.int64)
         ox = okey % Wo
         t = okey // Wo
         oy = t % Ho
@@ -389,9 +443,13 @@ def _kmap_compact_kernel(
     tl.store(offsets_ptr + K + rk * 0, start * 0 + num_pairs, mask=(rk == 0) & (pid == 0))
     run = start + before
     m_read = m_total
+    steps = sub
     if DEV_M:
+        # rows past M hold no hits; rows past both M and the padded pair entries need nothing
         m_read = tl.load(counts_ptr + m_off).to(tl.int32) + 1
-    for s in range(0, sub, ROWS // BLOCK_M):
+        m_need = tl.maximum(m_read, (cap_pairs + K - 1) // K)
+        steps = tl.minimum(sub, tl.maximum((m_need - pid * sub * BLOCK_M + BLOCK_M - 1) // BLOCK_M, 0))
+    for s in range(0, steps, ROWS // BLOCK_M):
         m = (pid * sub + s) * BLOCK_M + tl.arange(0, ROWS)
         mask = (m < m_total)[:, None] & k_live[None, :]
         v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask & (m < m_read)[:, None], other=-1)
@@ -540,7 +598,7 @@ def pairs_from_table(out_in: torch.Tensor, pad_pairs: bool = False) -> tuple[tor
     _kmap_count_kernel[(nb,)](out_in, counts, num_out, sub, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
     pair_in, pair_out, offsets = _compact(out_in, counts, 0, sub, num_groups, block_m, kpad, num_out * num_k, pad_pairs)
     if not pad_pairs:
-        num_pairs = offsets[num_k : num_k + 1].tolist()[0]  # host sync: the pair count is an output size
+        num_pairs = int(offsets[num_k : num_k + 1].cpu()[0])  # host sync: the pair count is an output size
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
     return pair_in, pair_out, offsets
 
@@ -557,6 +615,7 @@ def sparse_conv_kernel_map(
     transposed: bool,
     pad_pairs: bool = False,
     static_shapes: bool = False,
+    batch_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Kernel map on the GPU (or on CPU tensors under the Triton interpreter).
 
@@ -568,8 +627,12 @@ def sparse_conv_kernel_map(
         pad_pairs: pairs of length ``M·K`` (the bound; entries past ``offsets[K]`` are −1).
         static_shapes: no host sync at all; submanifold as ``pad_pairs``; regular/transposed
             outputs padded to ``N·J`` rows and pairs (see ``pcops.sparse_conv_kernel_map``):
-            the unique keys are sorted in an ``N·J``-long −1-filled buffer (the fills sort
-            first), and the lookup and compaction read ``M`` on the device.
+            candidates clear their bit in a bitmap of the ``batch_size`` output grids (no
+            output table, no sort); a count pass and a ranking pass over the bitmap's chunks
+            write the keys in order and ``M``, which the lookup and compaction read on the
+            device. 6 launches.
+        batch_size: static regular/transposed maps: the samples covered (inputs of later
+            samples are never inputs).
     Returns:
         ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
         int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``.
@@ -595,8 +658,14 @@ def sparse_conv_kernel_map(
         sub, num_groups = _groups(_cdiv(n, block))
     elif static_out:
         bound = n * plan["per_input"]
-        cap_out, log_out = _capacity(bound + 1, 1)
+        cap_out, log_out = 0, 0  # no output table: a bitmap of the output cells
         sub, num_groups = _groups(_cdiv(bound, block))
+        cells = batch_size * math.prod(out_shape)
+        if cells >= 2**31:
+            raise ValueError(f"batch_size: {batch_size} samples of the output grid {tuple(out_shape)} exceed the "
+                             f"static form's bitmap (2^31 cells); use static_shapes=False")
+        words = _cdiv(cells, 32)
+        chunks = _cdiv(words, _BITS_WORDS)
     else:
         bound = n * plan["per_input"]
         # ≥ bound + 1 slots can never fill up; the real load is far lower (S1: 73k outputs of 354k candidates)
@@ -605,11 +674,15 @@ def sparse_conv_kernel_map(
     counts_off = 2 * cap_in + cap_out
     counters_off = counts_off + num_groups * kpad
     sink_off = counters_off + _NUM_COUNTERS
-    keys_off = sink_off + plan["sink"]  # static shapes: the N·J output keys (-1 = unused)
-    ws_len = keys_off + (bound if static_out else 0)
+    # static shapes: the N·J output keys (the first M used), then the bitmap and the chunk sums (int32)
+    keys_off = sink_off + plan["sink"]
+    bits_off = keys_off + bound
+    sums_off = bits_off + (_cdiv(words, 2) if static_out else 0)
+    ws_len = sums_off + (_cdiv(chunks, 2) if static_out else 0)
     if ws_len >= 2**31:
         raise ValueError(f"coords: {n} voxels need hash tables of {2 * cap_in + cap_out} slots (limit 2^31)")
-    ws = torch.full((ws_len,), -1, dtype=torch.int64, device=dev)  # launch 1
+    ws = torch.full((ws_len,), -1, dtype=torch.int64, device=dev)  # launch 1 (the bitmap: all ones = empty)
+    bits = ws[bits_off:sums_off].view(torch.int32) if static_out else ws
     if subm:  # no candidate keys: any pointer will do for the unused arguments
         out_keys, out_keys32 = ws, coords
         out_coords = torch.empty((n, 4), dtype=torch.int32, device=dev)
@@ -622,16 +695,20 @@ def sparse_conv_kernel_map(
         out_coords = coords  # unused (COPY is off)
     block_n = plan["block_n"]
     _kmap_insert_kernel[(_cdiv(n, block_n),)](  # launch 2
-        coords, ws, out_keys, out_keys32, out_coords, n, *plan["in_shape"], cap_in, log_in,
+        coords, ws, out_keys, out_keys32, out_coords, bits, n, batch_size, *plan["in_shape"], cap_in, log_in,
         max(cap_out, 1), log_out, counters_off, sink_off, *plan["out_shape"],
         **plan["insert_consts"], ROW_BASE=_ROW_BASE, SINK_COPIES=_SINK_COPIES, CSTRIDE=_COUNTER_STRIDE,
-        KEYS32=not (subm or static_out), num_warps=plan["insert_warps"],
+        KEYS32=not (subm or static_out), BITMAP=static_out, num_warps=plan["insert_warps"],
     )
     if subm:
         num_out, keys = n, ws  # keys unused (FROM_KEYS is off)
     elif static_out:
-        # no sync: sort all N·J cells; the unused ones (-1) come first, the M keys last
-        keys = torch.sort(ws[keys_off:]).values
+        # no sync, no sort: the cleared bits, counted per chunk and ranked, are the outputs in key order
+        sums = ws[sums_off:].view(torch.int32)
+        _kmap_bits_count_kernel[(chunks,)](bits, sums, words, WORDS=_BITS_WORDS, num_warps=4)
+        keys = ws[keys_off:bits_off]
+        _kmap_bits_emit_kernel[(chunks,)](bits, sums, keys, ws, counters_off, words, chunks, WORDS=_BITS_WORDS,
+                                          CELLS=_BITS_CELLS, SUMS=min(1024, _pow2(chunks)), num_warps=4)
         num_out = bound
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     else:
@@ -660,6 +737,6 @@ def sparse_conv_kernel_map(
     pair_in, pair_out, offsets = _compact(out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs,
                                           pad_pairs, counters_off if static_out else None)  # launch 4
     if subm and not pad_pairs:
-        num_pairs = offsets[num_k : num_k + 1].tolist()[0]  # host sync: the pair count is an output size (all work is queued)
+        num_pairs = int(offsets[num_k : num_k + 1].cpu()[0])  # host sync: the pair count is an output size (all work is queued)
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
     return out_coords, pair_in, pair_out, offsets, out_in
