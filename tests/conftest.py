@@ -21,6 +21,9 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+# the GPU machine has no ../shared: its runs point PCOPS_DATA at a copy (see scripts/gpu_check.py)
+if not SHARED_DATA.exists() and os.environ.get("PCOPS_DATA"):
+    SHARED_DATA = Path(os.environ["PCOPS_DATA"])
 KITTI = SHARED_DATA / "kitti" / "training"
 
 
@@ -30,7 +33,8 @@ def pytest_report_header(config):
 
 @pytest.fixture
 def kitti_dir():
-    """The real KITTI samples beside the repo (``../shared/data/kitti/training``), or skip."""
+    """The real KITTI samples beside the repo (``../shared/data/kitti/training``, or under
+    ``$PCOPS_DATA`` where ``../shared`` is absent), or skip."""
     if not (KITTI / "velodyne" / "000001.bin").exists():
         pytest.skip(f"real KITTI samples not found at {KITTI}")
     return KITTI
