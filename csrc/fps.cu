@@ -1208,31 +1208,57 @@ __device__ __forceinline__ void tmd_load(int j, int q, int lane, const float* xs
   }
 }
 
-template <int U, bool E>
+__device__ __forceinline__ void store_async_v4w(unsigned addr, float x, float y, float z, float w, unsigned mbar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   addr),
+               "f"(x), "f"(y), "f"(z), "f"(w), "r"(mbar)
+               : "memory");
+}
+
+// C > 1 (fps_tile_md_e_u<U>_c<C>, clouds over 16,384 points): a cluster of C CTAs shares the cloud as
+// fps_tile_async does (CTA `rank` holds sorted positions lo .. lo + cnt - 1); records carry global
+// sorted positions and are sent by their owner lane to every CTA with st.async completing on the
+// receiver's mbarrier (no barrier), then every warp reduces the C * 16 records of the step.
+template <int U, bool E, int C>
 __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, const long long* __restrict__ order,
                                             const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out, int n,
                                             int num_samples, int cap) {
-  constexpr int W = TMD_WARPS, S = TMD_SLOTS_SMEM, R = TMD_SLOTS_REG;
+  constexpr int W = TMD_WARPS, S = TMD_SLOTS_SMEM, R = TMD_SLOTS_REG, RR = C * W;
+  static_assert(C == 1 || E, "clusters: the broadcast-load reduction only");
   extern __shared__ float tmd_smem[];  // xs[cap], ys[cap], zs[cap], md[cap]
-  __shared__ int2 mkey[2][W];          // (max bits, sorted position) by parity, warp
-  __shared__ float4 mcrd[2][W];        // the record's coordinates
-  __shared__ int mstart;               // sorted position of the start point
+  __shared__ int2 mkey[2][RR];         // (max bits, global sorted position) by parity, record
+  __shared__ float4 mcrd[2][RR];       // the record's coordinates (E: and the sorted position's bits)
+  __shared__ unsigned long long mbar[2];  // C > 1: one mbarrier per parity
+  __shared__ int mstart;               // local sorted position of the start point, -1: another CTA's
   float* xs = tmd_smem;
   float* ys = tmd_smem + cap;
   float* zs = tmd_smem + 2 * cap;
   float* mds = tmd_smem + 3 * cap;
+  const unsigned rank = C > 1 ? cluster_rank() : 0u;
   const long long b = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int length = (int)min(max(lengths[b], 0LL), (long long)n);
   const long long start = starts[b];
   const int steps = (start >= 0 && start < length) ? min(length, num_samples) : 0;
+  const int share = (length + C - 1) / C;
+  const int lo = (int)rank * share;
+  const int cnt = max(0, min(lo + share, length) - lo);
   const long long cloud = b * (long long)n;
-  const long long* ord = order + cloud;  // flat indices cloud + i in Morton order, valid points first
+  const long long* ord = order + cloud + lo;  // flat indices of this CTA's points in Morton order
   const float kInf = __int_as_float(0x7f800000);
 
+  if (tid == 0) {
+    mstart = -1;
+    if (C > 1) {
+      mbar_init(shared_address(&mbar[0]), 1);
+      mbar_init(shared_address(&mbar[1]), 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+  }
+  __syncthreads();
   for (int p = tid; p < cap; p += W * 32) {
-    const bool valid = p < length;
+    const bool valid = p < cnt;
     const long long f = valid ? ord[p] : cloud;
     xs[p] = valid ? points[3 * f + 0] : 0.f;
     ys[p] = valid ? points[3 * f + 1] : 0.f;
@@ -1244,7 +1270,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int q = ((S + r) * W + warp) * 32 + lane;
-    const bool valid = q < length;
+    const bool valid = q < cnt;
     const long long f = valid ? ord[q] : cloud;
     rx[r] = valid ? points[3 * f + 0] : 0.f;
     ry[r] = valid ? points[3 * f + 1] : 0.f;
@@ -1260,7 +1286,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   if (lane < S) {
     for (int t = 0; t < 32; ++t) {
       const int q = q0 + t;
-      if (q < length) {
+      if (q < cnt) {
         blx = fminf(blx, xs[q]);
         bly = fminf(bly, ys[q]);
         blz = fminf(blz, zs[q]);
@@ -1272,7 +1298,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {  // register slots: the box by warp reductions, kept by lane S + r
-    const bool valid = ((S + r) * W + warp) * 32 + lane < length;
+    const bool valid = ((S + r) * W + warp) * 32 + lane < cnt;
     float v[6] = {valid ? rx[r] : kInf, valid ? ry[r] : kInf, valid ? rz[r] : kInf,
                   valid ? rx[r] : -kInf, valid ? ry[r] : -kInf, valid ? rz[r] : -kInf};
 #pragma unroll
@@ -1292,9 +1318,12 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       bhz = v[5];
     }
   }
-  float gmax = q0 < length ? kInf : -1.f;
+  float gmax = q0 < cnt ? kInf : -1.f;
+  if (C > 1) cluster_sync();  // every CTA runs (and its mbarriers are initialised) before remote stores
 
-  int selq = steps > 0 ? mstart : 0;
+  // selq: global sorted position of the newest sample (the start: only its CTA knows it, the others
+  // hold -1, which matches none of their points)
+  int selq = steps > 0 && mstart >= 0 ? lo + mstart : -1;
   float cx = 0.f, cy = 0.f, cz = 0.f;
   if (steps > 0) {
     const float* p = points + (cloud + start) * 3;
@@ -1303,15 +1332,18 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     cz = p[2];
   }
   // this warp's record: max bits (< 0: none, uniform), and, in the lane that holds the point
-  // (`owner`; lane 0 when none), its sorted position and coordinates
+  // (`owner`; lane 0 when none), its global sorted position and coordinates
   int c_rd = -1, c_q = 0;
   float c_x = 0.f, c_y = 0.f, c_z = 0.f;
   bool owner = lane == 0;
+  bool dead = false;  // C > 1 watchdog: a wait that never ends gives garbage, not a hang
   const unsigned key_base = shared_address(&mkey[0][0]);
   const unsigned crd_base = shared_address(&mcrd[0][0]);
-  long long pending = start;  // warp 0: step (s & ~31) + lane (sorted positions from step 1 on)
+  const unsigned bar_base = shared_address(&mbar[0]);
+  long long pending = start;  // rank 0, warp 0: step (s & ~31) + lane (sorted positions from step 1 on)
   for (int s = 1; s < steps; ++s) {
     const int parity = s & 1;
+    const int sel = selq - lo;  // the newest sample's local position (none of ours if out of range)
     // 1. which of the warp's groups can change
     const float gx = fmaxf(fmaxf(__fsub_rn(blx, cx), __fsub_rn(cx, bhx)), 0.f);
     const float gy = fmaxf(fmaxf(__fsub_rn(bly, cy), __fsub_rn(cy, bhy)), 0.f);
@@ -1340,7 +1372,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         float x, y, z, m;
         tmd_load<S, R>(js[u], q, lane, xs, ys, zs, mds, rx, ry, rz, rm, x, y, z, m);
         m = fminf(m, sq_dist(x, y, z, cx, cy, cz));
-        nm[u] = q == selq ? -1.f : m;
+        nm[u] = q == sel ? -1.f : m;
       }
       int gm[U];  // the groups' new maxima (issued before the stores, which are off the path)
 #pragma unroll
@@ -1375,7 +1407,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         const unsigned hit = __ballot_sync(FULL_MASK, __float_as_int(m) == rd);
         if (((holders & (holders - 1u)) | (hit & (hit - 1u))) == 0u) {  // one point holds the max
           owner = lane == __ffs(hit) - 1;
-          c_q = q;
+          c_q = lo + q;
           c_x = x;
           c_y = y;
           c_z = z;
@@ -1392,7 +1424,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
               const unsigned oi = (unsigned)(ord[qq] - cloud);
               if (oi < best) {
                 best = oi;
-                c_q = qq;
+                c_q = lo + qq;
                 c_x = xx;
                 c_y = yy;
                 c_z = zz;
@@ -1404,66 +1436,146 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         }
       }
     }
-    // 4. exchange: the owner lane publishes, one __syncthreads (double buffered by parity)
-    const unsigned key_par = key_base + (unsigned)parity * (W * 8);
-    const unsigned crd_par = crd_base + (unsigned)parity * (W * 16);
-    if (owner) {
-      store_shared_v2(key_par + (unsigned)warp * 8u, c_rd, (unsigned)c_q);
-      store_shared_v4(crd_par + (unsigned)warp * 16u, c_x, c_y, c_z, __int_as_float(c_q));
-    }
-    __syncthreads();
-    // 5. every warp reduces the 16 records: the largest distance, then the lowest original index
-    const int2 k = load_shared_v2(key_par + (unsigned)(lane & (W - 1)) * 8u);
-    float4 c = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (!E) c = load_shared_v4(crd_par + (unsigned)(lane & (W - 1)) * 16u);
-    const int kd = lane < W ? k.x : (-2147483647 - 1);
-    const int gd = redux_max_s32(kd);
-    const unsigned win = __ballot_sync(FULL_MASK, kd == gd);
-    int from = __ffs(win) - 1;
-    if (win & (win - 1u)) {  // equal maxima in several warps (rare): original indices decide
-      const unsigned oi = kd == gd ? (unsigned)(ord[k.y] - cloud) : 0xFFFFFFFFu;
-      const unsigned low = redux_min_u32(oi);
-      from = __ffs(__ballot_sync(FULL_MASK, kd == gd && oi == low)) - 1;
-    }
-    if constexpr (E) {  // the winner's record read by every lane (a broadcast load, not 4 shuffles)
-      const float4 w = load_shared_v4(crd_par + (unsigned)from * 16u);
-      selq = __float_as_int(w.w);
-      cx = w.x;
-      cy = w.y;
-      cz = w.z;
+    // 4. exchange: the owner lane publishes (C == 1: one __syncthreads; C > 1: st.async to every
+    // CTA of the cluster, completing on its mbarrier); double buffered by parity
+    const unsigned key_par = key_base + (unsigned)parity * (RR * 8);
+    const unsigned crd_par = crd_base + (unsigned)parity * (RR * 16);
+    const unsigned slot = rank * W + (unsigned)warp;
+    if constexpr (C == 1) {
+      if (owner) {
+        store_shared_v2(key_par + slot * 8u, c_rd, (unsigned)c_q);
+        store_shared_v4(crd_par + slot * 16u, c_x, c_y, c_z, __int_as_float(c_q));
+      }
+      __syncthreads();
     } else {
+      const unsigned bar = bar_base + (unsigned)parity * 8u;
+      if (tid == 0) mbar_arrive_expect_tx(bar, RR * TILE_RECORD_BYTES);
+      if (owner) {
+#pragma unroll
+        for (int d = 0; d < C; ++d) {
+          const unsigned remote_bar = map_to_rank(bar, (unsigned)d);
+          store_async_v2(map_to_rank(key_par + slot * 8u, (unsigned)d), c_rd, (unsigned)c_q, remote_bar);
+          store_async_v4w(map_to_rank(crd_par + slot * 16u, (unsigned)d), c_x, c_y, c_z, __int_as_float(c_q),
+                          remote_bar);
+        }
+      }
+      // the k-th use of this parity's mbarrier completes its phase k (parity k & 1)
+      const unsigned phase = (unsigned)((s - 1) >> 1) & 1u;
+      if (!dead && !mbar_try_wait(bar, phase)) {
+        const long long t0 = clock64();
+        while (!mbar_try_wait(bar, phase)) {
+          if (clock64() - t0 > (1LL << 31)) {  // ~1 s: give up waiting (wrong indices, no hang)
+            dead = true;
+            break;
+          }
+        }
+      }
+    }
+    // 5. every warp reduces the RR records: the largest distance, then the lowest original index
+    if constexpr (!E) {
+      const int2 k = load_shared_v2(key_par + (unsigned)(lane & (W - 1)) * 8u);
+      const float4 c = load_shared_v4(crd_par + (unsigned)(lane & (W - 1)) * 16u);
+      const int kd = lane < W ? k.x : (-2147483647 - 1);
+      const int gd = redux_max_s32(kd);
+      const unsigned win = __ballot_sync(FULL_MASK, kd == gd);
+      int from = __ffs(win) - 1;
+      if (win & (win - 1u)) {  // equal maxima in several warps (rare): original indices decide
+        const unsigned oi = kd == gd ? (unsigned)(order[cloud + k.y] - cloud) : 0xFFFFFFFFu;
+        const unsigned low = redux_min_u32(oi);
+        from = __ffs(__ballot_sync(FULL_MASK, kd == gd && oi == low)) - 1;
+      }
       selq = __shfl_sync(FULL_MASK, k.y, from);
       cx = __shfl_sync(FULL_MASK, c.x, from);
       cy = __shfl_sync(FULL_MASK, c.y, from);
       cz = __shfl_sync(FULL_MASK, c.z, from);
+    } else {
+      // lane l: records l, l + 32, ...: its largest distance, the first record holding it, and
+      // whether another of its records ties it
+      int bd = -2147483647 - 1, br = 0;
+      bool dup = false;
+#pragma unroll
+      for (int t = 0; t < (RR + 31) / 32; ++t) {
+        const int r = lane + 32 * t;
+        if (r < RR) {
+          const int kx = load_shared_v2(key_par + (unsigned)r * 8u).x;
+          dup = kx == bd || (dup && kx < bd);
+          if (kx > bd) {
+            bd = kx;
+            br = r;
+          }
+        }
+      }
+      const int gd = redux_max_s32(bd);
+      const unsigned win = __ballot_sync(FULL_MASK, bd == gd);
+      const int from = __ffs(win) - 1;
+      int rec = RR <= 32 ? from : __shfl_sync(FULL_MASK, br, from);
+      if ((win & (win - 1u)) || (RR > 32 && __ballot_sync(FULL_MASK, dup && bd == gd))) {
+        // equal maxima in several records (rare): original indices decide
+        unsigned mo = 0xFFFFFFFFu;
+        int mr = 0;
+#pragma unroll
+        for (int t = 0; t < (RR + 31) / 32; ++t) {
+          const int r = lane + 32 * t;
+          if (r < RR) {
+            const int2 k = load_shared_v2(key_par + (unsigned)r * 8u);
+            if (k.x == gd) {
+              const unsigned oi = (unsigned)(order[cloud + k.y] - cloud);
+              if (oi < mo) {
+                mo = oi;
+                mr = r;
+              }
+            }
+          }
+        }
+        const unsigned low = redux_min_u32(mo);
+        rec = __shfl_sync(FULL_MASK, mr, __ffs(__ballot_sync(FULL_MASK, mo == low)) - 1);
+      }
+      // the winner's record read by every lane (a broadcast load, not 4 shuffles)
+      const float4 w = load_shared_v4(crd_par + (unsigned)rec * 16u);
+      selq = __float_as_int(w.w);
+      cx = w.x;
+      cy = w.y;
+      cz = w.z;
     }
-    // sorted positions leave in coalesced batches of 32 (warp 0), translated after the loop
-    if (warp == 0) {
+    // sorted positions leave in coalesced batches of 32 (rank 0, warp 0), translated after the loop
+    if (rank == 0 && warp == 0) {
       if (lane == (s & 31)) pending = selq;
       if ((s & 31) == 31 || s == steps - 1) {
         if (lane <= (s & 31)) out[b * num_samples + (s & ~31) + lane] = pending;
       }
     }
   }
-  if (steps == 1 && tid == 0) out[b * num_samples] = start;
-  __syncthreads();  // warp 0's stores are visible to the CTA
-  for (int t = 1 + tid; t < steps; t += W * 32) {
-    const long long q = out[b * num_samples + t];
-    out[b * num_samples + t] = ord[q] - cloud;
+  if (rank == 0) {
+    if (steps == 1 && tid == 0) out[b * num_samples] = start;
+    __syncthreads();  // warp 0's stores are visible to the CTA
+    for (int t = 1 + tid; t < steps; t += W * 32) {
+      const long long q = out[b * num_samples + t];
+      out[b * num_samples + t] = order[cloud + q] - cloud;
+    }
   }
+  if (C > 1) cluster_sync();  // no CTA exits while others may still write to its shared memory
 }
 
-#define FPS_TILE_MD_ENTRY(NAME, U, E)                                                                         \
-  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1)                                         \
+#define FPS_TILE_MD_CLUSTER_1
+#define FPS_TILE_MD_CLUSTER_2 __cluster_dims__(2, 1, 1)
+#define FPS_TILE_MD_CLUSTER_4 __cluster_dims__(4, 1, 1)
+#define FPS_TILE_MD_CLUSTER_8 __cluster_dims__(8, 1, 1)
+#define FPS_TILE_MD_ENTRY(NAME, U, E, C)                                                                      \
+  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1) FPS_TILE_MD_CLUSTER_##C                 \
       NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,   \
            long long* out, int n, int num_samples, int cap) {                                               \
-    fps_tile_md<U, E>(points, order, lengths, starts, out, n, num_samples, cap);                          \
+    fps_tile_md<U, E, C>(points, order, lengths, starts, out, n, num_samples, cap);                       \
   }
-FPS_TILE_MD_ENTRY(fps_tile_md_u1_c1, 1, false)
-FPS_TILE_MD_ENTRY(fps_tile_md_u2_c1, 2, false)
-FPS_TILE_MD_ENTRY(fps_tile_md_u4_c1, 4, false)
+FPS_TILE_MD_ENTRY(fps_tile_md_u1_c1, 1, false, 1)
+FPS_TILE_MD_ENTRY(fps_tile_md_u2_c1, 2, false, 1)
+FPS_TILE_MD_ENTRY(fps_tile_md_u4_c1, 4, false, 1)
 // _e_: the warp max from the kept groups' redux (issued before the updates) and the updates' own
 // maxima (saves the record's redux, ~60 cycles), the winner's record read by a broadcast load
-FPS_TILE_MD_ENTRY(fps_tile_md_e_u1_c1, 1, true)
-FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c1, 2, true)
-FPS_TILE_MD_ENTRY(fps_tile_md_e_u4_c1, 4, true)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u1_c1, 1, true, 1)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c1, 2, true, 1)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u4_c1, 4, true, 1)
+// clouds over 16,384 points: clusters of 2, 4, 8 CTAs (st.async exchange)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c2, 2, true, 2)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c4, 2, true, 4)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c8, 2, true, 8)
+FPS_TILE_MD_ENTRY(fps_tile_md_e_u4_c8, 4, true, 8)

@@ -723,6 +723,8 @@ def test_fps_cu_compiles_with_every_entry_point():
     for unroll in cu._TILE_MD_UNROLLS:
         for early in (False, True):
             assert cu._tile_md_kernel_name(unroll, early).encode() in cubin
+        for cluster in cu._TILE_MD_CLUSTER_UNROLLS:
+            assert cu._tile_md_kernel_name(unroll, True, cluster).encode() in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("tile_md", 8, 32, False) == "fps_pruned_c8_p32"
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
@@ -1098,6 +1100,42 @@ def test_gpu_fps_tile_md(unroll, early, monkeypatch):
         pts, lengths, start, expected = fps_case(batch, n, m)
         assert torch.equal(pcops.farthest_point_sample(pts, m, lengths, start, backend="cuda"), expected)
         assert ("fps_tile_md" in cu.last_launch) == (n <= 16384), cu.last_launch
+
+
+@pytest.mark.parametrize("cluster,unroll", [(2, 2), (4, 2), (8, 2), (8, 4)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_md_clusters(cluster, unroll, monkeypatch):
+    """fps_tile_md_e_u<U>_c<C> (clusters, st.async exchange) launched directly: uneven lengths with
+    duplicates (ties across CTAs; M > N), a lattice (ties everywhere), 40k clouds and (8 CTAs) the
+    120k scan size, whose CTAs also use the register slots; then through the op (_tile_md_cluster)."""
+    from pcops.cuda import sampling as cu
+
+    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
+             fps_case(2, 40000, 256)]
+    if cluster == 8:
+        cases.append(fps_case(1, 120268, 128))
+
+    def lattice():
+        pts = lattice_clouds(2, (32, 32, 40), seed=12).cuda()
+        lengths = torch.tensor([40960, 30001], device="cuda")
+        start = torch.tensor([3, 30000], device="cuda")
+        return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 600)
+
+    if cluster >= 4:
+        cases.append(cached_reference(("lattice", 32, 32, 40, 600), lattice))
+    for pts, lengths, start, expected in cases:
+        m = expected.shape[1]
+        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, True, cluster)
+        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+    monkeypatch.setattr(cu, "_VARIANT", "tile_md")
+    monkeypatch.setattr(cu, "_tile_md_cluster", True)
+    monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
+    monkeypatch.setattr(cu, "_tile_min_cluster", cluster)
+    pts, lengths, start, expected = fps_case(2, 40000, 256)
+    assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
+    assert f"fps_tile_md_e_u{unroll}_c{cluster}" in cu.last_launch, cu.last_launch
 
 
 # --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --

@@ -29,7 +29,8 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   8 warps of 64 points per lane in one CTA for 16k clouds).
 - ``"tile_md"`` (``fps_tile_md[_e]_u<U>_c1``, ``_tile_md_unroll``, ``_tile_md_early``): clouds of up to 16,384 points in one
   CTA with the min-distances in shared memory too (no jump tables on the step: see the kernel's
-  notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``.
+  notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``, or with
+  ``_tile_md_cluster`` as clusters of 2, 4, 8 such CTAs (``fps_tile_md_e_u<U>_c<C>``, st.async exchange).
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ _TILE_G2_OPTS = ("", "shfl", "leader")
 _TILE_MD_UNROLLS = (1, 2, 4)
 _tile_md_unroll = 2
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
+_tile_md_cluster = False  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
+_TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
 _TILE_MD_SMEM_POINTS = 27 * 512  # TMD_SMEM_POINTS in csrc/fps.cu
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -312,22 +315,29 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
 
 
-def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None) -> str:
-    """``fps_tile_md[_e]_u<U>_c1`` (defaults ``_tile_md_unroll``, ``_tile_md_early``)."""
+def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, cluster: int = 1) -> str:
+    """``fps_tile_md[_e]_u<U>_c<C>`` (defaults ``_tile_md_unroll``, ``_tile_md_early``); clusters
+    (C > 1) are compiled with ``_e_`` and the unrolls of ``_TILE_MD_CLUSTER_UNROLLS`` (else U = 2)."""
     unroll = _tile_md_unroll if unroll is None else unroll
     early = _tile_md_early if early is None else early
     if unroll not in _TILE_MD_UNROLLS:
         raise ValueError(f"fps_tile_md is compiled for unroll in {_TILE_MD_UNROLLS}, got {unroll}")
-    return f"fps_tile_md{'_e' if early else ''}_u{unroll}_c1"
+    if cluster == 1:
+        return f"fps_tile_md{'_e' if early else ''}_u{unroll}_c1"
+    if cluster not in _TILE_MD_CLUSTER_UNROLLS:
+        raise ValueError(f"fps_tile_md is compiled for clusters of {sorted(_TILE_MD_CLUSTER_UNROLLS)} CTAs, got {cluster}")
+    unroll = unroll if unroll in _TILE_MD_CLUSTER_UNROLLS[cluster] else 2
+    return f"fps_tile_md_e_u{unroll}_c{cluster}"
 
 
-def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | None = None) -> None:
-    """``fps_tile_md[_e]_u<U>_c1`` (one CTA per cloud of at most 16,384 points, cuLaunchKernel) with
-    ``16 * cap`` bytes of dynamic shared memory, ``cap = min(N rounded up to 32, 13,824)``."""
-    name = _tile_md_kernel_name(unroll, early)
+def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | None = None, cluster: int = 1) -> None:
+    """``fps_tile_md[_e]_u<U>_c<C>`` (one CTA, or a cluster of ``C`` CTAs, per cloud of at most
+    ``C * 16,384`` points; cuLaunchKernel) with ``16 * cap`` bytes of dynamic shared memory,
+    ``cap = min(ceil(N / C) rounded up to 32, 13,824)``."""
+    name = _tile_md_kernel_name(unroll, early, cluster)
     batch, n, _ = inputs.points.shape
-    if n > _TILE_CAP:
-        raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per cloud, got {n}")
+    if triton.cdiv(n, cluster) > _TILE_CAP:
+        raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per CTA, got {n} points for {cluster}")
     device = inputs.points.device
     kernel = get_kernel("fps.cu", name, device)
     if (name, device) not in _tile_smem_set:
@@ -335,9 +345,9 @@ def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | No
         if status != 0:
             raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
         _tile_smem_set.add((name, device))
-    inputs.cap = min(triton.cdiv(n, 32) * 32, _TILE_MD_SMEM_POINTS)
-    kernel((1, batch), (_TILE_THREADS,), inputs.args(name), shared_mem=16 * inputs.cap)
-    _note(f"{name} (cuLaunchKernel, cluster 1, {n} points per CTA)")
+    inputs.cap = min(triton.cdiv(triton.cdiv(n, cluster), 32) * 32, _TILE_MD_SMEM_POINTS)
+    kernel((cluster, batch), (_TILE_THREADS,), inputs.args(name), shared_mem=16 * inputs.cap)
+    _note(f"{name} (cuLaunchKernel, cluster {cluster}, {triton.cdiv(n, cluster)} points per CTA)")
 
 
 def farthest_point_sample(
@@ -357,12 +367,14 @@ def farthest_point_sample(
     index = points.device.index if points.device.index is not None else torch.cuda.current_device()
     config = _plan(n, index) if batch <= 65535 else None
     inputs = _Inputs(points, lengths, start_idx, out, num_samples)
-    if _VARIANT == "tile_md" and batch <= 65535 and n <= _TILE_CAP:
-        try:
-            _launch_tile_md(inputs)
-            return out
-        except RuntimeError:  # launch refused (shared memory): the fps_tile kernels
-            pass
+    if _VARIANT == "tile_md" and batch <= 65535:
+        cluster = _tile_plan(n, warps=16, groups=1)
+        if cluster is not None and (cluster == 1 or _tile_md_cluster):
+            try:
+                _launch_tile_md(inputs, cluster=cluster)
+                return out
+            except RuntimeError:  # launch refused (shared memory, cluster shape): the fps_tile kernels
+                pass
     if _VARIANT in _TILE_VARIANTS and batch <= 65535:
         choice = _tile_choice(n)
         if choice is not None:
