@@ -27,8 +27,20 @@ timing the backward op alone (``torch.ops.pcops.layer_norm_gelu_backward``: back
 column sum; floor: x, dy read, dx written) for the default and each variant; the notes record
 each variant's max |gradient − default's| (dx, dweight, dbias), its grid, the autotuned forward
 config and the per-kernel GPU time of L2 fwd+bwd (torch profiler). ``--bwd-variants a,b``
-picks the variants (default: the non-default entries but "tiled-plain"; ``all``;
-``rowrange``: the row-range kernel, 0.34 ms on L2, autotuned on first use; ``none``: skip).
+picks the variants (default: the non-default entries but "tiled-plain", the hardware-tanh
+ones on 16-bit rows only; ``all``; ``rowrange``: the row-range kernel, 0.34 ms on L2,
+autotuned on first use; ``none``: skip). On L2 each variant's backward + column-sum kernel
+times come from the torch profiler too (``bwd_gpu_us``; the graph rows include a launch).
+
+Forward variants (skip with ``--no-fwd-variants``): graph rows ``pcops triton fwd=<name> (fwd)``
+with max |y − default|, |mean|, |rstd| printed and in the notes (``fwd_variants``):
+``pcops.triton.fused.FWD_VARIANTS`` (persistent grid, x loads pipelined through shared memory;
+two on every workload, two more on L2), ``wb-tile`` (weight/bias loaded in the tile layout),
+on 16-bit rows (L2) ``exact-tanh`` (the exp2 GELU instead of the default ``tanh.approx``) and
+``persistent-s3 exact-tanh`` (the flag rows at the autotuned config, fixed); for L1 and L2 every tile config of the autotuner's pruned
+space at a fixed launch (``cfg BLOCK_MxTILESxwarps``: which config is fastest in graph
+replays, against the one the autotuner took, printed as ``autotuned forward config``); on L2
+the profiler's kernel time of each (``gpu_us``).
 
 Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
 checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
@@ -97,7 +109,7 @@ def count_launches(wl, fns):
     return out
 
 
-def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant_notes=None):
+def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant_notes=None, fwd_notes=None):
     compiled = torch.compile(torch_ln_gelu, dynamic=False) if compile_baseline else None
     for wl, m, n, dtype in LN_WORKLOADS:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -114,9 +126,12 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant
         if compiled is not None:
             fwd["torch.compile"] = lambda: compiled(x, w, b)
         base = None
+        fwd_graph_base = None
         for impl, fn in fwd.items():
             t = timed_pair(rows, wl, impl + " (fwd)", fn, rep, fwd_floor, m, base)
             base = base or t
+            if impl == "pcops triton":
+                fwd_graph_base = t.get(True)
         xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
 
         def fwd_bwd(f, accumulate=False):
@@ -143,9 +158,68 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant
             launches[wl].update(count_launches(wl, {
                 "fwd": lambda: pcops_ln_gelu(x, w, b), "fwd+bwd": fwd_bwd(pcops_ln_gelu),
                 "fwd+bwd, accumulate": fwd_bwd(pcops_ln_gelu, accumulate=True)}))
+        if fwd_notes is not None:
+            bench_fwd_variants(rows, rep, wl, x, w, b, fwd_graph_base, fwd_notes)
         if variants or variant_notes is not None:
-            bench_bwd_variants(rows, rep, wl, x, w, b, dy, (base or {}).get(True), list(variants),
+            wl_variants = [v for v in variants if dtype != torch.float32 or not tri.BWD_VARIANTS.get(v, {}).get("fast_tanh")]
+            bench_bwd_variants(rows, rep, wl, x, w, b, dy, (base or {}).get(True), wl_variants,
                                variant_notes if variant_notes is not None else {})
+
+
+# forward sweep per workload: the FWD_VARIANTS run on all three, these only where listed
+FWD_VARIANTS_ALL = ("persistent-s3", "persistent-s2")
+FWD_VARIANTS_L2 = ("persistent-s4", "persistent8-s3")
+FWD_CONFIG_SWEEP = ("L1", "L2")  # every tile config of the autotuner's pruned space, fixed
+
+
+def bench_fwd_variants(rows, rep, wl, x, w, b, fwd_base, notes):
+    """The forward variants on one workload, graph-captured, against the default (the autotuned
+    tile kernel with the hardware tanh for 16-bit rows): ``FWD_VARIANTS``, the exact tanh and
+    the weight/bias tile loads (16-bit rows), and for L1/L2 every tile config the autotuner
+    chooses from (``fwd cfg BLOCK_MxTILESxwarps``), each with max |y - default|, |mean|, |rstd|."""
+    m, n = x.shape
+    size = x.element_size()
+    floor = 2 * m * n * size / BANDWIDTH * 1e3
+    ref_y, ref_mean, ref_rstd = (t.float() for t in tri.layer_norm_gelu(x, w, b, 1e-5, "tanh"))
+    best = getattr(tri._layer_norm_gelu_fwd_tuned, "best_config", None)  # this workload's, just used
+    info = {"default": dict(tri._FWD_LAST), "autotuned_config": str(best)}
+    # the flag rows run the autotuned config at a fixed launch (one compilation each, no re-tuning)
+    fixed = {} if best is None else dict(block_m=best.kwargs["BLOCK_M"], tiles=best.kwargs["TILES"],
+                                         num_warps=best.num_warps)
+
+    def check(name, fn):
+        y, mean, rstd = fn()
+        plan = dict(tri._FWD_LAST)
+        diff = {"y": (y.float() - ref_y).abs().max().item(), "mean": (mean - ref_mean).abs().max().item(),
+                "rstd": (rstd - ref_rstd).abs().max().item()}
+        print(f"{wl} fwd={name}: max |out - default| {diff}; launch {plan}")
+        t = graph_row(rows, wl, f"pcops triton fwd={name} (fwd)", fn, rep, floor, m, fwd_base)
+        info[name] = {"max_abs_diff_vs_default": diff, "launch": plan, "graph_ms": t and t["median_ms"]}
+        if wl == "L2":  # the kernel's own GPU time (the graph rows include a launch)
+            act = gpu_activities(fn, iters=5)
+            info[name]["gpu_us"] = act.get("gpu_us")
+            print(f"{wl} fwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call")
+
+    try:
+        variants = FWD_VARIANTS_ALL + (FWD_VARIANTS_L2 if wl == "L2" else ())
+        for v in variants:
+            check(v, lambda v=v: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant=v))
+        check("wb-tile", lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", wb_tile=True, **fixed))
+        if x.element_size() == 2:
+            check("exact-tanh", lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", fast_tanh=False, **fixed))
+            check("persistent-s3 exact-tanh",
+                  lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant="persistent-s3", fast_tanh=False))
+        if wl in FWD_CONFIG_SWEEP:
+            block_n, one_tile = tri._row_block_n(n, None)
+            space = tri._prune_fwd(tri._FWD_CONFIGS, {"M": m}, BLOCK_N=block_n, ONE_TILE=one_tile,
+                                   M_CLASS=tri._m_class(m))
+            for c in space:
+                bm, t, nw = c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps
+                check(f"cfg {bm}x{t}x{nw}", lambda bm=bm, t=t, nw=nw: tri.layer_norm_gelu(
+                    x, w, b, 1e-5, "tanh", block_m=bm, tiles=t, num_warps=nw))
+    except Exception as e:  # reported, not fatal
+        print(f"{wl} forward variants: {type(e).__name__}: {e}")
+    notes[wl] = info
 
 
 def graph_row(rows, wl, impl, fn, rep, floor_ms, items, baseline=None):
@@ -190,6 +264,10 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
         reference = grads()
         info["default_launch"] = dict(tri._TILED_LAST)
         bwd_base = graph_row(rows, wl, f"pcops triton bwd={default} (default) (bwd kernel)", bwd_op, rep, bwd_floor, m)
+        if wl == "L2":
+            act = gpu_activities(bwd_op, iters=5)
+            info["default_bwd_gpu_us"] = act.get("per_call_us")
+            print(f"{wl} bwd={default}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call {act.get('per_call_us')}")
         for name in variants:
             tri.BWD_VARIANT = name
             tri._TILED_LAST.clear()
@@ -203,6 +281,10 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
             bw = graph_row(rows, wl, f"pcops triton bwd={name} (bwd kernel)", bwd_op, rep, bwd_floor, m, bwd_base)
             info[name]["fwd+bwd_graph_ms"] = fb and fb["median_ms"]
             info[name]["bwd_graph_ms"] = bw and bw["median_ms"]
+            if wl == "L2":  # the kernels' own GPU time (backward + column sum)
+                act = gpu_activities(bwd_op, iters=5)
+                info[name]["bwd_gpu_us"] = act.get("per_call_us")
+                print(f"{wl} bwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call {act.get('per_call_us')}")
         if wl == "L2":  # where the GPU time of fwd+bwd goes
             tri.BWD_VARIANT = default
             info[f"profile_fwd+bwd_{default}"] = gpu_activities(fwd_bwd)
@@ -308,6 +390,9 @@ def main():
                             "pcops.triton.fused.BWD_VARIANTS or 'rowrange', 'default' (the non-default "
                             "tiled variants but 'tiled-plain', measured 6-8 %% slower on the H200), 'all' "
                             "or 'none'")
+    extra.add_argument("--no-fwd-variants", action="store_true",
+                       help="skip the LayerNorm+GELU forward sweep (FWD_VARIANTS, exact tanh, weight/bias tiles, "
+                            "every tile config for L1/L2)")
     extra.add_argument("--csr-sub", default="16",
                        help="Triton grouped CSR softmax group widths to time besides the automatic one "
                             "(comma-separated of 4, 8, 16, 32; '' for none)")
@@ -333,8 +418,9 @@ def main():
         if unknown:
             raise SystemExit(f"--bwd-variants: unknown {unknown}; known: {known_variants}")
     variant_notes = {} if variants else None
+    fwd_notes = None if known.no_fwd_variants else {}
     bench_layer_norm(rows, rep, compile_baseline=not known.no_compile, launches=launches, variants=variants,
-                     variant_notes=variant_notes)
+                     variant_notes=variant_notes, fwd_notes=fwd_notes)
     t2 = time.perf_counter()
     notes = {
         "bandwidth_for_floor": BANDWIDTH,
@@ -345,12 +431,21 @@ def main():
                    "'accumulate' rows keep them (autograd adds dx into x.grad)",
         "launches_per_call": launches,
     }
+    if fwd_notes is not None:
+        notes["fwd_variants"] = {
+            "what": "LayerNorm+GELU forward variants (pcops.triton.fused.FWD_VARIANTS: persistent grid, x loads "
+                    "pipelined through shared memory; 'exact-tanh': the exp2 GELU instead of tanh.approx; "
+                    "'wb-tile': weight/bias loaded in the tile layout; 'cfg BMxTxW': a fixed tile config of the "
+                    "autotuner's space). max_abs_diff_vs_default: against the default forward of the same run",
+            **fwd_notes,
+        }
     if variant_notes is not None:
         notes["bwd_variants"] = {
             "what": f"LayerNorm+GELU backward variants (pcops.triton.fused.BWD_VARIANTS; default "
                     f"{tri.BWD_VARIANT!r}). max_abs_diff_vs_default: max |variant - default| of dx, dweight, dbias "
                     "(float32 of the outputs; max_abs_default gives the scale); fwd+bwd rows with grads reset",
-            "predicted_ms": {"L1 fwd": 0.011, "L2 fwd": 0.044, "L2 bwd kernel": 0.093, "L2 fwd+bwd": 0.133,
+            "predicted_ms": {"L1 fwd": 0.011, "L2 fwd": 0.045, "L2 fwd persistent-s3": 0.041,
+                             "L2 bwd kernel": 0.085, "L2 bwd kernel tiled-async3": 0.07, "L2 fwd+bwd": 0.128,
                              "Q1 triton fwd": 0.019, "Q1 cuda fwd": 0.026},
             **variant_notes,
         }

@@ -847,9 +847,12 @@ ln = dict(x_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}", y_ptr=f"*{dt}", mean_p
           seed_ptr="*i64", M="i32", N="i32", eps="fp32", dropout_p="fp32", dy_ptr=f"*{dt}", dx_ptr=f"*{dt}",
           dw_part_ptr="*fp32", db_part_ptr="*fp32", rows_per_program="i32")
 flags = dict(APPROX_TANH=approx, HAS_DROPOUT=drop, ONE_TILE=one, BLOCK_N=256)
-comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=one, BLOCK_M=16, TILES=1, M_CLASS=0), 8)
+fast = approx and dt != "fp32"  # the hardware tanh (inline PTX) where the launcher would select it
+comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=one, BLOCK_M=16, TILES=1, M_CLASS=0, FAST_TANH=fast,
+                                             WB_TILE=False), 8)
 if one:
-    comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=False, BLOCK_M=4, TILES=4, M_CLASS=1), 4)
+    comp(f._layer_norm_gelu_fwd_kernel, ln, dict(flags, EVEN_N=False, BLOCK_M=4, TILES=4, M_CLASS=1, FAST_TANH=fast,
+                                                 WB_TILE=True), 4)
 comp(f._layer_norm_gelu_bwd_kernel, ln, dict(flags, BLOCK_M=8), 4)
 comp(f._column_sum_kernel, dict(dw_part_ptr="*fp32", db_part_ptr="*fp32", dw_ptr=f"*{dt}", db_ptr=f"*{dt}", G="i32", N="i32"),
      dict(BLOCK_G=1024, BLOCK_N=4), 16)
@@ -941,7 +944,8 @@ def test_grouped_softmax_layout_for_sm90():
 
 # --- the LayerNorm+GELU backward variants (BWD_VARIANTS, default "tiled"; "rowrange": the row-range kernel) ---
 
-_VARIANTS = ("tiled", "tiled-plain", "tiled-noprefetch", "tiled-pf2")
+_VARIANTS = ("tiled", "tiled-plain", "tiled-noprefetch", "tiled-pf2", "tiled-fast", "tiled-async3", "tiled-async4",
+             "tiled-async3-fast")
 
 
 def _lng_backward_case(rows, width, dtype, approximate="tanh", p=0.0, seed_value=None):
@@ -1053,9 +1057,12 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
     for name, cfg in f.BWD_VARIANTS.items():
         for drop in (False, True):
             bm, warps = f._tiled_shape(block_n, cfg)
-            consts = dict(APPROX_TANH=not drop, HAS_DROPOUT=drop, PREFETCH=cfg["prefetch"], LEAN=cfg["lean"],
-                          BLOCK_N=block_n, BLOCK_M=bm)
             torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
+            # the launcher's FAST_TANH (_fast_tanh on a CUDA device): tanh GELU, 16-bit rows
+            fast = cfg["fast_tanh"] if cfg["fast_tanh"] is not None else torch_dtype in f.FAST_TANH_BWD_DTYPES
+            consts = dict(APPROX_TANH=not drop, HAS_DROPOUT=drop, PREFETCH=cfg["prefetch"], LEAN=cfg["lean"],
+                          BLOCK_N=block_n, BLOCK_M=bm, STAGES=cfg["stages"],
+                          FAST_TANH=bool(fast) and not drop and dt != "fp32")
             cap = f._tiled_maxnreg(cfg, torch_dtype, drop, block_n, bm, warps)
             options = {"num_warps": warps, "num_stages": 1, **({"maxnreg": cap} if cap else {})}
             full = {a: "constexpr" if a in consts else sig[a] for a in fn.arg_names}
@@ -1072,7 +1079,8 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
             line = next((l for l in usage.splitlines() if "REG:" in l), "")
             regs = int(line.split("REG:")[1].split()[0]) if line else -1
             stack = int(line.split("STACK:")[1].split()[0]) if line else -1
-            vec = "ld.global.v4" in k.asm["ptx"] or "ld.global.v2" in k.asm["ptx"]
+            ptx = k.asm["ptx"]  # 8/16-byte vector loads, or 16-byte cp.async (the pipelined variants)
+            vec = "ld.global.v4" in ptx or "ld.global.v2" in ptx or ("cp.async.cg.shared.global" in ptx and "0x10" in ptx)
             print(f"{dt} {n} {name} dropout={drop} BLOCK_M={bm} warps={warps} regs={regs} stack={stack} vec={int(vec)} "
                   f"cap={cap or 0}")
 print("compiled")
@@ -1111,7 +1119,7 @@ def test_bwd_variants_compile_for_sm90_without_spills():
 # cached), so each case adds only the variant's compilations; dropout with "tiled" only
 @pytest.mark.parametrize("rows,width,dtype", [(4096, 256, torch.float32), (257, 768, torch.float32),
                                               (2000, 127, torch.bfloat16)])
-@pytest.mark.parametrize("variant", _VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in _VARIANTS if v not in ("tiled-async4", "tiled-async3-fast")])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_bwd_variant_matches_default_and_reference(variant, rows, width, dtype):
@@ -1174,3 +1182,243 @@ def test_gpu_bwd_variant_through_autograd_and_cuda_graph(monkeypatch):
     torch.cuda.synchronize()
     for a, c in zip(captured, got):
         assert torch.equal(a, c)
+
+
+# --- the hardware tanh (FAST_TANH) and the forward variants (FWD_VARIANTS) ------------------
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from pcops.triton import fused as _tri  # noqa: E402
+
+
+def test_fast_tanh_selection_rules():
+    """Who gets ``tanh.approx``: the tanh GELU on an sm_75+ CUDA device, never the interpreter or
+    float32; by default 16-bit forwards and the backward dtypes of ``FAST_TANH_BWD_DTYPES``."""
+    from pcops.triton import fused as tri
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    sel = dict(interpreting=False, capability=(9, 0))
+    fwd = tri.FAST_TANH_FWD_DTYPES
+    assert set(fwd) == {torch.bfloat16}  # float16 only when asked (its rounding is about tanh.approx's error)
+    assert tri._fast_tanh(None, torch.bfloat16, cuda, "tanh", fwd, **sel)
+    assert not tri._fast_tanh(None, torch.float16, cuda, "tanh", fwd, **sel)
+    assert tri._fast_tanh(True, torch.float16, cuda, "tanh", fwd, **sel)
+    assert not tri._fast_tanh(None, torch.float32, cuda, "tanh", fwd, **sel)
+    assert not tri._fast_tanh(True, torch.float32, cuda, "tanh", fwd, **sel)  # float32 keeps the exact form
+    assert not tri._fast_tanh(None, torch.bfloat16, cuda, "none", fwd, **sel)  # erf GELU: no tanh at all
+    assert not tri._fast_tanh(False, torch.bfloat16, cuda, "tanh", fwd, **sel)
+    assert tri._fast_tanh(True, torch.bfloat16, cuda, "tanh", (), **sel)  # a variant that asks for it
+    assert not tri._fast_tanh(None, torch.bfloat16, cuda, "tanh", (), **sel)
+    assert not tri._fast_tanh(None, torch.bfloat16, cuda, "tanh", fwd, interpreting=True, capability=(9, 0))
+    assert not tri._fast_tanh(None, torch.bfloat16, cuda, "tanh", fwd, interpreting=False, capability=(7, 0))
+    assert tri._fast_tanh(None, torch.bfloat16, cuda, "tanh", fwd, interpreting=False, capability=(7, 5))
+    assert not tri._fast_tanh(True, torch.bfloat16, cpu, "tanh", fwd, interpreting=False, capability=(9, 0))
+    for name, cfg in tri.BWD_VARIANTS.items():
+        assert cfg["fast_tanh"] in (None, True, False), name
+        assert cfg["stages"] >= 1, name
+
+
+def test_forward_pinned_config(monkeypatch):
+    """``FWD_PINNED`` narrows one (BLOCK_N, dtype, M_CLASS) to its config; other shapes keep the space."""
+    from pcops.triton import fused as tri
+
+    x = torch.empty(4096, 768)
+    named = {"M": 4096, "x_ptr": x}
+
+    def space(**kw):
+        return {(c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps)
+                for c in tri._prune_fwd(tri._FWD_CONFIGS, named, BLOCK_N=1024, ONE_TILE=True, **kw)}
+
+    full = space(M_CLASS=0)
+    assert len(full) > 1
+    monkeypatch.setitem(tri.FWD_PINNED, (1024, torch.float32, 0), (4, 1, 8))
+    assert space(M_CLASS=0) == {(4, 1, 8)}
+    assert space(M_CLASS=1) != {(4, 1, 8)}  # another row-count class: not pinned
+    monkeypatch.setitem(tri.FWD_PINNED, (1024, torch.float32, 0), (3, 1, 8))  # not in the space: ignored
+    assert space(M_CLASS=0) == full
+
+
+@interpret
+def test_fast_tanh_off_under_the_interpreter():
+    """The launchers never select the inline-PTX tanh under the interpreter, even when asked."""
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(6, 40, seed=3, dtype=torch.bfloat16)
+    y, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", fast_tanh=True)
+    assert tri._FWD_LAST["fast_tanh"] is False
+    torch.testing.assert_close(y, ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")[0], **TOL[torch.bfloat16])
+    g = torch.randn(6, 40, generator=generator(4)).to(torch.bfloat16)
+    for variant in ("tiled-fast", "tiled-async3-fast"):
+        got = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", variant=variant, num_programs=2)
+        assert tri._TILED_LAST["fast_tanh"] is False
+        for a, e in zip(got, ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh")):
+            torch.testing.assert_close(a, e, **GRAD_TOL[torch.bfloat16])
+
+
+FWD_VARIANT_CASES = [(13, 16, torch.float32, 2), (9, 5, torch.bfloat16, None), (1, 1, torch.float32, None),
+                     (37, 64, torch.float16, 4), (11, 127, torch.float32, 1), (0, 8, torch.float32, None)]
+
+
+@pytest.mark.parametrize("variant", ["persistent-s3", "persistent-s2", "persistent8-s3"])
+@pytest.mark.parametrize("rows,width,dtype,block_m", FWD_VARIANT_CASES)
+@interpret
+def test_triton_fwd_variant_interpreter(variant, rows, width, dtype, block_m):
+    """The persistent forward: several tiles per program (3 programs under the interpreter), a
+    ragged last tile, odd widths; same answer as the reference (and as the tile kernel)."""
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(rows, width, seed=rows * 3 + width, dtype=dtype)
+    approximate = "none" if width == 127 else "tanh"
+    y, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, approximate, variant=variant, block_m=block_m)
+    if rows:
+        assert tri._FWD_LAST["variant"] == variant and "programs" in tri._FWD_LAST
+    yr, mr, rr = ref.layer_norm_gelu(x, w, b, 1e-5, approximate)
+    torch.testing.assert_close(y, yr, **TOL[dtype])
+    torch.testing.assert_close(mean, mr, **TOL[torch.float32])
+    torch.testing.assert_close(rstd, rr, **TOL[torch.float32])
+
+
+@interpret
+def test_triton_fwd_variant_dropout_and_selection_interpreter(monkeypatch):
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(10, 24, seed=5)
+    seed, p = torch.tensor([123]), 0.3
+    keep = tri.dropout_keep_mask(seed, (10, 24), p)
+    exp = ref.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, keep)[0]
+    y, _, _ = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, seed, variant="persistent-s3", block_m=2)
+    torch.testing.assert_close(y, exp, **TOL[torch.float32])
+    assert tri.FWD_VARIANT == "tiles"
+    tri.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    assert tri._FWD_LAST["variant"] == "tiles" and "programs" not in tri._FWD_LAST
+    monkeypatch.setattr(tri, "FWD_VARIANT", "persistent-s2")
+    tri.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    assert tri._FWD_LAST["variant"] == "persistent-s2" and tri._FWD_LAST["stages"] == 2
+    # the chunked path for wide rows (or a fixed tile config) keeps the tile kernel
+    y, _, _ = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", max_block_n=8)
+    assert "programs" not in tri._FWD_LAST
+    torch.testing.assert_close(y, ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")[0], **TOL[torch.float32])
+    with pytest.raises(ValueError, match="variant"):
+        tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant="nope")
+
+
+@pytest.mark.parametrize("wb_tile", [False, True])
+@interpret
+def test_triton_fwd_wb_tile_interpreter(wb_tile):
+    from pcops.triton import fused as tri
+
+    x, w, b = make_ln(9, 20, seed=6, dtype=torch.bfloat16)
+    y, _, _ = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", block_m=4, num_warps=1, tiles=2, wb_tile=wb_tile)
+    assert tri._FWD_LAST["wb_tile"] is wb_tile
+    torch.testing.assert_close(y, ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")[0], **TOL[torch.bfloat16])
+
+
+@triton.jit
+def _tanh_probe_kernel(u_ptr, t_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.store(t_ptr + offs, _tri._tanh_approx(tl.load(u_ptr + offs, mask=ok, other=0.0)), mask=ok)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_tanh_approx_error():
+    """``tanh.approx.f32`` against float64 tanh: the error bound the fast paths rely on (PTX ISA:
+    relative error ≈ 2^-11). Prints the measured absolute error near ±1 (where gelu' takes 1 - t²)."""
+    import triton
+
+    u = torch.linspace(-12, 12, 1 << 20, device="cuda")
+    t = torch.empty_like(u)
+    _tanh_probe_kernel[(triton.cdiv(u.numel(), 1024),)](u, t, u.numel(), BLOCK=1024)
+    exact = torch.tanh(u.double())
+    err = (t.double() - exact).abs()
+    big = exact.abs() > 1e-3
+    rel = (err[big] / exact[big].abs()).max().item()
+    near_one = err[exact.abs() > 0.99].max().item()
+    print(f"tanh.approx.f32: max abs error {err.max().item():.3g}, max rel {rel:.3g}, |t| > 0.99: {near_one:.3g}")
+    assert rel < 2.0 ** -10
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.bfloat16,
+    pytest.param(torch.float16, marks=pytest.mark.xfail(
+        strict=False, reason="float16 rounds at about tanh.approx's error: opt-in only (fast_tanh=True)")),
+])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fast_tanh_forward_within_tolerance(dtype):
+    """The hardware-tanh forward (the default for bfloat16, opt-in for float16) stays within one
+    rounding of the output against the float64 reference, on an L2-like shape and awkward
+    widths, for the tile kernel and the persistent variants."""
+    from pcops.triton import fused as tri
+
+    for rows, width in ((4096, 256), (33, 127)):  # (few compilations: the GPU run has a time limit)
+        x, w, b = make_ln(rows, width, seed=rows + width, dtype=dtype, device="cuda")
+        exp = torch_ln_gelu(x.double(), w.double(), b.double()).to(dtype)
+        for variant in ("tiles", "persistent-s3"):
+            y, _, _ = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant=variant, fast_tanh=True)
+            assert tri._FWD_LAST["fast_tanh"] is True
+            worst = ((y.double() - exp.double()).abs() / (TOL[dtype]["atol"] + TOL[dtype]["rtol"] * exp.double().abs()))
+            print(f"{dtype} {rows}x{width} {variant}: worst error / tolerance = {worst.max().item():.3g}")
+            torch.testing.assert_close(y, exp, **TOL[dtype])
+        default, _, _ = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+        assert tri._FWD_LAST["fast_tanh"] is (dtype in tri.FAST_TANH_FWD_DTYPES)
+        exact, _, _ = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", fast_tanh=False)
+        assert tri._FWD_LAST["fast_tanh"] is False
+        torch.testing.assert_close(exact, exp, **TOL[dtype])
+    x, w, b = make_ln(64, 256, seed=9, device="cuda")  # float32: the exact form whatever is asked
+    tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", fast_tanh=True)
+    assert tri._FWD_LAST["fast_tanh"] is False
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fwd_variants_match_tiles_and_graph():
+    """The persistent forward variants give the tile kernel's answer (float32 bit-close) on the
+    benchmark widths and replay in a CUDA graph."""
+    from pcops.triton import fused as tri
+
+    for rows, width, dtype in ((4096, 768, torch.float32), (8192, 256, torch.bfloat16), (5000, 64, torch.float32)):
+        x, w, b = make_ln(rows, width, seed=11, dtype=dtype, device="cuda")
+        base = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant="tiles")
+        for variant in tri.FWD_VARIANTS if width == 256 else ("persistent-s3",):
+            got = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant=variant)
+            for a, e in zip(got, base):
+                torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5) if dtype == torch.float32 else \
+                    torch.testing.assert_close(a, e, **TOL[dtype])
+    x, w, b = make_ln(1000, 256, seed=12, dtype=torch.bfloat16, device="cuda")
+    run = lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant="persistent-s3")  # noqa: E731
+    expected = run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, e in zip(captured, expected):
+        assert torch.equal(a, e)
+
+
+@pytest.mark.xfail(strict=False, reason="gelu' takes 1 - t² from tanh.approx: its absolute error near |t| = 1, "
+                                        "amplified by z·u', may exceed the bfloat16 gradient tolerance (the "
+                                        "backward keeps the exact form by default: FAST_TANH_BWD_DTYPES)")
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fast_tanh_backward_bf16():
+    """The "tiled-fast" backward (hardware tanh in gelu') against the float64 reference."""
+    from pcops.triton import fused as tri
+
+    rows, width = 4096, 256
+    x, w, b = make_ln(rows, width, seed=13, dtype=torch.bfloat16, device="cuda")
+    g = torch.randn(rows, width, generator=generator(14)).to(torch.bfloat16).cuda()
+    _, mean, rstd = tri.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    exp = ref.layer_norm_gelu_backward(g.double(), x.double(), w.double(), b.double(), mean.double(),
+                                       rstd.double(), "tanh")
+    for variant in ("tiled-fast", "tiled-async3-fast"):
+        got = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", variant=variant)
+        assert tri._TILED_LAST["fast_tanh"] is True
+        for i, (a, e) in enumerate(zip(got, exp)):
+            tol = {k: v * (math.sqrt(rows) if i else 1) for k, v in GRAD_TOL[torch.bfloat16].items()}
+            worst = ((a.double() - e.to(a.dtype).double()).abs() / (tol["atol"] + tol["rtol"] * e.abs())).max().item()
+            print(f"{variant} grad {i}: worst error / tolerance = {worst:.3g}")
+            torch.testing.assert_close(a.double(), e.to(a.dtype).double(), **tol)
