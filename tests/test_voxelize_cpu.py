@@ -255,14 +255,21 @@ def random_case(seed):
     return pts.to(dtype), lengths, voxel_size, (0, 0.1, -0.2, 4.0, 4.5, 3.0), r(1, 6), r(1, 60)
 
 
+PATHS = {"table": 10**9, "sort": 0}  # ref.TABLE_CELLS_PER_POINT forcing each way of finding first points
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("seed", range(120))
-def test_random_clouds_bit_identical(seed):
+def test_random_clouds_bit_identical(monkeypatch, seed, path):
+    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
     check(*random_case(seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n", [0, 1, 2, 3])
 @pytest.mark.parametrize("channels", [3, 4])
-def test_tiny_clouds_bit_identical(n, channels):
+def test_tiny_clouds_bit_identical(monkeypatch, n, channels, path):
+    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
     pts = torch.rand(n, channels, generator=generator(n)) * 4  # (1, C): points[:, :3].t() is contiguous
     check(pts, None, (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 2, 3)
     check(pts, torch.tensor([n]), (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 1, 1)
@@ -274,12 +281,24 @@ def test_int64_keys_bit_identical():
     check(pts, torch.tensor([2000, 3000]), (0.001, 0.001, 0.001), (0, 0, 0, 2, 2, 2), 2, 100)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_many_voxels_bit_identical(monkeypatch, path):
+    # more than 2^15 voxels: the voxel numbers are sorted as int32, not int16
+    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
+    pts = torch.rand(40000, 4, generator=generator(11)) * 4
+    assert ref.dynamic_voxelize(pts, None, (0.02, 0.02, 0.5), (0, 0, 0, 4, 4, 4), False)[1].shape[0] > 2**15
+    check(pts, None, (0.02, 0.02, 0.5), (0, 0, 0, 4, 4, 4), 2, 30000)
+
+
 def _scan(kitti_dir, frame):
     return torch.from_numpy(np.fromfile(kitti_dir / "velodyne" / f"{frame}.bin", dtype=np.float32).reshape(-1, 4))
 
 
-@pytest.mark.parametrize("cfg", [V1, V3], ids=["V1", "V3"])
-def test_kitti_bit_identical(kitti_dir, cfg):
+@pytest.mark.parametrize("cfg,path", [(V1, "default"), (V1, "sort"), (V3, "default")], ids=["V1", "V1-sort", "V3"])
+def test_kitti_bit_identical(monkeypatch, kitti_dir, cfg, path):
+    # by default V1 (214k cells) takes the table, V3 (90M cells) the sort
+    if path in PATHS:
+        monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
     one, zero = _scan(kitti_dir, "000001"), _scan(kitti_dir, "000000")
     args = (cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"])
     for pts, lengths in ((one, None), (one.half(), None), (torch.cat([one, zero]), torch.tensor([len(one), len(zero)]))):
