@@ -1158,7 +1158,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) __cluster_dims__(2, 1, 1) f
 // early (k larger), hence 1.6 us early against 1.0 late.
 // This kernel removes the jumps and the dependent pairs:
 //   * the coordinates AND min-distances of the first S = 27 slots (13,824 points) are in shared
-//     memory (xs, ys, zs, md: 16 B per point, 221,184 B), addressed by the slot number: no switch;
+//     memory ((x, y, z, md) float4 per point: one 16-byte load, 221,184 B), addressed by the slot
+//     number: no switch;
 //     the last 5 slots of each lane (2,560 points) stay in registers, read and written with selects
 //     (5-way, branch-free) — 16,384 points do not fit 227 KB at 16 B per point;
 //   * needed groups are updated U at a time (loads of all U issued together, U redux.sync in
@@ -1188,23 +1189,23 @@ __device__ __forceinline__ float tmd_pick(const float (&a)[R], int r) {
   return v;
 }
 
-// point q (slot j) of this lane: shared memory for j < S, else register slot j - S
+// point q (slot j) of this lane: shared memory for j < S (one 16-byte load: x, y, z, min-distance),
+// else register slot j - S. Split in two so that a batch issues all its loads before any branch.
+// (point q = j * 512 + tid; a register slot j >= S exists only when cap = S * 512, so the clamped
+// address is valid: one min and one multiply-add before the load)
+template <int S>
+__device__ __forceinline__ float4 tmd_fetch(int j, int tid, const float4* pts) {
+  return pts[min(j, S - 1) * (TMD_WARPS * 32) + tid];
+}
 template <int S, int R>
-__device__ __forceinline__ void tmd_load(int j, int q, int lane, const float* xs, const float* ys, const float* zs,
-                                         const float* mds, const float (&rx)[R], const float (&ry)[R],
-                                         const float (&rz)[R], const float (&rm)[R], float& x, float& y, float& z,
-                                         float& m) {
-  const int qs = j < S ? q : lane;  // a valid address either way (cap >= 32)
-  x = xs[qs];
-  y = ys[qs];
-  z = zs[qs];
-  m = mds[qs];
+__device__ __forceinline__ void tmd_regs(int j, const float (&rx)[R], const float (&ry)[R], const float (&rz)[R],
+                                         const float (&rm)[R], float4& v) {
   if (j >= S) {  // warp-uniform
     const int r = j - S;
-    x = tmd_pick<R>(rx, r);
-    y = tmd_pick<R>(ry, r);
-    z = tmd_pick<R>(rz, r);
-    m = tmd_pick<R>(rm, r);
+    v.x = tmd_pick<R>(rx, r);
+    v.y = tmd_pick<R>(ry, r);
+    v.z = tmd_pick<R>(rz, r);
+    v.w = tmd_pick<R>(rm, r);
   }
 }
 
@@ -1226,15 +1227,13 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
                                             int num_samples, int cap) {
   constexpr int W = TMD_WARPS, S = TMD_SLOTS_SMEM, R = TMD_SLOTS_REG, RR = C * W;
   static_assert(C == 1 || E, "clusters: the broadcast-load reduction only");
-  extern __shared__ float tmd_smem[];  // xs[cap], ys[cap], zs[cap], md[cap]
+  static_assert(W * 32 == TILE_THREADS, "point q of slot j is j * 512 + tid");
+  extern __shared__ float4 tmd_smem[];  // (x, y, z, min-distance)[cap]
   __shared__ int2 mkey[2][RR];         // (max bits, global sorted position) by parity, record
   __shared__ float4 mcrd[2][RR];       // the record's coordinates (E: and the sorted position's bits)
   __shared__ unsigned long long mbar[2];  // C > 1: one mbarrier per parity
   __shared__ int mstart;               // local sorted position of the start point, -1: another CTA's
-  float* xs = tmd_smem;
-  float* ys = tmd_smem + cap;
-  float* zs = tmd_smem + 2 * cap;
-  float* mds = tmd_smem + 3 * cap;
+  float4* pts = tmd_smem;
   const unsigned rank = C > 1 ? cluster_rank() : 0u;
   const long long b = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1260,10 +1259,9 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   for (int p = tid; p < cap; p += W * 32) {
     const bool valid = p < cnt;
     const long long f = valid ? ord[p] : cloud;
-    xs[p] = valid ? points[3 * f + 0] : 0.f;
-    ys[p] = valid ? points[3 * f + 1] : 0.f;
-    zs[p] = valid ? points[3 * f + 2] : 0.f;
-    mds[p] = valid ? kInf : -1.f;  // -1: padding, later the chosen points
+    // -1: padding, later the chosen points
+    pts[p] = valid ? make_float4(points[3 * f + 0], points[3 * f + 1], points[3 * f + 2], kInf)
+                   : make_float4(0.f, 0.f, 0.f, -1.f);
     if (valid && f - cloud == start) mstart = p;
   }
   float rx[R], ry[R], rz[R], rm[R];
@@ -1287,12 +1285,13 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     for (int t = 0; t < 32; ++t) {
       const int q = q0 + t;
       if (q < cnt) {
-        blx = fminf(blx, xs[q]);
-        bly = fminf(bly, ys[q]);
-        blz = fminf(blz, zs[q]);
-        bhx = fmaxf(bhx, xs[q]);
-        bhy = fmaxf(bhy, ys[q]);
-        bhz = fmaxf(bhz, zs[q]);
+        const float4 v = pts[q];
+        blx = fminf(blx, v.x);
+        bly = fminf(bly, v.y);
+        blz = fminf(blz, v.z);
+        bhx = fmaxf(bhx, v.x);
+        bhy = fmaxf(bhy, v.y);
+        bhz = fmaxf(bhz, v.z);
       }
     }
   }
@@ -1365,14 +1364,16 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         js[u] = need ? __ffs(need) - 1 : js[u - 1];
         need &= need - 1u;
       }
+      float4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = tmd_fetch<S>(js[u], tid, pts);
+#pragma unroll
+      for (int u = 0; u < U; ++u) tmd_regs<S, R>(js[u], rx, ry, rz, rm, v[u]);
       float nm[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int q = (js[u] * W + warp) * 32 + lane;
-        float x, y, z, m;
-        tmd_load<S, R>(js[u], q, lane, xs, ys, zs, mds, rx, ry, rz, rm, x, y, z, m);
-        m = fminf(m, sq_dist(x, y, z, cx, cy, cz));
-        nm[u] = q == sel ? -1.f : m;
+        const float m = fminf(v[u].w, sq_dist(v[u].x, v[u].y, v[u].z, cx, cy, cz));
+        nm[u] = (js[u] * W + warp) * 32 + lane == sel ? -1.f : m;
       }
       int gm[U];  // the groups' new maxima (issued before the stores, which are off the path)
 #pragma unroll
@@ -1381,7 +1382,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       for (int u = 0; u < U; ++u) {
         const int j = js[u];
         if (j < S) {
-          mds[(j * W + warp) * 32 + lane] = nm[u];
+          pts[(j * W + warp) * 32 + lane].w = nm[u];
         } else {
 #pragma unroll
           for (int r = 0; r < R; ++r) rm[r] = j - S == r ? nm[u] : rm[r];
@@ -1402,9 +1403,10 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         const unsigned holders = __ballot_sync(FULL_MASK, __float_as_int(gmax) == rd);
         const int j = __ffs(holders) - 1;
         const int q = (j * W + warp) * 32 + lane;
-        float x, y, z, m;
-        tmd_load<S, R>(j, q, lane, xs, ys, zs, mds, rx, ry, rz, rm, x, y, z, m);
-        const unsigned hit = __ballot_sync(FULL_MASK, __float_as_int(m) == rd);
+        float4 v = tmd_fetch<S>(j, tid, pts);
+        tmd_regs<S, R>(j, rx, ry, rz, rm, v);
+        const float x = v.x, y = v.y, z = v.z;
+        const unsigned hit = __ballot_sync(FULL_MASK, __float_as_int(v.w) == rd);
         if (((holders & (holders - 1u)) | (hit & (hit - 1u))) == 0u) {  // one point holds the max
           owner = lane == __ffs(hit) - 1;
           c_q = lo + q;
@@ -1418,16 +1420,16 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
             const int jj = __ffs(h) - 1;
             h &= h - 1u;
             const int qq = (jj * W + warp) * 32 + lane;
-            float xx, yy, zz, mm;
-            tmd_load<S, R>(jj, qq, lane, xs, ys, zs, mds, rx, ry, rz, rm, xx, yy, zz, mm);
-            if (__float_as_int(mm) == rd) {
+            float4 vv = tmd_fetch<S>(jj, tid, pts);
+            tmd_regs<S, R>(jj, rx, ry, rz, rm, vv);
+            if (__float_as_int(vv.w) == rd) {
               const unsigned oi = (unsigned)(ord[qq] - cloud);
               if (oi < best) {
                 best = oi;
                 c_q = lo + qq;
-                c_x = xx;
-                c_y = yy;
-                c_z = zz;
+                c_x = vv.x;
+                c_y = vv.y;
+                c_z = vv.z;
               }
             }
           }
