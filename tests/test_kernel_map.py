@@ -374,6 +374,11 @@ def test_triton_interpreter_groups_and_padded_pairs(cfg, tile, groups, chunk, la
         assert torch.equal(a, b), name
     m, k = padded[4].shape
     assert padded[1].shape == (m * k,) and int((padded[1] == -1).sum()) == m * k - int(padded[3][-1])
+    # the static form: groups split M on the device, tails written by a stride over the programs
+    got = tri.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2)
+    expected = ref.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2)
+    for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
+        assert torch.equal(a, b), name
 
 
 def test_padded_pairs_public():
@@ -595,8 +600,9 @@ build(km._kmap_bits_count_kernel, dict(WORDS=km._BITS_WORDS), 4)
 PTRS["keys_ptr"] = "*i64"
 build(km._kmap_bits_emit_kernel, dict(WORDS=km._BITS_WORDS, CELLS=km._BITS_CELLS, SUMS=1024), 4)
 for pad, dev_m in ((False, False), (True, False), (True, True)):
-    build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=256, ROWS=256, PAD=pad, DEV_M=dev_m), 8)
-build(km._kmap_compact_kernel, dict(BLOCK_M=16, KPAD=128, CHUNK=64, ROWS=64, PAD=False, DEV_M=False), 8)
+    build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=256, ROWS=64 if dev_m else 256, PAD=pad,
+                                        DEV_M=dev_m, TAIL=1024), 8)
+build(km._kmap_compact_kernel, dict(BLOCK_M=16, KPAD=128, CHUNK=64, ROWS=64, PAD=False, DEV_M=False, TAIL=1024), 8)
 print("compiled")
 """
 

@@ -386,7 +386,12 @@ def _kmap_lookup_kernel(
     out_mask = rows[:, None] & k_live[None, :]
     tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
     cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
-    tl.atomic_add(ws_ptr + counts_off + (pid // sub) * KPAD + rk, cnt, mask=k_live, sem="relaxed")
+    if DEV_M:
+        # `sub` is the group count G here: groups of ceil(ceil(M / BLOCK_M) / G) blocks (as the compaction)
+        group = pid // tl.maximum((tl.cdiv(tl.load(ws_ptr + m_off) + 1, BLOCK_M) + sub - 1) // sub, 1)
+    else:
+        group = pid // sub
+    tl.atomic_add(ws_ptr + counts_off + group * KPAD + rk, cnt, mask=k_live & (cnt > 0), sem="relaxed")
 
 
 @triton.jit
@@ -413,7 +418,9 @@ def _kmap_compact_kernel(
     pair_in_ptr,  # (cap_pairs,) int32 out
     pair_out_ptr,  # (cap_pairs,) int32 out
     offsets_ptr,  # (K + 1,) int32 out (program 0 writes it)
-    counts_off, m_total, K, sub, num_groups,
+    counts_off, m_total, K,
+    sub,  # blocks of BLOCK_M rows per group (DEV_M: unused, from M on the device)
+    num_groups,
     cap_pairs,  # length of the pair arrays (P, or M * K when padded)
     m_off,  # DEV_M: index in counts_ptr of the counter M - 1
     BLOCK_M: tl.constexpr,
@@ -421,7 +428,8 @@ def _kmap_compact_kernel(
     CHUNK: tl.constexpr,  # group rows reduced per step (S1: all at once)
     ROWS: tl.constexpr,  # rows ranked per step: BLOCK_M times a power of two dividing `sub` (S1: 1)
     PAD: tl.constexpr,  # write -1 to the pair entries [P, cap_pairs)
-    DEV_M: tl.constexpr,  # rows [M, m_total) hold no hits (static shapes): not read
+    DEV_M: tl.constexpr,  # M on the device (static shapes): groups split the M rows; needs ROWS == BLOCK_M
+    TAIL: tl.constexpr,  # DEV_M: pair entries set to -1 per step
 ):
     # program = one count group: reduce every group's counts (a few KB) into the per-offset
     # totals and this group's first position per offset, then rank the hits row by row
@@ -443,13 +451,16 @@ def _kmap_compact_kernel(
     tl.store(offsets_ptr + K + rk * 0, start * 0 + num_pairs, mask=(rk == 0) & (pid == 0))
     run = start + before
     m_read = m_total
-    steps = sub
     if DEV_M:
-        # rows past M hold no hits; rows past both M and the padded pair entries need nothing
+        # only the first M rows hold hits: this group's share of them, as the lookup counted
         m_read = tl.load(counts_ptr + m_off).to(tl.int32) + 1
-        m_need = tl.maximum(m_read, (cap_pairs + K - 1) // K)
-        steps = tl.minimum(sub, tl.maximum((m_need - pid * sub * BLOCK_M + BLOCK_M - 1) // BLOCK_M, 0))
-    for s in range(0, steps, ROWS // BLOCK_M):
+        sub = (tl.cdiv(m_read, BLOCK_M) + num_groups - 1) // num_groups
+        # the padded pair entries [P, cap_pairs), shared out by a stride over the programs
+        for t0 in range(num_pairs + pid * TAIL, cap_pairs, num_groups * TAIL):
+            t = t0 + tl.arange(0, TAIL)
+            tl.store(pair_in_ptr + t, tl.full([TAIL], -1, tl.int32), mask=t < cap_pairs)
+            tl.store(pair_out_ptr + t, tl.full([TAIL], -1, tl.int32), mask=t < cap_pairs)
+    for s in range(0, sub, ROWS // BLOCK_M):
         m = (pid * sub + s) * BLOCK_M + tl.arange(0, ROWS)
         mask = (m < m_total)[:, None] & k_live[None, :]
         v = tl.load(out_in_ptr + m[:, None] * K + rk[None, :], mask=mask & (m < m_read)[:, None], other=-1)
@@ -460,7 +471,7 @@ def _kmap_compact_kernel(
         tl.store(pair_in_ptr + pos, v, mask=ok)
         tl.store(pair_out_ptr + pos, (m[:, None] + rk[None, :] * 0).to(tl.int32), mask=ok)
         run += tl.sum(hit, axis=0)
-        if PAD:
+        if PAD and not DEV_M:
             flat = m[:, None] * K + rk[None, :]
             tail = mask & (flat >= num_pairs) & (flat < cap_pairs)
             tl.store(pair_in_ptr + flat, v * 0 - 1, mask=tail)
@@ -569,8 +580,8 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
         out_in, counts, pair_in, pair_out, offsets, counts_off, num_out, num_k, sub, num_groups, cap_pairs,
         m_off or 0,
         BLOCK_M=block_m, KPAD=kpad, CHUNK=max(2, min(_COUNT_CHUNK, _COMPACT_LANES // kpad)),
-        ROWS=block_m * min(sub & -sub, max(1, _COMPACT_LANES // (block_m * kpad))), PAD=pad,
-        DEV_M=m_off is not None, num_warps=_NUM_WARPS,
+        ROWS=block_m * (1 if m_off is not None else min(sub & -sub, max(1, _COMPACT_LANES // (block_m * kpad)))),
+        PAD=pad, DEV_M=m_off is not None, TAIL=1024, num_warps=_NUM_WARPS,
     )
     return pair_in, pair_out, offsets
 
@@ -659,7 +670,9 @@ def sparse_conv_kernel_map(
     elif static_out:
         bound = n * plan["per_input"]
         cap_out, log_out = 0, 0  # no output table: a bitmap of the output cells
-        sub, num_groups = _groups(_cdiv(bound, block))
+        # groups split the M rows on the device; the lookup gets the group count as `sub`
+        num_groups = min(_MAX_GROUPS, _cdiv(bound, block))
+        sub = num_groups
         cells = batch_size * math.prod(out_shape)
         if cells >= 2**31:
             raise ValueError(f"batch_size: {batch_size} samples of the output grid {tuple(out_shape)} exceed the "
