@@ -1146,36 +1146,40 @@ extern "C" __global__ void __launch_bounds__(512, 1) __cluster_dims__(2, 1, 1) f
 }
 
 // -------------------------------------------------------------------------------------------------
-// fps_tile_md_u{U}_c1: fps_tile for one CTA per cloud (<= 16,384 points) with a short step.
+// fps_tile_md[_e]_u{U}_c{C}: fps_tile with a short step (one CTA per cloud of <= 16,384 points;
+// clusters of C CTAs, "_e_" only, for larger clouds).
 //
 // Where fps_tile's step goes (H200, F1: 1.0 us = 1,980 cycles late, 1.63 us early; fps_probe
-// latencies): its min-distances live in registers, md[32] per lane, so every access to a group
-// picked at run time is a 32-way switch, an indirect jump (BRX, 211 cycles), and every group update
-// ends in a redux.sync (63) whose result the next jump waits for: ~330 cycles per updated group on
-// the busiest warp, twice a jump when the warp record is rebuilt (update + pick), and the record
-// costs redux max + ballot + jump + redux min + ballot + shfl. Roughly: box test 60 + updates
-// k * 330 + record ~500 + barrier ~60 + reduction ~270 = ~900 + 330 k cycles; more groups change
-// early (k larger), hence 1.6 us early against 1.0 late.
-// This kernel removes the jumps and the dependent pairs:
+// latencies; SASS of fps_tile_c1): its min-distances live in registers, md[32] per lane, so every
+// access to a group picked at run time is a 32-way switch, an indirect jump (BRX, 211 cycles, 30 of
+// them in a 4,700-instruction kernel), and every group update ends in a redux.sync (63) whose result
+// the next jump waits for: ~330 cycles per updated group on the busiest warp; the record rebuild
+// jumps again (pick) and costs redux max + ballot + jump + shared loads + redux min + ballot + shfl
+// (~500); then __syncthreads (~60) and the reduction of the 16 records (2 loads, redux max, redux
+// min, ballot, 3 shfl: ~270). Roughly 60 (box test) + 330 k + 500 + 60 + 270 = ~900 + 330 k cycles
+// for k updated groups on the busiest warp: k ~ 3 late, ~5 early, hence 1.0 and 1.6 us. (The
+// winner's coordinates never come from global memory there either: records carry them.)
+// This kernel removes the jumps and most dependent pairs:
 //   * the coordinates AND min-distances of the first S = 27 slots (13,824 points) are in shared
-//     memory ((x, y, z, md) float4 per point: one 16-byte load, 221,184 B), addressed by the slot
-//     number: no switch;
-//     the last 5 slots of each lane (2,560 points) stay in registers, read and written with selects
-//     (5-way, branch-free) — 16,384 points do not fit 227 KB at 16 B per point;
-//   * needed groups are updated U at a time (loads of all U issued together, U redux.sync in
-//     flight together): the latency of a batch is about one group's;
-//   * the warp record is (max bits, CTA-local sorted position q) + coordinates, written by the lane
-//     that holds the point (no shuffles): the fast path (one group holds the warp max and one lane
-//     in it) is redux + ballot + 4 shared loads + ballot; ties (equal maxima) take a slow path
-//     that reads original indices from `order` (global, rare);
-//   * the CTA reduction after the one __syncthreads: 16 records, redux max + ballot, then 4
-//     shuffles from the winning lane (a tie between warps: original indices from `order`);
+//     memory, one float4 (x, y, z, md) per point (221,184 B), at j * 512 + tid for slot j: one
+//     16-byte load, no switch; the last 5 slots of each lane (2,560 points) stay in registers, read
+//     and written with 5-way selects (16,384 points do not fit 227 KB at 16 B per point);
+//   * needed groups are updated U at a time (the U loads issued together, U redux.sync in flight
+//     together): a batch costs about one group's latency (~130 cycles);
+//   * the warp record is (max bits, sorted position) + coordinates, written by the lane that holds
+//     the point (no shuffles); fast path (one group holds the warp max, one lane in it): ballot +
+//     one 16-byte load + ballot; ties (equal maxima) take a slow path reading original indices from
+//     `order` (global; rare). "_e_": the warp max is max(redux of the groups that did not change,
+//     issued before the updates, the updates' own redux results): no redux on the record's path;
+//   * the reduction after the one __syncthreads: 16 records, redux max + ballot, then 4 shuffles
+//     from the winning lane ("_e_": one broadcast 16-byte load of the winner's record);
 //   * sorted positions are written to `out` during the run and turned into original indices after
-//     the loop (one pass over `out`, no global load on the step's path).
-// Expected step: box test ~60 + one batch ~140 + record ~190 + barrier ~60 + reduction ~190 ~= 650
-// cycles (0.33 us) when each warp updates <= U groups. Same arguments, results and double buffering
-// as fps_tile (C == 1); grid (1, B), 512 threads, 16 * cap bytes of dynamic shared memory with
-// cap = min(N rounded up to 32, 13,824).
+//     the loop (no global load on the step's path).
+// Expected "_e_" step (SASS, one batch on the busiest warp): box test ~70 + batch address/load/
+// distance/redux ~145 + record (max, ballot, load, ballot, store) ~150 + barrier ~60 + reduction
+// (load, redux, ballot, load) ~165 = ~600 cycles (0.30 us); each further batch ~130. Same
+// arguments, results and double buffering as fps_tile; grid (C, B), 512 threads, 16 * cap bytes of
+// dynamic shared memory with cap = min(ceil(N / C) rounded up to 32, 13,824).
 #define TMD_WARPS 16
 #define TMD_SLOTS_SMEM 27
 #define TMD_SLOTS_REG (TILE_SLOTS - TMD_SLOTS_SMEM)
