@@ -279,13 +279,14 @@ def _kmap_bits_emit_kernel(
         before += tl.where(c < pid, v, 0)
     base = tl.sum(before, axis=0)
     tl.store(ws_ptr + m_off, tl.sum(total, axis=0).to(tl.int64) - 1, mask=pid == 0)
+    first_cell = pid.to(tl.int64) * (WORDS * 32)
     for c0 in range(0, WORDS * 32, CELLS):
-        cell = pid.to(tl.int64) * (WORDS * 32) + c0 + tl.arange(0, CELLS)
-        word = cell >> 5
+        local = c0 + tl.arange(0, CELLS)  # int32 inside the chunk: few registers per lane
+        word = pid * WORDS + (local >> 5)  # < 2^26 words (the bitmap has < 2^31 cells)
         v = ~tl.load(bits_ptr + word, mask=word < words, other=-1)
-        occ = (v >> (cell & 31).to(tl.int32)) & 1
+        occ = (v >> (local & 31)) & 1
         rank = base + tl.cumsum(occ, axis=0) - occ
-        tl.store(keys_ptr + rank, cell, mask=occ > 0)
+        tl.store(keys_ptr + rank, first_cell + local, mask=occ > 0)
         base += tl.sum(occ, axis=0)
 
 
@@ -721,7 +722,7 @@ def sparse_conv_kernel_map(
         _kmap_bits_count_kernel[(chunks,)](bits, sums, words, WORDS=_BITS_WORDS, num_warps=4)
         keys = ws[keys_off:bits_off]
         _kmap_bits_emit_kernel[(chunks,)](bits, sums, keys, ws, counters_off, words, chunks, WORDS=_BITS_WORDS,
-                                          CELLS=_BITS_CELLS, SUMS=min(1024, _pow2(chunks)), num_warps=4)
+                                          CELLS=_BITS_CELLS, SUMS=min(1024, _pow2(chunks)), num_warps=8)
         num_out = bound
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     else:
