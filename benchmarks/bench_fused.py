@@ -40,7 +40,7 @@ on 16-bit rows (L2) ``exact-tanh`` (the exp2 GELU instead of the default ``tanh.
 ``persistent-s3 exact-tanh`` (the flag rows at the autotuned config, fixed); for L1 and L2 every tile config of the autotuner's pruned
 space at a fixed launch (``cfg BLOCK_MxTILESxwarps``: which config is fastest in graph
 replays, against the one the autotuner took, printed as ``autotuned forward config``); on L2
-the profiler's kernel time of each (``gpu_us``).
+the profiler's kernel time of each variant (``gpu_us``; not of the cfg rows).
 
 Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
 checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
@@ -122,6 +122,10 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant
         fb_floor = 5 * m * n * size / BANDWIDTH * 1e3  # fwd: x, y; bwd: dy, x, dx
         err = (pcops_ln_gelu(x, w, b).float() - torch_ln_gelu(x, w, b).float()).abs().max().item()
         print(f"{wl}: max |pcops - torch| = {err:.3g}")
+        timings = getattr(tri._layer_norm_gelu_fwd_tuned, "configs_timings", None) or {}  # this workload's tuning
+        tuned = sorted((v[0] if isinstance(v, (list, tuple)) else v, str(k)) for k, v in timings.items())
+        print(f"{wl}: forward autotune (CUDA-graph timing, ms): " + "; ".join(f"{t:.4f} {c}" for t, c in tuned))
+        launches[f"{wl} fwd autotune"] = [[t, c] for t, c in tuned]
         fwd = {"torch eager": lambda: torch_ln_gelu(x, w, b), "pcops triton": lambda: pcops_ln_gelu(x, w, b)}
         if compiled is not None:
             fwd["torch.compile"] = lambda: compiled(x, w, b)
@@ -195,7 +199,7 @@ def bench_fwd_variants(rows, rep, wl, x, w, b, fwd_base, notes):
         print(f"{wl} fwd={name}: max |out - default| {diff}; launch {plan}")
         t = graph_row(rows, wl, f"pcops triton fwd={name} (fwd)", fn, rep, floor, m, fwd_base)
         info[name] = {"max_abs_diff_vs_default": diff, "launch": plan, "graph_ms": t and t["median_ms"]}
-        if wl == "L2":  # the kernel's own GPU time (the graph rows include a launch)
+        if wl == "L2" and not name.startswith("cfg"):  # the kernel's own GPU time (graph rows include a launch)
             act = gpu_activities(fn, iters=5)
             info[name]["gpu_us"] = act.get("gpu_us")
             print(f"{wl} fwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call")

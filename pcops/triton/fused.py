@@ -702,9 +702,9 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 # then waits a full memory latency: ≈ 28 warps × 1 KB per SM in flight, ≈ 2 TB/s by Little's law at
 # ≈ 2 µs loaded latency — what the H200 measured (2.2-2.6 TB/s, insensitive to prefetch depth,
 # warps and instruction count). The pipelined loop keeps ``stages - 1`` tiles per program in
-# shared memory (4 KB each on L2; 3 stages: 8 KB ahead per program, ≈ 56 KB per SM) at the
-# cost of one barrier per tile (sm_90 SASS on L2: 298 instructions per 8-element step, 72
-# registers, LDGSTS.128).
+# shared memory (4 KB each on L2; 4 stages: 12 KB per program, ≈ 84 KB per SM) at the cost of
+# two barriers per tile (sm_90 SASS on L2: 298 instructions per 8-element step, 72 registers,
+# LDGSTS.128).
 BWD_VARIANTS = {
     # a warp per row (up to 256 bf16/fp16 or fp32 values), 4 warps, one tile ahead, the lean
     # maths held to the plain maths' 72 registers on L2 (279 SASS instructions per 8-element
@@ -722,13 +722,17 @@ BWD_VARIANTS = {
     # "tiled" with the hardware tanh for 16-bit rows (264 instead of 279 instructions per step)
     "tiled-fast": dict(per_thread=4, warps=4, prefetch=1, lean=True, regs16=72, per_sm=None, fast_tanh=True,
                        stages=1),
-    # the x/dy loads pipelined through shared memory, 2 or 3 tiles ahead (see above)
+    # the x/dy loads pipelined through shared memory (see above): the copies for tile i + stages - 1
+    # are issued at the end of step i, so stages - 2 tiles are in flight while one is computed
+    # (3: one, as a working prefetch would be; 4: two; 6: four, 20 KB per program on L2)
     "tiled-async3": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None, fast_tanh=None,
                          stages=3),
     "tiled-async4": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None, fast_tanh=None,
                          stages=4),
-    "tiled-async3-fast": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None,
-                              fast_tanh=True, stages=3),
+    "tiled-async6": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None, fast_tanh=None,
+                         stages=6),
+    "tiled-async4-fast": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None,
+                              fast_tanh=True, stages=4),
 }
 # the variant ``layer_norm_gelu_backward`` runs when its ``variant`` is None ("rowrange": the
 # row-range kernel). The benchmark sets it to sweep the variants through the public op.
