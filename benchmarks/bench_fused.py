@@ -37,8 +37,8 @@ with max |y − default|, |mean|, |rstd| printed and in the notes (``fwd_variant
 ``pcops.triton.fused.FWD_VARIANTS`` (persistent grid, x loads pipelined through shared memory;
 two on every workload, two more on L2), ``wb-tile`` (weight/bias loaded in the tile layout),
 on 16-bit rows (L2) ``exact-tanh`` (the exp2 GELU instead of the default ``tanh.approx``) and
-``persistent-s3 exact-tanh`` (the flag rows at the autotuned config, fixed); for L1 and L2 every tile config of the autotuner's pruned
-space at a fixed launch (``cfg BLOCK_MxTILESxwarps``: which config is fastest in graph
+``persistent-s3 exact-tanh`` (the flag rows at the autotuned config, fixed); for L1 and L2
+every tile config of the autotuner's pruned space at a fixed launch (``cfg BLOCK_MxTILESxwarps``: which config is fastest in graph
 replays, against the one the autotuner took, printed as ``autotuned forward config``); on L2
 the profiler's kernel time of each variant (``gpu_us``; not of the cfg rows).
 

@@ -7,7 +7,11 @@ arithmetic (statistics, GELU and its derivative, Philox dropout) done in float32
   columns per program (the next tile's load in flight while one is computed) read ``x`` once,
   write ``y`` and the per-row ``mean``/``rstd`` (float32) for the backward. Bytes:
   ``2·M·N·size + 8·M``. Rows wider than ``_MAX_BLOCK_N`` are walked in chunks (three passes
-  over the row, the later ones mostly from L2).
+  over the row, the later ones mostly from L2). ``FWD_VARIANTS`` / ``FWD_VARIANT``: a
+  persistent grid with the x loads pipelined through shared memory (selectable, not default).
+- tanh GELU: bfloat16 rows (``FAST_TANH_FWD_DTYPES``) take the hardware ``tanh.approx.f32``
+  in the forward (one MUFU instead of ex2 + rcp); float32, the backward by default and the
+  interpreter keep the exact formula (``_fast_tanh`` says who gets which).
 - LayerNorm+GELU backward (default, rows ≤ 1024 wide): a persistent grid of ``G`` programs
   (as many as fit on the SMs at once) walks aligned row tiles with the next tile prefetched,
   writes ``dx`` and one row of column partial sums of ``dz·x̂`` and ``dz`` per program; one
@@ -26,7 +30,8 @@ arithmetic (statistics, GELU and its derivative, Philox dropout) done in float32
   ``"tile"`` layout: a ``(BLOCK_R, BLOCK_L)`` tile of rows, a warp across each row.
 
 Tuning: the row-wise kernels go through ``triton.autotune`` keyed on the row length (``N``; the
-mean row length for the CSR softmax), timed with a short ``do_bench`` (5 + 20 ms per config).
+mean row length for the CSR softmax), timed with a short ``do_bench`` (5 + 20 ms per config);
+the LayerNorm+GELU forward with CUDA-graph replays (``_graph_bench``) and ``FWD_PINNED``.
 Launchers take ``block_m``/``block_r`` (and ``num_warps``, ``tiles``, ``sub``) to bypass
 autotuning; they do so by themselves under ``TRITON_INTERPRET=1``, where every config would
 be run in Python.
