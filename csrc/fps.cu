@@ -1260,7 +1260,8 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     }
   }
   __syncthreads();
-  for (int p = tid; p < cap; p += W * 32) {
+#pragma unroll 4
+  for (int p = tid; p < cap; p += W * 32) {  // unrolled: 4 gathers in flight per thread
     const bool valid = p < cnt;
     const long long f = valid ? ord[p] : cloud;
     // -1: padding, later the chosen points
