@@ -1256,6 +1256,8 @@ def test_fast_tanh_off_under_the_interpreter():
     for variant in ("tiled-fast", "tiled-async4-fast"):
         got = tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", variant=variant, num_programs=2)
         assert tri._TILED_LAST["fast_tanh"] is False
+        tri.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", variant=variant, num_programs=2, fast_tanh=True)
+        assert tri._TILED_LAST["fast_tanh"] is False
         for a, e in zip(got, ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh")):
             torch.testing.assert_close(a, e, **GRAD_TOL[torch.bfloat16])
 

@@ -1374,7 +1374,7 @@ def layer_norm_gelu_backward(
     mean: torch.Tensor, rstd: torch.Tensor, approximate: str,
     dropout_p: float = 0.0, seed: torch.Tensor | None = None, *,
     block_m: int | None = None, num_warps: int | None = None, max_block_n: int | None = None,
-    num_programs: int | None = None, variant: str | None = None,
+    num_programs: int | None = None, variant: str | None = None, fast_tanh: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact gradients of ``layer_norm_gelu`` w.r.t. ``x``, ``weight`` and ``bias``.
 
@@ -1386,6 +1386,8 @@ def layer_norm_gelu_backward(
             rows wider than 1024 take the row-range kernel), ``"rowrange"`` (the autotuned
             row-range kernel), or None (default): the module-level ``BWD_VARIANT`` ("tiled").
             ``block_m``/``num_warps``/``num_programs`` override the variant's config.
+        fast_tanh: overrides the variant's ``fast_tanh`` (the tiled kernels only): None keeps it,
+            True/False as the forward's argument (16-bit rows only, never under the interpreter).
     Returns:
         ``(dx (M, N), dweight (N,), dbias (N,))``. dweight/dbias are summed over rows in two
         fixed-order stages (per-program partials, then a column sum): deterministic.
@@ -1402,9 +1404,12 @@ def layer_norm_gelu_backward(
         if variant not in BWD_VARIANTS:
             raise ValueError(f"variant: expected {_ROWRANGE!r} or one of {tuple(BWD_VARIANTS)}, got {variant!r}")
         if one_tile and block_n <= _TILED_MAX_N:
+            config = BWD_VARIANTS[variant]
+            if fast_tanh is not None:
+                config = dict(config, fast_tanh=bool(fast_tanh))
             return _layer_norm_gelu_backward_tiled(
                 grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed, dx, dweight, dbias,
-                BWD_VARIANTS[variant], block_n, block_m, num_warps, num_programs,
+                config, block_n, block_m, num_warps, num_programs,
             )
     if num_programs is None:
         num_programs = _num_sms(x.device) * (_BWD_PROGRAMS_PER_SM if x.device.type == "cuda" else 3)
