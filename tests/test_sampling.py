@@ -1111,8 +1111,9 @@ def test_gpu_fps_tile_md_clusters(cluster, unroll, monkeypatch):
     120k scan size, whose CTAs also use the register slots; then through the op (_tile_md_cluster)."""
     from pcops.cuda import sampling as cu
 
+    # 30,000 points in 2 CTAs, 40,000 in 4 or 8, 120,268 in 8: 15,000 and 15,034 per CTA use register slots
     cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
-             fps_case(2, 40000, 256)]
+             fps_case(2, 30000 if cluster == 2 else 40000, 256)]
     if cluster == 8:
         cases.append(fps_case(1, 120268, 128))
 
