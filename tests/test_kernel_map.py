@@ -592,9 +592,9 @@ for case in cases:
     for static in ((False,) if subm else (False, True)):
         build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
                                            BITMAP=static, **plan["insert_consts"]), plan["insert_warps"])
-        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, **plan["lookup_consts"]), 8)
+        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, TAIL=1024, **plan["lookup_consts"]), 8)
 PTRS["keys_ptr"] = "*i32"
-build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, **km._plan(*cases[1])["lookup_consts"]), 8)
+build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, TAIL=1024, **km._plan(*cases[1])["lookup_consts"]), 8)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
 build(km._kmap_bits_count_kernel, dict(WORDS=km._BITS_WORDS), 4)
 PTRS["keys_ptr"] = "*i64"

@@ -314,85 +314,106 @@ def _kmap_lookup_kernel(
     DEV_M: tl.constexpr,  # M is read on the device (static shapes): rows [M, m_total) get -1
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
+    TAIL: tl.constexpr,  # DEV_M: entries set to -1 per step in the rows past M
 ):
     pid = tl.program_id(0)
-    m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = m < m_total  # rows written
     if DEV_M:
-        live = m < tl.load(ws_ptr + m_off) + 1
+        # only the blocks holding the M live rows are looked up (a stride over the programs); the
+        # rows [M, m_total) are set to -1 by flat strides below
+        m_dev = tl.load(ws_ptr + m_off) + 1
+        live_blocks = tl.cdiv(m_dev, BLOCK_M)
+        # `sub` is the group count G here: groups of ceil(live blocks / G) blocks (as the compaction)
+        sub_d = tl.maximum((live_blocks + sub - 1) // sub, 1)
+        blk_end = live_blocks
+        blk_step = tl.num_programs(0)
     else:
-        live = rows
-    if FROM_KEYS:
-        okey = tl.load(keys_ptr + m, mask=live, other=0).to(tl.int64)
-        ox = okey % Wo
-        t = okey // Wo
-        oy = t % Ho
-        t = t // Ho
-        oz = t % Do
-        b = tl.where(live, t // Do, -1)
-        tl.store(out_coords_ptr + m * 4 + 0, b.to(tl.int32), mask=rows)
-        tl.store(out_coords_ptr + m * 4 + 1, tl.where(live, oz, -1).to(tl.int32), mask=rows)
-        tl.store(out_coords_ptr + m * 4 + 2, tl.where(live, oy, -1).to(tl.int32), mask=rows)
-        tl.store(out_coords_ptr + m * 4 + 3, tl.where(live, ox, -1).to(tl.int32), mask=rows)
-    else:
-        b = tl.load(coords_ptr + m * 4 + 0, mask=live, other=-1).to(tl.int64)
-        oz = tl.load(coords_ptr + m * 4 + 1, mask=live, other=0).to(tl.int64)
-        oy = tl.load(coords_ptr + m * 4 + 2, mask=live, other=0).to(tl.int64)
-        ox = tl.load(coords_ptr + m * 4 + 3, mask=live, other=0).to(tl.int64)
-    rk = tl.arange(0, KPAD)
-    k_live = rk < K
-    kx = rk % Kx
-    ky = (rk // Kx) % Ky
-    kz = rk // (Kx * Ky)
-    valid = (live & (b >= 0))[:, None] & k_live[None, :]
-    if TRANSPOSED:
-        # i = (o + p - k * d) / s when it divides (non-negative numerators only)
-        nz = oz[:, None] + pz - kz[None, :] * dz
-        ny = oy[:, None] + py - ky[None, :] * dy
-        nx = ox[:, None] + px - kx[None, :] * dx
-        valid = valid & (nz >= 0) & (ny >= 0) & (nx >= 0)
-        nz = tl.where(valid, nz, 0)
-        ny = tl.where(valid, ny, 0)
-        nx = tl.where(valid, nx, 0)
-        valid = valid & (nz % sz == 0) & (ny % sy == 0) & (nx % sx == 0)
-        iz = nz // sz
-        iy = ny // sy
-        ix = nx // sx
-    else:
-        # i = o * s - p + k * d (submanifold: s = 1, p = the centred padding)
-        iz = oz[:, None] * sz - pz + kz[None, :] * dz
-        iy = oy[:, None] * sy - py + ky[None, :] * dy
-        ix = ox[:, None] * sx - px + kx[None, :] * dx
-    valid = valid & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-    key = ((b[:, None] * D + iz) * H + iy) * W + ix
+        m_dev = m_total
+        sub_d = sub
+        blk_end = pid + 1
+        blk_step = 1
+    for blk in range(pid, blk_end, blk_step):
+        m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = m < m_total  # rows written
+        if DEV_M:
+            live = m < m_dev
+        else:
+            live = rows
+        if FROM_KEYS:
+            okey = tl.load(keys_ptr + m, mask=live, other=0).to(tl.int64)
+            ox = okey % Wo
+            t = okey // Wo
+            oy = t % Ho
+            t = t // Ho
+            oz = t % Do
+            b = tl.where(live, t // Do, -1)
+            tl.store(out_coords_ptr + m * 4 + 0, b.to(tl.int32), mask=rows)
+            tl.store(out_coords_ptr + m * 4 + 1, tl.where(live, oz, -1).to(tl.int32), mask=rows)
+            tl.store(out_coords_ptr + m * 4 + 2, tl.where(live, oy, -1).to(tl.int32), mask=rows)
+            tl.store(out_coords_ptr + m * 4 + 3, tl.where(live, ox, -1).to(tl.int32), mask=rows)
+        else:
+            b = tl.load(coords_ptr + m * 4 + 0, mask=live, other=-1).to(tl.int64)
+            oz = tl.load(coords_ptr + m * 4 + 1, mask=live, other=0).to(tl.int64)
+            oy = tl.load(coords_ptr + m * 4 + 2, mask=live, other=0).to(tl.int64)
+            ox = tl.load(coords_ptr + m * 4 + 3, mask=live, other=0).to(tl.int64)
+        rk = tl.arange(0, KPAD)
+        k_live = rk < K
+        kx = rk % Kx
+        ky = (rk // Kx) % Ky
+        kz = rk // (Kx * Ky)
+        valid = (live & (b >= 0))[:, None] & k_live[None, :]
+        if TRANSPOSED:
+            # i = (o + p - k * d) / s when it divides (non-negative numerators only)
+            nz = oz[:, None] + pz - kz[None, :] * dz
+            ny = oy[:, None] + py - ky[None, :] * dy
+            nx = ox[:, None] + px - kx[None, :] * dx
+            valid = valid & (nz >= 0) & (ny >= 0) & (nx >= 0)
+            nz = tl.where(valid, nz, 0)
+            ny = tl.where(valid, ny, 0)
+            nx = tl.where(valid, nx, 0)
+            valid = valid & (nz % sz == 0) & (ny % sy == 0) & (nx % sx == 0)
+            iz = nz // sz
+            iy = ny // sy
+            ix = nx // sx
+        else:
+            # i = o * s - p + k * d (submanifold: s = 1, p = the centred padding)
+            iz = oz[:, None] * sz - pz + kz[None, :] * dz
+            iy = oy[:, None] * sy - py + ky[None, :] * dy
+            ix = ox[:, None] * sx - px + kx[None, :] * dx
+        valid = valid & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+        key = ((b[:, None] * D + iz) * H + iy) * W + ix
 
-    # probe bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys
-    # loaded in one round trip) until the key or an empty slot; with inserts only, a key never
-    # sits after an empty slot of its probe sequence, so a match anywhere in the bucket is it.
-    # Only the hits (S1 subm: 14 % of the lanes) read their row, once, after the probing.
-    bucket = _slot(key, log_in - 1, cap_in >> 1)
-    hit_word = tl.full((BLOCK_M, KPAD), -1, tl.int32)  # workspace index of the hit's key word
-    active = valid
-    while _any2d(active):
-        cell = bucket * 4
-        e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
-        e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
-        hit0 = active & (e0 == key)
-        hit1 = active & (e1 == key)
-        hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
-        active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
-        bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
-    found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
+        # probe bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys
+        # loaded in one round trip) until the key or an empty slot; with inserts only, a key never
+        # sits after an empty slot of its probe sequence, so a match anywhere in the bucket is it.
+        # Only the hits (S1 subm: 14 % of the lanes) read their row, once, after the probing.
+        bucket = _slot(key, log_in - 1, cap_in >> 1)
+        hit_word = tl.full((BLOCK_M, KPAD), -1, tl.int32)  # workspace index of the hit's key word
+        active = valid
+        while _any2d(active):
+            cell = bucket * 4
+            e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
+            e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
+            hit0 = active & (e0 == key)
+            hit1 = active & (e1 == key)
+            hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
+            active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
+            bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
+        found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
 
-    out_mask = rows[:, None] & k_live[None, :]
-    tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
-    cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
+        out_mask = rows[:, None] & k_live[None, :]
+        tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
+        cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
+        group = blk // sub_d
+        tl.atomic_add(ws_ptr + counts_off + group * KPAD + rk, cnt, mask=k_live & (cnt > 0), sem="relaxed")
     if DEV_M:
-        # `sub` is the group count G here: groups of ceil(ceil(M / BLOCK_M) / G) blocks (as the compaction)
-        group = pid // tl.maximum((tl.cdiv(tl.load(ws_ptr + m_off) + 1, BLOCK_M) + sub - 1) // sub, 1)
-    else:
-        group = pid // sub
-    tl.atomic_add(ws_ptr + counts_off + group * KPAD + rk, cnt, mask=k_live & (cnt > 0), sem="relaxed")
+        nprog = tl.num_programs(0)
+        for t0 in range(m_dev * K + pid * TAIL, m_total * K, nprog * TAIL):
+            t = t0 + tl.arange(0, TAIL)
+            tl.store(out_in_ptr + t, tl.full([TAIL], -1, tl.int32), mask=t < m_total * K)
+        if FROM_KEYS:
+            for t0 in range(m_dev * 4 + pid * TAIL, m_total * 4, nprog * TAIL):
+                t = t0 + tl.arange(0, TAIL)
+                tl.store(out_coords_ptr + t, tl.full([TAIL], -1, tl.int32), mask=t < m_total * 4)
 
 
 @triton.jit
@@ -741,7 +762,7 @@ def sparse_conv_kernel_map(
     nb = _cdiv(num_out, block)
     _kmap_lookup_kernel[(nb,)](  # launch 3
         coords, ws, keys, out_coords, out_in, num_out, counts_off, counters_off, sub, *plan["in_shape"], cap_in,
-        log_in, *plan["out_shape"], **plan["lookup_consts"], ROW_BASE=_ROW_BASE, DEV_M=static_out,
+        log_in, *plan["out_shape"], **plan["lookup_consts"], ROW_BASE=_ROW_BASE, DEV_M=static_out, TAIL=1024,
         num_warps=_NUM_WARPS,
     )
     if static_out:
