@@ -56,11 +56,8 @@ def voxel_coords(
     # (3, N) contiguous: the per-axis arithmetic then runs on contiguous rows (several times
     # faster on the CPU than broadcasting over (N, 3) with a stride of C)
     xyz = points[:, :3].t().float().contiguous()
-    col = dict(dtype=torch.float32, device=points.device)
-    lo = torch.tensor(point_cloud_range[:3], **col)[:, None]
-    hi = torch.tensor(point_cloud_range[3:], **col)[:, None]
-    vs = torch.tensor(voxel_size, **col)[:, None]
-    grid = torch.tensor(grid_size(voxel_size, point_cloud_range), **col)[:, None]
+    params = [point_cloud_range[:3], point_cloud_range[3:], voxel_size, grid_size(voxel_size, point_cloud_range)]
+    lo, hi, vs, grid = torch.tensor(params, dtype=torch.float32, device=points.device)[:, :, None]
     cell = (xyz - lo).div_(vs).floor_()
     # the three tests as 1.0 / 0.0 and their product: comparisons written to float32 are
     # vectorised on the CPU, ~4x faster than to bool
