@@ -192,32 +192,35 @@ def voxelize(
     device = points.device
     batch = 1 if lengths is None else lengths.numel()
     idx, vid, vb, coords = _number_voxels(points, voxel_size, point_cloud_range, lengths)
-    order, svid, rank, count = _by_voxel(vid, vb.numel())
+    nv = vb.numel()
+    order, svid, rank, count = _by_voxel(vid, nv)
     point = idx.index_select(0, order)
-    # each sample keeps its first max_voxels voxels (voxels are sample-major): kept voxel kv[r]
-    # becomes row r
     nvox = _per_sample(vb, torch.ones_like(vb), batch)
-    start = torch.cumsum(nvox, 0) - nvox
-    keep_v = torch.arange(vb.numel(), device=device) - start.index_select(0, vb) < max_voxels
-    kv = keep_v.nonzero().squeeze(1)
-    m = kv.numel()
-    row_of_vid = (torch.cumsum(keep_v, 0, dtype=torch.int32) - 1).where(keep_v, -1)
+    in_range = _per_sample(vb, count, batch)
+    row = svid  # row in voxels of each point's voxel: its number, unless the cap drops voxels
+    if nv > max_voxels:  # a sample may exceed the cap: each keeps its first max_voxels voxels
+        start = torch.cumsum(nvox, 0) - nvox
+        keep_v = torch.arange(nv, device=device) - start.index_select(0, vb) < max_voxels
+        row = (torch.cumsum(keep_v, 0, dtype=torch.int32) - 1).where(keep_v, -1).index_select(0, svid)
+        kv = keep_v.nonzero().squeeze(1)
+        count, vb, coords = count.index_select(0, kv), vb.index_select(0, kv), _take_rows(coords, kv)
     # each voxel keeps its first max_points_per_voxel points; row -1: dropped
-    row = row_of_vid.index_select(0, svid).where(rank < max_points_per_voxel, -1)
+    row = row.where(rank < max_points_per_voxel, -1)
     point_to_voxel = _put(n, point, row.long(), -1)
 
+    m = vb.numel()
     total = batch * max_voxels if pad_to_max else m
     # point (row, rank) goes to slot row * max_points_per_voxel + rank; the dropped ones to a
     # spare slot, cut off after
     slot = torch.add(rank, row, alpha=max_points_per_voxel).where(row >= 0, total * max_points_per_voxel)
     voxels = _put_rows(total * max_points_per_voxel + 1, slot.long(), _take_rows(points, point))
     voxels = voxels[:-1].view(total, max_points_per_voxel, num_channels)
-    kept_count = count.index_select(0, kv).clamp(max=max_points_per_voxel)
-    coords = _pad(_take_rows(coords, kv), total, -1)
+    kept_count = count.clamp(max=max_points_per_voxel)
+    coords = _pad(coords, total, -1)
     num_points = _pad(kept_count.to(torch.int32), total, 0)
 
     num_voxels = nvox.clamp(max=max_voxels)
-    dropped_points = _per_sample(vb, count, batch) - _per_sample(vb.index_select(0, kv), kept_count, batch)
+    dropped_points = in_range - _per_sample(vb, kept_count, batch)
     return voxels, coords, num_points, point_to_voxel, num_voxels, dropped_points, nvox - num_voxels
 
 
