@@ -84,9 +84,10 @@ def timed(fn, rep, quick, warm=None):
 # variant, smallest cluster size (fps_tile_* takes the fewest CTAs that hold the cloud, at least
 # this many), code shape of the fps_tile step (cu._TILE_OPTS), warps per CTA, and M when smaller
 # than the workload's (per-step cost over the run: early steps update more groups).
-def _v(variant, cluster=1, opt="", warps=16, samples=None, groups=1, unroll=None, early=False, md_cluster=False):
+def _v(variant, cluster=1, opt="", warps=16, samples=None, groups=1, unroll=None, early=False, md_cluster=False,
+       shape=""):
     return dict(variant=variant, cluster=cluster, opt=opt, warps=warps, samples=samples, groups=groups, unroll=unroll,
-                early=early, md_cluster=md_cluster)
+                early=early, md_cluster=md_cluster, shape=shape)
 
 
 FPS_VARIANTS = {
@@ -102,7 +103,11 @@ FPS_VARIANTS = {
            _v("tile_md", unroll=2, samples=1024), _v("tile_md", unroll=2, samples=2048),
            _v("tile_md", unroll=1, early=True), _v("tile_md", unroll=2, early=True), _v("tile_md", unroll=4, early=True),
            _v("tile_md", unroll=2, early=True, samples=1024),
-           _v("tile_md", 2, unroll=2, early=True, md_cluster=True)],
+           _v("tile_md", 2, unroll=2, early=True, md_cluster=True),
+           # cu._tile_md_shape: a leader warp reduces the records ("l"), 8 warps of two boxes per lane ("w8")
+           _v("tile_md", unroll=1, shape="l"), _v("tile_md", unroll=1, shape="w8"), _v("tile_md", unroll=2, shape="w8"),
+           _v("tile_md", unroll=1, shape="w8l"), _v("tile_md", unroll=2, shape="w8l"),
+           _v("tile_md", unroll=1, shape="w8l", samples=1024)],
     "F2": [_v("tile", 8), _v("tile_async", 8), _v("tile_async", 8, "shfl"), _v("tile_async", 8, "unroll"),
            _v("tile_async", 8, "shfl_unroll"), _v("tile_async", 8, samples=4096), _v("pruned"),
            # fps_tile_md_e_u<U>_c8 (cu._tile_md_cluster): min-distances in shared memory, st.async exchange
@@ -119,7 +124,7 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
 
     out = []
     saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
-             cu._tile_md_early, cu._tile_md_cluster)
+             cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape)
     ok = cu.fps_supported(pts)
     for v in FPS_VARIANTS[wl[:2]] if ok else []:
         variant, opt, warps = v["variant"], v["opt"], v["warps"]
@@ -127,11 +132,12 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
         cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps = variant, v["cluster"], opt, warps
         cu._tile_groups = v["groups"]
         cu._tile_md_unroll, cu._tile_md_early = v["unroll"] or cu._tile_md_unroll, v["early"]
-        cu._tile_md_cluster = v["md_cluster"]
+        cu._tile_md_cluster, cu._tile_md_shape = v["md_cluster"], v["shape"]
         fps = lambda mm=samples: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
         cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
         unroll = v["unroll"]
-        label = (f"fps {variant}{'_' + opt if opt else ''}{'_e' if v['early'] else ''}{f'_u{unroll}' if unroll else ''}"
+        label = (f"fps {variant}{'_' + opt if opt else ''}{'_e' if v['early'] else ''}"
+                 f"{'_' + v['shape'] if v['shape'] else ''}{f'_u{unroll}' if unroll else ''}"
                  f"{f' w{warps}' if warps != 16 else ''}"
                  f"{'g2' if v['groups'] == 2 else ''} c{cluster}")
         if cluster is None:
@@ -151,7 +157,7 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
                        baseline=base if samples == m else None, identical_to_triton=same, kernel=launch,
                        us_per_step=per_step))
     (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
-     cu._tile_md_early, cu._tile_md_cluster) = saved
+     cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape) = saved
     if ok and wl.startswith("F1"):
         try:
             notes["fps_probe (cycles per dependent op)"] = cu.probe(pts.device)

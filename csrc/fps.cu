@@ -1195,11 +1195,11 @@ __device__ __forceinline__ float tmd_pick(const float (&a)[R], int r) {
 
 // point q (slot j) of this lane: shared memory for j < S (one 16-byte load: x, y, z, min-distance),
 // else register slot j - S. Split in two so that a batch issues all its loads before any branch.
-// (point q = j * 512 + tid; a register slot j >= S exists only when cap = S * 512, so the clamped
+// (point q = j * 32 W + tid; a register slot j >= S exists only when cap = S * 32 W, so the clamped
 // address is valid: one min and one multiply-add before the load)
-template <int S>
+template <int S, int W>
 __device__ __forceinline__ float4 tmd_fetch(int j, int tid, const float4* pts) {
-  return pts[min(j, S - 1) * (TMD_WARPS * 32) + tid];
+  return pts[min(j, S - 1) * (W * 32) + tid];
 }
 template <int S, int R>
 __device__ __forceinline__ void tmd_regs(int j, const float (&rx)[R], const float (&ry)[R], const float (&rz)[R],
@@ -1223,19 +1223,25 @@ __device__ __forceinline__ void store_async_v4w(unsigned addr, float x, float y,
 // C > 1 (fps_tile_md_e_u<U>_c<C>, clouds over 16,384 points): a cluster of C CTAs shares the cloud as
 // fps_tile_async does (CTA `rank` holds sorted positions lo .. lo + cnt - 1); records carry global
 // sorted positions and are sent by their owner lane to every CTA with st.async completing on the
-// receiver's mbarrier (no barrier), then every warp reduces the C * 16 records of the step.
-template <int U, bool E, int C>
+// receiver's mbarrier (no barrier), then every warp reduces the C * W records of the step.
+// W warps of G = 16 / W boxes per lane (slots j = lane + 32 g; 13,824 points in shared memory either
+// way: S = 432 / W shared slots, 32 G - S register slots per lane). L (one CTA): warp 0 alone
+// reduces the records and hands the new sample over through shared memory and a second
+// __syncthreads (one redux instead of W on the step; fewer instructions per step on the SM).
+template <int U, bool E, int C, int W, bool L>
 __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, const long long* __restrict__ order,
                                             const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out, int n,
                                             int num_samples, int cap) {
-  constexpr int W = TMD_WARPS, S = TMD_SLOTS_SMEM, R = TMD_SLOTS_REG, RR = C * W;
+  constexpr int G = TILE_WARPS / W, NSLOT = 32 * G, S = TMD_SMEM_POINTS / (W * 32), R = NSLOT - S, RR = C * W;
   static_assert(C == 1 || E, "clusters: the broadcast-load reduction only");
-  static_assert(W * 32 == TILE_THREADS, "point q of slot j is j * 512 + tid");
+  static_assert(!L || C == 1, "the leader reduction is for one CTA");
+  static_assert((W == 16 || W == 8) && S * W * 32 == TMD_SMEM_POINTS && R > 0 && R <= 16, "slot layout");
   extern __shared__ float4 tmd_smem[];  // (x, y, z, min-distance)[cap]
   __shared__ int2 mkey[2][RR];         // (max bits, global sorted position) by parity, record
-  __shared__ float4 mcrd[2][RR];       // the record's coordinates (E: and the sorted position's bits)
+  __shared__ float4 mcrd[2][RR];       // the record's coordinates (and the sorted position's bits)
   __shared__ unsigned long long mbar[2];  // C > 1: one mbarrier per parity
+  __shared__ float4 mcent;             // L: the new sample (coordinates, sorted position bits)
   __shared__ int mstart;               // local sorted position of the start point, -1: another CTA's
   float4* pts = tmd_smem;
   const unsigned rank = C > 1 ? cluster_rank() : 0u;
@@ -1272,7 +1278,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   float rx[R], ry[R], rz[R], rm[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int q = ((S + r) * W + warp) * 32 + lane;
+    const int q = (S + r) * (W * 32) + tid;
     const bool valid = q < cnt;
     const long long f = valid ? ord[q] : cloud;
     rx[r] = valid ? points[3 * f + 0] : 0.f;
@@ -1282,27 +1288,34 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     if (valid && f - cloud == start) mstart = q;
   }
   __syncthreads();
-  // lane j: box and largest min-distance of this warp's slot j (group j * W + warp, points
-  // q0 .. q0 + 31); +-inf boxes for empty groups, which then never update
-  const int q0 = (lane * W + warp) * 32;
-  float blx = kInf, bly = kInf, blz = kInf, bhx = -kInf, bhy = -kInf, bhz = -kInf;
-  if (lane < S) {
-    for (int t = 0; t < 32; ++t) {
-      const int q = q0 + t;
-      if (q < cnt) {
-        const float4 v = pts[q];
-        blx = fminf(blx, v.x);
-        bly = fminf(bly, v.y);
-        blz = fminf(blz, v.z);
-        bhx = fmaxf(bhx, v.x);
-        bhy = fmaxf(bhy, v.y);
-        bhz = fmaxf(bhz, v.z);
+  // lane l, box g: box and largest min-distance of this warp's slot j = l + 32 g (points j * 32 W +
+  // 32 warp + 0..31); +-inf boxes for empty groups, which then never update
+  float blx[G], bly[G], blz[G], bhx[G], bhy[G], bhz[G], gmax[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int j = lane + 32 * g;
+    const int q0 = j * (W * 32) + warp * 32;
+    blx[g] = bly[g] = blz[g] = kInf;
+    bhx[g] = bhy[g] = bhz[g] = -kInf;
+    if (j < S) {
+      for (int t = 0; t < 32; ++t) {
+        const int q = q0 + t;
+        if (q < cnt) {
+          const float4 v = pts[q];
+          blx[g] = fminf(blx[g], v.x);
+          bly[g] = fminf(bly[g], v.y);
+          blz[g] = fminf(blz[g], v.z);
+          bhx[g] = fmaxf(bhx[g], v.x);
+          bhy[g] = fmaxf(bhy[g], v.y);
+          bhz[g] = fmaxf(bhz[g], v.z);
+        }
       }
     }
+    gmax[g] = q0 < cnt ? kInf : -1.f;
   }
 #pragma unroll
-  for (int r = 0; r < R; ++r) {  // register slots: the box by warp reductions, kept by lane S + r
-    const bool valid = ((S + r) * W + warp) * 32 + lane < cnt;
+  for (int r = 0; r < R; ++r) {  // register slots: the box by warp reductions, kept by lane (S + r) % 32
+    const bool valid = (S + r) * (W * 32) + tid < cnt;
     float v[6] = {valid ? rx[r] : kInf, valid ? ry[r] : kInf, valid ? rz[r] : kInf,
                   valid ? rx[r] : -kInf, valid ? ry[r] : -kInf, valid ? rz[r] : -kInf};
 #pragma unroll
@@ -1313,16 +1326,23 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         v[3 + a] = fmaxf(v[3 + a], __shfl_xor_sync(FULL_MASK, v[3 + a], o));
       }
     }
-    if (lane == S + r) {
-      blx = v[0];
-      bly = v[1];
-      blz = v[2];
-      bhx = v[3];
-      bhy = v[4];
-      bhz = v[5];
+    constexpr int dummy = 0;
+    (void)dummy;
+    const int j = S + r, g = j >> 5;
+    if (lane == (j & 31)) {
+#pragma unroll
+      for (int gg = 0; gg < G; ++gg) {
+        if (gg == g) {
+          blx[gg] = v[0];
+          bly[gg] = v[1];
+          blz[gg] = v[2];
+          bhx[gg] = v[3];
+          bhy[gg] = v[4];
+          bhz[gg] = v[5];
+        }
+      }
     }
   }
-  float gmax = q0 < cnt ? kInf : -1.f;
   if (C > 1) cluster_sync();  // every CTA runs (and its mbarriers are initialised) before remote stores
 
   // selq: global sorted position of the newest sample (the start: only its CTA knows it, the others
@@ -1344,41 +1364,49 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   const unsigned key_base = shared_address(&mkey[0][0]);
   const unsigned crd_base = shared_address(&mcrd[0][0]);
   const unsigned bar_base = shared_address(&mbar[0]);
+  const unsigned cent_addr = shared_address(&mcent);
   long long pending = start;  // rank 0, warp 0: step (s & ~31) + lane (sorted positions from step 1 on)
   for (int s = 1; s < steps; ++s) {
     const int parity = s & 1;
     const int sel = selq - lo;  // the newest sample's local position (none of ours if out of range)
-    // 1. which of the warp's groups can change
-    const float gx = fmaxf(fmaxf(__fsub_rn(blx, cx), __fsub_rn(cx, bhx)), 0.f);
-    const float gy = fmaxf(fmaxf(__fsub_rn(bly, cy), __fsub_rn(cy, bhy)), 0.f);
-    const float gz = fmaxf(fmaxf(__fsub_rn(blz, cz), __fsub_rn(cz, bhz)), 0.f);
-    const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
-    unsigned need = __ballot_sync(FULL_MASK, !(lower > gmax));
-    const bool changed = need != 0u;
+    // 1. which of the warp's groups can change (bit j of `need`: slot j)
+    unsigned long long need = 0ull;
+    int keep = -2147483647 - 1;  // E: this lane's largest max among its boxes that do not change
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float gx = fmaxf(fmaxf(__fsub_rn(blx[g], cx), __fsub_rn(cx, bhx[g])), 0.f);
+      const float gy = fmaxf(fmaxf(__fsub_rn(bly[g], cy), __fsub_rn(cy, bhy[g])), 0.f);
+      const float gz = fmaxf(fmaxf(__fsub_rn(blz[g], cz), __fsub_rn(cz, bhz[g])), 0.f);
+      const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
+      const bool upd_g = !(lower > gmax[g]);
+      need |= (unsigned long long)__ballot_sync(FULL_MASK, upd_g) << (32 * g);
+      if (!upd_g) keep = max(keep, __float_as_int(gmax[g]));
+    }
+    const bool changed = need != 0ull;
     // E: the largest max of the groups that do not change, reduced while the others update; the
     // warp max is then one integer max away from the updates' redux results
-    const int kept = E ? redux_max_s32(((need >> lane) & 1u) ? (-2147483647 - 1) : __float_as_int(gmax)) : 0;
+    const int kept = E ? redux_max_s32(keep) : 0;
     int upd = -2147483647 - 1;  // E: the largest new maximum of the updated groups
     // 2. update them, U groups per batch (a short batch repeats its last group: same values)
     while (need) {
       int js[U];
-      js[0] = __ffs(need) - 1;
-      need &= need - 1u;
+      js[0] = __ffsll(need) - 1;
+      need &= need - 1ull;
 #pragma unroll
       for (int u = 1; u < U; ++u) {
-        js[u] = need ? __ffs(need) - 1 : js[u - 1];
-        need &= need - 1u;
+        js[u] = need ? __ffsll(need) - 1 : js[u - 1];
+        need &= need - 1ull;
       }
       float4 v[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = tmd_fetch<S>(js[u], tid, pts);
+      for (int u = 0; u < U; ++u) v[u] = tmd_fetch<S, W>(js[u], tid, pts);
 #pragma unroll
       for (int u = 0; u < U; ++u) tmd_regs<S, R>(js[u], rx, ry, rz, rm, v[u]);
       float nm[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const float m = fminf(v[u].w, sq_dist(v[u].x, v[u].y, v[u].z, cx, cy, cz));
-        nm[u] = (js[u] * W + warp) * 32 + lane == sel ? -1.f : m;
+        nm[u] = js[u] * (W * 32) + tid == sel ? -1.f : m;
       }
       int gm[U];  // the groups' new maxima (issued before the stores, which are off the path)
 #pragma unroll
@@ -1387,7 +1415,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       for (int u = 0; u < U; ++u) {
         const int j = js[u];
         if (j < S) {
-          pts[(j * W + warp) * 32 + lane].w = nm[u];
+          pts[j * (W * 32) + tid].w = nm[u];
         } else {
 #pragma unroll
           for (int r = 0; r < R; ++r) rm[r] = j - S == r ? nm[u] : rm[r];
@@ -1395,37 +1423,45 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (lane == js[u]) gmax = __int_as_float(gm[u]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          if (js[u] == lane + 32 * g) gmax[g] = __int_as_float(gm[u]);
+        }
         if (E) upd = max(upd, gm[u]);
       }
     }
     // 3. the warp's record, rebuilt only if one of its groups changed
     if (changed) {
-      const int rd = E ? max(kept, upd) : redux_max_s32(__float_as_int(gmax));
+      int lmax = __float_as_int(gmax[0]);
+#pragma unroll
+      for (int g = 1; g < G; ++g) lmax = max(lmax, __float_as_int(gmax[g]));
+      const int rd = E ? max(kept, upd) : redux_max_s32(lmax);
       c_rd = rd;
       owner = lane == 0;
       if (rd >= 0) {
-        const unsigned holders = __ballot_sync(FULL_MASK, __float_as_int(gmax) == rd);
-        const int j = __ffs(holders) - 1;
-        const int q = (j * W + warp) * 32 + lane;
-        float4 v = tmd_fetch<S>(j, tid, pts);
+        unsigned long long holders = 0ull;
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          holders |= (unsigned long long)__ballot_sync(FULL_MASK, __float_as_int(gmax[g]) == rd) << (32 * g);
+        const int j = __ffsll(holders) - 1;
+        const int q = j * (W * 32) + tid;
+        float4 v = tmd_fetch<S, W>(j, tid, pts);
         tmd_regs<S, R>(j, rx, ry, rz, rm, v);
-        const float x = v.x, y = v.y, z = v.z;
         const unsigned hit = __ballot_sync(FULL_MASK, __float_as_int(v.w) == rd);
-        if (((holders & (holders - 1u)) | (hit & (hit - 1u))) == 0u) {  // one point holds the max
+        if ((holders & (holders - 1ull)) == 0ull && (hit & (hit - 1u)) == 0u) {  // one point holds the max
           owner = lane == __ffs(hit) - 1;
           c_q = lo + q;
-          c_x = x;
-          c_y = y;
-          c_z = z;
+          c_x = v.x;
+          c_y = v.y;
+          c_z = v.z;
         } else {  // ties: the lowest original index among the holders (from `order`, global)
           unsigned best = 0xFFFFFFFFu;
-          unsigned h = holders;
+          unsigned long long h = holders;
           while (h) {
-            const int jj = __ffs(h) - 1;
-            h &= h - 1u;
-            const int qq = (jj * W + warp) * 32 + lane;
-            float4 vv = tmd_fetch<S>(jj, tid, pts);
+            const int jj = __ffsll(h) - 1;
+            h &= h - 1ull;
+            const int qq = jj * (W * 32) + tid;
+            float4 vv = tmd_fetch<S, W>(jj, tid, pts);
             tmd_regs<S, R>(jj, rx, ry, rz, rm, vv);
             if (__float_as_int(vv.w) == rd) {
               const unsigned oi = (unsigned)(ord[qq] - cloud);
@@ -1478,71 +1514,85 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         }
       }
     }
-    // 5. every warp reduces the RR records: the largest distance, then the lowest original index
-    if constexpr (!E) {
-      const int2 k = load_shared_v2(key_par + (unsigned)(lane & (W - 1)) * 8u);
-      const float4 c = load_shared_v4(crd_par + (unsigned)(lane & (W - 1)) * 16u);
-      const int kd = lane < W ? k.x : (-2147483647 - 1);
-      const int gd = redux_max_s32(kd);
-      const unsigned win = __ballot_sync(FULL_MASK, kd == gd);
-      int from = __ffs(win) - 1;
-      if (win & (win - 1u)) {  // equal maxima in several warps (rare): original indices decide
-        const unsigned oi = kd == gd ? (unsigned)(order[cloud + k.y] - cloud) : 0xFFFFFFFFu;
-        const unsigned low = redux_min_u32(oi);
-        from = __ffs(__ballot_sync(FULL_MASK, kd == gd && oi == low)) - 1;
-      }
-      selq = __shfl_sync(FULL_MASK, k.y, from);
-      cx = __shfl_sync(FULL_MASK, c.x, from);
-      cy = __shfl_sync(FULL_MASK, c.y, from);
-      cz = __shfl_sync(FULL_MASK, c.z, from);
-    } else {
-      // lane l: records l, l + 32, ...: its largest distance, the first record holding it, and
-      // whether another of its records ties it
-      int bd = -2147483647 - 1, br = 0;
-      bool dup = false;
-#pragma unroll
-      for (int t = 0; t < (RR + 31) / 32; ++t) {
-        const int r = lane + 32 * t;
-        if (r < RR) {
-          const int kx = load_shared_v2(key_par + (unsigned)r * 8u).x;
-          dup = kx == bd || (dup && kx < bd);
-          if (kx > bd) {
-            bd = kx;
-            br = r;
-          }
+    // 5. every warp (L: warp 0) reduces the RR records: the largest distance, then the lowest
+    // original index
+    if (!L || warp == 0) {
+      if constexpr (!E) {
+        const int2 k = load_shared_v2(key_par + (unsigned)(lane % RR) * 8u);
+        const float4 c = load_shared_v4(crd_par + (unsigned)(lane % RR) * 16u);
+        const int kd = lane < RR ? k.x : (-2147483647 - 1);
+        const int gd = redux_max_s32(kd);
+        const unsigned win = __ballot_sync(FULL_MASK, kd == gd);
+        int from = __ffs(win) - 1;
+        if (win & (win - 1u)) {  // equal maxima in several warps (rare): original indices decide
+          const unsigned oi = kd == gd ? (unsigned)(order[cloud + k.y] - cloud) : 0xFFFFFFFFu;
+          const unsigned low = redux_min_u32(oi);
+          from = __ffs(__ballot_sync(FULL_MASK, kd == gd && oi == low)) - 1;
         }
-      }
-      const int gd = redux_max_s32(bd);
-      const unsigned win = __ballot_sync(FULL_MASK, bd == gd);
-      const int from = __ffs(win) - 1;
-      int rec = RR <= 32 ? from : __shfl_sync(FULL_MASK, br, from);
-      if ((win & (win - 1u)) || (RR > 32 && __ballot_sync(FULL_MASK, dup && bd == gd))) {
-        // equal maxima in several records (rare): original indices decide
-        unsigned mo = 0xFFFFFFFFu;
-        int mr = 0;
+        selq = __shfl_sync(FULL_MASK, k.y, from);
+        cx = __shfl_sync(FULL_MASK, c.x, from);
+        cy = __shfl_sync(FULL_MASK, c.y, from);
+        cz = __shfl_sync(FULL_MASK, c.z, from);
+      } else {
+        // lane l: records l, l + 32, ...: its largest distance, the first record holding it, and
+        // whether another of its records ties it
+        int bd = -2147483647 - 1, br = 0;
+        bool dup = false;
 #pragma unroll
         for (int t = 0; t < (RR + 31) / 32; ++t) {
           const int r = lane + 32 * t;
           if (r < RR) {
-            const int2 k = load_shared_v2(key_par + (unsigned)r * 8u);
-            if (k.x == gd) {
-              const unsigned oi = (unsigned)(order[cloud + k.y] - cloud);
-              if (oi < mo) {
-                mo = oi;
-                mr = r;
-              }
+            const int kx = load_shared_v2(key_par + (unsigned)r * 8u).x;
+            dup = kx == bd || (dup && kx < bd);
+            if (kx > bd) {
+              bd = kx;
+              br = r;
             }
           }
         }
-        const unsigned low = redux_min_u32(mo);
-        rec = __shfl_sync(FULL_MASK, mr, __ffs(__ballot_sync(FULL_MASK, mo == low)) - 1);
+        const int gd = redux_max_s32(bd);
+        const unsigned win = __ballot_sync(FULL_MASK, bd == gd);
+        const int from = __ffs(win) - 1;
+        int rec = RR <= 32 ? from : __shfl_sync(FULL_MASK, br, from);
+        if ((win & (win - 1u)) || (RR > 32 && __ballot_sync(FULL_MASK, dup && bd == gd))) {
+          // equal maxima in several records (rare): original indices decide
+          unsigned mo = 0xFFFFFFFFu;
+          int mr = 0;
+#pragma unroll
+          for (int t = 0; t < (RR + 31) / 32; ++t) {
+            const int r = lane + 32 * t;
+            if (r < RR) {
+              const int2 k = load_shared_v2(key_par + (unsigned)r * 8u);
+              if (k.x == gd) {
+                const unsigned oi = (unsigned)(order[cloud + k.y] - cloud);
+                if (oi < mo) {
+                  mo = oi;
+                  mr = r;
+                }
+              }
+            }
+          }
+          const unsigned low = redux_min_u32(mo);
+          rec = __shfl_sync(FULL_MASK, mr, __ffs(__ballot_sync(FULL_MASK, mo == low)) - 1);
+        }
+        // the winner's record read by every lane (a broadcast load, not 4 shuffles)
+        const float4 w = load_shared_v4(crd_par + (unsigned)rec * 16u);
+        selq = __float_as_int(w.w);
+        cx = w.x;
+        cy = w.y;
+        cz = w.z;
       }
-      // the winner's record read by every lane (a broadcast load, not 4 shuffles)
-      const float4 w = load_shared_v4(crd_par + (unsigned)rec * 16u);
-      selq = __float_as_int(w.w);
-      cx = w.x;
-      cy = w.y;
-      cz = w.z;
+      if (L && lane == 0) store_shared_v4(cent_addr, cx, cy, cz, __int_as_float(selq));
+    }
+    if constexpr (L) {
+      // one buffer is enough: warp 0 rewrites it after the next step's first barrier, which every
+      // warp reaches only after reading it
+      __syncthreads();
+      const float4 centre = load_shared_v4(cent_addr);
+      cx = centre.x;
+      cy = centre.y;
+      cz = centre.z;
+      selq = __float_as_int(centre.w);
     }
     // sorted positions leave in coalesced batches of 32 (rank 0, warp 0), translated after the loop
     if (rank == 0 && warp == 0) {
@@ -1567,12 +1617,13 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
 #define FPS_TILE_MD_CLUSTER_2 __cluster_dims__(2, 1, 1)
 #define FPS_TILE_MD_CLUSTER_4 __cluster_dims__(4, 1, 1)
 #define FPS_TILE_MD_CLUSTER_8 __cluster_dims__(8, 1, 1)
-#define FPS_TILE_MD_ENTRY(NAME, U, E, C)                                                                      \
-  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1) FPS_TILE_MD_CLUSTER_##C                 \
+#define FPS_TILE_MD_ENTRY_WL(NAME, U, E, C, W, L)                                                            \
+  extern "C" __global__ void __launch_bounds__(W * 32, 1) FPS_TILE_MD_CLUSTER_##C                         \
       NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,   \
            long long* out, int n, int num_samples, int cap) {                                               \
-    fps_tile_md<U, E, C>(points, order, lengths, starts, out, n, num_samples, cap);                       \
+    fps_tile_md<U, E, C, W, L>(points, order, lengths, starts, out, n, num_samples, cap);                 \
   }
+#define FPS_TILE_MD_ENTRY(NAME, U, E, C) FPS_TILE_MD_ENTRY_WL(NAME, U, E, C, 16, false)
 FPS_TILE_MD_ENTRY(fps_tile_md_u1_c1, 1, false, 1)
 FPS_TILE_MD_ENTRY(fps_tile_md_u2_c1, 2, false, 1)
 FPS_TILE_MD_ENTRY(fps_tile_md_u4_c1, 4, false, 1)
@@ -1586,3 +1637,11 @@ FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c2, 2, true, 2)
 FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c4, 2, true, 4)
 FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c8, 2, true, 8)
 FPS_TILE_MD_ENTRY(fps_tile_md_e_u4_c8, 4, true, 8)
+// fewer redux and instructions per step on the SM (the H200 run: u4 slower than u1, so the SM's
+// issue and redux throughput, not latency alone, set the step): _l_ one leader warp reduces the
+// records; _w8_ 8 warps of two boxes per lane (8 records, 8 reductions per step)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_l_u1_c1, 1, false, 1, 16, true)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8_u1_c1, 1, false, 1, 8, false)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8_u2_c1, 2, false, 1, 8, false)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8l_u1_c1, 1, false, 1, 8, true)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8l_u2_c1, 2, false, 1, 8, true)

@@ -725,6 +725,8 @@ def test_fps_cu_compiles_with_every_entry_point():
             assert cu._tile_md_kernel_name(unroll, early).encode() in cubin
         for cluster in cu._TILE_MD_CLUSTER_UNROLLS:
             assert cu._tile_md_kernel_name(unroll, True, cluster).encode() in cubin
+        for shape in cu._TILE_MD_SHAPES:
+            assert cu._tile_md_kernel_name(unroll, False, 1, shape).encode() in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("tile_md", 8, 32, False) == "fps_pruned_c8_p32"
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
@@ -1100,6 +1102,37 @@ def test_gpu_fps_tile_md(unroll, early, monkeypatch):
         pts, lengths, start, expected = fps_case(batch, n, m)
         assert torch.equal(pcops.farthest_point_sample(pts, m, lengths, start, backend="cuda"), expected)
         assert ("fps_tile_md" in cu.last_launch) == (n <= 16384), cu.last_launch
+
+
+@pytest.mark.parametrize("shape,unroll", [("l", 1), ("w8", 1), ("w8", 2), ("w8l", 1), ("w8l", 2)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_md_shapes(shape, unroll, monkeypatch):
+    """fps_tile_md_<shape>_u<U>_c1 (leader warp, 8 warps of two boxes per lane): the cases of
+    test_gpu_fps_tile_md (ties, lattices, padding, 16,384 points with register slots), then through the op."""
+    from pcops.cuda import sampling as cu
+
+    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
+             fps_case(8, 16384, 256), fps_case(1, 1, 3), fps_case(3, 31, 40, duplicates=True)]
+
+    def lattice():
+        pts = lattice_clouds(2, (32, 32, 16), seed=11).cuda()
+        lengths = torch.tensor([16384, 9001], device="cuda")
+        start = torch.tensor([0, 4321], device="cuda")
+        return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 1500)
+
+    cases.append(cached_reference(("lattice", 32, 32, 16, 1500), lattice))
+    for pts, lengths, start, expected in cases:
+        m = expected.shape[1]
+        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, False, 1, shape)
+        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+    monkeypatch.setattr(cu, "_VARIANT", "tile_md")
+    monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
+    monkeypatch.setattr(cu, "_tile_md_shape", shape)
+    pts, lengths, start, expected = fps_case(8, 16384, 256)
+    assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
+    assert f"fps_tile_md_{shape}_u{unroll}_c1" in cu.last_launch, cu.last_launch
 
 
 @pytest.mark.parametrize("cluster,unroll", [(2, 2), (4, 2), (8, 2), (8, 4)])

@@ -31,6 +31,8 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   CTA with the min-distances in shared memory too (no jump tables on the step: see the kernel's
   notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``, or with
   ``_tile_md_cluster`` as clusters of 2, 4, 8 such CTAs (``fps_tile_md_e_u<U>_c<C>``, st.async exchange).
+  ``_tile_md_shape`` (one CTA): ``"l"`` a leader warp reduces the records, ``"w8"`` 8 warps of two boxes
+  per lane, ``"w8l"`` both.
 """
 from __future__ import annotations
 
@@ -69,6 +71,10 @@ _tile_md_unroll = 2
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _tile_md_cluster = False  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
+# one CTA, fewer redux and instructions per step: "l" (a leader warp reduces the records), "w8" (8 warps
+# of two boxes per lane), "w8l"; compiled without "_e_", unrolls {shape: unrolls}
+_TILE_MD_SHAPES = {"": _TILE_MD_UNROLLS, "l": (1,), "w8": (1, 2), "w8l": (1, 2)}
+_tile_md_shape = ""
 _TILE_MD_SMEM_POINTS = 27 * 512  # TMD_SMEM_POINTS in csrc/fps.cu
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -315,13 +321,21 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {inputs.cap} points per CTA)")
 
 
-def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, cluster: int = 1) -> str:
-    """``fps_tile_md[_e]_u<U>_c<C>`` (defaults ``_tile_md_unroll``, ``_tile_md_early``); clusters
-    (C > 1) are compiled with ``_e_`` and the unrolls of ``_TILE_MD_CLUSTER_UNROLLS`` (else U = 2)."""
+def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, cluster: int = 1,
+                         shape: str | None = None) -> str:
+    """``fps_tile_md[_e|_<shape>]_u<U>_c<C>`` (defaults ``_tile_md_unroll``, ``_tile_md_early``,
+    ``_tile_md_shape``); clusters (C > 1) are compiled with ``_e_`` and the unrolls of
+    ``_TILE_MD_CLUSTER_UNROLLS`` (else U = 2); shapes without ``_e_``."""
     unroll = _tile_md_unroll if unroll is None else unroll
     early = _tile_md_early if early is None else early
+    shape = _tile_md_shape if shape is None else shape
     if unroll not in _TILE_MD_UNROLLS:
         raise ValueError(f"fps_tile_md is compiled for unroll in {_TILE_MD_UNROLLS}, got {unroll}")
+    if shape not in _TILE_MD_SHAPES:
+        raise ValueError(f"fps_tile_md shapes are {sorted(_TILE_MD_SHAPES)}, got {shape!r}")
+    if cluster == 1 and shape:
+        unroll = unroll if unroll in _TILE_MD_SHAPES[shape] else _TILE_MD_SHAPES[shape][0]
+        return f"fps_tile_md_{shape}_u{unroll}_c1"
     if cluster == 1:
         return f"fps_tile_md{'_e' if early else ''}_u{unroll}_c1"
     if cluster not in _TILE_MD_CLUSTER_UNROLLS:
@@ -330,11 +344,12 @@ def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, c
     return f"fps_tile_md_e_u{unroll}_c{cluster}"
 
 
-def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | None = None, cluster: int = 1) -> None:
+def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | None = None, cluster: int = 1,
+                    shape: str | None = None) -> None:
     """``fps_tile_md[_e]_u<U>_c<C>`` (one CTA, or a cluster of ``C`` CTAs, per cloud of at most
     ``C * 16,384`` points; cuLaunchKernel) with ``16 * cap`` bytes of dynamic shared memory,
     ``cap = min(ceil(N / C) rounded up to 32, 13,824)``."""
-    name = _tile_md_kernel_name(unroll, early, cluster)
+    name = _tile_md_kernel_name(unroll, early, cluster, shape)
     batch, n, _ = inputs.points.shape
     if triton.cdiv(n, cluster) > _TILE_CAP:
         raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per CTA, got {n} points for {cluster}")
@@ -346,7 +361,8 @@ def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | No
             raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
         _tile_smem_set.add((name, device))
     inputs.cap = min(triton.cdiv(triton.cdiv(n, cluster), 32) * 32, _TILE_MD_SMEM_POINTS)
-    kernel((cluster, batch), (_TILE_THREADS,), inputs.args(name), shared_mem=16 * inputs.cap)
+    threads = 256 if "_w8" in name else _TILE_THREADS
+    kernel((cluster, batch), (threads,), inputs.args(name), shared_mem=16 * inputs.cap)
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {triton.cdiv(n, cluster)} points per CTA)")
 
 
