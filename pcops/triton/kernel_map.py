@@ -280,14 +280,21 @@ def _kmap_bits_emit_kernel(
     base = tl.sum(before, axis=0)
     tl.store(ws_ptr + m_off, tl.sum(total, axis=0).to(tl.int64) - 1, mask=pid == 0)
     first_cell = pid.to(tl.int64) * (WORDS * 32)
-    for c0 in range(0, WORDS * 32, CELLS):
-        local = c0 + tl.arange(0, CELLS)  # int32 inside the chunk: few registers per lane
-        word = pid * WORDS + (local >> 5)  # < 2^26 words (the bitmap has < 2^31 cells)
+    bit = tl.arange(0, 32)
+    span = tl.where(tl.load(sums_ptr + pid) > 0, WORDS, 0)  # an empty chunk writes nothing
+    for c0 in range(0, span, CELLS // 32):
+        # CELLS / 32 words per step, loaded once each and expanded to (word, bit) in registers
+        wl = c0 + tl.arange(0, CELLS // 32)
+        word = pid * WORDS + wl  # < 2^26 words (the bitmap has < 2^31 cells)
         v = ~tl.load(bits_ptr + word, mask=word < words, other=-1)
-        occ = (v >> (local & 31)) & 1
-        rank = base + tl.cumsum(occ, axis=0) - occ
-        tl.store(keys_ptr + rank, first_cell + local, mask=occ > 0)
-        base += tl.sum(occ, axis=0)
+        occ = (v[:, None] >> bit[None, :]) & 1
+        per_word = tl.sum(occ, axis=1)
+        n_step = tl.sum(per_word, axis=0)
+        if n_step > 0:  # most steps of a sparse grid hold no output
+            rank = base + (tl.cumsum(per_word, axis=0) - per_word)[:, None] + tl.cumsum(occ, axis=1) - occ
+            local = wl[:, None] * 32 + bit[None, :]  # int32 inside the chunk
+            tl.store(keys_ptr + rank, first_cell + local, mask=occ > 0)
+        base += n_step
 
 
 @triton.jit
