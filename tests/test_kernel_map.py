@@ -473,6 +473,24 @@ def test_triton_interpreter_static_shapes(cfg, num):
 
 
 @interpret
+def test_triton_interpreter_static_shapes_sparse_grid():
+    """A bitmap of several chunks, most of them empty (voxels in a few z-slabs of a larger grid)."""
+    from pcops.triton import kernel_map as tri
+
+    shape = (40, 64, 64)
+    coords = make_coords(2, shape, 30, seed=31)
+    coords[:, 1] = coords[:, 1] % 3  # three z-slabs: later chunks of each sample stay empty
+    coords = torch.unique(coords, dim=0).int()
+    coords = coords[torch.randperm(coords.shape[0], generator=torch.Generator().manual_seed(5))].contiguous()
+    _, args = _launch(coords[:0], shape, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False)
+    args = (coords, *args[1:])
+    got = tri.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2)
+    expected = ref.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2)
+    for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
+        assert torch.equal(a, b), name
+
+
+@interpret
 def test_triton_interpreter_pairs_from_table_padded():
     from pcops.triton import kernel_map as tri
 
