@@ -948,7 +948,7 @@ def test_grouped_softmax_layout_for_sm90():
 # --- the LayerNorm+GELU backward variants (BWD_VARIANTS, default "tiled"; "rowrange": the row-range kernel) ---
 
 _VARIANTS = ("tiled", "tiled-plain", "tiled-noprefetch", "tiled-pf2", "tiled-fast", "tiled-async3", "tiled-async4",
-             "tiled-async6", "tiled-async4-fast")
+             "tiled-async6", "tiled-async4-fast", "tiled-async4-16")
 
 
 def _lng_backward_case(rows, width, dtype, approximate="tanh", p=0.0, seed_value=None):
@@ -976,6 +976,8 @@ def test_bwd_variants_table():
     assert tri._tiled_shape(256, tri.BWD_VARIANTS["tiled"]) == (4, 4)  # L2: a warp per row, 8 values per thread
     assert tri._tiled_shape(64, tri.BWD_VARIANTS["tiled"]) == (8, 4)  # L3
     assert tri._tiled_shape(1024, tri.BWD_VARIANTS["tiled"]) == (1, 4)  # L1: one row, 8 values per thread
+    assert tri._tiled_shape(256, tri.BWD_VARIANTS["tiled-async4-16"], 2) == (8, 4)  # 16-bit rows: 16 per thread
+    assert tri._tiled_shape(256, tri.BWD_VARIANTS["tiled-async4-16"], 4) == (4, 4)
 
 
 # (rows, width, dtype, block_m): block_m 2 with 3 programs makes every program walk several
@@ -1059,7 +1061,7 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
     block_n = triton.next_power_of_2(n)
     for name, cfg in f.BWD_VARIANTS.items():
         for drop in (False, True):
-            bm, warps = f._tiled_shape(block_n, cfg)
+            bm, warps = f._tiled_shape(block_n, cfg, 2 if dt == "bf16" and not drop else 4)  # as the launcher
             torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
             # the launcher's FAST_TANH (_fast_tanh on a CUDA device): tanh GELU, 16-bit rows
             fast = cfg["fast_tanh"] if cfg["fast_tanh"] is not None else torch_dtype in f.FAST_TANH_BWD_DTYPES
@@ -1123,7 +1125,8 @@ def test_bwd_variants_compile_for_sm90_without_spills():
 @pytest.mark.parametrize("rows,width,dtype", [(4096, 256, torch.float32), (257, 768, torch.float32),
                                               (2000, 127, torch.bfloat16)])
 @pytest.mark.parametrize("variant", [v for v in _VARIANTS  # (the GPU run's time: one async variant here)
-                                     if v not in ("tiled-async3", "tiled-async6", "tiled-async4-fast")])
+                                     if v not in ("tiled-async3", "tiled-async6", "tiled-async4-fast",
+                                                  "tiled-async4-16")])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_bwd_variant_matches_default_and_reference(variant, rows, width, dtype):
