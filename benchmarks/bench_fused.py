@@ -28,8 +28,9 @@ column sum; floor: x, dy read, dx written) for the default and each variant; the
 each variant's max |gradient − default's| (dx, dweight, dbias), its grid, the autotuned forward
 config and the per-kernel GPU time of L2 fwd+bwd (torch profiler). ``--bwd-variants a,b``
 picks the variants (default: the non-default entries but "tiled-plain", the hardware-tanh
-and 16-bit-only ones on 16-bit rows only, "tiled-noprefetch"/"tiled-pf2" on L2 only; ``all``; ``rowrange``: the row-range kernel, 0.34 ms on L2,
-autotuned on first use; ``none``: skip). On L2 each variant's backward + column-sum kernel
+and 16-bit-only ones on 16-bit rows only, "tiled-noprefetch"/"tiled-pf2" on L2 only;
+``all``; ``rowrange``: the row-range kernel, 0.34 ms on L2, autotuned on first use;
+``none``: skip). On L2 each variant's backward + column-sum kernel
 times come from the torch profiler too (``bwd_gpu_us``; the graph rows include a launch).
 
 Forward variants (skip with ``--no-fwd-variants``): graph rows ``pcops triton fwd=<name> (fwd)``
@@ -38,9 +39,10 @@ with max |y − default|, |mean|, |rstd| printed and in the notes (``fwd_variant
 two on every workload, two more on L2), ``wb-tile`` (weight/bias loaded in the tile layout),
 on 16-bit rows (L2) ``exact-tanh`` (the exp2 GELU instead of the default ``tanh.approx``) and
 ``persistent-s3 exact-tanh`` (the flag rows at the autotuned config, fixed); for L1 and L2
-every tile config of the autotuner's pruned space at a fixed launch (``cfg BLOCK_MxTILESxwarps``: which config is fastest in graph
-replays, against the one the autotuner took, printed as ``autotuned forward config``); on L2
-the profiler's kernel time of each variant (``gpu_us``; not of the cfg rows).
+every tile config of the autotuner's pruned space at a fixed launch (``cfg
+BLOCK_MxTILESxwarps``: which config is fastest in graph replays, against the one the
+autotuner took, printed as ``autotuned forward config`` with the autotuner's own timings); on
+L2 the profiler's kernel time of each variant (``gpu_us``; not of the cfg rows).
 
 Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
 checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
@@ -286,7 +288,8 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
         if wl == "L2":
             act = gpu_activities(bwd_op, iters=5)
             info["default_bwd_gpu_us"] = act.get("per_call_us")
-            print(f"{wl} bwd={default}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call {act.get('per_call_us')}")
+            print(f"{wl} bwd={default}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call "
+                  f"{act.get('per_call_us')}")
         for name in variants:
             tri.BWD_VARIANT = name
             tri._TILED_LAST.clear()
@@ -303,7 +306,8 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
             if wl == "L2":  # the kernels' own GPU time (backward + column sum)
                 act = gpu_activities(bwd_op, iters=5)
                 info[name]["bwd_gpu_us"] = act.get("per_call_us")
-                print(f"{wl} bwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call {act.get('per_call_us')}")
+                print(f"{wl} bwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call "
+                      f"{act.get('per_call_us')}")
         if wl == "L2":  # where the GPU time of fwd+bwd goes
             tri.BWD_VARIANT = default
             info[f"profile_fwd+bwd_{default}"] = gpu_activities(fwd_bwd)

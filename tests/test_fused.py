@@ -1085,7 +1085,8 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
             regs = int(line.split("REG:")[1].split()[0]) if line else -1
             stack = int(line.split("STACK:")[1].split()[0]) if line else -1
             ptx = k.asm["ptx"]  # 8/16-byte vector loads, or 16-byte cp.async (the pipelined variants)
-            vec = "ld.global.v4" in ptx or "ld.global.v2" in ptx or ("cp.async.cg.shared.global" in ptx and "0x10" in ptx)
+            vec = ("ld.global.v4" in ptx or "ld.global.v2" in ptx
+                   or ("cp.async.cg.shared.global" in ptx and "0x10" in ptx))
             print(f"{dt} {n} {name} dropout={drop} BLOCK_M={bm} warps={warps} regs={regs} stack={stack} vec={int(vec)} "
                   f"cap={cap or 0}")
 print("compiled")

@@ -631,8 +631,8 @@ def _column_sum_kernel(
 
 
 _layer_norm_gelu_fwd_tuned = triton.autotune(
-    configs=_FWD_CONFIGS, key=["N", "M_CLASS", "FAST_TANH", "WB_TILE"], prune_configs_by={"early_config_prune": _prune_fwd},
-    do_bench=_graph_bench,
+    configs=_FWD_CONFIGS, key=["N", "M_CLASS", "FAST_TANH", "WB_TILE"],
+    prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=_graph_bench,
 )(_layer_norm_gelu_fwd_kernel)
 _layer_norm_gelu_bwd_tuned = triton.autotune(
     configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_BWD_SPACE)},
@@ -696,8 +696,8 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 # that many; ``fast_tanh``: the GELU derivative through the hardware tanh (``_tanh_approx``)
 # — None = where the output dtype is in ``FAST_TANH_BWD_DTYPES``, True = every 16-bit dtype,
 # False = never (float32 never: its tolerances ask for the exact form); ``stages``: Triton's
-# software pipelining of the x/dy loads (``tl.range(num_stages=...)``: cp.async into shared
-# memory, ``stages - 1`` tiles in flight per program without holding registers), 1 = off.
+# software pipelining of the x/dy loads (``tl.range(num_stages=...)``: cp.async into
+# ``stages - 1`` shared-memory buffers per program, no registers held), 1 = off.
 # (Dropped after the H200 sweep: 4 values per thread with rows split across warps, and 8
 # warps per program: never better than "tiled" by more than 1 %.)
 #
@@ -708,8 +708,9 @@ _layer_norm_gelu_bwd_tuned = triton.autotune(
 # ≈ 2 µs loaded latency — what the H200 measured (2.2-2.6 TB/s, insensitive to prefetch depth,
 # warps and instruction count). The pipelined loop keeps ``stages - 1`` tiles per program in
 # shared memory (4 KB each on L2; 4 stages: 12 KB per program, ≈ 84 KB per SM) at the cost of
-# two barriers per tile (sm_90 SASS on L2: 298 instructions per 8-element step, 72 registers,
-# LDGSTS.128).
+# two barriers per tile (sm_90 SASS on L2: 298-316 instructions per 8-element step, 72
+# registers, LDGSTS.128); the copies for tile i + stages - 1 are issued at the end of step i,
+# so ``stages - 2`` tiles are in flight while one is computed.
 BWD_VARIANTS = {
     # a warp per row (up to 256 bf16/fp16 or fp32 values), 4 warps, one tile ahead, the lean
     # maths held to the plain maths' 72 registers on L2 (279 SASS instructions per 8-element
@@ -727,9 +728,9 @@ BWD_VARIANTS = {
     # "tiled" with the hardware tanh for 16-bit rows (264 instead of 279 instructions per step)
     "tiled-fast": dict(per_thread=4, warps=4, prefetch=1, lean=True, regs16=72, per_sm=None, fast_tanh=True,
                        stages=1),
-    # the x/dy loads pipelined through shared memory (see above): the copies for tile i + stages - 1
-    # are issued at the end of step i, so stages - 2 tiles are in flight while one is computed
-    # (3: one, as a working prefetch would be; 4: two; 6: four, 20 KB per program on L2)
+    # the x/dy loads pipelined through shared memory (see above): stages - 2 tiles in flight
+    # while one is computed (3: one, as a working prefetch would be; 4: two; 6: four, 20 KB per
+    # program on L2, 80 registers)
     "tiled-async3": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None, fast_tanh=None,
                          stages=3),
     "tiled-async4": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None, fast_tanh=None,
@@ -738,10 +739,10 @@ BWD_VARIANTS = {
                          stages=6),
     "tiled-async4-fast": dict(per_thread=4, warps=4, prefetch=0, lean=True, regs16=None, per_sm=None,
                               fast_tanh=True, stages=4),
-    # 16 values per thread on 16-bit rows without dropout (L2: 8 rows × 4 warps, 8 KB per stage): the per-tile
-    # costs (barriers, statistics loads, addresses) over twice the elements (L2: 37.8 instead of
-    # 39.5 instructions per element, 96 registers, 5 programs per SM); float32 rows as
-    # "tiled-async4" (16 float32 values per thread take 160-192 registers)
+    # 16 values per thread on 16-bit rows without dropout (L2: 8 rows × 4 warps, 8 KB per
+    # stage): the per-tile costs (barriers, statistics loads, addresses) over twice the elements
+    # (L2: 37.8 instead of 39.5 instructions per element, 96 registers, 5 programs per SM);
+    # float32 rows and dropout as "tiled-async4" (160-192 registers otherwise)
     "tiled-async4-16": dict(per_thread=4, per_thread16=16, warps=4, prefetch=0, lean=True, regs16=None,
                             per_sm=None, fast_tanh=None, stages=4),
 }
