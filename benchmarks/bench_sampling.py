@@ -104,10 +104,12 @@ FPS_VARIANTS = {
            _v("tile_md", unroll=1, early=True), _v("tile_md", unroll=2, early=True), _v("tile_md", unroll=4, early=True),
            _v("tile_md", unroll=2, early=True, samples=1024),
            _v("tile_md", 2, unroll=2, early=True, md_cluster=True),
-           # cu._tile_md_shape: a leader warp reduces the records ("l"), 8 warps of two boxes per lane ("w8")
+           # cu._tile_md_shape: a leader warp reduces the records ("l"), 8 / 4 warps of 2 / 4 boxes per lane ("w8", "w4")
            _v("tile_md", unroll=1, shape="l"), _v("tile_md", unroll=1, shape="w8"), _v("tile_md", unroll=2, shape="w8"),
            _v("tile_md", unroll=1, shape="w8l"), _v("tile_md", unroll=2, shape="w8l"),
-           _v("tile_md", unroll=1, shape="w8l", samples=1024)],
+           _v("tile_md", unroll=1, shape="w8l", samples=1024),
+           _v("tile_md", unroll=2, shape="w4"), _v("tile_md", unroll=4, shape="w4"), _v("tile_md", unroll=2, shape="w4l"),
+           _v("tile_md", unroll=4, shape="w4l"), _v("tile_md", unroll=4, shape="w4", samples=1024)],
     "F2": [_v("tile", 8), _v("tile_async", 8), _v("tile_async", 8, "shfl"), _v("tile_async", 8, "unroll"),
            _v("tile_async", 8, "shfl_unroll"), _v("tile_async", 8, samples=4096), _v("pruned"),
            # fps_tile_md_e_u<U>_c8 (cu._tile_md_cluster): min-distances in shared memory, st.async exchange

@@ -1220,12 +1220,48 @@ __device__ __forceinline__ void store_async_v4w(unsigned addr, float x, float y,
                : "memory");
 }
 
+// a set of a warp's slots (bit j % 32 of word j / 32: slot j), warp-uniform
+template <int G>
+struct SlotMask {
+  unsigned m[G];
+  __device__ __forceinline__ bool any() const {
+    unsigned a = 0u;
+#pragma unroll
+    for (int g = 0; g < G; ++g) a |= m[g];
+    return a != 0u;
+  }
+  __device__ __forceinline__ bool single() const {
+    int c = 0;
+#pragma unroll
+    for (int g = 0; g < G; ++g) c += __popc(m[g]);
+    return c == 1;
+  }
+  __device__ __forceinline__ int first() const {  // the lowest slot, -1 if none
+    int j = -1;
+#pragma unroll
+    for (int g = G - 1; g >= 0; --g) j = m[g] ? 32 * g + __ffs(m[g]) - 1 : j;
+    return j;
+  }
+  __device__ __forceinline__ int pop() {  // the lowest slot, removed; -1 if none (selects only: the
+    int j = -1;                           // words stay in registers)
+    bool done = false;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const bool here = !done && m[g] != 0u;
+      j = here ? 32 * g + __ffs(m[g]) - 1 : j;
+      m[g] = here ? (m[g] & (m[g] - 1u)) : m[g];
+      done = done || here;
+    }
+    return j;
+  }
+};
+
 // C > 1 (fps_tile_md_e_u<U>_c<C>, clouds over 16,384 points): a cluster of C CTAs shares the cloud as
 // fps_tile_async does (CTA `rank` holds sorted positions lo .. lo + cnt - 1); records carry global
 // sorted positions and are sent by their owner lane to every CTA with st.async completing on the
 // receiver's mbarrier (no barrier), then every warp reduces the C * W records of the step.
 // W warps of G = 16 / W boxes per lane (slots j = lane + 32 g; 13,824 points in shared memory either
-// way: S = 432 / W shared slots, 32 G - S register slots per lane). L (one CTA): warp 0 alone
+// way: S = 432 / W shared slots, 32 G - S register slots per lane; W = 16, 8, 4). L (one CTA): warp 0 alone
 // reduces the records and hands the new sample over through shared memory and a second
 // __syncthreads (one redux instead of W on the step; fewer instructions per step on the SM).
 template <int U, bool E, int C, int W, bool L>
@@ -1236,7 +1272,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   constexpr int G = TILE_WARPS / W, NSLOT = 32 * G, S = TMD_SMEM_POINTS / (W * 32), R = NSLOT - S, RR = C * W;
   static_assert(C == 1 || E, "clusters: the broadcast-load reduction only");
   static_assert(!L || C == 1, "the leader reduction is for one CTA");
-  static_assert((W == 16 || W == 8) && S * W * 32 == TMD_SMEM_POINTS && R > 0 && R <= 16, "slot layout");
+  static_assert((W == 16 || W == 8 || W == 4) && S * W * 32 == TMD_SMEM_POINTS && R > 0 && R <= 20, "slot layout");
   extern __shared__ float4 tmd_smem[];  // (x, y, z, min-distance)[cap]
   __shared__ int2 mkey[2][RR];         // (max bits, global sorted position) by parity, record
   __shared__ float4 mcrd[2][RR];       // the record's coordinates (and the sorted position's bits)
@@ -1370,7 +1406,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     const int parity = s & 1;
     const int sel = selq - lo;  // the newest sample's local position (none of ours if out of range)
     // 1. which of the warp's groups can change (bit j of `need`: slot j)
-    unsigned long long need = 0ull;
+    SlotMask<G> need;
     int keep = -2147483647 - 1;  // E: this lane's largest max among its boxes that do not change
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -1379,23 +1415,22 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       const float gz = fmaxf(fmaxf(__fsub_rn(blz[g], cz), __fsub_rn(cz, bhz[g])), 0.f);
       const float lower = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
       const bool upd_g = !(lower > gmax[g]);
-      need |= (unsigned long long)__ballot_sync(FULL_MASK, upd_g) << (32 * g);
+      need.m[g] = __ballot_sync(FULL_MASK, upd_g);
       if (!upd_g) keep = max(keep, __float_as_int(gmax[g]));
     }
-    const bool changed = need != 0ull;
+    const bool changed = need.any();
     // E: the largest max of the groups that do not change, reduced while the others update; the
     // warp max is then one integer max away from the updates' redux results
     const int kept = E ? redux_max_s32(keep) : 0;
     int upd = -2147483647 - 1;  // E: the largest new maximum of the updated groups
     // 2. update them, U groups per batch (a short batch repeats its last group: same values)
-    while (need) {
+    while (need.any()) {
       int js[U];
-      js[0] = __ffsll(need) - 1;
-      need &= need - 1ull;
+      js[0] = need.pop();
 #pragma unroll
       for (int u = 1; u < U; ++u) {
-        js[u] = need ? __ffsll(need) - 1 : js[u - 1];
-        need &= need - 1ull;
+        const int j = need.pop();
+        js[u] = j >= 0 ? j : js[u - 1];
       }
       float4 v[U];
 #pragma unroll
@@ -1439,16 +1474,15 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       c_rd = rd;
       owner = lane == 0;
       if (rd >= 0) {
-        unsigned long long holders = 0ull;
+        SlotMask<G> holders;
 #pragma unroll
-        for (int g = 0; g < G; ++g)
-          holders |= (unsigned long long)__ballot_sync(FULL_MASK, __float_as_int(gmax[g]) == rd) << (32 * g);
-        const int j = __ffsll(holders) - 1;
+        for (int g = 0; g < G; ++g) holders.m[g] = __ballot_sync(FULL_MASK, __float_as_int(gmax[g]) == rd);
+        const int j = holders.first();
         const int q = j * (W * 32) + tid;
         float4 v = tmd_fetch<S, W>(j, tid, pts);
         tmd_regs<S, R>(j, rx, ry, rz, rm, v);
         const unsigned hit = __ballot_sync(FULL_MASK, __float_as_int(v.w) == rd);
-        if ((holders & (holders - 1ull)) == 0ull && (hit & (hit - 1u)) == 0u) {  // one point holds the max
+        if (holders.single() && (hit & (hit - 1u)) == 0u) {  // one point holds the max
           owner = lane == __ffs(hit) - 1;
           c_q = lo + q;
           c_x = v.x;
@@ -1456,10 +1490,9 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
           c_z = v.z;
         } else {  // ties: the lowest original index among the holders (from `order`, global)
           unsigned best = 0xFFFFFFFFu;
-          unsigned long long h = holders;
-          while (h) {
-            const int jj = __ffsll(h) - 1;
-            h &= h - 1ull;
+          SlotMask<G> h = holders;
+          while (h.any()) {
+            const int jj = h.pop();
             const int qq = jj * (W * 32) + tid;
             float4 vv = tmd_fetch<S, W>(jj, tid, pts);
             tmd_regs<S, R>(jj, rx, ry, rz, rm, vv);
@@ -1645,3 +1678,8 @@ FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8_u1_c1, 1, false, 1, 8, false)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8_u2_c1, 2, false, 1, 8, false)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8l_u1_c1, 1, false, 1, 8, true)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8l_u2_c1, 2, false, 1, 8, true)
+// 4 warps of four boxes per lane (one warp per SM sub-partition; 20 register slots per lane)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w4_u2_c1, 2, false, 1, 4, false)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w4_u4_c1, 4, false, 1, 4, false)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w4l_u2_c1, 2, false, 1, 4, true)
+FPS_TILE_MD_ENTRY_WL(fps_tile_md_w4l_u4_c1, 4, false, 1, 4, true)

@@ -600,7 +600,7 @@ def tie_grid_clouds(batch, n, seed, device):
     return pts.to(device), lengths.to(device)
 
 
-@pytest.mark.parametrize("variant", ["sorted", "net", "wq2", "wq4", "wq8"])
+@pytest.mark.parametrize("variant", ["sorted", "net", "netf", "netfu", "nets", "wq4"])
 @pytest.mark.parametrize("k,tile,group", [(1, 32, 4), (16, 32, 4), (32, 32, 4), (5, 64, 8), (16, 64, 3), (17, 32, 1), (32, 64, 16)])
 @pytest.mark.gpu
 @requires_cuda
@@ -619,7 +619,7 @@ def test_gpu_knn_cuda_variants_match_reference(variant, k, tile, group):
         assert torch.equal(d, d_ref), (variant, k, tile, group)
 
 
-@pytest.mark.parametrize("variant", ["net", "wq2", "wq4", "wq8"])
+@pytest.mark.parametrize("variant", ["net", "netf", "netfu", "nets", "wq4"])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_cuda_variants_kitti_k1_shape(variant):
@@ -1104,11 +1104,12 @@ def test_gpu_fps_tile_md(unroll, early, monkeypatch):
         assert ("fps_tile_md" in cu.last_launch) == (n <= 16384), cu.last_launch
 
 
-@pytest.mark.parametrize("shape,unroll", [("l", 1), ("w8", 1), ("w8", 2), ("w8l", 1), ("w8l", 2)])
+@pytest.mark.parametrize("shape,unroll", [("l", 1), ("w8", 1), ("w8", 2), ("w8l", 1), ("w8l", 2), ("w4", 2), ("w4", 4),
+                                          ("w4l", 2), ("w4l", 4)])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_fps_tile_md_shapes(shape, unroll, monkeypatch):
-    """fps_tile_md_<shape>_u<U>_c1 (leader warp, 8 warps of two boxes per lane): the cases of
+    """fps_tile_md_<shape>_u<U>_c1 (leader warp, 8 or 4 warps of two or four boxes per lane): the cases of
     test_gpu_fps_tile_md (ties, lattices, padding, 16,384 points with register slots), then through the op."""
     from pcops.cuda import sampling as cu
 

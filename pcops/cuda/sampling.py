@@ -32,7 +32,7 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``, or with
   ``_tile_md_cluster`` as clusters of 2, 4, 8 such CTAs (``fps_tile_md_e_u<U>_c<C>``, st.async exchange).
   ``_tile_md_shape`` (one CTA): ``"l"`` a leader warp reduces the records, ``"w8"`` 8 warps of two boxes
-  per lane, ``"w8l"`` both.
+  per lane, ``"w4"`` 4 warps of four, ``"w8l"`` / ``"w4l"`` with the leader.
 """
 from __future__ import annotations
 
@@ -71,9 +71,9 @@ _tile_md_unroll = 2
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _tile_md_cluster = False  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
-# one CTA, fewer redux and instructions per step: "l" (a leader warp reduces the records), "w8" (8 warps
-# of two boxes per lane), "w8l"; compiled without "_e_", unrolls {shape: unrolls}
-_TILE_MD_SHAPES = {"": _TILE_MD_UNROLLS, "l": (1,), "w8": (1, 2), "w8l": (1, 2)}
+# one CTA, fewer redux and instructions per step: "l" (a leader warp reduces the records), "w8" / "w4"
+# (8 / 4 warps of two / four boxes per lane), "w8l", "w4l"; compiled without "_e_", unrolls {shape: unrolls}
+_TILE_MD_SHAPES = {"": _TILE_MD_UNROLLS, "l": (1,), "w8": (1, 2), "w8l": (1, 2), "w4": (2, 4), "w4l": (2, 4)}
 _tile_md_shape = ""
 _TILE_MD_SMEM_POINTS = 27 * 512  # TMD_SMEM_POINTS in csrc/fps.cu
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
@@ -361,7 +361,7 @@ def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | No
             raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
         _tile_smem_set.add((name, device))
     inputs.cap = min(triton.cdiv(triton.cdiv(n, cluster), 32) * 32, _TILE_MD_SMEM_POINTS)
-    threads = 256 if "_w8" in name else _TILE_THREADS
+    threads = 32 * (8 if "_w8" in name else 4 if "_w4" in name else 16)
     kernel((cluster, batch), (threads,), inputs.args(name), shared_mem=16 * inputs.cap)
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {triton.cdiv(n, cluster)} points per CTA)")
 
