@@ -275,6 +275,21 @@ def test_tiny_clouds_bit_identical(monkeypatch, n, channels, path):
     check(pts, torch.tensor([n]), (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 1, 1)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_boundary_values_bit_identical(monkeypatch, path):
+    # on range_min / range_max, -0.0, negative denormals at range_min = 0 with voxels > 1 m (the
+    # quotient underflows to -0.0), cell edges and the last cell, NaN / inf
+    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
+    tiny = torch.finfo(torch.float32).smallest_normal
+    vals = [0.0, -0.0, -1e-45, -tiny, 1e-45, tiny, 2.0, 2.5, 3.0, 4.0 - 1e-6, 4.0, 4.5, 6.0 - 2e-6, 6.0, 1.0,
+            float("nan"), float("inf"), -float("inf")]
+    v = torch.tensor(vals)
+    pts = torch.stack(torch.meshgrid(v, v, v, indexing="ij"), -1).reshape(-1, 3)
+    pts = torch.cat([pts, torch.arange(len(pts), dtype=torch.float32)[:, None]], 1)
+    check(pts, None, (2.0, 1.5, 0.5), (0, 0, 0, 4, 4.5, 6), 3, 1000)
+    check(pts, None, (0.5, 1.5, 2.5), (0, 0, 0, 4, 4.5, 6), 2, 50)
+
+
 def test_int64_keys_bit_identical():
     # grid 2000^3 x batch 2 >= 2^31: the packed key is int64
     pts = torch.rand(5000, 4, generator=generator(7)) * 2.2

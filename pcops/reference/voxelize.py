@@ -49,23 +49,25 @@ def sample_ids(lengths: torch.Tensor | None, num_points: int, device) -> torch.T
 def voxel_coords(
     points: torch.Tensor, voxel_size: Sequence[float], point_cloud_range: Sequence[float]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cells (3, N) float32 (x, y, z), in_range (N,) bool)``; cells are only meaningful in range.
+    """``(q (3, N) float32, in_range (N,) bool)`` with ``q = (p - range_min) / voxel_size`` (x, y, z).
 
-    ``cell >= 0`` needs no test: ``p >= range_min`` makes ``p - range_min >= 0`` exactly.
+    The cell is ``floor(q)``, i.e. ``q`` truncated to an integer for points in range (``q >= 0``
+    there). ``cell >= 0`` needs no test: ``p >= range_min`` makes ``p - range_min >= 0`` exactly;
+    ``floor(q) < grid`` is ``q < grid`` for an integer ``grid`` (NaN fails both).
     """
     # (3, N) contiguous: the per-axis arithmetic then runs on contiguous rows (several times
     # faster on the CPU than broadcasting over (N, 3) with a stride of C)
     xyz = points[:, :3].t().float().contiguous()
     params = [point_cloud_range[:3], point_cloud_range[3:], voxel_size, grid_size(voxel_size, point_cloud_range)]
     lo, hi, vs, grid = torch.tensor(params, dtype=torch.float32, device=points.device)[:, :, None]
-    cell = (xyz - lo).div_(vs).floor_()
+    q = (xyz - lo).div_(vs)
     # the three tests as 1.0 / 0.0 and their product: comparisons written to float32 are
     # vectorised on the CPU, ~4x faster than to bool
     ok = torch.ge(xyz, lo, out=torch.empty_like(xyz))
     test = torch.lt(xyz, hi, out=torch.empty_like(xyz))  # (xyz may be a view of points: not in place)
     ok *= test
-    ok *= torch.lt(cell, grid, out=test)
-    return cell, (ok[0] * ok[1] * ok[2]).bool()
+    ok *= torch.lt(q, grid, out=test)
+    return q, (ok[0] * ok[1] * ok[2]).bool()
 
 
 _ROW_DTYPES = {4: torch.int32, 8: torch.int64, 16: torch.complex128}  # one element per row of that many bytes
@@ -117,14 +119,15 @@ def _number_voxels(points, voxel_size, point_cloud_range, lengths):
     n = points.shape[0]
     cells = batch * gx * gy * gz
     device = points.device
-    cell, ok = voxel_coords(points, voxel_size, point_cloud_range)
+    q, ok = voxel_coords(points, voxel_size, point_cloud_range)
     if lengths is not None:
         b = sample_ids(lengths, n, device)
         ok &= b < batch
     idx = ok.nonzero().squeeze(1)
     # packed key ((b * gz + z) * gy + y) * gx + x; int32 when it fits. Computed for every point
-    # (cells out of range convert to garbage, never read) and gathered once
-    cell = cell.to(torch.int32 if cells < 2**31 else torch.int64)
+    # (cells out of range convert to garbage, never read) and gathered once. The conversion
+    # truncates: floor for q >= 0
+    cell = q.to(torch.int32 if cells < 2**31 else torch.int64)
     key = torch.add(cell[0], torch.add(cell[1], cell[2], alpha=gy), alpha=gx).index_select(0, idx)
     if lengths is not None:
         key += b.index_select(0, idx).to(key.dtype) * (gx * gy * gz)
