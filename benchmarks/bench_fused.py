@@ -27,18 +27,19 @@ timing the backward op alone (``torch.ops.pcops.layer_norm_gelu_backward``: back
 column sum; floor: x, dy read, dx written) for the default and each variant; the notes record
 each variant's max |gradient − default's| (dx, dweight, dbias), its grid, the autotuned forward
 config and the per-kernel GPU time of L2 fwd+bwd (torch profiler). ``--bwd-variants a,b``
-picks the variants (default: the non-default entries but "tiled-plain", the hardware-tanh
-and 16-bit-only ones on 16-bit rows only, "tiled-noprefetch"/"tiled-pf2" on L2 only;
+picks the variants (default: on L2 the entries but "tiled", "tiled-plain",
+"tiled-noprefetch" and "tiled-pf2" — the last three never ahead of "tiled" in three H200 runs
+— on L1/L3 "tiled-async4"; the hardware-tanh and 16-bit-only ones never on float32 rows;
 ``all``; ``rowrange``: the row-range kernel, 0.34 ms on L2, autotuned on first use;
 ``none``: skip). On L2 each variant's backward + column-sum kernel
 times come from the torch profiler too (``bwd_gpu_us``; the graph rows include a launch).
 
-Forward variants (skip with ``--no-fwd-variants``): graph rows ``pcops triton fwd=<name> (fwd)``
-with max |y − default|, |mean|, |rstd| printed and in the notes (``fwd_variants``):
-``pcops.triton.fused.FWD_VARIANTS`` (persistent grid, x loads pipelined through shared memory;
-two on every workload, two more on L2), ``wb-tile`` (weight/bias loaded in the tile layout),
-on 16-bit rows (L2) ``exact-tanh`` (the exp2 GELU instead of the default ``tanh.approx``) and
-``persistent-s3 exact-tanh`` (the flag rows at the autotuned config, fixed); for L1 and L2
+Forward variants (``--fwd-variants default|all|none``): graph rows ``pcops triton fwd=<name>
+(fwd)`` with max |y − default|, |mean|, |rstd| printed and in the notes (``fwd_variants``):
+``FWD_SWEEP`` per workload — entries of ``pcops.triton.fused.FWD_VARIANTS`` (persistent grid,
+x loads pipelined through shared memory), ``wb-tile`` (weight/bias loaded in the tile layout),
+on 16-bit rows ``exact-tanh`` (the exp2 GELU instead of the default ``tanh.approx``; the flag
+rows at the autotuned config, fixed); ``all``: every entry everywhere; for L1 and L2
 every tile config of the autotuner's pruned space at a fixed launch (``cfg
 BLOCK_MxTILESxwarps``: which config is fastest in graph replays, against the one the
 autotuner took, printed as ``autotuned forward config`` with the autotuner's own timings); on
@@ -111,22 +112,26 @@ def count_launches(wl, fns):
     return out
 
 
-# measured in three H200 runs, never ahead of "tiled": in the default sweep on L2 only
-_L2_ONLY = ("tiled-noprefetch", "tiled-pf2")
+# the default backward sweep: the old prefetch variants (three H200 runs, never ahead of
+# "tiled") are left out; L1 and L3 (no backward goals) get one pipelined variant
+_NOT_IN_DEFAULT = ("tiled-noprefetch", "tiled-pf2")
+_L1_L3_DEFAULT = ("tiled-async4",)
 
 
 def _same_as_another(variant, dtype, wl, sweep_default):
-    """Whether a backward variant adds nothing on this workload: on float32 rows the hardware-tanh
-    and 16-values-per-16-bit-thread variants compile to another variant's kernel; with the
-    default sweep, the old prefetch variants run on L2 only."""
+    """Whether a backward variant is left out on this workload: on float32 rows the hardware-tanh
+    and 16-values-per-16-bit-thread variants compile to another variant's kernel; the default
+    sweep keeps compilations few (see above)."""
     cfg = tri.BWD_VARIANTS.get(variant, {})
     if dtype == torch.float32 and (cfg.get("fast_tanh") or "per_thread16" in cfg):
         return True
-    return sweep_default and wl != "L2" and variant in _L2_ONLY
+    if sweep_default:
+        return variant in _NOT_IN_DEFAULT or (wl != "L2" and variant not in _L1_L3_DEFAULT)
+    return False
 
 
 def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant_notes=None, fwd_notes=None,
-                     sweep_default=False):
+                     sweep_default=False, fwd_everything=False):
     compiled = torch.compile(torch_ln_gelu, dynamic=False) if compile_baseline else None
     for wl, m, n, dtype in LN_WORKLOADS:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -180,20 +185,24 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant
                 "fwd": lambda: pcops_ln_gelu(x, w, b), "fwd+bwd": fwd_bwd(pcops_ln_gelu),
                 "fwd+bwd, accumulate": fwd_bwd(pcops_ln_gelu, accumulate=True)}))
         if fwd_notes is not None:
-            bench_fwd_variants(rows, rep, wl, x, w, b, fwd_graph_base, fwd_notes)
+            bench_fwd_variants(rows, rep, wl, x, w, b, fwd_graph_base, fwd_notes, everything=fwd_everything)
         if variants or variant_notes is not None:
             wl_variants = [v for v in variants if not _same_as_another(v, dtype, wl, sweep_default)]
             bench_bwd_variants(rows, rep, wl, x, w, b, dy, (base or {}).get(True), wl_variants,
                                variant_notes if variant_notes is not None else {})
 
 
-# forward sweep per workload: the FWD_VARIANTS run on all three, these only where listed
-FWD_VARIANTS_ALL = ("persistent-s3", "persistent-s2")
-FWD_VARIANTS_L2 = ("persistent-s4", "persistent8-s3")
-FWD_CONFIG_SWEEP = ("L1", "L2")  # every tile config of the autotuner's pruned space, fixed
+# the default forward sweep per workload (each entry one compilation on a host that compiles
+# slowly; ``--fwd-variants all``: every FWD_VARIANTS entry and flag row on every workload)
+FWD_SWEEP = {
+    "L1": ("persistent-s3", "wb-tile"),
+    "L2": ("persistent-s3", "persistent-s4", "persistent8-s3", "wb-tile", "exact-tanh"),
+    "L3": ("persistent-s3",),
+}
+FWD_CONFIG_SWEEP = ("L1", "L2")  # every tile config of the autotuner's pruned space, fixed (no compilation)
 
 
-def bench_fwd_variants(rows, rep, wl, x, w, b, fwd_base, notes):
+def bench_fwd_variants(rows, rep, wl, x, w, b, fwd_base, notes, everything=False):
     """The forward variants on one workload, graph-captured, against the default (the autotuned
     tile kernel with the hardware tanh for 16-bit rows): ``FWD_VARIANTS``, the exact tanh and
     the weight/bias tile loads (16-bit rows), and for L1/L2 every tile config the autotuner
@@ -221,15 +230,19 @@ def bench_fwd_variants(rows, rep, wl, x, w, b, fwd_base, notes):
             info[name]["gpu_us"] = act.get("gpu_us")
             print(f"{wl} fwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call")
 
+    sweep = FWD_SWEEP.get(wl, ()) if not everything else (*tri.FWD_VARIANTS, "wb-tile", "exact-tanh",
+                                                            "persistent-s3 exact-tanh")
+    half = x.element_size() == 2
     try:
-        variants = FWD_VARIANTS_ALL + (FWD_VARIANTS_L2 if wl == "L2" else ())
-        for v in variants:
-            check(v, lambda v=v: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant=v))
-        check("wb-tile", lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", wb_tile=True, **fixed))
-        if x.element_size() == 2:
-            check("exact-tanh", lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", fast_tanh=False, **fixed))
-            check("persistent-s3 exact-tanh",
-                  lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant="persistent-s3", fast_tanh=False))
+        for v in sweep:
+            if v in tri.FWD_VARIANTS:
+                check(v, lambda v=v: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant=v))
+            elif v == "wb-tile":
+                check(v, lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", wb_tile=True, **fixed))
+            elif v == "exact-tanh" and half:
+                check(v, lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", fast_tanh=False, **fixed))
+            elif v == "persistent-s3 exact-tanh" and half:
+                check(v, lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", variant="persistent-s3", fast_tanh=False))
         if wl in FWD_CONFIG_SWEEP:
             block_n, one_tile = tri._row_block_n(n, None)
             space = tri._prune_fwd(tri._FWD_CONFIGS, {"M": m}, BLOCK_N=block_n, ONE_TILE=one_tile,
@@ -410,12 +423,12 @@ def main():
     extra.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline (saves its warm-up)")
     extra.add_argument("--bwd-variants", default="default",
                        help="LayerNorm+GELU backward variants to sweep: comma-separated names of "
-                            "pcops.triton.fused.BWD_VARIANTS or 'rowrange', 'default' (the non-default "
-                            "tiled variants but 'tiled-plain', measured 6-8 %% slower on the H200; "
-                            "'tiled-noprefetch' and 'tiled-pf2' on L2 only), 'all' or 'none'")
-    extra.add_argument("--no-fwd-variants", action="store_true",
-                       help="skip the LayerNorm+GELU forward sweep (FWD_VARIANTS, exact tanh, weight/bias tiles, "
-                            "every tile config for L1/L2)")
+                            "pcops.triton.fused.BWD_VARIANTS or 'rowrange', 'default' (the new variants on L2, "
+                            "'tiled-async4' on L1/L3; not 'tiled-plain', 'tiled-noprefetch', 'tiled-pf2', "
+                            "never ahead of 'tiled' on the H200), 'all' or 'none'")
+    extra.add_argument("--fwd-variants", default="default", choices=("default", "all", "none"),
+                       help="LayerNorm+GELU forward sweep: 'default' (FWD_SWEEP per workload and every tile "
+                            "config for L1/L2), 'all' (every FWD_VARIANTS entry and flag row everywhere), 'none'")
     extra.add_argument("--csr-sub", default="16",
                        help="Triton grouped CSR softmax group widths to time besides the automatic one "
                             "(comma-separated of 4, 8, 16, 32; '' for none)")
@@ -441,9 +454,10 @@ def main():
         if unknown:
             raise SystemExit(f"--bwd-variants: unknown {unknown}; known: {known_variants}")
     variant_notes = {} if variants else None
-    fwd_notes = None if known.no_fwd_variants else {}
+    fwd_notes = None if known.fwd_variants == "none" else {}
     bench_layer_norm(rows, rep, compile_baseline=not known.no_compile, launches=launches, variants=variants,
-                     variant_notes=variant_notes, fwd_notes=fwd_notes, sweep_default=known.bwd_variants == "default")
+                     variant_notes=variant_notes, fwd_notes=fwd_notes, sweep_default=known.bwd_variants == "default",
+                     fwd_everything=known.fwd_variants == "all")
     t2 = time.perf_counter()
     notes = {
         "bandwidth_for_floor": BANDWIDTH,
