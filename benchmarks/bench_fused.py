@@ -27,9 +27,9 @@ timing the backward op alone (``torch.ops.pcops.layer_norm_gelu_backward``: back
 column sum; floor: x, dy read, dx written) for the default and each variant; the notes record
 each variant's max |gradient − default's| (dx, dweight, dbias), its grid, the autotuned forward
 config and the per-kernel GPU time of L2 fwd+bwd (torch profiler). ``--bwd-variants a,b``
-picks the variants (default: on L2 the entries but "tiled", "tiled-plain",
-"tiled-noprefetch" and "tiled-pf2" — the last three never ahead of "tiled" in three H200 runs
-— on L1/L3 "tiled-async4"; the hardware-tanh and 16-bit-only ones never on float32 rows;
+picks the variants (default: on L2 only, the entries but "tiled", "tiled-plain",
+"tiled-noprefetch", "tiled-pf2" — the last three never ahead of "tiled" in three H200 runs —
+and "tiled-async3"; the hardware-tanh and 16-bit-only ones never on float32 rows;
 ``all``; ``rowrange``: the row-range kernel, 0.34 ms on L2, autotuned on first use;
 ``none``: skip). On L2 each variant's backward + column-sum kernel
 times come from the torch profiler too (``bwd_gpu_us``; the graph rows include a launch).
@@ -43,7 +43,7 @@ rows at the autotuned config, fixed); ``all``: every entry everywhere; for L1 an
 every tile config of the autotuner's pruned space at a fixed launch (``cfg
 BLOCK_MxTILESxwarps``: which config is fastest in graph replays, against the one the
 autotuner took, printed as ``autotuned forward config`` with the autotuner's own timings); on
-L2 the profiler's kernel time of each variant (``gpu_us``; not of the cfg rows).
+L2 the profiler's kernel time of each ``FWD_VARIANTS`` entry (``gpu_us``).
 
 Each figure is timed twice: eager calls (the host launch cost included: one Python call, its
 checks and the custom-op dispatch) and replays of a CUDA graph of the same call (the GPU time a
@@ -112,10 +112,11 @@ def count_launches(wl, fns):
     return out
 
 
-# the default backward sweep: the old prefetch variants (three H200 runs, never ahead of
-# "tiled") are left out; L1 and L3 (no backward goals) get one pipelined variant
-_NOT_IN_DEFAULT = ("tiled-noprefetch", "tiled-pf2")
-_L1_L3_DEFAULT = ("tiled-async4",)
+# the default backward sweep (each variant one compilation on a host that compiles slowly): L2
+# only (L1 and L3 have no backward goals), without the old prefetch variants (three H200 runs,
+# never ahead of "tiled") and "tiled-async3" (between "tiled" and "tiled-async4")
+_NOT_IN_DEFAULT = ("tiled-noprefetch", "tiled-pf2", "tiled-async3")
+_L1_L3_DEFAULT = ()
 
 
 def _same_as_another(variant, dtype, wl, sweep_default):
@@ -196,8 +197,7 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant
 # slowly; ``--fwd-variants all``: every FWD_VARIANTS entry and flag row on every workload)
 FWD_SWEEP = {
     "L1": ("persistent-s3", "wb-tile"),
-    "L2": ("persistent-s3", "persistent-s4", "persistent8-s3", "wb-tile", "exact-tanh"),
-    "L3": ("persistent-s3",),
+    "L2": ("persistent-s3", "persistent-s4", "wb-tile", "exact-tanh"),
 }
 FWD_CONFIG_SWEEP = ("L1", "L2")  # every tile config of the autotuner's pruned space, fixed (no compilation)
 
@@ -225,8 +225,8 @@ def bench_fwd_variants(rows, rep, wl, x, w, b, fwd_base, notes, everything=False
         print(f"{wl} fwd={name}: max |out - default| {diff}; launch {plan}")
         t = graph_row(rows, wl, f"pcops triton fwd={name} (fwd)", fn, rep, floor, m, fwd_base)
         info[name] = {"max_abs_diff_vs_default": diff, "launch": plan, "graph_ms": t and t["median_ms"]}
-        if wl == "L2" and not name.startswith("cfg"):  # the kernel's own GPU time (graph rows include a launch)
-            act = gpu_activities(fn, iters=5)
+        if wl == "L2" and name in tri.FWD_VARIANTS:  # the kernel's own GPU time (graph rows include a launch)
+            act = gpu_activities(fn, iters=3)
             info[name]["gpu_us"] = act.get("gpu_us")
             print(f"{wl} fwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call")
 
@@ -299,7 +299,7 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
         info["default_launch"] = dict(tri._TILED_LAST)
         bwd_base = graph_row(rows, wl, f"pcops triton bwd={default} (default) (bwd kernel)", bwd_op, rep, bwd_floor, m)
         if wl == "L2":
-            act = gpu_activities(bwd_op, iters=5)
+            act = gpu_activities(bwd_op, iters=3)
             info["default_bwd_gpu_us"] = act.get("per_call_us")
             print(f"{wl} bwd={default}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call "
                   f"{act.get('per_call_us')}")
@@ -317,7 +317,7 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
             info[name]["fwd+bwd_graph_ms"] = fb and fb["median_ms"]
             info[name]["bwd_graph_ms"] = bw and bw["median_ms"]
             if wl == "L2":  # the kernels' own GPU time (backward + column sum)
-                act = gpu_activities(bwd_op, iters=5)
+                act = gpu_activities(bwd_op, iters=3)
                 info[name]["bwd_gpu_us"] = act.get("per_call_us")
                 print(f"{wl} bwd={name}: GPU {act.get('gpu_us', float('nan')):.1f} µs per call "
                       f"{act.get('per_call_us')}")
@@ -423,9 +423,9 @@ def main():
     extra.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline (saves its warm-up)")
     extra.add_argument("--bwd-variants", default="default",
                        help="LayerNorm+GELU backward variants to sweep: comma-separated names of "
-                            "pcops.triton.fused.BWD_VARIANTS or 'rowrange', 'default' (the new variants on L2, "
-                            "'tiled-async4' on L1/L3; not 'tiled-plain', 'tiled-noprefetch', 'tiled-pf2', "
-                            "never ahead of 'tiled' on the H200), 'all' or 'none'")
+                            "pcops.triton.fused.BWD_VARIANTS or 'rowrange', 'default' (on L2 only, the variants "
+                            "but 'tiled-plain', 'tiled-noprefetch', 'tiled-pf2', 'tiled-async3'), 'all' (every "
+                            "workload) or 'none'")
     extra.add_argument("--fwd-variants", default="default", choices=("default", "all", "none"),
                        help="LayerNorm+GELU forward sweep: 'default' (FWD_SWEEP per workload and every tile "
                             "config for L1/L2), 'all' (every FWD_VARIANTS entry and flag row everywhere), 'none'")
