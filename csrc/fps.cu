@@ -1236,23 +1236,29 @@ struct SlotMask {
     for (int g = 0; g < G; ++g) c += __popc(m[g]);
     return c == 1;
   }
-  __device__ __forceinline__ int first() const {  // the lowest slot, -1 if none
-    int j = -1;
+  // the lowest non-empty word and its first slot, by selects (no branches, no dynamic index)
+  __device__ __forceinline__ void lowest(unsigned& w, int& base) const {
+    w = 0u;
+    base = 0;
 #pragma unroll
-    for (int g = G - 1; g >= 0; --g) j = m[g] ? 32 * g + __ffs(m[g]) - 1 : j;
-    return j;
-  }
-  __device__ __forceinline__ int pop() {  // the lowest slot, removed; -1 if none (selects only: the
-    int j = -1;                           // words stay in registers)
-    bool done = false;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const bool here = !done && m[g] != 0u;
-      j = here ? 32 * g + __ffs(m[g]) - 1 : j;
-      m[g] = here ? (m[g] & (m[g] - 1u)) : m[g];
-      done = done || here;
+    for (int g = G - 1; g >= 0; --g) {
+      base = m[g] ? 32 * g : base;
+      w = m[g] ? m[g] : w;
     }
-    return j;
+  }
+  __device__ __forceinline__ int first() const {  // the lowest slot, -1 if none
+    unsigned w;
+    int base;
+    lowest(w, base);
+    return base + __ffs(w) - 1;  // __ffs(0) = 0: -1
+  }
+  __device__ __forceinline__ int pop() {  // the lowest slot, removed; -1 if none
+    unsigned w;
+    int base;
+    lowest(w, base);
+#pragma unroll
+    for (int g = 0; g < G; ++g) m[g] = base == 32 * g ? (m[g] & (m[g] - 1u)) : m[g];
+    return w ? base + __ffs(w) - 1 : -1;
   }
 };
 
