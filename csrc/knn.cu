@@ -235,7 +235,38 @@ __device__ __forceinline__ void flush_queue(knn_key (&key)[KP], knn_key (&queue)
   waiting = 0;
 }
 
-template <int QB, int KP, int Q>
+// block-wide barrier / vote; a block of one warp (QB = 32) uses the warp-level forms when WARP
+template <bool WARP>
+__device__ __forceinline__ void block_sync() {
+  if (WARP) __syncwarp(); else __syncthreads();
+}
+template <bool WARP>
+__device__ __forceinline__ bool block_any(bool p) {
+  return WARP ? __any_sync(FULL_MASK, p) : (bool)__syncthreads_or(p);
+}
+
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(FULL_MASK, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+  return v;
+}
+
+// Options of knn_body_keys (template flags, see PCOPS_KNN_KEYS_ENTRIES):
+// OWN: scan the block's own tile (the references at the queries' position on the curve) before
+//   the outward sweep, so the K-th bests start small (fewer insertions, tighter culls); the sweep
+//   skips it.
+// PRE (QB = 32 only): before the per-query superblock test, each lane tests one of the next 32
+//   superblocks of the sweep against the box of the warp's queries and their largest K-th best
+//   (box-to-box gap, rounded like box_dist, so never above any query's box distance: exact); the
+//   sweep skips the superblocks that fail without a load or a vote each. Barriers and votes
+//   become warp-level (the block is one warp).
+// UNR: unroll the candidate loop of a full tile by this factor.
+template <int QB, int KP, int Q, bool OWN, bool PRE, int UNR>
 __device__ __forceinline__ void knn_body_keys(
     const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
     const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
@@ -248,6 +279,8 @@ __device__ __forceinline__ void knn_body_keys(
     float* __restrict__ dists,              // (B, Nq, k) out, ascending, inf padded
     long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
     int nq, int nr, int num_sb, int sb, int k) {
+  constexpr bool WARP = PRE && QB == 32;
+  constexpr int QN = Q > 0 ? Q : 1;
   __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
   const long long b = blockIdx.y;
   const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
@@ -265,9 +298,9 @@ __device__ __forceinline__ void knn_body_keys(
   knn_key key[KP];
 #pragma unroll
   for (int m = 0; m < KP; ++m) key[m] = m < KP - k ? 0ULL : KEY_EMPTY;
-  knn_key queue[Q > 0 ? Q : 1];
+  knn_key queue[QN];
 #pragma unroll
-  for (int m = 0; m < (Q > 0 ? Q : 1); ++m) queue[m] = KEY_EMPTY;
+  for (int m = 0; m < QN; ++m) queue[m] = KEY_EMPTY;
   int waiting = 0;
 
   const int n_t = first < q_len ? (r_len + QB - 1) / QB : 0;
@@ -277,49 +310,98 @@ __device__ __forceinline__ void knn_body_keys(
   const int sb0 = (int)min(t0 / sb, (long long)(n_sb > 0 ? n_sb - 1 : 0));
   const float* r_base = r_sorted + b * (long long)nr * 3;
   const long long* p_base = r_perm + b * (long long)nr;
-  for (int step = 0; step < n_sb; ++step) {
-    const int off = (step + 1) / 2;
-    int s = (step & 1) ? sb0 + off : sb0 - off;
-    s = (s + n_sb) % n_sb;
-    const bool want = valid && box_dist(sboxes + (b * num_sb + s) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
-    if (!__syncthreads_or(want)) continue;
-    const int t_end = min((s + 1) * sb, n_t);
-    for (int tile = s * sb; tile < t_end; ++tile) {
-      const bool need = want && box_dist(boxes + (b * num_tiles + tile) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
-      if (!__syncthreads_or(need)) continue;
-      const int base = tile * QB;
-      const int pos = base + threadIdx.x;
-      if (pos < r_len) {
-        tile_pts[threadIdx.x] = make_float4(r_base[pos * 3 + 0], r_base[pos * 3 + 1], r_base[pos * 3 + 2],
-                                            __int_as_float((int)p_base[pos]));
-      }
-      __syncthreads();
-      const int count = min(QB, r_len - base);
-      if (Q == 0) {
-        if (need) {
+
+  // stage tile `tile` in shared memory and scan it (need: this thread's query wants it)
+  auto scan_tile = [&](int tile, bool need) {
+    const int base = tile * QB;
+    const int pos = base + threadIdx.x;
+    if (pos < r_len) {
+      tile_pts[threadIdx.x] = make_float4(r_base[pos * 3 + 0], r_base[pos * 3 + 1], r_base[pos * 3 + 2],
+                                          __int_as_float((int)p_base[pos]));
+    }
+    block_sync<WARP>();
+    const int count = min(QB, r_len - base);
+    if (Q == 0) {
+      if (need) {
+        if (UNR > 1 && count == QB) {
+#pragma unroll UNR
+          for (int j = 0; j < QB; ++j) {
+            const float4 r = tile_pts[j];
+            const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
+            if (c < key[KP - 1]) net_insert<KP>(key, c);
+          }
+        } else {
           for (int j = 0; j < count; ++j) {
             const float4 r = tile_pts[j];
             const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
             if (c < key[KP - 1]) net_insert<KP>(key, c);
           }
         }
-      } else {
-        // every lane runs the loop (count is the same for the block): the votes need the whole warp
-        for (int j = 0; j < count; ++j) {
-          const float4 r = tile_pts[j];
-          const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
-          const bool take = need && c < key[KP - 1];  // the K-th best as of the last merge
-#pragma unroll
-          for (int m = (Q > 0 ? Q : 1) - 1; m > 0; --m) queue[m] = take ? queue[m - 1] : queue[m];
-          queue[0] = take ? c : queue[0];
-          waiting += take;
-          if (__any_sync(FULL_MASK, waiting == Q)) {
-            flush_queue<KP, (Q > 0 ? Q : 1)>(key, queue, waiting);
-          }
-        }
-        if (__any_sync(FULL_MASK, waiting > 0)) flush_queue<KP, (Q > 0 ? Q : 1)>(key, queue, waiting);
       }
-      __syncthreads();
+    } else {
+      // every lane runs the loop (count is the same for the block): the votes need the whole warp
+      for (int j = 0; j < count; ++j) {
+        const float4 r = tile_pts[j];
+        const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
+        const bool take = need && c < key[KP - 1];  // the K-th best as of the last merge
+#pragma unroll
+        for (int m = QN - 1; m > 0; --m) queue[m] = take ? queue[m - 1] : queue[m];
+        queue[0] = take ? c : queue[0];
+        waiting += take;
+        if (__any_sync(FULL_MASK, waiting == Q)) flush_queue<KP, QN>(key, queue, waiting);
+      }
+      if (__any_sync(FULL_MASK, waiting > 0)) flush_queue<KP, QN>(key, queue, waiting);
+    }
+    block_sync<WARP>();
+  };
+
+  int own = -1;
+  if (OWN && n_t > 0) {  // n_t > 0: the block has a valid query (uniform)
+    own = (int)min(t0, (long long)(n_t - 1));
+    scan_tile(own, valid);
+  }
+  unsigned pre_mask = 0;
+  __shared__ float qbox[6];  // PRE: the warp's query box, inverted (infinitely far) when no lane is valid
+  if (WARP) {
+    const float v0 = warp_min(valid ? qx : F_INF), v1 = warp_min(valid ? qy : F_INF), v2 = warp_min(valid ? qz : F_INF);
+    const float v3 = warp_max(valid ? qx : -F_INF), v4 = warp_max(valid ? qy : -F_INF), v5 = warp_max(valid ? qz : -F_INF);
+    if (threadIdx.x == 0) {
+      qbox[0] = v0, qbox[1] = v1, qbox[2] = v2, qbox[3] = v3, qbox[4] = v4, qbox[5] = v5;
+    }
+    __syncwarp();
+  }
+  for (int step = 0; step < n_sb; ++step) {
+    const int off = (step + 1) / 2;
+    int s = (step & 1) ? sb0 + off : sb0 - off;
+    s = (s + n_sb) % n_sb;
+    if (WARP) {
+      if ((step & 31) == 0) {  // test the next 32 superblocks of the sweep, one per lane
+        const float worst = warp_max(valid ? key_dist(key[KP - 1]) : 0.0f);  // largest K-th best
+        const float bx0 = qbox[0], by0 = qbox[1], bz0 = qbox[2], bx1 = qbox[3], by1 = qbox[4], bz1 = qbox[5];
+        const int my_step = step + (threadIdx.x & 31);
+        bool ok = false;
+        if (my_step < n_sb) {
+          const int moff = (my_step + 1) / 2;
+          int ms = (my_step & 1) ? sb0 + moff : sb0 - moff;  // in (-n_sb, 2 n_sb)
+          ms += ms < 0 ? n_sb : (ms >= n_sb ? -n_sb : 0);
+          const float* box = sboxes + (b * num_sb + ms) * 8;
+          const float gx = fmaxf(fmaxf(__fsub_rn(box[0], bx1), __fsub_rn(bx0, box[3])), 0.0f);
+          const float gy = fmaxf(fmaxf(__fsub_rn(box[1], by1), __fsub_rn(by0, box[4])), 0.0f);
+          const float gz = fmaxf(fmaxf(__fsub_rn(box[2], bz1), __fsub_rn(bz0, box[5])), 0.0f);
+          ok = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz)) <= worst;
+        }
+        pre_mask = __ballot_sync(FULL_MASK, ok);
+      }
+      if (!((pre_mask >> (step & 31)) & 1u)) continue;
+    }
+    const bool want = valid && box_dist(sboxes + (b * num_sb + s) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
+    if (!block_any<WARP>(want)) continue;
+    const int t_end = min((s + 1) * sb, n_t);
+    for (int tile = s * sb; tile < t_end; ++tile) {
+      if (OWN && tile == own) continue;
+      const bool need = want && box_dist(boxes + (b * num_tiles + tile) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
+      if (!block_any<WARP>(need)) continue;
+      scan_tile(tile, need);
     }
   }
   if (row < nq) {
@@ -336,31 +418,34 @@ __device__ __forceinline__ void knn_body_keys(
   }
 }
 
-// knn_<variant>_q<QB>_k<KP>: variant net (Q = 0) or wq<Q>; MINB = __launch_bounds__ minimum blocks
-#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, Q, MINB)                                                    \
+// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): Q (0: on the spot, else warp queues of
+// Q), OWN, PRE, UNR as above; MINB = __launch_bounds__ minimum blocks per SM
+#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, Q, OWN, PRE, UNR, MINB)                                    \
   extern "C" __global__ void __launch_bounds__(QB, MINB) NAME(                                         \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm, \
       const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,       \
       float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                     \
-    knn_body_keys<QB, KP, Q>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists,  \
-                             idx, nq, nr, num_sb, sb, k);                                              \
+    knn_body_keys<QB, KP, Q, OWN, PRE, UNR>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, \
+                                            r_len, dists, idx, nq, nr, num_sb, sb, k);                \
   }
 
-#define PCOPS_KNN_KEYS_ENTRIES(VARIANT, Q, MINB)                        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k1, 32, 1, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k2, 32, 2, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k4, 32, 4, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k8, 32, 8, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k16, 32, 16, Q, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q32_k32, 32, 32, Q, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k1, 64, 1, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k2, 64, 2, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k4, 64, 4, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k8, 64, 8, Q, MINB)     \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k16, 64, 16, Q, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##VARIANT##_q64_k32, 64, 32, Q, MINB)
+#define PCOPS_KNN_KEYS_ENTRIES(V, Q, OWN, PRE, UNR, MINB)                 \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, Q, OWN, PRE, UNR, MINB) \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, Q, OWN, PRE, UNR, MINB) \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, Q, OWN, PRE, UNR, MINB)   \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, Q, OWN, PRE, UNR, MINB) \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, Q, OWN, PRE, UNR, MINB)
 
-PCOPS_KNN_KEYS_ENTRIES(net, 0, 1)
-PCOPS_KNN_KEYS_ENTRIES(wq2, 2, 1)
-PCOPS_KNN_KEYS_ENTRIES(wq4, 4, 1)
-PCOPS_KNN_KEYS_ENTRIES(wq8, 8, 1)
+//                     variant  Q  OWN    PRE    UNR MINB
+PCOPS_KNN_KEYS_ENTRIES(net,     0, false, false, 1,  1)
+PCOPS_KNN_KEYS_ENTRIES(netf,    0, true,  false, 1,  1)
+PCOPS_KNN_KEYS_ENTRIES(netfu,   0, true,  false, 4,  1)
+PCOPS_KNN_KEYS_ENTRIES(nets,    0, true,  true,  1,  1)
+PCOPS_KNN_KEYS_ENTRIES(wq4,     4, false, false, 1,  1)

@@ -28,11 +28,17 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 # "sorted": (distance, index) arrays with a compare-and-swap chain; for KP < 32 the compiler keeps
 #   them in local memory (the K-th best is read at the run-time index k - 1).
 # "net": 64-bit keys right-aligned in KP slots (the K-th best is always the last slot: registers
-#   only), inserted on the spot with a select network.
-# "wq2" / "wq4" / "wq8": "net" plus warp queues of 2 / 4 / 8 keys per thread, merged by the whole
-#   warp when one lane's queue is full and after every tile (the warp pays the longest queue, not
-#   every lane's insertions one after the other).
-VARIANTS = ("sorted", "net", "wq2", "wq4", "wq8")
+#   only), inserted on the spot with a select network (no KP-long dependent chain).
+# "netf": "net" that scans the block's own tile first (the K-th bests start small: on K1 a query
+#   inserts 48 candidates instead of 67, by a CPU emulation of the kernel).
+# "netfu": "netf" with the candidate loop of full tiles unrolled 4 times.
+# "nets": "netf" plus, for tiles of 32, a warp-parallel pre-test of 32 superblocks at a time (the
+#   warp's query box against its largest K-th best): on K1 91 votes per block instead of 193.
+# "wq4": "net" plus FAISS-style warp queues of 4 keys per thread, merged by the whole warp when a
+#   lane's queue is full and after every tile. On K1 (emulated) it saves only 12 % of the warp's
+#   insertions (185 against 210 per block: the lanes of a warp mostly insert together already)
+#   and costs a vote and a queue shift per candidate: kept as a measured reference.
+VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "wq4")
 _VARIANT = "sorted"
 
 
