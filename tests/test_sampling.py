@@ -612,6 +612,7 @@ def test_gpu_knn_cuda_variants_match_reference(variant, k, tile, group):
     q, ql = make_clouds(3, 2500, seed=60 + k, scale=6.0, duplicates=True, device="cuda")
     r, rl = make_clouds(3, 1800, seed=70 + k, scale=6.0, duplicates=True, device="cuda")
     g, gl = tie_grid_clouds(2, 1500, seed=80 + k, device="cuda")
+    # the last case passes a strided query view (the launcher makes it contiguous)
     for a, b, la, lb in ((q, r, ql, rl), (q, q, ql, ql), (g, g, gl, gl), (r[:, :7], r, rl.clamp(max=7), rl)):
         d, i = cuda_knn.knn(a, b, la, lb, k, tile=tile, group=group, variant=variant)
         d_ref, i_ref = ref.knn(a, b, la, lb, k)

@@ -38,8 +38,11 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 #   lane's queue is full and after every tile. On K1 (emulated) it saves only 12 % of the warp's
 #   insertions (185 against 210 per block: the lanes of a warp mostly insert together already)
 #   and costs a vote and a queue shift per candidate: kept as a measured reference.
+# Measured on the H200 (03:10 run, graph-captured, whole op / search kernel alone; Morton sort
+# 0.13 ms): K1 K=16 sorted 1.31 / 1.16 ms, net 0.76 / 0.63; K1 K=32 sorted 1.87 / 1.69, net
+# 1.33 / 1.15; K2 sorted 1.75 / 1.62, net 1.08 / 0.97; warp queues of 2 / 4 / 8 between the two.
 VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "wq4")
-_VARIANT = "sorted"
+_VARIANT = "net"
 
 
 def _group(n: int) -> int:
@@ -71,7 +74,7 @@ def knn(
     """Same contract as ``pcops.triton.sampling.knn`` for ``K ≤ 32``; no host synchronisation.
 
     Args:
-        query: ``(B, Nq, 3)`` float32 contiguous; ref: ``(B, Nr, 3)`` float32 contiguous.
+        query: ``(B, Nq, 3)`` float32; ref: ``(B, Nr, 3)`` float32 (copied if not contiguous).
         query_lengths, ref_lengths: ``(B,)`` int64 (clamped to the padded sizes).
         k: ``1 ≤ K ≤ 32``.
         tile: queries per block = references per tile, 32 or 64 (default ``_QB``).
@@ -91,6 +94,9 @@ def knn(
     if nr == 0:
         return dists.fill_(float("inf")), idx.fill_(-1)
     tile, group, variant = _options(nr, tile, group, variant)
+    # the kernels index dense rows (no-ops for the op's own calls; a strided view is copied)
+    query, ref = query.contiguous(), ref.contiguous()
+    query_lengths, ref_lengths = query_lengths.contiguous(), ref_lengths.contiguous()
     prepared = prepare(query, ref, query_lengths, ref_lengths, tile, group)
     search(prepared, query_lengths, ref_lengths, dists, idx, k, tile, group, variant)
     return dists, idx
