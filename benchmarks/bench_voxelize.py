@@ -111,6 +111,21 @@ def cpu_rows(scan, quick):
     return rows
 
 
+def cpu_profile(scan, iters=10):
+    """Where the one-thread CPU time of V1 goes: ``{aten op: self µs per call}`` (top 15), printed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(1)
+    pcops.voxelize(scan, **V1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            pcops.voxelize(scan, **V1)
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+    out = {e.key: round(e.self_cpu_time_total / iters, 1) for e in ops}
+    print("V1 CPU, self µs per call by op (profiled):", out)
+    return out
+
+
 def main():
     sweep_off = "--no-sweep" in sys.argv
     if sweep_off:
@@ -120,7 +135,9 @@ def main():
     rep = 30 if args.quick else 100
     scan, source = load_scan()
     if not torch.cuda.is_available():  # a CPU-only machine: the CPU rows alone
-        report(cpu_rows(scan, args.quick), "voxelize_cpu", args.out, notes={"scan": source, "goals_ms": {"V1 CPU": 5.0}})
+        rows = cpu_rows(scan, args.quick)
+        report(rows, "voxelize_cpu", args.out, notes={"scan": source, "goals_ms": {"V1 CPU": 5.0},
+                                                      "cpu_self_us_per_call": cpu_profile(scan)})
         return
     big = make_big(scan)
     rows = []
@@ -166,12 +183,14 @@ def main():
     }
     print("GPU µs per call:", {k: v.get("per_call_us", v) for k, v in launches.items()})
     rows += cpu_rows(scan, args.quick)
+    cpu_ops = cpu_profile(scan)
     report(rows, "voxelize", args.out, notes={
         "scan": source, "big_points": big.shape[0],
         "goals_ms": {"V1": 0.060, "V2": 0.250, "dynamic V1": 0.060, "V1 CPU": 5.0},
         "launches": {"hard": "fill + 2 Triton (+1 host sync and its copy in the variable-size form)",
                      "dynamic": "fill + 1 Triton + 1 subtraction (+1 host sync in the variable-size form)"},
         "profiled_gpu_ops_per_call": launches,
+        "cpu_self_us_per_call": cpu_ops,
         "peers_unavailable": ["mmcv", "spconv"],
         "variants": {k: {a: str(v) for a, v in attrs.items()} for k, attrs in HARD_VARIANTS.items()},
     })

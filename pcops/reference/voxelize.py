@@ -55,19 +55,19 @@ def voxel_coords(
     there). ``cell >= 0`` needs no test: ``p >= range_min`` makes ``p - range_min >= 0`` exactly;
     ``floor(q) < grid`` is ``q < grid`` for an integer ``grid`` (NaN fails both).
     """
-    # (3, N) contiguous: the per-axis arithmetic then runs on contiguous rows (several times
-    # faster on the CPU than broadcasting over (N, 3) with a stride of C)
-    xyz = points[:, :3].t().float().contiguous()
+    # (3, N) contiguous, a fresh buffer: the per-axis arithmetic then runs on contiguous rows
+    # (several times faster on the CPU than over (N, 3) with a stride of C), in place
+    xyz = torch.empty((3, points.shape[0]), dtype=torch.float32, device=points.device).copy_(points[:, :3].t())
     params = [point_cloud_range[:3], point_cloud_range[3:], voxel_size, grid_size(voxel_size, point_cloud_range)]
     lo, hi, vs, grid = torch.tensor(params, dtype=torch.float32, device=points.device)[:, :, None]
-    q = (xyz - lo).div_(vs)
     # the three tests as 1.0 / 0.0 and their product: comparisons written to float32 are
     # vectorised on the CPU, ~4x faster than to bool
     ok = torch.ge(xyz, lo, out=torch.empty_like(xyz))
-    test = torch.lt(xyz, hi, out=torch.empty_like(xyz))  # (xyz may be a view of points: not in place)
+    test = torch.lt(xyz, hi, out=torch.empty_like(xyz))
     ok *= test
+    q = xyz.sub_(lo).div_(vs)
     ok *= torch.lt(q, grid, out=test)
-    return q, (ok[0] * ok[1] * ok[2]).bool()
+    return q, ok[0].mul_(ok[1]).mul_(ok[2]).bool()
 
 
 _ROW_DTYPES = {4: torch.int32, 8: torch.int64, 16: torch.complex128}  # one element per row of that many bytes
@@ -128,7 +128,7 @@ def _number_voxels(points, voxel_size, point_cloud_range, lengths):
     # (cells out of range convert to garbage, never read) and gathered once. The conversion
     # truncates: floor for q >= 0
     cell = q.to(torch.int32 if cells < 2**31 else torch.int64)
-    key = torch.add(cell[0], torch.add(cell[1], cell[2], alpha=gy), alpha=gx).index_select(0, idx)
+    key = cell[0].add_(cell[1].add_(cell[2], alpha=gy), alpha=gx).index_select(0, idx)
     if lengths is not None:
         key += b.index_select(0, idx).to(key.dtype) * (gx * gy * gz)
     k = key.numel()
@@ -145,11 +145,9 @@ def _number_voxels(points, voxel_size, point_cloud_range, lengths):
     # voxels numbered by first point: a prefix count of the "first point" flags
     is_first = head == pos
     vid = (torch.cumsum(is_first, 0, dtype=torch.int32) - 1).index_select(0, head)
-    nv = int(is_first.sum())
-    first = torch.zeros(nv, dtype=torch.int64, device=device).scatter_(0, vid.long(), head.long())  # all writes equal
-    vfirst = idx.index_select(0, first)  # first point of each voxel
+    vfirst = idx.index_select(0, is_first.nonzero().squeeze(1))  # first point of each voxel
     vb = torch.zeros_like(vfirst) if lengths is None else b.index_select(0, vfirst)
-    coords = torch.stack([vb.to(torch.int32)] + [cell[i].index_select(0, vfirst).to(torch.int32) for i in (2, 1, 0)], 1)
+    coords = torch.stack([vb.to(torch.int32)] + [q[i].index_select(0, vfirst).to(torch.int32) for i in (2, 1, 0)], 1)
     return idx, vid, vb, coords
 
 
