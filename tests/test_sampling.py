@@ -600,7 +600,7 @@ def tie_grid_clouds(batch, n, seed, device):
     return pts.to(device), lengths.to(device)
 
 
-@pytest.mark.parametrize("variant", ["sorted", "net", "netf", "netfu", "nets", "wq4"])
+@pytest.mark.parametrize("variant", ["sorted", "net", "netf", "netfu", "nets", "netq", "netfq"])
 @pytest.mark.parametrize("k,tile,group", [(1, 32, 4), (16, 32, 4), (32, 32, 4), (5, 64, 8), (16, 64, 3), (17, 32, 1), (32, 64, 16)])
 @pytest.mark.gpu
 @requires_cuda
@@ -620,12 +620,12 @@ def test_gpu_knn_cuda_variants_match_reference(variant, k, tile, group):
         assert torch.equal(d, d_ref), (variant, k, tile, group)
 
 
-@pytest.mark.parametrize("variant", ["net", "netf", "netfu", "nets", "wq4"])
+@pytest.mark.parametrize("variant", ["sorted", "netf", "netfu", "nets", "netq", "netfq"])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_cuda_variants_kitti_k1_shape(variant):
     """The K1 shape (8 clouds of 16,384 KITTI points, self-KNN, K = 16 and 32): each variant
-    gives exactly the default kernel's output (which the other tests pin to the reference)."""
+    gives exactly the output of "net" (pinned to the reference by the other tests)."""
     from pcops.cuda import knn as cuda_knn
 
     scan = load_scan_xyz().cuda()
@@ -634,7 +634,7 @@ def test_gpu_knn_cuda_variants_kitti_k1_shape(variant):
     lengths = torch.full((8,), 16384, device="cuda")
     lengths[3] = 9001  # one uneven cloud
     for k in (16, 32):
-        d0, i0 = cuda_knn.knn(clouds, clouds, lengths, lengths, k, variant="sorted")
+        d0, i0 = cuda_knn.knn(clouds, clouds, lengths, lengths, k, variant="net")
         d, i = cuda_knn.knn(clouds, clouds, lengths, lengths, k, variant=variant)
         assert torch.equal(i, i0) and torch.equal(d, d0), (variant, k)
 

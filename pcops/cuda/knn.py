@@ -34,14 +34,13 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 # "netfu": "netf" with the candidate loop of full tiles unrolled 4 times.
 # "nets": "netf" plus, for tiles of 32, a warp-parallel pre-test of 32 superblocks at a time (the
 #   warp's query box against its largest K-th best): on K1 91 votes per block instead of 193.
-# "wq4": "net" plus FAISS-style warp queues of 4 keys per thread, merged by the whole warp when a
-#   lane's queue is full and after every tile. On K1 (emulated) it saves only 12 % of the warp's
-#   insertions (185 against 210 per block: the lanes of a warp mostly insert together already)
-#   and costs a vote and a queue shift per candidate: kept as a measured reference.
+# "netq" / "netfq": "net" / "netf" whose lanes inserting together skip the quarters of the list
+#   below all their candidates (late in a search most insertions land in the last quarter).
 # Measured on the H200 (03:10 run, graph-captured, whole op / search kernel alone; Morton sort
 # 0.13 ms): K1 K=16 sorted 1.31 / 1.16 ms, net 0.76 / 0.63; K1 K=32 sorted 1.87 / 1.69, net
-# 1.33 / 1.15; K2 sorted 1.75 / 1.62, net 1.08 / 0.97; warp queues of 2 / 4 / 8 between the two.
-VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "wq4")
+# 1.33 / 1.15; K2 sorted 1.75 / 1.62, net 1.08 / 0.97; warp queues of 2 / 4 / 8 keys per thread
+# (removed) between the two.
+VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "netq", "netfq")
 _VARIANT = "net"
 
 
