@@ -250,16 +250,6 @@ __device__ __forceinline__ void net_insert_split(knn_key (&key)[KP], knn_key c) 
   }
 }
 
-// block-wide barrier / vote; a block of one warp (QB = 32) uses the warp-level forms when WARP
-template <bool WARP>
-__device__ __forceinline__ void block_sync() {
-  if (WARP) __syncwarp(); else __syncthreads();
-}
-template <bool WARP>
-__device__ __forceinline__ bool block_any(bool p) {
-  return WARP ? __any_sync(FULL_MASK, p) : (bool)__syncthreads_or(p);
-}
-
 __device__ __forceinline__ float warp_min(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(FULL_MASK, v, o));
@@ -278,8 +268,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // PRE (QB = 32 only): before the per-query superblock test, each lane tests one of the next 32
 //   superblocks of the sweep against the box of the warp's queries and their largest K-th best
 //   (box-to-box gap, rounded like box_dist, so never above any query's box distance: exact); the
-//   sweep skips the superblocks that fail without a load or a vote each. Barriers and votes
-//   become warp-level (the block is one warp).
+//   sweep skips the superblocks that fail without a load or a vote each. (Warp-level barriers
+//   instead of __syncthreads cost ptxas 12 more registers here and were dropped.)
 // UNR: unroll the candidate loop of a full tile by this factor.
 // SPLIT: insert with net_insert_split.
 template <int QB, int KP, bool OWN, bool PRE, int UNR, bool SPLIT>
@@ -295,7 +285,7 @@ __device__ __forceinline__ void knn_body_keys(
     float* __restrict__ dists,              // (B, Nq, k) out, ascending, inf padded
     long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
     int nq, int nr, int num_sb, int sb, int k) {
-  constexpr bool WARP = PRE && QB == 32;
+  constexpr bool PRE32 = PRE && QB == 32;
   __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
   const long long b = blockIdx.y;
   const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
@@ -330,7 +320,7 @@ __device__ __forceinline__ void knn_body_keys(
       tile_pts[threadIdx.x] = make_float4(r_base[pos * 3 + 0], r_base[pos * 3 + 1], r_base[pos * 3 + 2],
                                           __int_as_float((int)p_base[pos]));
     }
-    block_sync<WARP>();
+    __syncthreads();
     const int count = min(QB, r_len - base);
     if (need) {
       if (UNR > 1 && count == QB) {
@@ -352,7 +342,7 @@ __device__ __forceinline__ void knn_body_keys(
         }
       }
     }
-    block_sync<WARP>();
+    __syncthreads();
   };
 
   int own = -1;
@@ -362,7 +352,7 @@ __device__ __forceinline__ void knn_body_keys(
   }
   unsigned pre_mask = 0;
   __shared__ float qbox[6];  // PRE: the warp's query box, inverted (infinitely far) when no lane is valid
-  if (WARP) {
+  if (PRE32) {
     const float v0 = warp_min(valid ? qx : F_INF), v1 = warp_min(valid ? qy : F_INF), v2 = warp_min(valid ? qz : F_INF);
     const float v3 = warp_max(valid ? qx : -F_INF), v4 = warp_max(valid ? qy : -F_INF), v5 = warp_max(valid ? qz : -F_INF);
     if (threadIdx.x == 0) {
@@ -374,7 +364,7 @@ __device__ __forceinline__ void knn_body_keys(
     const int off = (step + 1) / 2;
     int s = (step & 1) ? sb0 + off : sb0 - off;
     s = (s + n_sb) % n_sb;
-    if (WARP) {
+    if (PRE32) {
       if ((step & 31) == 0) {  // test the next 32 superblocks of the sweep, one per lane
         const float worst = warp_max(valid ? key_dist(key[KP - 1]) : 0.0f);  // largest K-th best
         const float bx0 = qbox[0], by0 = qbox[1], bz0 = qbox[2], bx1 = qbox[3], by1 = qbox[4], bz1 = qbox[5];
@@ -395,12 +385,12 @@ __device__ __forceinline__ void knn_body_keys(
       if (!((pre_mask >> (step & 31)) & 1u)) continue;
     }
     const bool want = valid && box_dist(sboxes + (b * num_sb + s) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
-    if (!block_any<WARP>(want)) continue;
+    if (!__syncthreads_or(want)) continue;
     const int t_end = min((s + 1) * sb, n_t);
     for (int tile = s * sb; tile < t_end; ++tile) {
       if (OWN && tile == own) continue;
       const bool need = want && box_dist(boxes + (b * num_tiles + tile) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
-      if (!block_any<WARP>(need)) continue;
+      if (!__syncthreads_or(need)) continue;
       scan_tile(tile, need);
     }
   }
@@ -418,10 +408,12 @@ __device__ __forceinline__ void knn_body_keys(
   }
 }
 
-// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): OWN, PRE, UNR, SPLIT as above;
-// MINB = __launch_bounds__ minimum blocks per SM
-#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, OWN, PRE, UNR, SPLIT, MINB)                                \
-  extern "C" __global__ void __launch_bounds__(QB, MINB) NAME(                                         \
+// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): OWN, PRE, UNR, SPLIT as above. MINW:
+// __launch_bounds__ minimum resident warps per SM, for KP <= 16 (MINW16) and KP = 32 (MINW32):
+// 32 warps cap a thread at 64 registers, which every KP <= 16 kernel meets without spilling
+// (ptxas; otherwise netfu and nets take 74-76 and 4,096 blocks of K1 no longer fit in one wave)
+#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, OWN, PRE, UNR, SPLIT, MINW)                                \
+  extern "C" __global__ void __launch_bounds__(QB, ((MINW) * 32 + (QB) - 1) / (QB)) NAME(                         \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm, \
       const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,       \
       float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                     \
@@ -429,24 +421,26 @@ __device__ __forceinline__ void knn_body_keys(
                                                 q_len, r_len, dists, idx, nq, nr, num_sb, sb, k);     \
   }
 
-#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, PRE, UNR, SPLIT, MINB)                 \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, PRE, UNR, SPLIT, MINB) \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, PRE, UNR, SPLIT, MINB) \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, OWN, PRE, UNR, SPLIT, MINB)   \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, PRE, UNR, SPLIT, MINB) \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, PRE, UNR, SPLIT, MINB)
+#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)              \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, PRE, UNR, SPLIT, MINW16)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, PRE, UNR, SPLIT, MINW32)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, OWN, PRE, UNR, SPLIT, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, PRE, UNR, SPLIT, MINW16)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, PRE, UNR, SPLIT, MINW32)
 
-//                     variant  OWN    PRE    UNR SPLIT  MINB
-PCOPS_KNN_KEYS_ENTRIES(net,     false, false, 1,  false, 1)
-PCOPS_KNN_KEYS_ENTRIES(netf,    true,  false, 1,  false, 1)
-PCOPS_KNN_KEYS_ENTRIES(netfu,   true,  false, 4,  false, 1)
-PCOPS_KNN_KEYS_ENTRIES(nets,    true,  true,  1,  false, 1)
-PCOPS_KNN_KEYS_ENTRIES(netq,    false, false, 1,  true,  1)
-PCOPS_KNN_KEYS_ENTRIES(netfq,   true,  false, 1,  true,  1)
+// (MINW32 = 24 caps KP = 32 at 80 registers: no spill for netf / netfu / netfq; nets and netq
+// would spill, so they stay uncapped like net)
+//                     variant  OWN    PRE    UNR SPLIT  MINW16 MINW32
+PCOPS_KNN_KEYS_ENTRIES(net,     false, false, 1,  false, 1,     1)
+PCOPS_KNN_KEYS_ENTRIES(netf,    true,  false, 1,  false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES(netfu,   true,  false, 4,  false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES(nets,    true,  true,  1,  false, 32,    1)
+PCOPS_KNN_KEYS_ENTRIES(netq,    false, false, 1,  true,  32,    1)
+PCOPS_KNN_KEYS_ENTRIES(netfq,   true,  false, 1,  true,  32,    24)
