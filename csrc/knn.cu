@@ -7,8 +7,8 @@
 // a Morton curve, cut into tiles of QB points with a bounding box each, and superblocks of `sb`
 // tiles with a box each. A block of QB threads (QB = 32 or 64, a template parameter; the
 // kernels are knn_sorted_q<QB>_k<KP>) owns QB consecutive sorted queries, one thread per query;
-// each thread keeps its top KP as (distance, index) pairs sorted ascending in
-// registers (an unrolled compare-and-swap insertion, so nothing spills to local memory).
+// each thread keeps its top KP as (distance, index) pairs sorted ascending, meant to stay in
+// registers (an unrolled compare-and-swap insertion; for KP < 32 they do not: see "Variants").
 //
 // Search: superblocks are visited outward from the block's own position along the curve (its
 // neighbourhood first, so the K-th distances shrink fast). A superblock, then a tile, is read
@@ -17,6 +17,9 @@
 // inside: the skip is exact; `<=` keeps boxes at exactly the K-th distance, where a lower index
 // could still win a tie). A tile that survives is staged in shared memory and every thread that
 // needs it scans its QB points. No host synchronisation, one launch.
+//
+// The launcher's default is knn_net_* (see "Variants" below: the same search with the top K as
+// 64-bit keys that stay in registers for every KP); knn_sorted_* is the first version.
 
 #define F_INF __int_as_float(0x7f800000)
 #define NO_INDEX 0x7fffffff
@@ -421,13 +424,17 @@ __device__ __forceinline__ void knn_body_keys(
                                                 q_len, r_len, dists, idx, nq, nr, num_sb, sb, k);     \
   }
 
-#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)              \
+// tiles of 32 only (the experimental variants: fewer kernels for NVRTC to compile)
+#define PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)            \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, PRE, UNR, SPLIT, MINW16)        \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, PRE, UNR, SPLIT, MINW16)        \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, PRE, UNR, SPLIT, MINW16)        \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, PRE, UNR, SPLIT, MINW16)        \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, PRE, UNR, SPLIT, MINW16)      \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, PRE, UNR, SPLIT, MINW32)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, PRE, UNR, SPLIT, MINW32)
+
+#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)              \
+  PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)                  \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, PRE, UNR, SPLIT, MINW16)        \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, PRE, UNR, SPLIT, MINW16)        \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, PRE, UNR, SPLIT, MINW16)        \
@@ -439,8 +446,10 @@ __device__ __forceinline__ void knn_body_keys(
 // would spill, so they stay uncapped like net)
 //                     variant  OWN    PRE    UNR SPLIT  MINW16 MINW32
 PCOPS_KNN_KEYS_ENTRIES(net,     false, false, 1,  false, 1,     1)
-PCOPS_KNN_KEYS_ENTRIES(netf,    true,  false, 1,  false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES(netfu,   true,  false, 4,  false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES(nets,    true,  true,  1,  false, 32,    1)
-PCOPS_KNN_KEYS_ENTRIES(netq,    false, false, 1,  true,  32,    1)
-PCOPS_KNN_KEYS_ENTRIES(netfq,   true,  false, 1,  true,  32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(netf,  true,  false, 1,  false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(netfu, true,  false, 4,  false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(nets,  true,  true,  1,  false, 32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netq,  false, false, 1,  true,  32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netfq, true,  false, 1,  true,  32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(netsq, true,  true,  1,  true,  32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netsuq, true, true,  4,  true,  32,    1)

@@ -43,7 +43,10 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 # 0.13 ms): K1 K=16 sorted 1.31 / 1.16 ms, net 0.76 / 0.63; K1 K=32 sorted 1.87 / 1.69, net
 # 1.33 / 1.15; K2 sorted 1.75 / 1.62, net 1.08 / 0.97; warp queues of 2 / 4 / 8 keys per thread
 # (removed) between the two.
-VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "netq", "netfq")
+# "netsq" / "netsuq": "nets" with the quarter skip (and the unrolled loop): all of the above.
+# The experimental variants (all but "sorted" and "net") are compiled for tiles of 32 only.
+VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq")
+ALL_TILES = ("sorted", "net")  # the variants compiled for every tile in TILES
 _VARIANT = "net"
 
 
@@ -112,6 +115,8 @@ def _options(nr: int, tile: int | None, group: int | None, variant: str | None) 
         raise ValueError(f"tile, group: expected tile in {TILES} and group >= 1, got {tile}, {group}")
     if variant not in VARIANTS:
         raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    if tile != TILES[0] and variant not in ALL_TILES:
+        raise ValueError(f"tile: variant {variant!r} is compiled for tiles of {TILES[0]} only, got {tile}")
     return tile, group, variant
 
 
