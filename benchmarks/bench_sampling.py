@@ -183,8 +183,22 @@ def knn_variant_rows(wl, pts, lengths, k, d, i, base, rep, notes):
     out = []
     tile, group, _ = cuda_knn._options(pts.shape[1], None, None, None)
     prepared = cuda_knn.prepare(pts, pts, lengths, lengths, tile, group)
-    prep = bench(lambda: cuda_knn.prepare(pts, pts, lengths, lengths, tile, group), warmup=3, rep=max(20, rep // 2), graph=True)
+    prep = bench(lambda: cuda_knn.prepare(pts, pts, lengths, lengths, tile, group, "triton"), warmup=3, rep=max(20, rep // 2), graph=True)
     out.append(row(wl, f"knn cuda prep only (Morton sort, tile={tile} group={group}, graph)", prep))
+    try:  # the same Morton sort by csrc/knn.cu's prep kernels, alone and in the whole op
+        prep_cu = bench(lambda: cuda_knn.prepare(pts, pts, lengths, lengths, tile, group, "cuda"), warmup=3, rep=max(20, rep // 2), graph=True)
+        out.append(row(wl, "knn cuda prep=cuda only (graph)", prep_cu))
+        full = lambda: cuda_knn.knn(pts, pts, lengths, lengths, k, prep="cuda")  # noqa: E731
+        d_v, i_v = full()
+        same = bool(torch.equal(i_v, i) and torch.equal(d_v, d))
+        del d_v, i_v
+        tv = bench(full, warmup=3, rep=max(20, rep // 2), graph=True)
+        out.append(row(wl, f"knn cuda variant={cuda_knn._VARIANT} prep=cuda (graph)", tv, items=pairs, unit="queries/s",
+                       baseline=base, identical_to_default=same))
+        notes[f"{wl} prep=cuda"] = (f"prep alone {prep_cu['median_ms']:.4f} ms (triton {prep['median_ms']:.4f}), whole op "
+                                    f"{tv['median_ms']:.4f} ms; identical to the default: {same}")
+    except Exception as e:  # report, keep benchmarking the rest
+        notes[f"{wl} prep=cuda error"] = repr(e)[:300]
     dists, idx = torch.empty_like(d), torch.empty_like(i)
     for variant in cuda_knn.VARIANTS:
         label = f"knn cuda variant={variant}{' (default)' if variant == cuda_knn._VARIANT else ''}"

@@ -453,3 +453,140 @@ PCOPS_KNN_KEYS_ENTRIES32(netq,  false, false, 1,  true,  32,    1)
 PCOPS_KNN_KEYS_ENTRIES32(netfq, true,  false, 1,  true,  32,    24)
 PCOPS_KNN_KEYS_ENTRIES32(netsq, true,  true,  1,  true,  32,    1)
 PCOPS_KNN_KEYS_ENTRIES32(netsuq, true, true,  4,  true,  32,    1)
+
+// ---------------------------------------------------------------------------------------------
+// Preprocessing in two kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as
+// pcops/triton/sampling.py's _morton_sort (about 18 small launches): knn_prep_codes (bounds and
+// Morton codes of each cloud), torch.sort, then knn_prep_gather (sorted points, tile boxes and
+// superblock boxes). Any order keeps the search exact (boxes bound their own tiles); this one is
+// the same Morton order (10-bit cells of each cloud's box; padding last).
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned spread_bits(unsigned v) {  // 10 bits -> every third of 30
+  v = (v | (v << 16)) & 0x030000FFu;
+  v = (v | (v << 8)) & 0x0300F00Fu;
+  v = (v | (v << 4)) & 0x030C30C3u;
+  v = (v | (v << 2)) & 0x09249249u;
+  return v;
+}
+
+__device__ __forceinline__ bool finite(float x) { return fabsf(x) < F_INF; }  // false for NaN too
+
+// block-wide min (MAX = false) or max over blockDim.x <= 1024 threads (all must call)
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(FULL_MASK, v, o);
+    v = MAX ? fmaxf(v, w) : fminf(v, w);
+  }
+  const int warps = (blockDim.x + 31) / 32;
+  __syncthreads();  // scratch free to reuse
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = MAX ? -F_INF : F_INF;
+  for (int w = 0; w < warps; ++w) v = MAX ? fmaxf(v, scratch[w]) : fminf(v, scratch[w]);
+  return v;
+}
+
+// one block per cloud: (B,) blocks of blockDim.x (a multiple of 32) threads
+extern "C" __global__ void __launch_bounds__(1024) knn_prep_codes(
+    const float* __restrict__ points,      // (B, N, 3)
+    const long long* __restrict__ lengths, // (B,)
+    int* __restrict__ code,                // (B, N) out: Morton code, 1 << 30 for padding
+    int n) {
+  __shared__ float scratch[32];
+  const long long b = blockIdx.x;
+  const int len = (int)min(max(lengths[b], 0LL), (long long)n);
+  const float* p = points + b * (long long)n * 3;
+  float lo[3], scale[3];
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    float mn = F_INF, mx = -F_INF;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      const float c = p[(long long)i * 3 + a];
+      mn = fminf(mn, c);
+      mx = fmaxf(mx, c);
+    }
+    mn = block_reduce<false>(mn, scratch);
+    mx = block_reduce<true>(mx, scratch);
+    // as _morton_order: extent nan/inf -> 0, at least 1e-6; lo nan/inf -> 0; 1023 cells / extent
+    float extent = __fsub_rn(mx, mn);
+    extent = fmaxf(finite(extent) ? extent : 0.0f, 1e-6f);
+    lo[a] = finite(mn) ? mn : 0.0f;
+    scale[a] = __fdiv_rn(1023.0f, extent);
+  }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    unsigned c = 1u << 30;
+    if (i < len) {
+      c = 0;
+#pragma unroll
+      for (int a = 0; a < 3; ++a) {
+        const float v = fminf(fmaxf(__fmul_rn(__fsub_rn(p[(long long)i * 3 + a], lo[a]), scale[a]), 0.0f), 1023.0f);
+        c |= spread_bits((unsigned)(int)v) << a;
+      }
+    }
+    code[b * n + i] = (int)c;
+  }
+}
+
+// one block per superblock: grid (num_sb, B), blockDim.x a multiple of 32; a warp per tile
+extern "C" __global__ void __launch_bounds__(256) knn_prep_gather(
+    const float* __restrict__ points,      // (B, N, 3)
+    const long long* __restrict__ perm,    // (B, N) sorted position -> original index
+    const long long* __restrict__ lengths, // (B,)
+    float* __restrict__ sorted,            // (B, N, 3) out
+    float* __restrict__ boxes,             // (B, num_sb * group, 8) out: (min xyz, max xyz, -, -)
+    float* __restrict__ sboxes,            // (B, num_sb, 8) out: (min xyz, max xyz, 0, 0)
+    int n, int num_sb, int group, int tile) {
+  __shared__ float scratch[32];
+  const int s = blockIdx.x;
+  const long long b = blockIdx.y;
+  const int len = (int)min(max(lengths[b], 0LL), (long long)n);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float slo[3] = {F_INF, F_INF, F_INF}, shi[3] = {-F_INF, -F_INF, -F_INF};
+  for (int g = warp; g < group; g += warps) {
+    const int t = s * group + g;
+    float lo[3] = {F_INF, F_INF, F_INF}, hi[3] = {-F_INF, -F_INF, -F_INF};
+    for (int j = lane; j < tile; j += 32) {
+      const int pos = t * tile + j;
+      if (pos < n) {
+        const long long src = perm[b * n + pos];
+#pragma unroll
+        for (int a = 0; a < 3; ++a) {
+          const float c = points[(b * n + src) * 3 + a];
+          sorted[(b * n + pos) * 3 + a] = c;
+          if (pos < len) {
+            lo[a] = fminf(lo[a], c);
+            hi[a] = fmaxf(hi[a], c);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        lo[a] = fminf(lo[a], __shfl_xor_sync(FULL_MASK, lo[a], o));
+        hi[a] = fmaxf(hi[a], __shfl_xor_sync(FULL_MASK, hi[a], o));
+      }
+      slo[a] = fminf(slo[a], lo[a]);
+      shi[a] = fmaxf(shi[a], hi[a]);
+    }
+    if (lane == 0) {
+      float* box = boxes + (b * num_sb * group + t) * 8;
+      box[0] = lo[0], box[1] = lo[1], box[2] = lo[2], box[3] = hi[0], box[4] = hi[1], box[5] = hi[2];
+    }
+  }
+  float* sbox = sboxes + (b * num_sb + s) * 8;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    const float mn = block_reduce<false>(slo[a], scratch);
+    const float mx = block_reduce<true>(shi[a], scratch);
+    if (threadIdx.x == 0) {
+      sbox[a] = mn;
+      sbox[3 + a] = mx;
+    }
+  }
+  if (threadIdx.x == 0) sbox[6] = sbox[7] = 0.0f;
+}

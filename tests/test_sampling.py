@@ -590,6 +590,10 @@ def test_cuda_knn_variants_compile_without_local_memory():
         cuda_knn._options(100, 48, None, None)
     with pytest.raises(ValueError, match="tile"):
         cuda_knn._options(100, 64, None, "netf")
+    with pytest.raises(ValueError, match="prep"):
+        cuda_knn.prepare(torch.zeros(1, 4, 3), torch.zeros(1, 4, 3), torch.tensor([4]), torch.tensor([4]), 32, 4, "bogus")
+    for name in ("knn_prep_codes", "knn_prep_gather"):
+        assert name in bodies and ".local" not in bodies[name], name
     assert cuda_knn._options(100, None, None, None) == (cuda_knn._QB, 4, cuda_knn._VARIANT)
 
 
@@ -622,6 +626,33 @@ def test_gpu_knn_cuda_variants_match_reference(variant, k, tile, group):
         d_ref, i_ref = ref.knn(a, b, la, lb, k)
         assert torch.equal(i, i_ref), (variant, k, tile, group)
         assert torch.equal(d, d_ref), (variant, k, tile, group)
+
+
+@pytest.mark.parametrize("tile,group", [(32, 4), (32, 8), (64, 3), (32, 1)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_cuda_prep_matches_triton(tile, group):
+    """csrc/knn.cu's prep kernels (prep="cuda") give _morton_sort's outputs exactly (sorted points,
+    permutation, tile and superblock boxes), and the op with them the reference's results."""
+    from pcops.cuda import knn as cuda_knn
+    from pcops.triton.sampling import _morton_sort
+
+    q, ql = make_clouds(3, 3001, seed=90 + tile + group, scale=6.0, duplicates=True, device="cuda")
+    g, gl = tie_grid_clouds(2, 1500, seed=91, device="cuda")
+    ql[1] = 0  # an empty cloud
+    for pts, lengths in ((q, ql), (g, gl)):
+        want = _morton_sort(pts, lengths, tile, group)
+        got = cuda_knn._morton_sort_cuda(pts, lengths, tile, group)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert torch.equal(got[2][..., :6], want[2][..., :6]) and torch.equal(got[3], want[3])
+        for k in (1, 16, 32):
+            d, i = cuda_knn.knn(pts, pts, lengths, lengths, k, tile=tile, group=group, prep="cuda")
+            d_ref, i_ref = ref.knn(pts, pts, lengths, lengths, k)
+            assert torch.equal(i, i_ref) and torch.equal(d, d_ref), (tile, group, k)
+    r, rl = make_clouds(3, 1800, seed=92, scale=6.0, device="cuda")
+    d, i = cuda_knn.knn(q, r, ql, rl, 16, tile=tile, group=group, prep="cuda")
+    d_ref, i_ref = ref.knn(q, r, ql, rl, 16)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
 
 
 @pytest.mark.parametrize("variant", ["sorted", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq"])

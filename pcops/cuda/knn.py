@@ -47,6 +47,14 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 # The experimental variants (all but "sorted" and "net") are compiled for tiles of 32 only.
 VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq")
 ALL_TILES = ("sorted", "net")  # the variants compiled for every tile in TILES
+
+# Morton sort and boxes: "triton" (pcops.triton.sampling._morton_sort: about 18 launches, 0.13 ms
+# of K1 on the H200) or "cuda" (csrc/knn.cu knn_prep_codes + torch.sort + knn_prep_gather: the
+# same outputs in 3-4 launches)
+PREPS = ("triton", "cuda")
+_PREP = "triton"
+_PREP_CODES_THREADS = 1024
+_PREP_GATHER_THREADS = 256
 _VARIANT = "net"
 
 
@@ -74,7 +82,7 @@ def supported(query: torch.Tensor, k: int) -> bool:
 
 def knn(
     query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int,
-    tile: int | None = None, group: int | None = None, variant: str | None = None,
+    tile: int | None = None, group: int | None = None, variant: str | None = None, prep: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``pcops.triton.sampling.knn`` for ``K ≤ 32``; no host synchronisation.
 
@@ -85,6 +93,7 @@ def knn(
         tile: queries per block = references per tile, 32 or 64 (default ``_QB``).
         group: tiles per superblock (default: 4 up to 32,768 reference points, else 8).
         variant: top-K code shape, one of ``VARIANTS`` (default ``_VARIANT``); same results.
+        prep: Morton sort implementation, one of ``PREPS`` (default ``_PREP``); same results.
     Returns:
         ``(dists (B, Nq, K) float32, idx (B, Nq, K) int64)``, ascending, ``inf`` / −1 padded.
         Launches: the Morton sort of each side (about 14 small ops; a self-KNN with one lengths
@@ -102,7 +111,7 @@ def knn(
     # the kernels index dense rows (no-ops for the op's own calls; a strided view is copied)
     query, ref = query.contiguous(), ref.contiguous()
     query_lengths, ref_lengths = query_lengths.contiguous(), ref_lengths.contiguous()
-    prepared = prepare(query, ref, query_lengths, ref_lengths, tile, group)
+    prepared = prepare(query, ref, query_lengths, ref_lengths, tile, group, prep)
     search(prepared, query_lengths, ref_lengths, dists, idx, k, tile, group, variant)
     return dists, idx
 
@@ -120,10 +129,16 @@ def _options(nr: int, tile: int | None, group: int | None, variant: str | None) 
     return tile, group, variant
 
 
-def prepare(query, ref, query_lengths, ref_lengths, tile: int, group: int) -> tuple:
+def prepare(query, ref, query_lengths, ref_lengths, tile: int, group: int, prep: str | None = None) -> tuple:
     """The Morton sort of both sides (one for a self-KNN): ``(q_sorted, q_perm, r_sorted, r_perm,
     boxes, superboxes)``. Split from ``search`` so a benchmark can time each part."""
-    from ..triton.sampling import _morton_sort
+    prep = _PREP if prep is None else prep
+    if prep not in PREPS:
+        raise ValueError(f"prep: expected one of {PREPS}, got {prep!r}")
+    if prep == "cuda":
+        _morton_sort = _morton_sort_cuda
+    else:
+        from ..triton.sampling import _morton_sort
 
     r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, tile, group)
     same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query_lengths.data_ptr() == ref_lengths.data_ptr()
@@ -132,6 +147,25 @@ def prepare(query, ref, query_lengths, ref_lengths, tile: int, group: int) -> tu
     else:
         q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, tile)
     return q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes
+
+
+def _morton_sort_cuda(points: torch.Tensor, lengths: torch.Tensor, tile: int, group: int = 1):
+    """``pcops.triton.sampling._morton_sort`` with csrc/knn.cu's prep kernels: the same
+    ``(sorted (B, N, 3), perm (B, N) int64, boxes (B, S * group, 8), superboxes (B, S, 8))``."""
+    batch, n, _ = points.shape
+    code = torch.empty((batch, n), dtype=torch.int32, device=points.device)
+    get_kernel("knn.cu", "knn_prep_codes", points.device)(
+        (batch,), (_PREP_CODES_THREADS,), [points, lengths, code, ctypes.c_int(n)])
+    perm = torch.sort(code, dim=1, stable=True).indices
+    num_sb = triton.cdiv(triton.cdiv(n, tile), group)
+    ordered = torch.empty_like(points)
+    boxes = torch.empty((batch, num_sb * group, 8), dtype=torch.float32, device=points.device)
+    superboxes = torch.empty((batch, num_sb, 8), dtype=torch.float32, device=points.device)
+    get_kernel("knn.cu", "knn_prep_gather", points.device)(
+        (num_sb, batch), (_PREP_GATHER_THREADS,),
+        [points, perm, lengths, ordered, boxes, superboxes, ctypes.c_int(n), ctypes.c_int(num_sb), ctypes.c_int(group),
+         ctypes.c_int(tile)])
+    return ordered, perm, boxes, superboxes
 
 
 def search(prepared: tuple, query_lengths, ref_lengths, dists, idx, k: int, tile: int, group: int, variant: str) -> None:
