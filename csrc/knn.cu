@@ -455,10 +455,10 @@ PCOPS_KNN_KEYS_ENTRIES32(netsq, true,  true,  1,  true,  32,    1)
 PCOPS_KNN_KEYS_ENTRIES32(netsuq, true, true,  4,  true,  32,    1)
 
 // ---------------------------------------------------------------------------------------------
-// Preprocessing in two kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as
-// pcops/triton/sampling.py's _morton_sort (about 18 small launches): knn_prep_codes (bounds and
-// Morton codes of each cloud), torch.sort, then knn_prep_gather (sorted points, tile boxes and
-// superblock boxes). Any order keeps the search exact (boxes bound their own tiles); this one is
+// Preprocessing in three kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as
+// pcops/triton/sampling.py's _morton_sort (about 18 small launches): knn_prep_bounds (partial
+// bounds of each cloud), knn_prep_codes (Morton codes), torch.sort, then knn_prep_gather (sorted
+// points, tile boxes and superblock boxes). Any order keeps the search exact (boxes bound their own tiles); this one is
 // the same Morton order (10-bit cells of each cloud's box; padding last).
 // ---------------------------------------------------------------------------------------------
 
@@ -489,34 +489,69 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
   return v;
 }
 
-// one block per cloud: (B,) blocks of blockDim.x (a multiple of 32) threads
-extern "C" __global__ void __launch_bounds__(1024) knn_prep_codes(
+// per-chunk bounds of the valid points: grid (chunks, B), blockDim.x a multiple of 32; chunk c
+// covers points [c * per, (c + 1) * per)
+extern "C" __global__ void __launch_bounds__(256) knn_prep_bounds(
     const float* __restrict__ points,      // (B, N, 3)
     const long long* __restrict__ lengths, // (B,)
-    int* __restrict__ code,                // (B, N) out: Morton code, 1 << 30 for padding
-    int n) {
+    float* __restrict__ partial,           // (B, chunks, 6) out: min xyz, max xyz (+-inf if none)
+    int n, int per) {
   __shared__ float scratch[32];
-  const long long b = blockIdx.x;
+  const long long b = blockIdx.y;
+  const int len = (int)min(max(lengths[b], 0LL), (long long)n);
+  const float* p = points + b * (long long)n * 3;
+  float lo[3] = {F_INF, F_INF, F_INF}, hi[3] = {-F_INF, -F_INF, -F_INF};
+  const int end = min(len, (blockIdx.x + 1) * per);
+  for (int i = blockIdx.x * per + threadIdx.x; i < end; i += blockDim.x) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const float c = p[(long long)i * 3 + a];
+      lo[a] = fminf(lo[a], c);
+      hi[a] = fmaxf(hi[a], c);
+    }
+  }
+  float* out = partial + (b * gridDim.x + blockIdx.x) * 6;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    const float mn = block_reduce<false>(lo[a], scratch);
+    const float mx = block_reduce<true>(hi[a], scratch);
+    if (threadIdx.x == 0) {
+      out[a] = mn;
+      out[3 + a] = mx;
+    }
+  }
+}
+
+// Morton codes: grid (cdiv(N, blockDim.x * PER), B); each block first combines the cloud's
+// `chunks` partial bounds (as _morton_order: extent nan/inf -> 0, at least 1e-6; lo nan/inf -> 0;
+// 1023 cells / extent)
+extern "C" __global__ void __launch_bounds__(256) knn_prep_codes(
+    const float* __restrict__ points,      // (B, N, 3)
+    const long long* __restrict__ lengths, // (B,)
+    const float* __restrict__ partial,     // (B, chunks, 6) from knn_prep_bounds
+    int* __restrict__ code,                // (B, N) out: Morton code, 1 << 30 for padding
+    int n, int chunks, int per_block) {
+  __shared__ float scratch[32];
+  const long long b = blockIdx.y;
   const int len = (int)min(max(lengths[b], 0LL), (long long)n);
   const float* p = points + b * (long long)n * 3;
   float lo[3], scale[3];
 #pragma unroll
   for (int a = 0; a < 3; ++a) {
     float mn = F_INF, mx = -F_INF;
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
-      const float c = p[(long long)i * 3 + a];
-      mn = fminf(mn, c);
-      mx = fmaxf(mx, c);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      mn = fminf(mn, partial[(b * chunks + c) * 6 + a]);
+      mx = fmaxf(mx, partial[(b * chunks + c) * 6 + 3 + a]);
     }
     mn = block_reduce<false>(mn, scratch);
     mx = block_reduce<true>(mx, scratch);
-    // as _morton_order: extent nan/inf -> 0, at least 1e-6; lo nan/inf -> 0; 1023 cells / extent
     float extent = __fsub_rn(mx, mn);
     extent = fmaxf(finite(extent) ? extent : 0.0f, 1e-6f);
     lo[a] = finite(mn) ? mn : 0.0f;
     scale[a] = __fdiv_rn(1023.0f, extent);
   }
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  const int end = min(n, (blockIdx.x + 1) * per_block);
+  for (int i = blockIdx.x * per_block + threadIdx.x; i < end; i += blockDim.x) {
     unsigned c = 1u << 30;
     if (i < len) {
       c = 0;

@@ -49,12 +49,13 @@ VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", 
 ALL_TILES = ("sorted", "net")  # the variants compiled for every tile in TILES
 
 # Morton sort and boxes: "triton" (pcops.triton.sampling._morton_sort: about 18 launches, 0.13 ms
-# of K1 on the H200) or "cuda" (csrc/knn.cu knn_prep_codes + torch.sort + knn_prep_gather: the
-# same outputs in 3-4 launches)
+# of K1 on the H200) or "cuda" (csrc/knn.cu knn_prep_bounds + knn_prep_codes + torch.sort +
+# knn_prep_gather: the same outputs in 4-5 launches)
 PREPS = ("triton", "cuda")
 _PREP = "triton"
-_PREP_CODES_THREADS = 1024
-_PREP_GATHER_THREADS = 256
+_PREP_THREADS = 256  # threads per block of the prep kernels
+_PREP_BOUNDS_CHUNK = 2048  # points per block of knn_prep_bounds (more for clouds over 2M points)
+_PREP_CODES_PER_THREAD = 4  # points per thread of knn_prep_codes
 _VARIANT = "net"
 
 
@@ -153,16 +154,24 @@ def _morton_sort_cuda(points: torch.Tensor, lengths: torch.Tensor, tile: int, gr
     """``pcops.triton.sampling._morton_sort`` with csrc/knn.cu's prep kernels: the same
     ``(sorted (B, N, 3), perm (B, N) int64, boxes (B, S * group, 8), superboxes (B, S, 8))``."""
     batch, n, _ = points.shape
+    threads = _PREP_THREADS
+    per = max(_PREP_BOUNDS_CHUNK, triton.cdiv(n, 1024))  # points per bounds block (at most 1,024 blocks)
+    chunks = triton.cdiv(n, per)
+    partial = torch.empty((batch, chunks, 6), dtype=torch.float32, device=points.device)
+    get_kernel("knn.cu", "knn_prep_bounds", points.device)(
+        (chunks, batch), (threads,), [points, lengths, partial, ctypes.c_int(n), ctypes.c_int(per)])
     code = torch.empty((batch, n), dtype=torch.int32, device=points.device)
+    per_block = threads * _PREP_CODES_PER_THREAD
     get_kernel("knn.cu", "knn_prep_codes", points.device)(
-        (batch,), (_PREP_CODES_THREADS,), [points, lengths, code, ctypes.c_int(n)])
+        (triton.cdiv(n, per_block), batch), (threads,),
+        [points, lengths, partial, code, ctypes.c_int(n), ctypes.c_int(chunks), ctypes.c_int(per_block)])
     perm = torch.sort(code, dim=1, stable=True).indices
     num_sb = triton.cdiv(triton.cdiv(n, tile), group)
     ordered = torch.empty_like(points)
     boxes = torch.empty((batch, num_sb * group, 8), dtype=torch.float32, device=points.device)
     superboxes = torch.empty((batch, num_sb, 8), dtype=torch.float32, device=points.device)
     get_kernel("knn.cu", "knn_prep_gather", points.device)(
-        (num_sb, batch), (_PREP_GATHER_THREADS,),
+        (num_sb, batch), (threads,),
         [points, perm, lengths, ordered, boxes, superboxes, ctypes.c_int(n), ctypes.c_int(num_sb), ctypes.c_int(group),
          ctypes.c_int(tile)])
     return ordered, perm, boxes, superboxes
