@@ -275,7 +275,9 @@ __device__ __forceinline__ float warp_max(float v) {
 //   instead of __syncthreads cost ptxas 12 more registers here and were dropped.)
 // UNR: unroll the candidate loop of a full tile by this factor.
 // SPLIT: insert with net_insert_split.
-template <int QB, int KP, bool OWN, bool PRE, int UNR, bool SPLIT>
+// PTS (QB = 32 only): when a tile is staged, each lane tests its point against the warp's query box
+//   and largest K-th best (the same exact bound); the warp scans only the points that pass.
+template <int QB, int KP, bool OWN, bool PRE, int UNR, bool SPLIT, bool PTS>
 __device__ __forceinline__ void knn_body_keys(
     const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
     const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
@@ -289,6 +291,7 @@ __device__ __forceinline__ void knn_body_keys(
     long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
     int nq, int nr, int num_sb, int sb, int k) {
   constexpr bool PRE32 = PRE && QB == 32;
+  constexpr bool PTS32 = PTS && QB == 32;
   __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
   const long long b = blockIdx.y;
   const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
@@ -315,17 +318,47 @@ __device__ __forceinline__ void knn_body_keys(
   const float* r_base = r_sorted + b * (long long)nr * 3;
   const long long* p_base = r_perm + b * (long long)nr;
 
+  __shared__ float qbox[6];  // PRE, PTS: the warp's query box, inverted (infinitely far) when no lane is valid
+  if (PRE32 || PTS32) {
+    const float v0 = warp_min(valid ? qx : F_INF), v1 = warp_min(valid ? qy : F_INF), v2 = warp_min(valid ? qz : F_INF);
+    const float v3 = warp_max(valid ? qx : -F_INF), v4 = warp_max(valid ? qy : -F_INF), v5 = warp_max(valid ? qz : -F_INF);
+    if (threadIdx.x == 0) {
+      qbox[0] = v0, qbox[1] = v1, qbox[2] = v2, qbox[3] = v3, qbox[4] = v4, qbox[5] = v5;
+    }
+    __syncwarp();
+  }
+
   // stage tile `tile` in shared memory and scan it (need: this thread's query wants it)
   auto scan_tile = [&](int tile, bool need) {
+    // PTS: the largest K-th best of the warp's queries (0 for a lane without a query)
+    const float kth_max = PTS32 ? warp_max(valid ? key_dist(key[KP - 1]) : 0.0f) : 0.0f;
     const int base = tile * QB;
     const int pos = base + threadIdx.x;
+    bool useful = false;
     if (pos < r_len) {
-      tile_pts[threadIdx.x] = make_float4(r_base[pos * 3 + 0], r_base[pos * 3 + 1], r_base[pos * 3 + 2],
-                                          __int_as_float((int)p_base[pos]));
+      const float px = r_base[pos * 3 + 0], py = r_base[pos * 3 + 1], pz = r_base[pos * 3 + 2];
+      tile_pts[threadIdx.x] = make_float4(px, py, pz, __int_as_float((int)p_base[pos]));
+      if (PTS32) {  // can any query of the warp take this point? (gap to the query box vs the largest K-th best)
+        const float gx = fmaxf(fmaxf(__fsub_rn(qbox[0], px), __fsub_rn(px, qbox[3])), 0.0f);
+        const float gy = fmaxf(fmaxf(__fsub_rn(qbox[1], py), __fsub_rn(py, qbox[4])), 0.0f);
+        const float gz = fmaxf(fmaxf(__fsub_rn(qbox[2], pz), __fsub_rn(pz, qbox[5])), 0.0f);
+        useful = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz)) <= kth_max;
+      }
     }
     __syncthreads();
     const int count = min(QB, r_len - base);
-    if (need) {
+    if (PTS32) {
+      unsigned mask = __ballot_sync(FULL_MASK, useful);
+      while (mask) {  // the same for every lane
+        const int j = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const float4 r = tile_pts[j];
+        const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
+        if (need && c < key[KP - 1]) {
+          if (SPLIT) net_insert_split<KP>(key, c); else net_insert<KP>(key, c);
+        }
+      }
+    } else if (need) {
       if (UNR > 1 && count == QB) {
 #pragma unroll UNR
         for (int j = 0; j < QB; ++j) {
@@ -354,15 +387,6 @@ __device__ __forceinline__ void knn_body_keys(
     scan_tile(own, valid);
   }
   unsigned pre_mask = 0;
-  __shared__ float qbox[6];  // PRE: the warp's query box, inverted (infinitely far) when no lane is valid
-  if (PRE32) {
-    const float v0 = warp_min(valid ? qx : F_INF), v1 = warp_min(valid ? qy : F_INF), v2 = warp_min(valid ? qz : F_INF);
-    const float v3 = warp_max(valid ? qx : -F_INF), v4 = warp_max(valid ? qy : -F_INF), v5 = warp_max(valid ? qz : -F_INF);
-    if (threadIdx.x == 0) {
-      qbox[0] = v0, qbox[1] = v1, qbox[2] = v2, qbox[3] = v3, qbox[4] = v4, qbox[5] = v5;
-    }
-    __syncwarp();
-  }
   for (int step = 0; step < n_sb; ++step) {
     const int off = (step + 1) / 2;
     int s = (step & 1) ? sb0 + off : sb0 - off;
@@ -411,48 +435,51 @@ __device__ __forceinline__ void knn_body_keys(
   }
 }
 
-// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): OWN, PRE, UNR, SPLIT as above. MINW:
+// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): OWN, PRE, UNR, SPLIT, PTS as above. MINW:
 // __launch_bounds__ minimum resident warps per SM, for KP <= 16 (MINW16) and KP = 32 (MINW32):
 // 32 warps cap a thread at 64 registers, which every KP <= 16 kernel meets without spilling
 // (ptxas; otherwise netfu and nets take 74-76 and 4,096 blocks of K1 no longer fit in one wave)
-#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, OWN, PRE, UNR, SPLIT, MINW)                                \
+#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, OWN, PRE, UNR, SPLIT, PTS, MINW)                              \
   extern "C" __global__ void __launch_bounds__(QB, ((MINW) * 32 + (QB) - 1) / (QB)) NAME(                         \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm, \
       const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,       \
       float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                     \
-    knn_body_keys<QB, KP, OWN, PRE, UNR, SPLIT>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes,    \
+    knn_body_keys<QB, KP, OWN, PRE, UNR, SPLIT, PTS>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, \
                                                 q_len, r_len, dists, idx, nq, nr, num_sb, sb, k);     \
   }
 
 // tiles of 32 only (the experimental variants: fewer kernels for NVRTC to compile)
-#define PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)            \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, PRE, UNR, SPLIT, MINW16)      \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, PRE, UNR, SPLIT, MINW32)
+#define PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, PTS, MINW16, MINW32)            \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, PRE, UNR, SPLIT, PTS, MINW16)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, PRE, UNR, SPLIT, PTS, MINW32)
 
-#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)              \
-  PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, MINW16, MINW32)                  \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, OWN, PRE, UNR, SPLIT, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, PRE, UNR, SPLIT, MINW16)      \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, PRE, UNR, SPLIT, MINW32)
+#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, PRE, UNR, SPLIT, PTS, MINW16, MINW32)              \
+  PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, PTS, MINW16, MINW32)                  \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, PRE, UNR, SPLIT, PTS, MINW16)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, PRE, UNR, SPLIT, PTS, MINW32)
 
 // (MINW32 = 24 caps KP = 32 at 80 registers: no spill for netf / netfu / netfq; nets and netq
 // would spill, so they stay uncapped like net)
-//                     variant  OWN    PRE    UNR SPLIT  MINW16 MINW32
-PCOPS_KNN_KEYS_ENTRIES(net,     false, false, 1,  false, 1,     1)
-PCOPS_KNN_KEYS_ENTRIES32(netf,  true,  false, 1,  false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(netfu, true,  false, 4,  false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(nets,  true,  true,  1,  false, 32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netq,  false, false, 1,  true,  32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netfq, true,  false, 1,  true,  32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(netsq, true,  true,  1,  true,  32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netsuq, true, true,  4,  true,  32,    1)
+//                       variant  OWN    PRE    UNR SPLIT  PTS    MINW16 MINW32
+PCOPS_KNN_KEYS_ENTRIES(net,       false, false, 1,  false, false, 1,     1)
+PCOPS_KNN_KEYS_ENTRIES32(netf,    true,  false, 1,  false, false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(netfu,   true,  false, 4,  false, false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(nets,    true,  true,  1,  false, false, 32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netq,    false, false, 1,  true,  false, 32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netfq,   true,  false, 1,  true,  false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(netsq,   true,  true,  1,  true,  false, 32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netsuq,  true,  true,  4,  true,  false, 32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netfp,   true,  false, 1,  false, true,  32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netsp,   true,  true,  1,  false, true,  32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netspq,  true,  true,  1,  true,  true,  32,    1)
 
 // ---------------------------------------------------------------------------------------------
 // Preprocessing in three kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as

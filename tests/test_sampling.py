@@ -606,7 +606,8 @@ def tie_grid_clouds(batch, n, seed, device):
     return pts.to(device), lengths.to(device)
 
 
-@pytest.mark.parametrize("variant", ["sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq"])
+@pytest.mark.parametrize("variant", ["sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq", "netfp",
+                                     "netsp", "netspq"])
 @pytest.mark.parametrize("k,tile,group", [(1, 32, 4), (16, 32, 4), (32, 32, 4), (5, 32, 2), (5, 64, 8), (16, 64, 3), (17, 32, 1), (32, 64, 16)])
 @pytest.mark.gpu
 @requires_cuda
@@ -655,7 +656,8 @@ def test_gpu_knn_cuda_prep_matches_triton(tile, group):
     assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
 
 
-@pytest.mark.parametrize("variant", ["sorted", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq"])
+@pytest.mark.parametrize("variant", ["sorted", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq", "netfp", "netsp",
+                                     "netspq"])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_cuda_variants_kitti_k1_shape(variant):

@@ -44,8 +44,10 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 # 1.33 / 1.15; K2 sorted 1.75 / 1.62, net 1.08 / 0.97; warp queues of 2 / 4 / 8 keys per thread
 # (removed) between the two.
 # "netsq" / "netsuq": "nets" with the quarter skip (and the unrolled loop): all of the above.
+# "netfp" / "netsp" / "netspq": "netf" / "nets" / "netsq" that also test each staged point against
+#   the warp's query box and largest K-th best and scan only the points some query could take.
 # The experimental variants (all but "sorted" and "net") are compiled for tiles of 32 only.
-VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq")
+VARIANTS = ("sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq", "netfp", "netsp", "netspq")
 ALL_TILES = ("sorted", "net")  # the variants compiled for every tile in TILES
 
 # Morton sort and boxes: "triton" (pcops.triton.sampling._morton_sort: about 18 launches, 0.13 ms
