@@ -1,7 +1,8 @@
 """Launcher for ``csrc/knn.cu``: exact KNN, one thread per query, top K in registers.
 
 The clouds are Morton-sorted and boxed by the Triton helpers of ``pcops.triton.sampling`` (the
-same preprocessing as the Triton KNN); the search kernel is CUDA C++ compiled with NVRTC. It
+same preprocessing as the Triton KNN), or with the same outputs by csrc/knn.cu's prep kernels
+(``prep="cuda"``); the search kernel is CUDA C++ compiled with NVRTC. It
 handles ``K ≤ 32`` (the kernel keeps ``KP = next power of two ≥ K`` slots); larger ``K`` goes to
 the Triton kernel.
 """
