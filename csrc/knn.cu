@@ -466,20 +466,20 @@ __device__ __forceinline__ void knn_body_keys(
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, PRE, UNR, SPLIT, PTS, MINW16)      \
   PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, PRE, UNR, SPLIT, PTS, MINW32)
 
-// (MINW32 = 24 caps KP = 32 at 80 registers: no spill for netf / netfu / netfq; nets and netq
-// would spill, so they stay uncapped like net)
+// (MINW32 = 24 caps KP = 32 at 80 registers: no spill for netf / netfu / netfq; the others would
+// spill at 80 and take 20 warps: at most 96, no spill, where uncapped they took up to 107)
 //                       variant  OWN    PRE    UNR SPLIT  PTS    MINW16 MINW32
 PCOPS_KNN_KEYS_ENTRIES(net,       false, false, 1,  false, false, 1,     1)
 PCOPS_KNN_KEYS_ENTRIES32(netf,    true,  false, 1,  false, false, 32,    24)
 PCOPS_KNN_KEYS_ENTRIES32(netfu,   true,  false, 4,  false, false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(nets,    true,  true,  1,  false, false, 32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netq,    false, false, 1,  true,  false, 32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(nets,    true,  true,  1,  false, false, 32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netq,    false, false, 1,  true,  false, 32,    20)
 PCOPS_KNN_KEYS_ENTRIES32(netfq,   true,  false, 1,  true,  false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(netsq,   true,  true,  1,  true,  false, 32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netsuq,  true,  true,  4,  true,  false, 32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netfp,   true,  false, 1,  false, true,  32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netsp,   true,  true,  1,  false, true,  32,    1)
-PCOPS_KNN_KEYS_ENTRIES32(netspq,  true,  true,  1,  true,  true,  32,    1)
+PCOPS_KNN_KEYS_ENTRIES32(netsq,   true,  true,  1,  true,  false, 32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netsuq,  true,  true,  4,  true,  false, 32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netfp,   true,  false, 1,  false, true,  32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netsp,   true,  true,  1,  false, true,  32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netspq,  true,  true,  1,  true,  true,  32,    20)
 
 // ---------------------------------------------------------------------------------------------
 // Preprocessing in three kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as

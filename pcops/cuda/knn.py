@@ -38,8 +38,8 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 # "netq" / "netfq": "net" / "netf" whose lanes inserting together skip the quarters of the list
 #   below all their candidates (late in a search most insertions land in the last quarter).
 # All but "sorted" and "net" are capped at 64 registers for K <= 16 (32 resident warps per SM, so
-# K1's 4,096 one-warp blocks run in one wave; ptxas reports no spills), and netf / netfu / netfq
-# at 80 for K = 32.
+# K1's 4,096 one-warp blocks run in one wave; ptxas reports no spills), and for K = 32 netf / netfu
+# / netfq at 80, the others at 96.
 # Measured on the H200 (03:10 run, graph-captured, whole op / search kernel alone; Morton sort
 # 0.13 ms): K1 K=16 sorted 1.31 / 1.16 ms, net 0.76 / 0.63; K1 K=32 sorted 1.87 / 1.69, net
 # 1.33 / 1.15; K2 sorted 1.75 / 1.62, net 1.08 / 0.97; warp queues of 2 / 4 / 8 keys per thread
