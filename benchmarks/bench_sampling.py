@@ -165,6 +165,13 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
             notes["fps_probe (cycles per dependent op)"] = cu.probe(pts.device)
         except Exception as e:  # a diagnostic only
             notes["fps_probe error"] = repr(e)[:300]
+        for mm in (1024, m):  # where fps_tile_md's step goes: how many 32-point groups update per step
+            try:
+                counts, got = cu.tile_md_stats(pts, mm)
+                counts["identical to triton"] = bool(torch.equal(got, expected[:, :mm])) if expected is not None else None
+                notes[f"fps tile_md_stats M={mm}"] = counts
+            except Exception as e:  # a diagnostic only
+                notes[f"fps tile_md_stats M={mm} error"] = repr(e)[:300]
     if ok:
         lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
         dummy = torch.empty(0, dtype=torch.int64, device=pts.device)

@@ -1270,11 +1270,16 @@ struct SlotMask {
 // way: S = 432 / W shared slots, 32 G - S register slots per lane; W = 16, 8, 4). L (one CTA): warp 0 alone
 // reduces the records and hands the new sample over through shared memory and a second
 // __syncthreads (one redux instead of W on the step; fewer instructions per step on the SM).
-template <int U, bool E, int C, int W, bool L>
+// STATS (fps_tile_md_stats_u1_c1, a diagnostic): counters added to stats (8,) int64 at the end:
+// [0] group updates, [1] update batches, [2] sum over steps and warps of (groups updated)^2,
+// [3] record rebuilds, [4] record tie paths, [5] reduction tie paths, [6] steps (one CTA's),
+// [7] warp-steps with no update.
+template <int U, bool E, int C, int W, bool L, bool STATS = false>
 __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, const long long* __restrict__ order,
                                             const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out, int n,
-                                            int num_samples, int cap) {
+                                            int num_samples, int cap, long long* __restrict__ stats = nullptr) {
+  long long st_upd = 0, st_batch = 0, st_sq = 0, st_rec = 0, st_rtie = 0, st_ftie = 0, st_idle = 0;
   constexpr int G = TILE_WARPS / W, NSLOT = 32 * G, S = TMD_SMEM_POINTS / (W * 32), R = NSLOT - S, RR = C * W;
   static_assert(C == 1 || E, "clusters: the broadcast-load reduction only");
   static_assert(!L || C == 1, "the leader reduction is for one CTA");
@@ -1425,6 +1430,16 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       if (!upd_g) keep = max(keep, __float_as_int(gmax[g]));
     }
     const bool changed = need.any();
+    if constexpr (STATS) {
+      int k = 0;
+#pragma unroll
+      for (int g = 0; g < G; ++g) k += __popc(need.m[g]);
+      st_upd += k;
+      st_sq += (long long)k * k;
+      st_batch += (k + U - 1) / U;
+      st_rec += changed ? 1 : 0;
+      st_idle += changed ? 0 : 1;
+    }
     // E: the largest max of the groups that do not change, reduced while the others update; the
     // warp max is then one integer max away from the updates' redux results
     const int kept = E ? redux_max_s32(keep) : 0;
@@ -1495,6 +1510,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
           c_y = v.y;
           c_z = v.z;
         } else {  // ties: the lowest original index among the holders (from `order`, global)
+          if (STATS) ++st_rtie;
           unsigned best = 0xFFFFFFFFu;
           SlotMask<G> h = holders;
           while (h.any()) {
@@ -1564,6 +1580,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         const unsigned win = __ballot_sync(FULL_MASK, kd == gd);
         int from = __ffs(win) - 1;
         if (win & (win - 1u)) {  // equal maxima in several warps (rare): original indices decide
+          if (STATS) ++st_ftie;
           const unsigned oi = kd == gd ? (unsigned)(order[cloud + k.y] - cloud) : 0xFFFFFFFFu;
           const unsigned low = redux_min_u32(oi);
           from = __ffs(__ballot_sync(FULL_MASK, kd == gd && oi == low)) - 1;
@@ -1594,6 +1611,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         const int from = __ffs(win) - 1;
         int rec = RR <= 32 ? from : __shfl_sync(FULL_MASK, br, from);
         if ((win & (win - 1u)) || (RR > 32 && __ballot_sync(FULL_MASK, dup && bd == gd))) {
+          if (STATS) ++st_ftie;
           // equal maxima in several records (rare): original indices decide
           unsigned mo = 0xFFFFFFFFu;
           int mr = 0;
@@ -1649,6 +1667,20 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       out[b * num_samples + t] = order[cloud + q] - cloud;
     }
   }
+  if constexpr (STATS) {
+    if (lane == 0) {
+      atomicAdd((unsigned long long*)&stats[0], (unsigned long long)st_upd);
+      atomicAdd((unsigned long long*)&stats[1], (unsigned long long)st_batch);
+      atomicAdd((unsigned long long*)&stats[2], (unsigned long long)st_sq);
+      atomicAdd((unsigned long long*)&stats[3], (unsigned long long)st_rec);
+      atomicAdd((unsigned long long*)&stats[4], (unsigned long long)st_rtie);
+      atomicAdd((unsigned long long*)&stats[7], (unsigned long long)st_idle);
+      if (warp == 0) {
+        atomicAdd((unsigned long long*)&stats[5], (unsigned long long)st_ftie);
+        atomicAdd((unsigned long long*)&stats[6], (unsigned long long)max(steps - 1, 0));
+      }
+    }
+  }
   if (C > 1) cluster_sync();  // no CTA exits while others may still write to its shared memory
 }
 
@@ -1684,6 +1716,12 @@ FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8_u1_c1, 1, false, 1, 8, false)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8_u2_c1, 2, false, 1, 8, false)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8l_u1_c1, 1, false, 1, 8, true)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w8l_u2_c1, 2, false, 1, 8, true)
+// diagnostic: fps_tile_md_u1_c1 with counters (pcops.cuda.sampling.tile_md_stats)
+extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1)
+    fps_tile_md_stats_u1_c1(const float* points, const long long* order, const long long* lengths,
+                            const long long* starts, long long* out, int n, int num_samples, int cap, long long* stats) {
+  fps_tile_md<1, false, 1, 16, false, true>(points, order, lengths, starts, out, n, num_samples, cap, stats);
+}
 // 4 warps of four boxes per lane (one warp per SM sub-partition; 20 register slots per lane)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w4_u2_c1, 2, false, 1, 4, false)
 FPS_TILE_MD_ENTRY_WL(fps_tile_md_w4_u4_c1, 4, false, 1, 4, false)

@@ -606,8 +606,8 @@ def tie_grid_clouds(batch, n, seed, device):
     return pts.to(device), lengths.to(device)
 
 
-@pytest.mark.parametrize("variant", ["sorted", "net", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq", "netfp",
-                                     "netsp", "netspq"])
+@pytest.mark.parametrize("variant", ["sorted", "net", "netfu", "netf", "netfq", "netsuq", "netfu8", "netfuq", "netfpu",
+                                     "netspu"])
 @pytest.mark.parametrize("k,tile,group", [(1, 32, 4), (16, 32, 4), (32, 32, 4), (5, 32, 2), (5, 64, 8), (16, 64, 3), (17, 32, 1), (32, 64, 16)])
 @pytest.mark.gpu
 @requires_cuda
@@ -656,8 +656,7 @@ def test_gpu_knn_cuda_prep_matches_triton(tile, group):
     assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
 
 
-@pytest.mark.parametrize("variant", ["sorted", "netf", "netfu", "nets", "netq", "netfq", "netsq", "netsuq", "netfp", "netsp",
-                                     "netspq"])
+@pytest.mark.parametrize("variant", ["sorted", "netfu", "netf", "netfq", "netsuq", "netfu8", "netfuq", "netfpu", "netspu"])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_cuda_variants_kitti_k1_shape(variant):
@@ -765,6 +764,7 @@ def test_fps_cu_compiles_with_every_entry_point():
             assert cu._tile_md_kernel_name(unroll, True, cluster).encode() in cubin
         for shape in cu._TILE_MD_SHAPES:
             assert cu._tile_md_kernel_name(unroll, False, 1, shape).encode() in cubin
+    assert b"fps_tile_md_stats_u1_c1" in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("tile_md", 8, 32, False) == "fps_pruned_c8_p32"
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
@@ -1172,6 +1172,22 @@ def test_gpu_fps_tile_md_shapes(shape, unroll, monkeypatch):
     pts, lengths, start, expected = fps_case(8, 16384, 256)
     assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
     assert f"fps_tile_md_{shape}_u{unroll}_c1" in cu.last_launch, cu.last_launch
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_md_stats():
+    """The diagnostic fps_tile_md_stats_u1_c1: the op's indices and counters that add up."""
+    from pcops.cuda import sampling as cu
+
+    pts = make_clouds(2, 3001, seed=4, scale=10.0, device="cuda")[0]
+    full = torch.full((2,), 3001, device="cuda")
+    expected = ref.farthest_point_sample(pts, full, torch.zeros(2, dtype=torch.int64, device="cuda"), 700)
+    counts, got = cu.tile_md_stats(pts, 700)
+    assert torch.equal(got, expected)
+    assert 0 < counts["groups updated per step per CTA (of 512)"] <= 512
+    assert 0 <= counts["warp-steps without update"] <= 1
+    assert counts["groups updated per warp-step: rms"] >= counts["groups updated per warp-step: mean"]
 
 
 @pytest.mark.parametrize("cluster,unroll", [(2, 2), (4, 2), (8, 2), (8, 4)])

@@ -366,6 +366,39 @@ def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | No
     _note(f"{name} (cuLaunchKernel, cluster {cluster}, {triton.cdiv(n, cluster)} points per CTA)")
 
 
+def tile_md_stats(points: torch.Tensor, num_samples: int) -> tuple[dict, torch.Tensor]:
+    """Counters of ``fps_tile_md_stats_u1_c1`` (a diagnostic for the benchmark's notes) on ``points
+    (B, N <= 16,384, 3)`` float32 CUDA, all points valid, start 0: group updates per step (per CTA,
+    and per warp: mean and root mean square), update batches, record rebuilds, tie paths; and the
+    indices it returned (B, M). Host sync."""
+    batch, n, _ = points.shape
+    if n > _TILE_CAP:
+        raise ValueError(f"tile_md_stats: at most {_TILE_CAP} points per cloud, got {n}")
+    lengths = torch.full((batch,), n, dtype=torch.int64, device=points.device)
+    starts = torch.zeros(batch, dtype=torch.int64, device=points.device)
+    out = torch.full((batch, num_samples), -1, dtype=torch.int64, device=points.device)
+    inputs = _Inputs(points, lengths, starts, out, num_samples)
+    name = "fps_tile_md_stats_u1_c1"
+    kernel = get_kernel("fps.cu", name, points.device)
+    status = _cuda().cuFuncSetAttribute(kernel._func, _MAX_DYNAMIC_SHARED_SIZE_BYTES, 16 * _TILE_MD_SMEM_POINTS)
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute({name}) failed: CUDA error {status}")
+    inputs.cap = min(triton.cdiv(n, 32) * 32, _TILE_MD_SMEM_POINTS)
+    stats = torch.zeros(8, dtype=torch.int64, device=points.device)
+    kernel((1, batch), (_TILE_THREADS,), [*inputs.args(name), stats], shared_mem=16 * inputs.cap)
+    c = stats.tolist()
+    steps = max(1, c[6])  # summed over the CTAs
+    warp_steps = steps * 16
+    return {
+        "groups updated per step per CTA (of 512)": round(c[0] / steps, 2),
+        "groups updated per warp-step: mean": round(c[0] / warp_steps, 3),
+        "groups updated per warp-step: rms": round((c[2] / warp_steps) ** 0.5, 3),
+        "warp-steps without update": round(c[7] / warp_steps, 3),
+        "record rebuilds per step per CTA (of 16)": round(c[3] / steps, 2),
+        "record tie paths": c[4], "reduction tie paths (per warp)": c[5],
+    }, out
+
+
 def farthest_point_sample(
     points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int
 ) -> torch.Tensor:
