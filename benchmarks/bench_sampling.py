@@ -87,7 +87,7 @@ def timed(fn, rep, quick, warm=None):
 def _v(variant, cluster=1, opt="", warps=16, samples=None, groups=1, unroll=None, early=False, md_cluster=False,
        shape=""):
     return dict(variant=variant, cluster=cluster, opt=opt, warps=warps, samples=samples, groups=groups, unroll=unroll,
-                early=early, md_cluster=md_cluster, shape=shape)
+                early=early, md_cluster=md_cluster, shape=shape, adaptive=adaptive)
 
 
 FPS_VARIANTS = {
@@ -109,12 +109,17 @@ FPS_VARIANTS = {
            _v("tile_md", unroll=1, shape="w8l"), _v("tile_md", unroll=2, shape="w8l"),
            _v("tile_md", unroll=1, shape="w8l", samples=1024),
            _v("tile_md", unroll=2, shape="w4"), _v("tile_md", unroll=4, shape="w4"), _v("tile_md", unroll=2, shape="w4l"),
-           _v("tile_md", unroll=4, shape="w4l"), _v("tile_md", unroll=4, shape="w4", samples=1024)],
+           _v("tile_md", unroll=4, shape="w4l"), _v("tile_md", unroll=4, shape="w4", samples=1024),
+           # cu._tile_md_adaptive: batches of U groups while at least U remain, then one at a time
+           _v("tile_md", unroll=2, adaptive=True), _v("tile_md", unroll=4, adaptive=True),
+           _v("tile_md", unroll=8, adaptive=True), _v("tile_md", unroll=4, adaptive=True, samples=1024)],
     "F2": [_v("tile", 8), _v("tile_async", 8), _v("tile_async", 8, "shfl"), _v("tile_async", 8, "unroll"),
            _v("tile_async", 8, "shfl_unroll"), _v("tile_async", 8, samples=4096), _v("pruned"),
            # fps_tile_md_e_u<U>_c8 (cu._tile_md_cluster): min-distances in shared memory, st.async exchange
            _v("tile_md", 8, unroll=2, early=True, md_cluster=True), _v("tile_md", 8, unroll=4, early=True, md_cluster=True),
-           _v("tile_md", 8, unroll=2, early=True, md_cluster=True, samples=4096)],
+           _v("tile_md", 8, unroll=2, early=True, md_cluster=True, samples=4096),
+           _v("tile_md", 8, unroll=4, early=True, md_cluster=True, adaptive=True),
+           _v("tile_md", 8, unroll=8, early=True, md_cluster=True, adaptive=True)],
 }
 
 
@@ -126,7 +131,7 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
 
     out = []
     saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
-             cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape)
+             cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape, cu._tile_md_adaptive)
     ok = cu.fps_supported(pts)
     for v in FPS_VARIANTS[wl[:2]] if ok else []:
         variant, opt, warps = v["variant"], v["opt"], v["warps"]
@@ -134,12 +139,12 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
         cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps = variant, v["cluster"], opt, warps
         cu._tile_groups = v["groups"]
         cu._tile_md_unroll, cu._tile_md_early = v["unroll"] or cu._tile_md_unroll, v["early"]
-        cu._tile_md_cluster, cu._tile_md_shape = v["md_cluster"], v["shape"]
+        cu._tile_md_cluster, cu._tile_md_shape, cu._tile_md_adaptive = v["md_cluster"], v["shape"], v["adaptive"]
         fps = lambda mm=samples: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
         cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
         unroll = v["unroll"]
         label = (f"fps {variant}{'_' + opt if opt else ''}{'_e' if v['early'] else ''}"
-                 f"{'_' + v['shape'] if v['shape'] else ''}{f'_u{unroll}' if unroll else ''}"
+                 f"{'_' + v['shape'] if v['shape'] else ''}{'_a' if v['adaptive'] else ''}{f'_u{unroll}' if unroll else ''}"
                  f"{f' w{warps}' if warps != 16 else ''}"
                  f"{'g2' if v['groups'] == 2 else ''} c{cluster}")
         if cluster is None:
@@ -159,7 +164,7 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
                        baseline=base if samples == m else None, identical_to_triton=same, kernel=launch,
                        us_per_step=per_step))
     (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
-     cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape) = saved
+     cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape, cu._tile_md_adaptive) = saved
     if ok and wl.startswith("F1"):
         try:
             notes["fps_probe (cycles per dependent op)"] = cu.probe(pts.device)

@@ -1230,6 +1230,12 @@ struct SlotMask {
     for (int g = 0; g < G; ++g) a |= m[g];
     return a != 0u;
   }
+  __device__ __forceinline__ int count() const {
+    int c = 0;
+#pragma unroll
+    for (int g = 0; g < G; ++g) c += __popc(m[g]);
+    return c;
+  }
   __device__ __forceinline__ bool single() const {
     int c = 0;
 #pragma unroll
@@ -1274,7 +1280,12 @@ struct SlotMask {
 // [0] group updates, [1] update batches, [2] sum over steps and warps of (groups updated)^2,
 // [3] record rebuilds, [4] record tie paths, [5] reduction tie paths, [6] steps (one CTA's),
 // [7] warp-steps with no update.
-template <int U, bool E, int C, int W, bool L, bool STATS = false>
+template <int N>
+struct TmdInt {
+  static constexpr int value = N;
+};
+
+template <int U, bool E, int C, int W, bool L, bool STATS = false, bool AD = false>
 __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, const long long* __restrict__ order,
                                             const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out, int n,
@@ -1445,30 +1456,33 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     const int kept = E ? redux_max_s32(keep) : 0;
     int upd = -2147483647 - 1;  // E: the largest new maximum of the updated groups
     // 2. update them, U groups per batch (a short batch repeats its last group: same values)
-    while (need.any()) {
-      int js[U];
+    // (AD: batches of U while at least U groups remain, then one group at a time: no duplicated
+    // work late in the sampling, when a warp updates about one group per step)
+    auto batch = [&](auto uu) {
+      constexpr int UB = decltype(uu)::value;
+      int js[UB];
       js[0] = need.pop();
 #pragma unroll
-      for (int u = 1; u < U; ++u) {
+      for (int u = 1; u < UB; ++u) {
         const int j = need.pop();
         js[u] = j >= 0 ? j : js[u - 1];
       }
-      float4 v[U];
+      float4 v[UB];
 #pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = tmd_fetch<S, W>(js[u], tid, pts);
+      for (int u = 0; u < UB; ++u) v[u] = tmd_fetch<S, W>(js[u], tid, pts);
 #pragma unroll
-      for (int u = 0; u < U; ++u) tmd_regs<S, R>(js[u], rx, ry, rz, rm, v[u]);
-      float nm[U];
+      for (int u = 0; u < UB; ++u) tmd_regs<S, R>(js[u], rx, ry, rz, rm, v[u]);
+      float nm[UB];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < UB; ++u) {
         const float m = fminf(v[u].w, sq_dist(v[u].x, v[u].y, v[u].z, cx, cy, cz));
         nm[u] = js[u] * (W * 32) + tid == sel ? -1.f : m;
       }
-      int gm[U];  // the groups' new maxima (issued before the stores, which are off the path)
+      int gm[UB];  // the groups' new maxima (issued before the stores, which are off the path)
 #pragma unroll
-      for (int u = 0; u < U; ++u) gm[u] = redux_max_s32(__float_as_int(nm[u]));
+      for (int u = 0; u < UB; ++u) gm[u] = redux_max_s32(__float_as_int(nm[u]));
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < UB; ++u) {
         const int j = js[u];
         if (j < S) {
           pts[j * (W * 32) + tid].w = nm[u];
@@ -1478,12 +1492,23 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         }
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < UB; ++u) {
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           if (js[u] == lane + 32 * g) gmax[g] = __int_as_float(gm[u]);
         }
         if (E) upd = max(upd, gm[u]);
+      }
+    };
+    while (need.any()) {
+      if constexpr (AD && U > 1) {
+        if (need.count() >= U) {
+          batch(TmdInt<U>{});
+        } else {
+          batch(TmdInt<1>{});
+        }
+      } else {
+        batch(TmdInt<U>{});
       }
     }
     // 3. the warp's record, rebuilt only if one of its groups changed
@@ -1695,6 +1720,18 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
     fps_tile_md<U, E, C, W, L>(points, order, lengths, starts, out, n, num_samples, cap);                 \
   }
 #define FPS_TILE_MD_ENTRY(NAME, U, E, C) FPS_TILE_MD_ENTRY_WL(NAME, U, E, C, 16, false)
+// _a_: adaptive batches (U groups while at least U remain, then one at a time)
+#define FPS_TILE_MD_ENTRY_A(NAME, U, E, C)                                                                    \
+  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1) FPS_TILE_MD_CLUSTER_##C                 \
+      NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,   \
+           long long* out, int n, int num_samples, int cap) {                                               \
+    fps_tile_md<U, E, C, 16, false, false, true>(points, order, lengths, starts, out, n, num_samples, cap); \
+  }
+FPS_TILE_MD_ENTRY_A(fps_tile_md_a_u2_c1, 2, false, 1)
+FPS_TILE_MD_ENTRY_A(fps_tile_md_a_u4_c1, 4, false, 1)
+FPS_TILE_MD_ENTRY_A(fps_tile_md_a_u8_c1, 8, false, 1)
+FPS_TILE_MD_ENTRY_A(fps_tile_md_e_a_u4_c8, 4, true, 8)
+FPS_TILE_MD_ENTRY_A(fps_tile_md_e_a_u8_c8, 8, true, 8)
 FPS_TILE_MD_ENTRY(fps_tile_md_u1_c1, 1, false, 1)
 FPS_TILE_MD_ENTRY(fps_tile_md_u2_c1, 2, false, 1)
 FPS_TILE_MD_ENTRY(fps_tile_md_u4_c1, 4, false, 1)

@@ -765,6 +765,9 @@ def test_fps_cu_compiles_with_every_entry_point():
         for shape in cu._TILE_MD_SHAPES:
             assert cu._tile_md_kernel_name(unroll, False, 1, shape).encode() in cubin
     assert b"fps_tile_md_stats_u1_c1" in cubin
+    for cluster, unrolls in cu._TILE_MD_ADAPTIVE.items():
+        for unroll in unrolls:
+            assert cu._tile_md_kernel_name(unroll, cluster=cluster, shape="", adaptive=True).encode() in cubin
     assert cu._kernel_name("tile", 8, 32, False) == "fps_pruned_c8_p32"  # too large for fps_tile
     assert cu._kernel_name("tile_md", 8, 32, False) == "fps_pruned_c8_p32"
     assert cu._kernel_name("pruned", 8, 4, False) == "fps_pruned_c8_p4"
@@ -1172,6 +1175,49 @@ def test_gpu_fps_tile_md_shapes(shape, unroll, monkeypatch):
     pts, lengths, start, expected = fps_case(8, 16384, 256)
     assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
     assert f"fps_tile_md_{shape}_u{unroll}_c1" in cu.last_launch, cu.last_launch
+
+
+@pytest.mark.parametrize("cluster,unroll", [(1, 2), (1, 4), (1, 8), (8, 4), (8, 8)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fps_tile_md_adaptive(cluster, unroll, monkeypatch):
+    """fps_tile_md[_e]_a_u<U>_c<C> (adaptive batches) launched directly on uneven batches with ties,
+    padding, lattices (and, 8 CTAs, 40k and 120k clouds), then through the op."""
+    from pcops.cuda import sampling as cu
+
+    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
+             fps_case(3, 31, 40, duplicates=True)]
+    if cluster == 1:
+        def lattice():
+            pts = lattice_clouds(2, (32, 32, 16), seed=11).cuda()
+            lengths = torch.tensor([16384, 9001], device="cuda")
+            start = torch.tensor([0, 4321], device="cuda")
+            return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 1500)
+
+        cases += [fps_case(8, 16384, 256), cached_reference(("lattice", 32, 32, 16, 1500), lattice)]
+    else:
+        def lattice():
+            pts = lattice_clouds(2, (32, 32, 40), seed=12).cuda()
+            lengths = torch.tensor([40960, 30001], device="cuda")
+            start = torch.tensor([3, 30000], device="cuda")
+            return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 600)
+
+        cases += [fps_case(2, 40000, 256), fps_case(1, 120268, 128), cached_reference(("lattice", 32, 32, 40, 600), lattice)]
+    for pts, lengths, start, expected in cases:
+        m = expected.shape[1]
+        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, True, cluster, "", True)
+        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+    monkeypatch.setattr(cu, "_VARIANT", "tile_md")
+    monkeypatch.setattr(cu, "_tile_md_adaptive", True)
+    monkeypatch.setattr(cu, "_tile_md_cluster", True)
+    monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
+    batch, n = (8, 16384) if cluster == 1 else (2, 40000)
+    pts, lengths, start, expected = fps_case(batch, n, 256)
+    if cluster == 8:
+        monkeypatch.setattr(cu, "_tile_min_cluster", 8)
+    assert torch.equal(pcops.farthest_point_sample(pts, 256, lengths, start, backend="cuda"), expected)
+    assert cu._tile_md_kernel_name(unroll, True, cluster, "", True) in cu.last_launch, cu.last_launch
 
 
 @pytest.mark.gpu

@@ -32,7 +32,9 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``, or with
   ``_tile_md_cluster`` as clusters of 2, 4, 8 such CTAs (``fps_tile_md_e_u<U>_c<C>``, st.async exchange).
   ``_tile_md_shape`` (one CTA): ``"l"`` a leader warp reduces the records, ``"w8"`` 8 warps of two boxes
-  per lane, ``"w4"`` 4 warps of four, ``"w8l"`` / ``"w4l"`` with the leader.
+  per lane, ``"w4"`` 4 warps of four, ``"w8l"`` / ``"w4l"`` with the leader. ``_tile_md_adaptive``:
+  batches of ``U`` groups while at least ``U`` remain, then one at a time (``fps_tile_md_a_u<U>_c1``,
+  ``fps_tile_md_e_a_u<U>_c8``).
 """
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: u
 # (8 / 4 warps of two / four boxes per lane), "w8l", "w4l"; compiled without "_e_", unrolls {shape: unrolls}
 _TILE_MD_SHAPES = {"": _TILE_MD_UNROLLS, "l": (1,), "w8": (1, 2), "w8l": (1, 2), "w4": (2, 4), "w4l": (2, 4)}
 _tile_md_shape = ""
+# "_a_" (adaptive batches: U groups while at least U remain, then one at a time): {cluster: unrolls}
+_TILE_MD_ADAPTIVE = {1: (2, 4, 8), 8: (4, 8)}
+_tile_md_adaptive = False
 _TILE_MD_SMEM_POINTS = 27 * 512  # TMD_SMEM_POINTS in csrc/fps.cu
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -322,13 +327,18 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
 
 
 def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, cluster: int = 1,
-                         shape: str | None = None) -> str:
+                         shape: str | None = None, adaptive: bool | None = None) -> str:
     """``fps_tile_md[_e|_<shape>]_u<U>_c<C>`` (defaults ``_tile_md_unroll``, ``_tile_md_early``,
     ``_tile_md_shape``); clusters (C > 1) are compiled with ``_e_`` and the unrolls of
     ``_TILE_MD_CLUSTER_UNROLLS`` (else U = 2); shapes without ``_e_``."""
     unroll = _tile_md_unroll if unroll is None else unroll
     early = _tile_md_early if early is None else early
     shape = _tile_md_shape if shape is None else shape
+    adaptive = _tile_md_adaptive if adaptive is None else adaptive
+    if adaptive and not shape and unroll in _TILE_MD_ADAPTIVE.get(cluster, ()):
+        return f"fps_tile_md_a_u{unroll}_c1" if cluster == 1 else f"fps_tile_md_e_a_u{unroll}_c{cluster}"
+    if adaptive and unroll not in _TILE_MD_UNROLLS:  # not compiled for this shape / cluster: the largest below
+        unroll = max(u for u in _TILE_MD_UNROLLS if u <= unroll)
     if unroll not in _TILE_MD_UNROLLS:
         raise ValueError(f"fps_tile_md is compiled for unroll in {_TILE_MD_UNROLLS}, got {unroll}")
     if shape not in _TILE_MD_SHAPES:
@@ -345,11 +355,11 @@ def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, c
 
 
 def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | None = None, cluster: int = 1,
-                    shape: str | None = None) -> None:
+                    shape: str | None = None, adaptive: bool | None = None) -> None:
     """``fps_tile_md[_e]_u<U>_c<C>`` (one CTA, or a cluster of ``C`` CTAs, per cloud of at most
     ``C * 16,384`` points; cuLaunchKernel) with ``16 * cap`` bytes of dynamic shared memory,
     ``cap = min(ceil(N / C) rounded up to 32, 13,824)``."""
-    name = _tile_md_kernel_name(unroll, early, cluster, shape)
+    name = _tile_md_kernel_name(unroll, early, cluster, shape, adaptive)
     batch, n, _ = inputs.points.shape
     if triton.cdiv(n, cluster) > _TILE_CAP:
         raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per CTA, got {n} points for {cluster}")
@@ -422,7 +432,7 @@ def farthest_point_sample(
             try:
                 _launch_tile_md(inputs, cluster=cluster)
                 return out
-            except RuntimeError:  # launch refused (shared memory, cluster shape): the fps_tile kernels
+            except (RuntimeError, ValueError):  # launch refused or shape not compiled: the fps_tile kernels
                 pass
     if _VARIANT in _TILE_VARIANTS and batch <= 65535:
         choice = _tile_choice(n)
