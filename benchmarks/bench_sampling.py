@@ -85,7 +85,7 @@ def timed(fn, rep, quick, warm=None):
 # this many), code shape of the fps_tile step (cu._TILE_OPTS), warps per CTA, and M when smaller
 # than the workload's (per-step cost over the run: early steps update more groups).
 def _v(variant, cluster=1, opt="", warps=16, samples=None, groups=1, unroll=None, early=False, md_cluster=False,
-       shape=""):
+       shape="", adaptive=False):
     return dict(variant=variant, cluster=cluster, opt=opt, warps=warps, samples=samples, groups=groups, unroll=unroll,
                 early=early, md_cluster=md_cluster, shape=shape, adaptive=adaptive)
 
