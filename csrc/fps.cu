@@ -1177,7 +1177,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) __cluster_dims__(2, 1, 1) f
 //     the loop (no global load on the step's path).
 // Expected "_e_" step (SASS, one batch on the busiest warp): box test ~70 + batch address/load/
 // distance/redux ~145 + record (max, ballot, load, ballot, store) ~150 + barrier ~60 + reduction
-// (load, redux, ballot, load) ~165 = ~600 cycles (0.30 us); each further batch ~130. Same
+// (load, redux, ballot, load) ~165 = ~600 cycles (0.30 us); each further batch ~130.
+// Measured (H200, F1, whole op): u1 3.16 ms = 0.77 us (~1,500 cycles) per step against fps_tile's
+// 1.04; u2 the same, u4 4.19 (duplicated groups in short batches cost: most warps update ~1 group
+// per step late), _e_ no better, the leader warp no better, 8 or 4 warps (w8, w4: more boxes per
+// lane) slower (3.68, 5.16: fewer warps hide less of the update batches' latency). So the step is
+// ~600 cycles of dependent latency plus the busiest warp's extra batches and the SM's issue and
+// redux.sync throughput (16 warps in lockstep); fps_tile_md_stats_u1_c1 counts the group updates
+// per step (bench notes) to split the rest. Same
 // arguments, results and double buffering as fps_tile; grid (C, B), 512 threads, 16 * cap bytes of
 // dynamic shared memory with cap = min(ceil(N / C) rounded up to 32, 13,824).
 #define TMD_WARPS 16
