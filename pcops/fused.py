@@ -80,10 +80,10 @@ def fused_layer_norm_gelu(
     Returns:
         ``(..., N)`` of ``x.dtype``. Statistics are computed in float32 (two-pass variance).
         With ``dropout_p=0`` or ``training=False`` this is exactly ``F.gelu(F.layer_norm(x),
-        approximate)`` up to float32 rounding — except that on CUDA a bfloat16 ``x`` with
-        ``approximate="tanh"`` takes the tanh from the hardware (``tanh.approx.f32``, relative
-        error ≈ 2^-11, below one bfloat16 rounding, 2^-8); the backward keeps the exact form
-        (``pcops.triton.fused.FAST_TANH_FWD_DTYPES`` / ``FAST_TANH_BWD_DTYPES``).
+        approximate)`` up to float32 rounding — except that on CUDA a bfloat16 or float16 ``x``
+        with ``approximate="tanh"`` takes the tanh from the hardware (``tanh.approx.f32``,
+        relative error ≈ 2^-11: about one float16 rounding, below a bfloat16 one), as does the
+        bfloat16 backward (``pcops.triton.fused.FAST_TANH_FWD_DTYPES`` / ``FAST_TANH_BWD_DTYPES``).
 
     Gradient: exact w.r.t. ``x``, ``weight`` and ``bias`` (the GELU derivative and the full
     LayerNorm derivative), the dropout mask regenerated from the seed. ``dweight``/``dbias`` are
