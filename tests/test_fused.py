@@ -1254,6 +1254,9 @@ def test_forward_pinned_config(monkeypatch):
                 for c in tri._prune_fwd(tri._FWD_CONFIGS, named, BLOCK_N=1024, ONE_TILE=True, **kw)}
 
     assert space(M_CLASS=0) == {(2, 1, 4)}  # L1's class, pinned from the H200's graph-timed tuning
+    l2 = tri._prune_fwd(tri._FWD_CONFIGS, {"M": 131072, "x_ptr": torch.empty(1, 256, dtype=torch.bfloat16)},
+                        BLOCK_N=256, ONE_TILE=True, M_CLASS=1)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps) for c in l2] == [(8, 4, 4)]  # L2's
     monkeypatch.setattr(tri, "FWD_PINNED", {})
     full = space(M_CLASS=0)
     assert len(full) > 1 and (2, 1, 4) in full

@@ -163,14 +163,19 @@ def _prune_rows(tiles, warps, per_thread):
 
 # Pinned forward configs: (BLOCK_N, dtype, M_CLASS) → (BLOCK_M, TILES, num_warps). A pinned
 # shape autotunes over that one config only, so its choice cannot change between runs (the
-# autotuner's timing noise on a ≈ 5 µs kernel). Filled from the benchmark's fixed-config sweep
-# (``fwd=cfg BMxTxW`` rows); empty: every shape is tuned over its pruned space.
+# autotuner's timing noise on a ≈ 5 µs kernel). Filled from the H200's graph-timed autotune and
+# the benchmark's fixed-config sweep (``fwd=cfg BMxTxW`` rows); other shapes are tuned over
+# their pruned space.
 FWD_PINNED: dict = {
     # L1 (4,096 × 768 float32) and its class (float32 rows of 513-1024, < 65,536 rows): the
     # H200's graph-timed autotune (04:05 run) 6.9 µs back to back, the next config 7.8, the
     # other four 7.9-11.4; the config the 0.015 ms run (gpu11) had taken. (The 0.011 ms run,
     # gpu7, did not record its config.)
     (1024, torch.float32, 0): (2, 1, 4),
+    # L2 (131,072 × 256 bfloat16) and its class (bfloat16 rows of 129-256, ≥ 65,536 rows): graph-
+    # timed autotune 37.6 µs, 4×4×2 38.1, 8×1×4 39.4, the other seven 39.9-65.7; [graph] rows of
+    # the same run: 0.0431 ms, 0.0437, 0.0450 (8×1×16: 0.072)
+    (256, torch.bfloat16, 1): (8, 4, 4),
 }
 
 
