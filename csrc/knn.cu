@@ -347,7 +347,30 @@ __device__ __forceinline__ void knn_body_keys(
     }
     __syncthreads();
     const int count = min(QB, r_len - base);
-    if (PTS32) {
+    if (PTS32 && UNR > 1) {
+      // the passing points UNR at a time: their loads and distances are independent (the H200
+      // runs this search latency-bound: one point at a time through __ffs was slower than all 32)
+      unsigned mask = __ballot_sync(FULL_MASK, useful);
+      while (mask) {  // the same for every lane
+        knn_key cs[UNR];
+#pragma unroll
+        for (int u = 0; u < UNR; ++u) {
+          cs[u] = KEY_EMPTY;  // never inserted
+          if (mask) {
+            const int j = __ffs(mask) - 1;
+            mask &= mask - 1;
+            const float4 r = tile_pts[j];
+            cs[u] = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < UNR; ++u) {
+          if (need && cs[u] < key[KP - 1]) {
+            if (SPLIT) net_insert_split<KP>(key, cs[u]); else net_insert<KP>(key, cs[u]);
+          }
+        }
+      }
+    } else if (PTS32) {
       unsigned mask = __ballot_sync(FULL_MASK, useful);
       while (mask) {  // the same for every lane
         const int j = __ffs(mask) - 1;
@@ -468,18 +491,23 @@ __device__ __forceinline__ void knn_body_keys(
 
 // (MINW32 = 24 caps KP = 32 at 80 registers: no spill for netf / netfu / netfq; the others would
 // spill at 80 and take 20 warps: at most 96, no spill, where uncapped they took up to 107)
+// Measured on the H200 (04:05 run; search kernel alone, ms; K1 K=16 / K1 K=32 / K2): net 0.631 /
+// 1.162 / 0.993, netf 0.638 / 1.210 / 0.948, netfu 0.560 / 1.109 / 0.848, nets 0.660 / 1.324 /
+// 0.940, netq 0.688 / 1.129 / 1.039, netfq 0.636 / 1.116 / 0.941, netsq 0.646 / 1.220 / 0.918,
+// netsuq 0.613 / 1.179 / 0.875, netfp 0.743 / 1.445 / 1.100, netsp 0.733 / 1.452 / 1.064, netspq
+// 0.720 / 1.304 / 1.067: the unrolled candidate loop wins everywhere (the search is latency-bound);
+// the point pre-test (PTS) halves the points scanned (CPU emulation: 463 of 955 per block on K1)
+// but its one-at-a-time __ffs loop lost; nets, netq, netsq, netfp, netsp, netspq were removed.
 //                       variant  OWN    PRE    UNR SPLIT  PTS    MINW16 MINW32
 PCOPS_KNN_KEYS_ENTRIES(net,       false, false, 1,  false, false, 1,     1)
+PCOPS_KNN_KEYS_ENTRIES(netfu,     true,  false, 4,  false, false, 32,    24)
 PCOPS_KNN_KEYS_ENTRIES32(netf,    true,  false, 1,  false, false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(netfu,   true,  false, 4,  false, false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(nets,    true,  true,  1,  false, false, 32,    20)
-PCOPS_KNN_KEYS_ENTRIES32(netq,    false, false, 1,  true,  false, 32,    20)
 PCOPS_KNN_KEYS_ENTRIES32(netfq,   true,  false, 1,  true,  false, 32,    24)
-PCOPS_KNN_KEYS_ENTRIES32(netsq,   true,  true,  1,  true,  false, 32,    20)
 PCOPS_KNN_KEYS_ENTRIES32(netsuq,  true,  true,  4,  true,  false, 32,    20)
-PCOPS_KNN_KEYS_ENTRIES32(netfp,   true,  false, 1,  false, true,  32,    20)
-PCOPS_KNN_KEYS_ENTRIES32(netsp,   true,  true,  1,  false, true,  32,    20)
-PCOPS_KNN_KEYS_ENTRIES32(netspq,  true,  true,  1,  true,  true,  32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netfu8,  true,  false, 8,  false, false, 32,    24)
+PCOPS_KNN_KEYS_ENTRIES32(netfuq,  true,  false, 4,  true,  false, 32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netfpu,  true,  false, 4,  false, true,  32,    20)
+PCOPS_KNN_KEYS_ENTRIES32(netspu,  true,  true,  4,  false, true,  32,    16)
 
 // ---------------------------------------------------------------------------------------------
 // Preprocessing in three kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as
