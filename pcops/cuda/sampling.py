@@ -50,8 +50,9 @@ _MAX_PPT = 16
 _TARGET_PPT = 4  # points per thread before another CTA joins the cluster
 # measured on the H200 (bench_sampling): F1 8 x 16,384 -> 4,096: pruned 23.4 ms, tile (1 CTA per
 # cloud) 5.0 ms; F2 120,268 -> 16,384: pruned 49.8 ms, tile 8-CTA cluster barrier 22.0 ms, tile_async
-# 20.7 ms. Every variant is tested on the GPU (identical indices).
-_VARIANT = "tile_async"
+# 20.7 ms. Every variant is tested on the GPU (identical indices). 2026-11-30 04:05 H200 run: "tile_md"
+# F1 3.17 ms (u2; tile_async 4.26), F2 17.67 ms with 8-CTA clusters (fps_tile_md_e_u2_c8; tile_async 18.48).
+_VARIANT = "tile_md"
 _VARIANTS = ("keys", "lazy", "flat", "pruned")  # fps_cluster kernels
 _TILE_VARIANTS = ("tile", "tile_async", "tile_md")  # fps_tile kernels; clouds they cannot hold use "pruned"
 _TILE_THREADS = 512
@@ -65,13 +66,13 @@ _tile_warps = 16  # warps per CTA (16: 16,384 points per CTA; 8 and 4 compiled f
 _TILE_FEW_WARPS = {(8, 2), (4, 4)}  # (warps, cluster) entry points with fewer warps
 _tile_groups = 1  # 2: 64 points and two boxes per lane (fps_tile[_<opt>]_w8g2_c1: 8 warps, one CTA)
 _TILE_G2_OPTS = ("", "shfl", "leader")
-# "tile_md" (fps_tile_md_u<U>_c1, experimental until measured): clouds of <= 16,384 points, one CTA,
+# "tile_md" (fps_tile_md_u<U>_c1, the default since the 04:05 run): clouds of <= 16,384 points, one CTA,
 # coordinates and min-distances of 13,824 points in shared memory (the other 2,560 in registers),
 # no jump tables on the step, U needed groups updated per batch; larger clouds take "tile_async"
 _TILE_MD_UNROLLS = (1, 2, 4)
 _tile_md_unroll = 2
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
-_tile_md_cluster = False  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
+_tile_md_cluster = True  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
 # one CTA, fewer redux and instructions per step: "l" (a leader warp reduces the records), "w8" / "w4"
 # (8 / 4 warps of two / four boxes per lane), "w8l", "w4l"; compiled without "_e_", unrolls {shape: unrolls}
