@@ -68,7 +68,7 @@ _tile_groups = 1  # 2: 64 points and two boxes per lane (fps_tile[_<opt>]_w8g2_c
 _TILE_G2_OPTS = ("", "shfl", "leader")
 # "tile_md" (fps_tile_md_u<U>_c1, the default since the 04:05 run): clouds of <= 16,384 points, one CTA,
 # coordinates and min-distances of 13,824 points in shared memory (the other 2,560 in registers),
-# no jump tables on the step, U needed groups updated per batch; larger clouds take "tile_async"
+# no jump tables on the step, U needed groups updated per batch; larger clouds take tile_md clusters (_tile_md_cluster) or "tile_async"
 _TILE_MD_UNROLLS = (1, 2, 4)
 _tile_md_unroll = 2
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
