@@ -30,25 +30,19 @@ MAX_K = 32  # the largest K the kernels are compiled for (KP = next power of two
 #   them in local memory (the K-th best is read at the run-time index k - 1).
 # "net": 64-bit keys right-aligned in KP slots (the K-th best is always the last slot: registers
 #   only), inserted on the spot with a select network (no KP-long dependent chain).
-# "netf": "net" that scans the block's own tile first (the K-th bests start small: on K1 a query
-#   inserts 48 candidates instead of 67, by a CPU emulation of the kernel).
-# "netfu" (default): "netf" with the candidate loop of full tiles unrolled 4 times (independent
-#   loads and distances: the search is latency-bound); "netfu8": unrolled 8 times.
-# "netfq" / "netfuq": "netf" / "netfu" whose lanes inserting together skip the quarters of the list
-#   below all their candidates (late in a search most insertions land in the last quarter).
-# "netsuq": "netfuq" plus, for tiles of 32, a warp-parallel pre-test of 32 superblocks at a time
-#   (the warp's query box against its largest K-th best): on K1 91 votes per block instead of 193.
-# "netfpu" / "netspu": "netfu" / "netsuq" without the quarter skip that also test each staged
-#   point against the warp's query box and largest K-th best and scan only the points that pass
-#   (463 of 955 per block on K1), 4 at a time.
-# All but "sorted" and "net" are capped at 64 registers for K <= 16 (32 resident warps per SM, so
+# "netfu" (default): "net" that scans the block's own tile first (the K-th bests start small: on
+#   K1 a query inserts 48 candidates instead of 67, by a CPU emulation of the kernel) with the
+#   candidate loop of full tiles unrolled 4 times (independent loads and distances: the search is
+#   latency-bound). Other shapes (own tile only, list-quarter skips, superblock and point pre-tests,
+#   warp queues) were measured slower or not needed and removed (csrc/knn.cu lists them).
+# "netfu" is capped at 64 registers for K <= 16 (32 resident warps per SM, so
 # K1's 4,096 one-warp blocks run in one wave; ptxas reports no spills) and at 80-128 for K = 32.
 # H200, 04:05 run (graph-captured; whole op / search kernel alone, ms; Morton sort 0.13 ms with
 # prep="triton", 0.09 with "cuda"): K1 K=16 sorted 1.32 / 1.16, net 0.76 / 0.63, netfu 0.69 / 0.56;
 # K1 K=32 sorted 1.85 / 1.73, net 1.30 / 1.16, netfu 1.22 / 1.11; K2 sorted 1.74 / 1.61, net 1.08 /
 # 0.99, netfu 0.96 / 0.85 (csrc/knn.cu lists the removed variants' figures).
-VARIANTS = ("sorted", "net", "netfu", "netf", "netfq", "netsuq", "netfu8", "netfuq", "netfpu", "netspu")
-ALL_TILES = ("sorted", "net", "netfu")  # compiled for every tile in TILES; the others for 32 only
+VARIANTS = ("sorted", "net", "netfu")
+ALL_TILES = ("sorted", "net", "netfu")  # compiled for every tile in TILES (experimental variants: 32 only)
 _VARIANT = "netfu"
 
 # Morton sort and boxes: "triton" (pcops.triton.sampling._morton_sort: about 18 launches; H200
