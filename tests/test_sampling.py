@@ -1136,6 +1136,7 @@ def test_gpu_fps_tile_md(unroll, early, monkeypatch):
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
     monkeypatch.setattr(cu, "_tile_md_early", early)
+    monkeypatch.setattr(cu, "_tile_md_cluster", False)  # the fallback; clusters have their own test
     for batch, n, m in [(8, 16384, 256), (2, 40000, 256)]:
         pts, lengths, start, expected = fps_case(batch, n, m)
         assert torch.equal(pcops.farthest_point_sample(pts, m, lengths, start, backend="cuda"), expected)
