@@ -286,6 +286,18 @@ def _tile_kernel_name(cluster: int, exchange: str, opt: str | None = None, warps
 _tile_smem_set: set = set()
 
 
+def _smem_kernel(name: str, device, max_bytes: int):
+    """``get_kernel("fps.cu", name)`` allowed ``max_bytes`` of dynamic shared memory (set once per
+    kernel and device)."""
+    kernel = get_kernel("fps.cu", name, device)
+    if (name, device) not in _tile_smem_set:
+        status = _cuda().cuFuncSetAttribute(kernel._func, _MAX_DYNAMIC_SHARED_SIZE_BYTES, max_bytes)
+        if status != 0:
+            raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
+        _tile_smem_set.add((name, device))
+    return kernel
+
+
 def _tile_choice(n: int) -> tuple[int, str, int, int] | None:
     """``(cluster, opt, warps, groups)`` of the fps_tile launch for clouds of ``n`` points: the
     configured code shape (``_tile_opt``, ``_tile_warps``, ``_tile_groups``) where it is compiled
@@ -312,13 +324,7 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
     warps = _tile_warps if warps is None else warps
     groups = _tile_groups if groups is None else groups
     name = _tile_kernel_name(cluster, exchange, opt, warps, groups)
-    device = inputs.points.device
-    kernel = get_kernel("fps.cu", name, device)
-    if (name, device) not in _tile_smem_set:
-        status = _cuda().cuFuncSetAttribute(kernel._func, _MAX_DYNAMIC_SHARED_SIZE_BYTES, 12 * _TILE_CAP)
-        if status != 0:
-            raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
-        _tile_smem_set.add((name, device))
+    kernel = _smem_kernel(name, inputs.points.device, 12 * _TILE_CAP)
     batch, n, _ = inputs.points.shape
     inputs.cap = triton.cdiv(triton.cdiv(n, cluster), 32) * 32
     if inputs.cap > warps * 1024 * groups:
@@ -364,13 +370,7 @@ def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | No
     batch, n, _ = inputs.points.shape
     if triton.cdiv(n, cluster) > _TILE_CAP:
         raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per CTA, got {n} points for {cluster}")
-    device = inputs.points.device
-    kernel = get_kernel("fps.cu", name, device)
-    if (name, device) not in _tile_smem_set:
-        status = _cuda().cuFuncSetAttribute(kernel._func, _MAX_DYNAMIC_SHARED_SIZE_BYTES, 16 * _TILE_MD_SMEM_POINTS)
-        if status != 0:
-            raise RuntimeError(f"cuFuncSetAttribute({name}, max dynamic shared memory) failed: CUDA error {status}")
-        _tile_smem_set.add((name, device))
+    kernel = _smem_kernel(name, inputs.points.device, 16 * _TILE_MD_SMEM_POINTS)
     inputs.cap = min(triton.cdiv(triton.cdiv(n, cluster), 32) * 32, _TILE_MD_SMEM_POINTS)
     threads = 32 * (8 if "_w8" in name else 4 if "_w4" in name else 16)
     kernel((cluster, batch), (threads,), inputs.args(name), shared_mem=16 * inputs.cap)
@@ -390,10 +390,7 @@ def tile_md_stats(points: torch.Tensor, num_samples: int) -> tuple[dict, torch.T
     out = torch.full((batch, num_samples), -1, dtype=torch.int64, device=points.device)
     inputs = _Inputs(points, lengths, starts, out, num_samples)
     name = "fps_tile_md_stats_u1_c1"
-    kernel = get_kernel("fps.cu", name, points.device)
-    status = _cuda().cuFuncSetAttribute(kernel._func, _MAX_DYNAMIC_SHARED_SIZE_BYTES, 16 * _TILE_MD_SMEM_POINTS)
-    if status != 0:
-        raise RuntimeError(f"cuFuncSetAttribute({name}) failed: CUDA error {status}")
+    kernel = _smem_kernel(name, points.device, 16 * _TILE_MD_SMEM_POINTS)
     inputs.cap = min(triton.cdiv(n, 32) * 32, _TILE_MD_SMEM_POINTS)
     stats = torch.zeros(8, dtype=torch.int64, device=points.device)
     kernel((1, batch), (_TILE_THREADS,), [*inputs.args(name), stats], shared_mem=16 * inputs.cap)
