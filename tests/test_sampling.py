@@ -1107,6 +1107,35 @@ def lattice_clouds(batch, shape, seed):
     return torch.stack([grid[torch.randperm(grid.shape[0], generator=g)] for _ in range(batch)])
 
 
+def tile_md_lattice(large=False):
+    """Two lattice clouds (ties at every level) and their cached reference: 32×32×16 with 16,384 and
+    9,001 valid points, 1,500 samples; ``large``: 32×32×40 with 40,960 and 30,001, 600 samples."""
+    dims, seed, valid, starts, m = (((32, 32, 40), 12, [40960, 30001], [3, 30000], 600) if large
+                                    else ((32, 32, 16), 11, [16384, 9001], [0, 4321], 1500))
+
+    def build():
+        pts = lattice_clouds(2, dims, seed=seed).cuda()
+        lengths = torch.tensor(valid, device="cuda")
+        start = torch.tensor(starts, device="cuda")
+        return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, m)
+
+    return cached_reference(("lattice", *dims, m), build)
+
+
+def tile_md_base_cases():
+    """Uneven lengths with duplicated points (ties; M > N: -1 padding)."""
+    return [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True)]
+
+
+def check_tile_md_launches(cu, cases, *launch_args):
+    """``cu._launch_tile_md(inputs, *launch_args)`` on each case equals its reference indices."""
+    for pts, lengths, start, expected in cases:
+        m = expected.shape[1]
+        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
+        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), *launch_args)
+        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+
+
 @pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("unroll", [1, 2, 4])
 @pytest.mark.gpu
@@ -1118,21 +1147,9 @@ def test_gpu_fps_tile_md(unroll, early, monkeypatch):
     16,384 points take tile_async."""
     from pcops.cuda import sampling as cu
 
-    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
-             fps_case(8, 16384, 256), fps_case(1, 1, 3), fps_case(3, 31, 40, duplicates=True)]
-
-    def lattice():
-        pts = lattice_clouds(2, (32, 32, 16), seed=11).cuda()
-        lengths = torch.tensor([16384, 9001], device="cuda")
-        start = torch.tensor([0, 4321], device="cuda")
-        return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 1500)
-
-    cases.append(cached_reference(("lattice", 32, 32, 16, 1500), lattice))
-    for pts, lengths, start, expected in cases:
-        m = expected.shape[1]
-        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
-        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, early)
-        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+    cases = tile_md_base_cases() + [fps_case(8, 16384, 256), fps_case(1, 1, 3), fps_case(3, 31, 40, duplicates=True),
+                                    tile_md_lattice()]
+    check_tile_md_launches(cu, cases, unroll, early)
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
     monkeypatch.setattr(cu, "_tile_md_early", early)
@@ -1152,21 +1169,9 @@ def test_gpu_fps_tile_md_shapes(shape, unroll, monkeypatch):
     test_gpu_fps_tile_md (ties, lattices, padding, 16,384 points with register slots), then through the op."""
     from pcops.cuda import sampling as cu
 
-    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
-             fps_case(8, 16384, 256), fps_case(1, 1, 3), fps_case(3, 31, 40, duplicates=True)]
-
-    def lattice():
-        pts = lattice_clouds(2, (32, 32, 16), seed=11).cuda()
-        lengths = torch.tensor([16384, 9001], device="cuda")
-        start = torch.tensor([0, 4321], device="cuda")
-        return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 1500)
-
-    cases.append(cached_reference(("lattice", 32, 32, 16, 1500), lattice))
-    for pts, lengths, start, expected in cases:
-        m = expected.shape[1]
-        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
-        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, False, 1, shape)
-        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+    cases = tile_md_base_cases() + [fps_case(8, 16384, 256), fps_case(1, 1, 3), fps_case(3, 31, 40, duplicates=True),
+                                    tile_md_lattice()]
+    check_tile_md_launches(cu, cases, unroll, False, 1, shape)
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
     monkeypatch.setattr(cu, "_tile_md_shape", shape)
@@ -1183,29 +1188,12 @@ def test_gpu_fps_tile_md_adaptive(cluster, unroll, monkeypatch):
     padding, lattices (and, 8 CTAs, 40k and 120k clouds), then through the op."""
     from pcops.cuda import sampling as cu
 
-    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
-             fps_case(3, 31, 40, duplicates=True)]
+    cases = tile_md_base_cases() + [fps_case(3, 31, 40, duplicates=True)]
     if cluster == 1:
-        def lattice():
-            pts = lattice_clouds(2, (32, 32, 16), seed=11).cuda()
-            lengths = torch.tensor([16384, 9001], device="cuda")
-            start = torch.tensor([0, 4321], device="cuda")
-            return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 1500)
-
-        cases += [fps_case(8, 16384, 256), cached_reference(("lattice", 32, 32, 16, 1500), lattice)]
+        cases += [fps_case(8, 16384, 256), tile_md_lattice()]
     else:
-        def lattice():
-            pts = lattice_clouds(2, (32, 32, 40), seed=12).cuda()
-            lengths = torch.tensor([40960, 30001], device="cuda")
-            start = torch.tensor([3, 30000], device="cuda")
-            return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 600)
-
-        cases += [fps_case(2, 40000, 256), fps_case(1, 120268, 128), cached_reference(("lattice", 32, 32, 40, 600), lattice)]
-    for pts, lengths, start, expected in cases:
-        m = expected.shape[1]
-        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
-        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, True, cluster, "", True)
-        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+        cases += [fps_case(2, 40000, 256), fps_case(1, 120268, 128), tile_md_lattice(large=True)]
+    check_tile_md_launches(cu, cases, unroll, True, cluster, "", True)
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_adaptive", True)
     monkeypatch.setattr(cu, "_tile_md_cluster", True)
@@ -1244,24 +1232,12 @@ def test_gpu_fps_tile_md_clusters(cluster, unroll, monkeypatch):
     from pcops.cuda import sampling as cu
 
     # 30,000 points in 2 CTAs, 40,000 in 4 or 8, 120,268 in 8: 15,000 and 15,034 per CTA use register slots
-    cases = [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
-             fps_case(2, 30000 if cluster == 2 else 40000, 256)]
+    cases = tile_md_base_cases() + [fps_case(2, 30000 if cluster == 2 else 40000, 256)]
     if cluster == 8:
         cases.append(fps_case(1, 120268, 128))
-
-    def lattice():
-        pts = lattice_clouds(2, (32, 32, 40), seed=12).cuda()
-        lengths = torch.tensor([40960, 30001], device="cuda")
-        start = torch.tensor([3, 30000], device="cuda")
-        return pts, lengths, start, ref.farthest_point_sample(pts, lengths, start, 600)
-
     if cluster >= 4:
-        cases.append(cached_reference(("lattice", 32, 32, 40, 600), lattice))
-    for pts, lengths, start, expected in cases:
-        m = expected.shape[1]
-        out = torch.full((pts.shape[0], m), -1, dtype=torch.int64, device="cuda")
-        cu._launch_tile_md(cu._Inputs(pts, lengths, start, out, m), unroll, True, cluster)
-        assert torch.equal(out, expected), (pts.shape, m, cu.last_launch)
+        cases.append(tile_md_lattice(large=True))
+    check_tile_md_launches(cu, cases, unroll, True, cluster)
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_cluster", True)
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
