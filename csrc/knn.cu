@@ -229,55 +229,12 @@ __device__ __forceinline__ void net_insert(knn_key (&key)[KP], knn_key c) {
   net_insert_from<KP, 0>(key, c);
 }
 
-// SPLIT: the lanes inserting together skip the quarters of the list below every one of their
-// candidates (late in a search a candidate that beats the K-th best mostly lands in the last
-// quarter): each lane counts the quarter ends its key is not below, the group takes the minimum
-// (__reduce_min_sync over the active lanes) and runs the network over the remaining quarters.
-template <int KP>
-__device__ __forceinline__ void net_insert_split(knn_key (&key)[KP], knn_key c) {
-  if (KP < 8) {
-    net_insert_from<KP, 0>(key, c);
-  } else {
-    constexpr int Q4 = KP / 4;
-    const unsigned level = (unsigned)(c >= key[Q4 - 1]) + (unsigned)(c >= key[2 * Q4 - 1]) + (unsigned)(c >= key[3 * Q4 - 1]);
-    const unsigned low = __reduce_min_sync(__activemask(), level);
-    if (low == 3) {
-      net_insert_from<KP, 3 * Q4>(key, c);
-    } else if (low == 2) {
-      net_insert_from<KP, 2 * Q4>(key, c);
-    } else if (low == 1) {
-      net_insert_from<KP, Q4>(key, c);
-    } else {
-      net_insert_from<KP, 0>(key, c);
-    }
-  }
-}
-
-__device__ __forceinline__ float warp_min(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(FULL_MASK, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
-  return v;
-}
-
 // Options of knn_body_keys (template flags, see PCOPS_KNN_KEYS_ENTRIES):
 // OWN: scan the block's own tile (the references at the queries' position on the curve) before
 //   the outward sweep, so the K-th bests start small (fewer insertions, tighter culls); the sweep
 //   skips it.
-// PRE (QB = 32 only): before the per-query superblock test, each lane tests one of the next 32
-//   superblocks of the sweep against the box of the warp's queries and their largest K-th best
-//   (box-to-box gap, rounded like box_dist, so never above any query's box distance: exact); the
-//   sweep skips the superblocks that fail without a load or a vote each. (Warp-level barriers
-//   instead of __syncthreads cost ptxas 12 more registers here and were dropped.)
 // UNR: unroll the candidate loop of a full tile by this factor.
-// SPLIT: insert with net_insert_split.
-// PTS (QB = 32 only): when a tile is staged, each lane tests its point against the warp's query box
-//   and largest K-th best (the same exact bound); the warp scans only the points that pass.
-template <int QB, int KP, bool OWN, bool PRE, int UNR, bool SPLIT, bool PTS>
+template <int QB, int KP, bool OWN, int UNR>
 __device__ __forceinline__ void knn_body_keys(
     const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
     const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
@@ -290,8 +247,6 @@ __device__ __forceinline__ void knn_body_keys(
     float* __restrict__ dists,              // (B, Nq, k) out, ascending, inf padded
     long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
     int nq, int nr, int num_sb, int sb, int k) {
-  constexpr bool PRE32 = PRE && QB == 32;
-  constexpr bool PTS32 = PTS && QB == 32;
   __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
   const long long b = blockIdx.y;
   const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
@@ -318,77 +273,24 @@ __device__ __forceinline__ void knn_body_keys(
   const float* r_base = r_sorted + b * (long long)nr * 3;
   const long long* p_base = r_perm + b * (long long)nr;
 
-  __shared__ float qbox[6];  // PRE, PTS: the warp's query box, inverted (infinitely far) when no lane is valid
-  if (PRE32 || PTS32) {
-    const float v0 = warp_min(valid ? qx : F_INF), v1 = warp_min(valid ? qy : F_INF), v2 = warp_min(valid ? qz : F_INF);
-    const float v3 = warp_max(valid ? qx : -F_INF), v4 = warp_max(valid ? qy : -F_INF), v5 = warp_max(valid ? qz : -F_INF);
-    if (threadIdx.x == 0) {
-      qbox[0] = v0, qbox[1] = v1, qbox[2] = v2, qbox[3] = v3, qbox[4] = v4, qbox[5] = v5;
-    }
-    __syncwarp();
-  }
-
   // stage tile `tile` in shared memory and scan it (need: this thread's query wants it)
   auto scan_tile = [&](int tile, bool need) {
-    // PTS: the largest K-th best of the warp's queries (0 for a lane without a query)
-    const float kth_max = PTS32 ? warp_max(valid ? key_dist(key[KP - 1]) : 0.0f) : 0.0f;
     const int base = tile * QB;
     const int pos = base + threadIdx.x;
-    bool useful = false;
     if (pos < r_len) {
       const float px = r_base[pos * 3 + 0], py = r_base[pos * 3 + 1], pz = r_base[pos * 3 + 2];
       tile_pts[threadIdx.x] = make_float4(px, py, pz, __int_as_float((int)p_base[pos]));
-      if (PTS32) {  // can any query of the warp take this point? (gap to the query box vs the largest K-th best)
-        const float gx = fmaxf(fmaxf(__fsub_rn(qbox[0], px), __fsub_rn(px, qbox[3])), 0.0f);
-        const float gy = fmaxf(fmaxf(__fsub_rn(qbox[1], py), __fsub_rn(py, qbox[4])), 0.0f);
-        const float gz = fmaxf(fmaxf(__fsub_rn(qbox[2], pz), __fsub_rn(pz, qbox[5])), 0.0f);
-        useful = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz)) <= kth_max;
-      }
     }
     __syncthreads();
     const int count = min(QB, r_len - base);
-    if (PTS32 && UNR > 1) {
-      // the passing points UNR at a time: their loads and distances are independent (the H200
-      // runs this search latency-bound: one point at a time through __ffs was slower than all 32)
-      unsigned mask = __ballot_sync(FULL_MASK, useful);
-      while (mask) {  // the same for every lane
-        knn_key cs[UNR];
-#pragma unroll
-        for (int u = 0; u < UNR; ++u) {
-          cs[u] = KEY_EMPTY;  // never inserted
-          if (mask) {
-            const int j = __ffs(mask) - 1;
-            mask &= mask - 1;
-            const float4 r = tile_pts[j];
-            cs[u] = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < UNR; ++u) {
-          if (need && cs[u] < key[KP - 1]) {
-            if (SPLIT) net_insert_split<KP>(key, cs[u]); else net_insert<KP>(key, cs[u]);
-          }
-        }
-      }
-    } else if (PTS32) {
-      unsigned mask = __ballot_sync(FULL_MASK, useful);
-      while (mask) {  // the same for every lane
-        const int j = __ffs(mask) - 1;
-        mask &= mask - 1;
-        const float4 r = tile_pts[j];
-        const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
-        if (need && c < key[KP - 1]) {
-          if (SPLIT) net_insert_split<KP>(key, c); else net_insert<KP>(key, c);
-        }
-      }
-    } else if (need) {
+    if (need) {
       if (UNR > 1 && count == QB) {
 #pragma unroll UNR
         for (int j = 0; j < QB; ++j) {
           const float4 r = tile_pts[j];
           const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
           if (c < key[KP - 1]) {
-            if (SPLIT) net_insert_split<KP>(key, c); else net_insert<KP>(key, c);
+            net_insert<KP>(key, c);
           }
         }
       } else {
@@ -396,7 +298,7 @@ __device__ __forceinline__ void knn_body_keys(
           const float4 r = tile_pts[j];
           const knn_key c = make_key(sq_dist(qx, qy, qz, r.x, r.y, r.z), __float_as_int(r.w));
           if (c < key[KP - 1]) {
-            if (SPLIT) net_insert_split<KP>(key, c); else net_insert<KP>(key, c);
+            net_insert<KP>(key, c);
           }
         }
       }
@@ -409,31 +311,10 @@ __device__ __forceinline__ void knn_body_keys(
     own = (int)min(t0, (long long)(n_t - 1));
     scan_tile(own, valid);
   }
-  unsigned pre_mask = 0;
   for (int step = 0; step < n_sb; ++step) {
     const int off = (step + 1) / 2;
     int s = (step & 1) ? sb0 + off : sb0 - off;
     s = (s + n_sb) % n_sb;
-    if (PRE32) {
-      if ((step & 31) == 0) {  // test the next 32 superblocks of the sweep, one per lane
-        const float worst = warp_max(valid ? key_dist(key[KP - 1]) : 0.0f);  // largest K-th best
-        const float bx0 = qbox[0], by0 = qbox[1], bz0 = qbox[2], bx1 = qbox[3], by1 = qbox[4], bz1 = qbox[5];
-        const int my_step = step + (threadIdx.x & 31);
-        bool ok = false;
-        if (my_step < n_sb) {
-          const int moff = (my_step + 1) / 2;
-          int ms = (my_step & 1) ? sb0 + moff : sb0 - moff;  // in (-n_sb, 2 n_sb)
-          ms += ms < 0 ? n_sb : (ms >= n_sb ? -n_sb : 0);
-          const float* box = sboxes + (b * num_sb + ms) * 8;
-          const float gx = fmaxf(fmaxf(__fsub_rn(box[0], bx1), __fsub_rn(bx0, box[3])), 0.0f);
-          const float gy = fmaxf(fmaxf(__fsub_rn(box[1], by1), __fsub_rn(by0, box[4])), 0.0f);
-          const float gz = fmaxf(fmaxf(__fsub_rn(box[2], bz1), __fsub_rn(bz0, box[5])), 0.0f);
-          ok = __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz)) <= worst;
-        }
-        pre_mask = __ballot_sync(FULL_MASK, ok);
-      }
-      if (!((pre_mask >> (step & 31)) & 1u)) continue;
-    }
     const bool want = valid && box_dist(sboxes + (b * num_sb + s) * 8, qx, qy, qz) <= key_dist(key[KP - 1]);
     if (!__syncthreads_or(want)) continue;
     const int t_end = min((s + 1) * sb, n_t);
@@ -458,36 +339,36 @@ __device__ __forceinline__ void knn_body_keys(
   }
 }
 
-// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): OWN, PRE, UNR, SPLIT, PTS as above. MINW:
+// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): OWN, UNR as above. MINW:
 // __launch_bounds__ minimum resident warps per SM, for KP <= 16 (MINW16) and KP = 32 (MINW32):
 // 32 warps cap a thread at 64 registers, which every KP <= 16 kernel meets without spilling
 // (ptxas; otherwise netfu and nets take 74-76 and 4,096 blocks of K1 no longer fit in one wave)
-#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, OWN, PRE, UNR, SPLIT, PTS, MINW)                              \
+#define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, OWN, UNR, MINW)                              \
   extern "C" __global__ void __launch_bounds__(QB, ((MINW) * 32 + (QB) - 1) / (QB)) NAME(                         \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm, \
       const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,       \
       float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                     \
-    knn_body_keys<QB, KP, OWN, PRE, UNR, SPLIT, PTS>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, \
+    knn_body_keys<QB, KP, OWN, UNR>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, \
                                                 q_len, r_len, dists, idx, nq, nr, num_sb, sb, k);     \
   }
 
 // tiles of 32 only (the experimental variants: fewer kernels for NVRTC to compile)
-#define PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, PTS, MINW16, MINW32)            \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, PRE, UNR, SPLIT, PTS, MINW16)      \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, PRE, UNR, SPLIT, PTS, MINW32)
+#define PCOPS_KNN_KEYS_ENTRIES32(V, OWN, UNR, MINW16, MINW32)            \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, UNR, MINW16)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, UNR, MINW32)
 
-#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, PRE, UNR, SPLIT, PTS, MINW16, MINW32)              \
-  PCOPS_KNN_KEYS_ENTRIES32(V, OWN, PRE, UNR, SPLIT, PTS, MINW16, MINW32)                  \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, OWN, PRE, UNR, SPLIT, PTS, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, PRE, UNR, SPLIT, PTS, MINW16)      \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, PRE, UNR, SPLIT, PTS, MINW32)
+#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, UNR, MINW16, MINW32)              \
+  PCOPS_KNN_KEYS_ENTRIES32(V, OWN, UNR, MINW16, MINW32)                  \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, OWN, UNR, MINW16)        \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, UNR, MINW16)      \
+  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, UNR, MINW32)
 
 // (MINW32 = 24 caps KP = 32 at 80 registers: no spill for netf / netfu / netfq; the others would
 // spill at 80 and take 20 warps: at most 96, no spill, where uncapped they took up to 107)
@@ -498,14 +379,18 @@ __device__ __forceinline__ void knn_body_keys(
 // 0.720 / 1.304 / 1.067: the unrolled candidate loop wins everywhere (the search is latency-bound);
 // the point pre-test (PTS) halves the points scanned (CPU emulation: 463 of 955 per block on K1)
 // but its one-at-a-time __ffs loop lost; nets, netq, netsq, netfp, netsp, netspq were removed.
-//                       variant  OWN    PRE    UNR SPLIT  PTS    MINW16 MINW32
-PCOPS_KNN_KEYS_ENTRIES(net,       false, false, 1,  false, false, 1,     1)
-PCOPS_KNN_KEYS_ENTRIES(netfu,     true,  false, 4,  false, false, 32,    24)
+//                       variant  OWN    UNR  MINW16 MINW32
+PCOPS_KNN_KEYS_ENTRIES(net,       false, 1,   1,     1)
+PCOPS_KNN_KEYS_ENTRIES(netfu,     true,  4,   32,    24)
 // Removed after the 04:05 run, to keep NVRTC's compile of this file on the first KNN call short
 // (81 kernels took about 12 s on the dev machine): netf, netfq, netsuq (measured above) and the
-// unmeasured netfu8 (UNR 8), netfuq (OWN, UNR 4, SPLIT), netfpu (OWN, UNR 4, PTS) and netspu (OWN,
-// PRE, UNR 4, PTS); the entry macros still take every option:
-// PCOPS_KNN_KEYS_ENTRIES32(<variant>, OWN, PRE, UNR, SPLIT, PTS, MINW16, MINW32) adds one for tiles of 32.
+// unmeasured netfu8 (UNR 8), netfuq (OWN, UNR 4, list-quarter skips), netfpu (OWN, UNR 4, point
+// pre-test) and netspu (OWN, superblock pre-test, UNR 4, point pre-test); with them went the
+// template options for the list-quarter skip (a __reduce_min_sync over the inserting lanes picking
+// the quarter to start the network from), the superblock pre-test (each lane of a warp tests one of
+// the next 32 superblocks against the warp's query box and largest K-th best) and the point
+// pre-test (each staged point against the same bound, the passing points scanned by __ffs).
+// PCOPS_KNN_KEYS_ENTRIES32(<variant>, OWN, UNR, MINW16, MINW32) adds a variant for tiles of 32.
 
 // ---------------------------------------------------------------------------------------------
 // Preprocessing in three kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as
