@@ -210,11 +210,12 @@ def _kmap_insert_kernel(
             ox = tl.where(cand, nx, 0) // sx
         cand = cand & (oz >= 0) & (oz < Do) & (oy >= 0) & (oy < Ho) & (ox >= 0) & (ox < Wo)
         counter_ptr = ws_ptr + counters_off
-        # one pair per valid (voxel, offset): the pair count P, before any lookup
-        num_pairs = tl.sum(tl.sum((cand & first[:, None]).to(tl.int32), axis=1), axis=0)
-        tl.atomic_add(counter_ptr + 2 * CSTRIDE, num_pairs.to(tl.int64), mask=num_pairs > 0, sem="relaxed")
-        # the largest batch index bounds the output key space: int32 keys sort in half the passes
-        tl.atomic_max(counter_ptr + CSTRIDE, tl.max(tl.where(inside, b64, -1), axis=0), sem="relaxed")
+        if not BITMAP:  # the static form reads neither (its compaction counts P; no sort)
+            # one pair per valid (voxel, offset): the pair count P, before any lookup
+            num_pairs = tl.sum(tl.sum((cand & first[:, None]).to(tl.int32), axis=1), axis=0)
+            tl.atomic_add(counter_ptr + 2 * CSTRIDE, num_pairs.to(tl.int64), mask=num_pairs > 0, sem="relaxed")
+            # the largest batch index bounds the output key space: int32 keys sort in half the passes
+            tl.atomic_max(counter_ptr + CSTRIDE, tl.max(tl.where(inside, b64, -1), axis=0), sem="relaxed")
         okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
         if BITMAP:
             # keys are bit positions: the bitmap's set of cleared bits is the output set, in key order
