@@ -54,13 +54,29 @@ which differs between runs for every implementation alike (L1 torch.compile [gra
 in one H200 run, 0.027 in another); the L1 forward kernel's own time is printed from the
 profiler (``L1 fwd: ... GPU µs``), the autotuner's back-to-back graph timing with the configs. ``floor`` = bytes that must move (inputs once, outputs once) / 4.3 TB/s;
 ``of_floor`` = floor / median.
+
+Steady-state rows ``<impl> (fwd) [graph xK steady]`` and ``<impl> (fwd+bwd) [graph xK steady]``
+(``common.bench_steady``): the per-call GPU time of the op when K calls run back to back in ONE
+CUDA graph, i.e. what a captured model pays per call (kernels + ≈ 1 µs per graph node, the
+replay's launch latency spread over K calls). The inputs rotate so that no call is served by the
+L2 cache: call i works on its own copy i of x (L1-L3; of dy and the x/weight/bias leaves for
+fwd+bwd; weight/bias shared in fwd) or of values, crow and the row ids (Q1; and dy), K the smallest
+count whose K calls touch (inputs + outputs) at least ``STEADY_L2_FACTOR`` (3) times the L2 (50 MB on
+the H200), at least ``STEADY_MIN_K`` (8: the ≈ 10-20 µs replay latency / 8 per call) and at most
+``STEADY_MAX_K`` (32); K and the working sets are printed and in the notes (``steady_state``),
+with each row's one-replay time and the per-call time of ``STEADY_REP`` replays queued back to
+back (launch latency hidden). Rows for L1-L3: torch eager, pcops triton (the public op),
+torch.compile (the function the other rows compiled); Q1: torch segment softmax, pcops triton,
+pcops cuda (``pcops.sparse_softmax(backend=...)``). fwd+bwd calls are those of the other fwd+bwd
+rows (``grad_step``: grads reset to None, ``y.backward(dy)``). Ratios: baseline (torch eager,
+segment softmax) steady / this steady; floors per call as the other rows.
 """
 import time
 
 import torch
 import torch.nn.functional as F
 
-from common import bench, gpu_activities, parse_args, report, row
+from common import bench, bench_steady, gpu_activities, parse_args, report, row
 
 import pcops
 from pcops.triton import fused as tri
@@ -68,6 +84,14 @@ from pcops.triton import fused as tri
 BANDWIDTH = 4.3e12  # bytes/s, the measured H200 copy bandwidth of WORKLOADS.md
 LN_WORKLOADS = [("L1", 4096, 768, torch.float32), ("L2", 131072, 256, torch.bfloat16), ("L3", 131072, 64, torch.float32)]
 Q1_ROWS = 120000
+# steady-state rows ([graph xK steady]): K calls on K rotating input copies in one CUDA graph,
+# K the smallest count whose working set (inputs + outputs of the K calls) is STEADY_L2_FACTOR
+# times the L2 cache, at least STEADY_MIN_K (spreads the replay's launch latency, ≈ 10-20 µs,
+# over that many calls), at most STEADY_MAX_K
+STEADY_L2_FACTOR = 3
+STEADY_MIN_K = 8
+STEADY_MAX_K = 32
+STEADY_REP = 50
 
 
 def torch_ln_gelu(x, w, b):
@@ -117,6 +141,118 @@ def count_launches(wl, fns):
     return out
 
 
+def grad_step(fn, leaves, dy, accumulate=False):
+    """One fwd+bwd call: ``fn().backward(dy)``, the ``leaves``' ``.grad`` reset to None first
+    unless ``accumulate`` (``optimizer.zero_grad(set_to_none=True)``); every fwd+bwd row uses it."""
+
+    def run():
+        if not accumulate:
+            for t in leaves:
+                t.grad = None
+        fn().backward(dy)
+
+    return run
+
+
+def l2_bytes():
+    """The GPU's L2 cache in bytes (50 MB on the H200; 50 MiB when the property is missing)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+
+def steady_k(bytes_per_call, l2):
+    """Calls per graph of the steady rows: the smallest K with K · bytes_per_call ≥
+    STEADY_L2_FACTOR · l2, clamped to [STEADY_MIN_K, STEADY_MAX_K]."""
+    k = -(-STEADY_L2_FACTOR * l2 // max(1, bytes_per_call))  # ceiling division
+    return int(min(STEADY_MAX_K, max(STEADY_MIN_K, k)))
+
+
+def steady_plan(wl, k, l2, fwd_bytes, fb_bytes):
+    """Prints and returns K and the working sets of one workload's steady rows."""
+    info = {"K": k, "l2_bytes": l2, "fwd_bytes_per_call": fwd_bytes, "fwd+bwd_bytes_per_call": fb_bytes,
+            "fwd_working_set_MB": k * fwd_bytes / 1e6, "fwd+bwd_working_set_MB": k * fb_bytes / 1e6}
+    print(f"{wl}: steady rows: K = {k} calls per graph on {k} input copies; working set (inputs + outputs) "
+          f"fwd {k * fwd_bytes / 1e6:.0f} MB, fwd+bwd {k * fb_bytes / 1e6:.0f} MB "
+          f"({k * fwd_bytes / l2:.1f}x / {k * fb_bytes / l2:.1f}x the {l2 / 1e6:.0f} MB L2)")
+    if k * fwd_bytes < STEADY_L2_FACTOR * l2:
+        print(f"{wl}: steady rows: working set below {STEADY_L2_FACTOR}x L2 at K = STEADY_MAX_K "
+              f"(inputs partly served from L2)")
+    return info
+
+
+def steady_rows(rows, wl, label, k, impls, make_fns, floor_ms, items, info):
+    """Rows ``<impl> <label> [graph x<k> steady]``: ``bench_steady(make_fns(f))`` for each
+    ``impls`` entry (name -> op function), ``make_fns`` giving the K callables on the K input
+    copies; ratios to the first implementation that ran (the baseline, same K and rotation)."""
+    t0 = time.perf_counter()
+    base = None
+    for impl, f in impls.items():
+        name = f"{impl} {label} [graph x{k} steady]"
+        try:
+            t = bench_steady(make_fns(f), rep=STEADY_REP)
+        except Exception as e:  # reported, not fatal
+            print(f"{wl} {name}: {type(e).__name__}: {e}")
+            continue
+        base = base or t
+        rows.append(row(wl, name, t, items=items, unit="rows/s", baseline=base, floor_ms=floor_ms,
+                        of_floor=floor_ms / t["median_ms"]))
+        print(f"{wl} {name}: {t['median_ms']:.4f} ms per call (one replay of {k} calls {t['graph_ms_median']:.4f} ms; "
+              f"{STEADY_REP} replays back to back {t['back_to_back_ms']:.4f} ms per call)")
+        info[f"{impl} {label}"] = {"ms_per_call": t["median_ms"], "graph_ms_median": t["graph_ms_median"],
+                                   "back_to_back_ms_per_call": t["back_to_back_ms"]}
+    info["wall_s"] = info.get("wall_s", 0.0) + time.perf_counter() - t0
+
+
+def bench_ln_steady(rows, wl, x, w, b, dy, impls, fwd_floor, fb_floor, notes):
+    """Steady-state rows of one LayerNorm+GELU workload: each implementation ``f(x, w, b)`` of
+    ``impls`` (fwd, then fwd+bwd through ``grad_step``) on K rotating copies of x (and dy and
+    the leaves for fwd+bwd; weight/bias shared in fwd); fills ``notes[wl]``."""
+    m, n = x.shape
+    size = x.element_size()
+    fwd_bytes = (2 * m * n + 2 * n) * size  # x read, y written (+ weight, bias)
+    fb_bytes = (4 * m * n + 4 * n) * size  # x, dy read, y, dx written (+ weight, bias, their grads)
+    l2 = l2_bytes()
+    k = steady_k(fwd_bytes, l2)
+    info = steady_plan(wl, k, l2, fwd_bytes, fb_bytes)
+    xs = [x.clone() for _ in range(k)]
+    steady_rows(rows, wl, "(fwd)", k, impls, lambda f: [lambda xi=xi: f(xi, w, b) for xi in xs], fwd_floor, m, info)
+    del xs
+    leaves = [tuple(t.clone().requires_grad_(True) for t in (x, w, b)) for _ in range(k)]
+    dys = [dy.clone() for _ in range(k)]
+    steady_rows(rows, wl, "(fwd+bwd)", k, impls,
+                lambda f: [grad_step(lambda lv=lv: f(*lv), lv, d) for lv, d in zip(leaves, dys)], fb_floor, m, info)
+    notes[wl] = info
+
+
+def bench_q1_steady(rows, values, crow, row_ids, dy, fwd_floor, fb_floor, notes):
+    """Steady-state rows of Q1: segment softmax (baseline), pcops triton, pcops cuda, fwd and
+    fwd+bwd (``grad_step``), each call on its own copy of values, crow and row ids (and dy);
+    fills ``notes["Q1"]``."""
+    wl = "Q1"
+    nnz = values.numel()
+    crow_bytes = crow.numel() * crow.element_size()
+    fwd_bytes = 2 * nnz * values.element_size() + crow_bytes  # values read, y written, crow read
+    fb_bytes = 4 * nnz * values.element_size() + crow_bytes  # + dy read, dvalues written
+    l2 = l2_bytes()
+    k = steady_k(fwd_bytes, l2)
+    info = steady_plan(wl, k, l2, fwd_bytes, fb_bytes)
+    impls = {  # f(values, crow, row_ids), the order and names of the Q1 fwd+bwd rows
+        "torch segment softmax": lambda v, c, r: segment_softmax(v, r, Q1_ROWS),
+        "pcops triton": lambda v, c, r: pcops.sparse_softmax(v, c, backend="triton"),
+        "pcops cuda": lambda v, c, r: pcops.sparse_softmax(v, c, backend="cuda"),
+    }
+    structure = [(crow.clone(), row_ids.clone()) for _ in range(k)]
+    vs = [values.clone() for _ in range(k)]
+    steady_rows(rows, wl, "(fwd)", k, impls, lambda f: [lambda v=v, s=s: f(v, *s) for v, s in zip(vs, structure)],
+                fwd_floor, Q1_ROWS, info)
+    vrs = [values.clone().requires_grad_(True) for _ in range(k)]
+    dys = [dy.clone() for _ in range(k)]
+    steady_rows(rows, wl, "(fwd+bwd)", k, impls,
+                lambda f: [grad_step(lambda v=v, s=s: f(v, *s), (v,), d) for v, s, d in zip(vrs, structure, dys)],
+                fb_floor, Q1_ROWS, info)
+    notes[wl] = info
+
+
 # the default backward sweep (each variant one compilation on a host that compiles slowly): L2
 # only (L1 and L3 have no backward goals), without the old prefetch variants (three H200 runs,
 # never ahead of "tiled") and "tiled-async3" (between "tiled" and "tiled-async4")
@@ -138,7 +274,7 @@ def _same_as_another(variant, dtype, wl, sweep_default):
 
 
 def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant_notes=None, fwd_notes=None,
-                     sweep_default=False, fwd_everything=False):
+                     sweep_default=False, fwd_everything=False, steady=None):
     compiled = torch.compile(torch_ln_gelu, dynamic=False) if compile_baseline else None
     for wl, m, n, dtype in LN_WORKLOADS:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -168,12 +304,7 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant
         xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
 
         def fwd_bwd(f, accumulate=False):
-            def run():
-                if not accumulate:
-                    xr.grad = wr.grad = br.grad = None  # zero_grad(set_to_none=True)
-                f(xr, wr, br).backward(dy)
-
-            return run
+            return grad_step(lambda: f(xr, wr, br), (xr, wr, br), dy, accumulate)
 
         fb = {"torch eager": fwd_bwd(torch_ln_gelu), "pcops triton": fwd_bwd(pcops_ln_gelu)}
         if compiled is not None:
@@ -184,6 +315,11 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, variants=(), variant
             base = base or t
         graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)", fwd_bwd(pcops_ln_gelu, accumulate=True), rep,
                   fb_floor, m, (base or {}).get(True))
+        if steady is not None:  # the same implementations (torch.compile: the function compiled above)
+            impls = {"torch eager": torch_ln_gelu, "pcops triton": pcops_ln_gelu}
+            if compiled is not None:
+                impls["torch.compile"] = compiled
+            bench_ln_steady(rows, wl, x, w, b, dy, impls, fwd_floor, fb_floor, steady)
         config = getattr(tri._layer_norm_gelu_fwd_tuned, "best_config", None)
         print(f"{wl}: autotuned forward config {config}")
         launches[wl] = {"fwd_config": str(config)}
@@ -338,7 +474,7 @@ def bench_bwd_variants(rows, rep, wl, x, w, b, dy, fb_base, variants, notes):
     notes[wl] = info
 
 
-def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,)):
+def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,), steady=None):
     torch.manual_seed(0)
     lengths = torch.randint(1, 65, (Q1_ROWS,))
     crow = torch.zeros(Q1_ROWS + 1, dtype=torch.int64)
@@ -371,12 +507,7 @@ def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,)):
     dy = torch.randn(nnz, device="cuda")
 
     def fwd_bwd(f, accumulate=False):
-        def run():
-            if not accumulate:
-                vr.grad = None  # zero_grad(set_to_none=True), as the LayerNorm rows
-            f().backward(dy)
-
-        return run
+        return grad_step(f, (vr,), dy, accumulate)
 
     fb = {
         "torch segment softmax": fwd_bwd(lambda: segment_softmax(vr, row_ids, Q1_ROWS)),
@@ -390,6 +521,8 @@ def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,)):
     graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)",
               fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton"), accumulate=True), rep, fb_floor,
               Q1_ROWS, (base or {}).get(True))
+    if steady is not None:
+        bench_q1_steady(rows, values, crow, row_ids, dy, fwd_floor, fb_floor, steady)
     # Triton grouped rows with the group width the op does not pick (--csr-sub), then the CUDA C++
     # group shapes (pcops.cuda.sparse_softmax.VARIANTS); kernels called directly
     auto_sub = tri._group_shape(Q1_ROWS, nnz)[0]
@@ -446,7 +579,8 @@ def main():
     rows = []
     t0 = time.perf_counter()
     launches = {}
-    bench_sparse_softmax(rows, rep, launches, tuple(int(v) for v in known.csr_sub.split(",") if v))
+    steady = {}
+    bench_sparse_softmax(rows, rep, launches, tuple(int(v) for v in known.csr_sub.split(",") if v), steady=steady)
     t1 = time.perf_counter()
     known_variants = [*tri.BWD_VARIANTS, "rowrange"]
     if known.bwd_variants == "all":
@@ -464,7 +598,7 @@ def main():
     fwd_notes = None if known.fwd_variants == "none" else {}
     bench_layer_norm(rows, rep, compile_baseline=not known.no_compile, launches=launches, variants=variants,
                      variant_notes=variant_notes, fwd_notes=fwd_notes, sweep_default=known.bwd_variants == "default",
-                     fwd_everything=known.fwd_variants == "all")
+                     fwd_everything=known.fwd_variants == "all", steady=steady)
     t2 = time.perf_counter()
     notes = {
         "bandwidth_for_floor": BANDWIDTH,
@@ -474,6 +608,19 @@ def main():
         "fwd+bwd": "leaves' .grad reset to None before each call (zero_grad(set_to_none=True)); "
                    "'accumulate' rows keep them (autograd adds dx into x.grad)",
         "launches_per_call": launches,
+        "steady_state": {
+            "what": "'[graph xK steady]' rows: K calls back to back in ONE CUDA graph, each on its own copy of "
+                    "the inputs (x, or values + crow + row ids; dy and the leaves for fwd+bwd; LayerNorm weight/"
+                    "bias shared in fwd), K the smallest count >= %d (<= %d) whose K calls touch >= %dx the L2 "
+                    "(inputs + outputs), so no call finds its inputs in L2; median/min/max are one replay / K, "
+                    "i.e. what a captured pipeline pays per call (kernels + ~1 us per graph node + the replay's "
+                    "launch latency / K); graph_ms_median: one replay; back_to_back_ms: %d replays queued "
+                    "between two events, per call (launch latency hidden). Baselines get the same K and "
+                    "rotation; x base = baseline steady / this steady. The [graph] rows above them are one "
+                    "replay of one call on the same tensors, mostly launch latency for µs-scale kernels."
+                    % (STEADY_MIN_K, STEADY_MAX_K, STEADY_L2_FACTOR, STEADY_REP),
+            **steady,
+        },
     }
     if fwd_notes is not None:
         notes["fwd_variants"] = {

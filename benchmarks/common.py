@@ -76,6 +76,76 @@ def bench(fn, *, warmup: int = 10, rep: int = 100, graph: bool = False) -> dict:
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": rep}
 
 
+def bench_steady(fns, *, warmup: int = 5, rep: int = 50) -> dict:
+    """Steady-state GPU time per call of K calls run back to back in one CUDA graph.
+
+    ``fns`` is a list of K zero-argument callables, each working on its own input tensors
+    (typically the same op on K distinct copies of its inputs). They are warmed up on a side
+    stream (3 rounds of all K, as ``bench(graph=True)`` does: compilation, autotuning, lazy
+    allocations happen outside the capture), then all K calls are captured in ONE
+    ``torch.cuda.CUDAGraph`` and ``rep`` replays are timed, each between two CUDA events and a
+    synchronisation, after ``warmup`` untimed replays. The values each call returns are kept
+    alive during the capture, so every call writes its own output memory, as the layers of a
+    captured model do (dropped at once, the next call could reuse the same block).
+
+    What it measures: what a captured pipeline pays per call of the op, i.e. the kernels' time
+    plus ≈ 1 µs per graph node, with the replay's own launch latency (the host submitting the
+    graph, ≈ 10-20 µs seen by the events; all of a one-call ``bench(graph=True)`` row of a
+    µs-scale kernel) spread over K calls (≈ launch / K per call, left in). ``back_to_back_ms``
+    is the other bound: ``rep`` replays queued between one pair of events, per call; when a
+    replay takes longer than the host needs to submit the next, the launch latency overlaps
+    the previous replay and this is the GPU time alone.
+
+    Why the inputs must rotate: K calls on the SAME tensors would read x from the L2 cache
+    (50 MB on the H200) from the second call on whenever inputs + outputs fit, which no real
+    pipeline gets (each layer reads what the previous one wrote, once). Give each callable its
+    own copies and choose K so that the bytes the K calls touch (inputs + outputs) are several
+    times the L2 size: then each call finds its inputs evicted by the K - 1 calls before it.
+
+    Returns the keys of ``bench`` (``median_ms``/``min_ms``/``max_ms`` per call: the replay's
+    time divided by K; ``runs`` = ``rep``) plus ``calls_per_graph`` (K), ``graph_ms_median``
+    (one replay, undivided) and ``back_to_back_ms`` (per call).
+    """
+    fns = list(fns)
+    k = len(fns)
+    if k == 0:
+        raise ValueError("fns: expected at least one callable, got an empty list")
+    if rep < 1:
+        raise ValueError(f"rep: expected >= 1, got {rep}")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [fn() for fn in fns]  # kept: each call's output stays allocated (own memory)
+    for _ in range(warmup):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(rep):
+        g.replay()
+    end.record()
+    end.synchronize()
+    back_to_back = start.elapsed_time(end) / (rep * k)
+    del outs
+    median = statistics.median(times)
+    return {"median_ms": median / k, "min_ms": min(times) / k, "max_ms": max(times) / k, "runs": rep,
+            "calls_per_graph": k, "graph_ms_median": median, "back_to_back_ms": back_to_back}
+
+
 def bench_cpu(fn, *, warmup: int = 2, rep: int = 10) -> dict:
     """Wall-clock timing for CPU paths (perf_counter), same keys as ``bench``."""
     import time
