@@ -13,8 +13,10 @@ issue quotes mmcv on the same H200 class: random-order 0.73 / 1.36 ms, determini
 (V1 / V2).
 
 pcops rows: eager variable-size form (one host sync for M), eager ``pad_to_max=True`` (no sync)
-and the same fixed-capacity form replayed from a CUDA graph. Launches: a fill + 2 Triton
-kernels (hard), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
+and the same fixed-capacity form replayed from a CUDA graph. Launches: a fill, the main kernel,
+a ``torch.cumsum`` of the per-voxel counts, the scatter kernel and the rows kernel (hard, clouds
+below ``_CSR_MAX_N`` points: the CSR mode), a fill + 2 Triton kernels (hard, bigger clouds: ranked
+lists), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
 loader path; goal <= 5 ms on V1): without CUDA the script measures only these CPU rows.
 
 Variant rows (``--no-sweep`` skips them): the graph-replayed ``pad_to_max`` form of V1 / V2 (hard
@@ -48,9 +50,14 @@ def make_big(scan):
 HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72fc0f0 dropped the slower ones:
     # 2048/32, 4096/32 points/warps, rows 32/4 and 64/8, the first-point wait)
     "main 1024/8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
-    "no watermark": dict(_WATERMARK=False),
-    "run table": dict(_RANK_TABLE=True),
-    "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False),
+    "main 512/8": dict(_MAIN_CONFIG={"hard": ((512, 8),) * 2, "dynamic": ((1024, 16),) * 2}),
+    "main 2048/16": dict(_MAIN_CONFIG={"hard": ((2048, 16),) * 2, "dynamic": ((1024, 16),) * 2}),
+    "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
+    "rows 8/2": dict(_ROWS_CONFIG=(8, 2)),
+    "csr always": dict(_CSR_MAX_N=10**12),  # V2 too (its default: the ranked lists)
+    "lists": dict(_CSR_MAX_N=0),  # sorted in-block ranks into per-voxel lists (V1's default before the CSR mode)
+    "lists, run table": dict(_RANK_TABLE=True, _CSR_MAX_N=0),
+    "lists, cascade": dict(_RANK_TABLE=False, _RANK_SORT=False, _CSR_MAX_N=0),
 }
 DYNAMIC_VARIANTS = ("main 1024/8",)
 
@@ -188,7 +195,8 @@ def main():
     report(rows, "voxelize", args.out, notes={
         "scan": source, "big_points": big.shape[0],
         "goals_ms": {"V1": 0.060, "V2": 0.250, "dynamic V1": 0.060, "V1 CPU": 5.0},
-        "launches": {"hard": "fill + 2 Triton (+1 host sync and its copy in the variable-size form)",
+        "launches": {"hard": "fill + main + cumsum + scatter + rows below _CSR_MAX_N points, else fill + 2 Triton "
+                              "(+1 host sync and its copy in the variable-size form)",
                      "dynamic": "fill + 1 Triton + 1 subtraction (+1 host sync in the variable-size form)"},
         "profiled_gpu_ops_per_call": launches,
         "cpu_self_us_per_call": cpu_ops,

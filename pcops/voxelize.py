@@ -5,11 +5,15 @@ Deterministic at hash-table speed: on the GPU an open-addressing hash table on t
 voxel key gives every occupied voxel its first point (``atomic_max`` on an encoded index);
 voxels are numbered in first-point order by a prefix sum over "first point of its voxel"
 flags (a single-pass decoupled look-back scan, segmented by sample), and each voxel keeps its
-``max_points_per_voxel`` lowest point indices in a per-voxel list filled by ``atomic_max``
-insertion, whose final state does not depend on the order of the atomics: a point starts at
-its rank among its block's points (an in-block sort) plus the earlier blocks' points it sees in
-the list, and passes a smaller index on when it displaces one (see ``pcops.triton.voxelize``;
-per-voxel tables of the earliest blocks' run counts give exact ranks as a selectable variant).
+``max_points_per_voxel`` lowest point indices. Scan-sized clouds (below
+``pcops.triton.voxelize._CSR_MAX_N`` points) count each voxel's points with one atomic per point,
+lay them out as CSR segments (one ``torch.cumsum`` of the counts, one scatter kernel) and keep
+the lowest indices of each segment by a sort in the rows kernel; bigger clouds fill per-voxel
+lists by ``atomic_max`` insertion, whose final state does not depend on the order of the atomics:
+a point starts at its rank among its block's points (an in-block sort) plus the earlier blocks'
+points it sees in the list, and passes a smaller index on when it displaces one (see
+``pcops.triton.voxelize``; per-voxel tables of the earliest blocks' run counts give exact ranks
+as a selectable variant).
 Output is bit-identical to the CPU reference (``pcops/reference/voxelize.py``) and run to run.
 """
 from __future__ import annotations

@@ -398,15 +398,17 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
                             pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
-RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK, _RANK_TABLE)
-    "sort": (True, True, False, False, True, False),
-    "sort-wait-first": (True, True, False, True, True, False),
-    "sort-no-seen": (True, False, False, False, True, False),  # start at the in-block rank: earlier blocks' values cascade ours
-    "sort-key64": (True, True, True, False, True, False),
-    "cascade": (False, True, False, False, True, False),
-    "no-watermark": (True, True, False, False, False, False),  # every block reads all earlier "inserted" flags
-    "table": (True, True, False, False, True, True),
-    "table-key64-no-watermark": (True, True, True, False, False, True),
+RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK, _RANK_TABLE, _CSR_MAX_N)
+    "csr": (True, True, False, False, True, False, 10**9),  # the default below _CSR_MAX_N points
+    "csr-no-watermark": (True, True, False, False, False, False, 10**9),
+    "sort": (True, True, False, False, True, False, 0),
+    "sort-wait-first": (True, True, False, True, True, False, 0),
+    "sort-no-seen": (True, False, False, False, True, False, 0),  # start at the in-block rank: earlier blocks' values cascade ours
+    "sort-key64": (True, True, True, False, True, False, 0),
+    "cascade": (False, True, False, False, True, False, 0),
+    "no-watermark": (True, True, False, False, False, False, 0),  # every block reads all earlier "inserted" flags
+    "table": (True, True, False, False, True, True, 0),
+    "table-key64-no-watermark": (True, True, True, False, False, True, 0),
 }
 
 
@@ -417,7 +419,8 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
     """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops;
     each way of ranking the points in their voxels."""
     tri = small_blocks
-    for name, value in zip(("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK", "_RANK_TABLE"), RANK_MODES[mode]):
+    names = ("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK", "_RANK_TABLE", "_CSR_MAX_N")
+    for name, value in zip(names, RANK_MODES[mode]):
         monkeypatch.setattr(tri, name, value)
     pts = random_cloud(250, seed=p)
     vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
@@ -516,8 +519,9 @@ def test_gpu_kitti(kitti_dir):
 
 
 GPU_VARIANTS = {  # pcops.triton.voxelize attributes (the benchmark times these); few, for compile time
-    "table": dict(_RANK_TABLE=True),
-    "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False),
+    "lists": dict(_CSR_MAX_N=0),  # ranked lists (sorted in-block ranks), the default from _CSR_MAX_N points
+    "table": dict(_RANK_TABLE=True, _CSR_MAX_N=0),
+    "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False, _CSR_MAX_N=0),
     "no-watermark": dict(_WATERMARK=False),
     "main-1024-8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
 }
@@ -544,11 +548,11 @@ def test_gpu_block_races():
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_table_variant(monkeypatch):
-    """The run-table ranking (a candidate default) under the same races."""
+def test_gpu_lists_variant(monkeypatch):
+    """The ranked lists (the default from _CSR_MAX_N points) under the same races."""
     from pcops.triton import voxelize as tri
 
-    monkeypatch.setattr(tri, "_RANK_TABLE", True)
+    monkeypatch.setattr(tri, "_CSR_MAX_N", 0)
     _race_cases()
 
 
@@ -627,22 +631,27 @@ def compile_(fn, types, constexprs, num_warps, ones=()):
     triton.compile(ASTSource(fn, sig, constexprs), target=target, options={"num_warps": num_warps})
 
 
-main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 10 + ["*i64", "*i32"] + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
-for hl, hard, seg, pb, bmax, ones, rank_sort, key64, table in [
-        (True, True, True, 32, 4, (), True, False, False), (True, True, True, 32, 4, (), False, False, False),
-        (False, True, False, 8, 0, (), True, True, False), (False, False, False, 1, 0, (), False, False, False),
-        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, False),
-        (True, False, False, 1, 0, (), False, False, False), (False, True, False, 32, 0, (), True, False, True),
-        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, True)]:
+main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 10 + ["*i64"] + ["*i32"] * 4 + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
+for hl, hard, seg, pb, bmax, ones, rank_sort, key64, table, csr in [
+        (True, True, True, 32, 4, (), True, False, False, False), (True, True, True, 32, 4, (), False, False, False, False),
+        (False, True, False, 8, 0, (), True, True, False, False), (False, False, False, 1, 0, (), False, False, False, False),
+        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, False, False),
+        (True, False, False, 1, 0, (), False, False, False, False), (False, True, False, 32, 0, (), True, False, True, False),
+        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, True, False),
+        (False, True, False, 32, 0, (), False, False, False, True), (True, True, True, 8, 4, (), False, False, False, True),
+        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), False, False, False, True)]:
     compile_(tri._voxelize_kernel, main_types, dict(HAS_LENGTHS=hl, HARD=hard, SEGMENTED=seg, PB=pb, BLOCK=1024,
              LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax, RANK_SORT=rank_sort, KEY64=key64,
-             SEEN=True, WAIT_FIRST=True, WATERMARK=True, TABLE=table, CBITS=pb.bit_length() + 1), 16, ones)
-rows_types = ["*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6 + ["i32"] * 3
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True), 4)
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True), 8)
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0, C_EXACT=False), 4)
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False), 4,
-         ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
+             SEEN=True, WAIT_FIRST=True, WATERMARK=True, TABLE=table, CBITS=pb.bit_length() + 1, CSR=csr), 16, ones)
+rows_types = (["*fp32"] + ["*i32"] * 6 + ["*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6
+              + ["i32"] * 3)
+for csr in (False, True):
+    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True, CSR=csr), 4)
+    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0, C_EXACT=False, CSR=csr), 4)
+    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False, CSR=csr), 4,
+             ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True, CSR=False), 8)
+compile_(tri._voxel_scatter_kernel, ["*i32"] * 5 + ["i32"], dict(BLOCK=1024), 4)
 print("compiled")
 """
 

@@ -1,6 +1,14 @@
 """Triton kernels for deterministic voxelization (hard FCFS and dynamic) on a GPU hash table.
 
-Hard voxelization is one fill and two launches (dynamic: one fill and one launch):
+Hard voxelization of clouds below ``_CSR_MAX_N`` points (the CSR mode, the default for scans) is
+one fill, the main kernel (2 a-b below, then one ``atomic_add`` per point on its voxel's count,
+which gives the point an arrival position), one ``torch.cumsum`` of the counts (segment
+offsets), ``_voxel_scatter_kernel`` (each point to its position in its voxel's CSR segment) and
+``_voxel_rows_kernel`` (3 below, its lowest ``max_points_per_voxel`` indices from a sort of the
+segment's first ``PB`` entries merged with each further ``PB``): no ranking, waits or cascades
+in the main kernel. Bigger clouds (whose dense voxels would make the rows kernel loop), and the
+CSR mode's predecessor, rank the points in the main kernel instead: one fill and two launches
+(dynamic: one fill and one launch):
 
 1. ``torch.full(-1)`` of one int32 work buffer: the hash table (int64 keys, encoded first
    point, voxel row per slot), scan descriptors, per-sample counters and the per-voxel
@@ -60,6 +68,8 @@ _MAIN_CONFIG = {"hard": ((1024, 16), (1024, 16)), "dynamic": ((1024, 16), (1024,
 _BIG_N = 400_000
 # descriptors read per look-back / wait step
 _LOOKBACK = 128
+# CSR scatter kernel: points per program
+_SCATTER_BLOCK = 1024
 # rows kernel launch configuration: (output rows per program, warps)
 _ROWS_CONFIG = (16, 4)
 # hard mode: in-block point ranks from a sort of (voxel, lane) keys (True) or the plain cascade
@@ -73,6 +83,12 @@ _WAIT_FIRST = False
 # cascades of blocks racing on a voxel.) Off by default until measured on the H200: the
 # benchmark's "run table" row and tests/test_voxelize.py::test_gpu_table_variant exercise it.
 _RANK_TABLE = False
+# hard mode for clouds below this many points: no ranking in the main kernel, only an arrival
+# position per point; a scatter kernel lays each voxel's points out as a CSR segment (offsets from
+# one torch.cumsum) and the rows kernel keeps the max_points smallest indices of each segment (a
+# sort of PB entries, plus a merge per further PB for the few larger voxels). Bigger clouds keep the
+# ranked lists (_RANK_SORT / _RANK_TABLE), whose rows kernel needs no merge loop for dense voxels.
+_CSR_MAX_N = 400_000
 # the "inserted" wait reads flags from a shared watermark on (False: from block 0)
 _WATERMARK = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
@@ -142,6 +158,9 @@ def _voxelize_kernel(
     flags2_ptr,  # (G,) int32 "run table inserted" flag per block, -1 = not yet (TABLE only)
     p2v_ptr,  # (N,) int64 point_to_voxel: -1 (HARD: rows kernel fills the kept ones) / row
     coords_ptr,  # (N, 4) int32 (b, z, y, x) per voxel row (dynamic only)
+    cnt_ptr,  # (B * S,) int32 points per list row minus one, starts at -1 (CSR only)
+    lrb_ptr,  # (N,) int32 list row of each kept-voxel point, -1 none (CSR only)
+    posb_ptr,  # (N,) int32 arrival position of the point in its list row (CSR only)
     num_points, num_channels, batch_size, cap,
     x_lo, y_lo, z_lo, x_hi, y_hi, z_hi,  # point_cloud_range, float32
     vx, vy, vz,  # voxel_size, float32
@@ -163,6 +182,7 @@ def _voxelize_kernel(
     WATERMARK: tl.constexpr,  # the "inserted" wait starts at a shared watermark (else at block 0)
     TABLE: tl.constexpr,  # HARD: exact ranks from per-voxel tables of the earliest runs (see _RANK_TABLE)
     CBITS: tl.constexpr,  # TABLE: bits of a run's point count in a table entry
+    CSR: tl.constexpr,  # HARD: count the voxels' points (arrival order) for the CSR lists instead of ranking them
 ):
     t = tl.atomic_add(ticket_ptr, 1) + 1  # block ticket: blocks are processed in start order
     lane = tl.arange(0, BLOCK)
@@ -314,7 +334,17 @@ def _voxelize_kernel(
         # larger than ours proves j + 1 larger values; s >= max_points drops the point at once.
         keep = valid & (row >= 0)
         dropped_v = valid & (row == -2)  # voxel dropped by max_voxels
-        if TABLE:
+        if CSR:
+            # no ranking here: each point takes an arrival position in its voxel (counts start at
+            # -1); the scatter kernel lays the voxels' points out as CSR rows and the rows kernel
+            # keeps the max_points smallest indices of each. Whatever the arrival order, exactly
+            # count - max_points points of a voxel drop, so the drop counts are exact here.
+            lr_c = tl.where(keep, b * list_stride + row, 0)
+            pos = tl.atomic_add(cnt_ptr + lr_c, 1, mask=keep) + 1
+            tl.store(lrb_ptr + p, tl.where(keep, lr_c, -1), mask=live)
+            tl.store(posb_ptr + p, pos, mask=keep)
+            carrying = keep & (pos >= max_points)
+        elif TABLE:
             # exact ranks, no cascade of points: rank = (points of the voxel in earlier blocks) +
             # (rank among this block's points of the voxel, from a sort of (list row, lane)).
             # The first term comes from the voxel's run table: each block enters one entry per
@@ -464,7 +494,7 @@ def _voxelize_kernel(
                 snap = tl.load(lst[:, None] + jj[None, :], mask=keep[:, None] & (jj < max_points)[None, :], other=-1,
                                volatile=True)
                 pos = tl.maximum(pos, tl.max(tl.where(snap > x[:, None], jj[None, :] + 1, 0), axis=1))
-        if not TABLE:
+        if not TABLE and not CSR:
             carrying = cand  # still holds a value that is not in the list
             act = carrying & (pos < max_points)
             while tl.max(act.to(tl.int32), axis=0) > 0:
@@ -494,11 +524,36 @@ def _voxelize_kernel(
 
 
 @triton.jit
+def _voxel_scatter_kernel(
+    lrb_ptr,  # (N,) int32 list row of each kept-voxel point, -1 none
+    posb_ptr,  # (N,) int32 arrival position of the point in its list row
+    cnt_ptr,  # (B * S,) int32 points per list row minus one
+    csum_ptr,  # (B * S,) int32 inclusive cumulative sum of cnt
+    seg_ptr,  # (N,) int32 out: the points of list row l at [start(l), start(l) + count(l)), arrival order
+    num_points,
+    BLOCK: tl.constexpr,
+):
+    """CSR mode: every point of a kept voxel to its arrival position in its voxel's segment.
+    ``start(l) = csum[l] + l - cnt[l]``: the counts are stored minus one, so the inclusive sum of
+    the true counts up to ``l`` is ``csum[l] + l + 1``."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = p < num_points
+    lr = tl.load(lrb_ptr + p, mask=live, other=-1)
+    m = live & (lr >= 0)
+    pos = tl.load(posb_ptr + p, mask=m, other=0)
+    start = tl.load(csum_ptr + lr, mask=m, other=0) + lr - tl.load(cnt_ptr + lr, mask=m, other=0)
+    tl.store(seg_ptr + start + pos, p, mask=m)
+
+
+@triton.jit
 def _voxel_rows_kernel(
     points_ptr,  # (N, C) contiguous
     stats_ptr,  # (2, B) int32 per-sample voxel counts before / after (from the main kernel)
     drop_ptr,  # (B,) int32 dropped-point counters (start at -1)
-    lists_ptr,  # (B * S, PB) int32 per-voxel lists of N - 1 - p
+    lists_ptr,  # (B * S, PB) int32 per-voxel lists of N - 1 - p (not CSR)
+    cnt_ptr,  # (B * S,) int32 points per list row minus one (CSR only)
+    csum_ptr,  # (B * S,) int32 inclusive cumulative sum of cnt (CSR only)
+    seg_ptr,  # (N,) int32 the list rows' points, CSR segments in arrival order (CSR only)
     voxels_ptr,  # (R, P, C) output
     coords_ptr,  # (R, 4) int32 output
     npts_ptr,  # (R,) int32 output
@@ -515,6 +570,7 @@ def _voxel_rows_kernel(
     SB: tl.constexpr,
     BMAX: tl.constexpr,  # as in _voxelize_kernel
     C_EXACT: tl.constexpr,  # num_channels == CB: a constant row stride (vector loads and stores)
+    CSR: tl.constexpr,  # the voxels' points come from CSR segments (arrival order) instead of ranked lists
 ):
     pid = tl.program_id(0)
     if C_EXACT:
@@ -549,9 +605,29 @@ def _voxel_rows_kernel(
     lrow = (b.to(tl.int64) * list_stride + (r - base)).to(tl.int64)
 
     jj = tl.arange(0, PB)
-    e = tl.load(lists_ptr + lrow[:, None] * PB + jj[None, :], mask=real[:, None] & (jj < max_points)[None, :], other=-1)
-    has = e >= 0
-    pidx = (num_points - 1 - e).to(tl.int64)
+    if CSR:
+        # the max_points smallest point indices of the segment, ascending: sort the first PB, then
+        # merge each further chunk of PB (sort both, keep the lower half); padding sorts last
+        big = 2147483647
+        c = tl.load(cnt_ptr + lrow, mask=real, other=-1) + 1
+        start = tl.load(csum_ptr + lrow, mask=real, other=0) + lrow + 1 - c
+        seg = seg_ptr + start[:, None] + jj[None, :]
+        best = tl.sort(tl.load(seg, mask=jj[None, :] < c[:, None], other=big), dim=1)
+        c_max = tl.max(c, axis=0)
+        k = pid * 0 + PB
+        while k < c_max:  # only programs holding a voxel of more than PB points
+            chunk = tl.load(seg + k, mask=(jj[None, :] + k) < c[:, None], other=big)
+            both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
+            best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
+            k += PB
+        has = (best < big) & (jj < max_points)[None, :]
+        pidx = best.to(tl.int64)
+        e = tl.where(has, num_points - 1 - best, -1)  # the lists' encoding, for the first point below
+    else:
+        e = tl.load(lists_ptr + lrow[:, None] * PB + jj[None, :], mask=real[:, None] & (jj < max_points)[None, :],
+                    other=-1)
+        has = e >= 0
+        pidx = (num_points - 1 - e).to(tl.int64)
     npts = tl.sum(has.to(tl.int32), axis=1)
     tl.store(npts_ptr + r, npts, mask=in_rows)
     r64 = r.to(tl.int64)
@@ -622,38 +698,40 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     num_blocks = triton.cdiv(n, block)
     pb = triton.next_power_of_2(max_points) if hard else 1
     list_stride = min(max_voxels, n) if hard else 0
-    list_len = batch * list_stride * pb if hard else 0
+    csr = hard and n < _CSR_MAX_N
+    list_len = batch * list_stride * pb if hard and not csr else 0
+    csr_lens = [batch * list_stride, n, n] if csr else [0, 0, 0]  # counts, list row and position per point
     coords_len = 4 * n if (not hard and pad_to_max) else 0  # -1 padded coords of the dynamic fixed form
     # one int32 buffer, one fill: every "empty" is -1 (keys: int64 -1 = two int32 -1)
     # coords first: the tensor returned to the caller then starts at storage offset 0 (as the fake
     # function promises), and the int64 keys stay 8-byte aligned (coords_len is a multiple of 4)
     cbits = pb.bit_length() + 1  # run counts are capped at pb
-    table = hard and _RANK_TABLE and num_blocks < 2 ** (31 - cbits)
+    table = hard and not csr and _RANK_TABLE and num_blocks < 2 ** (31 - cbits)
     table_len = list_len if table else 0
     flags2_len = num_blocks if table else 0
     sizes = [coords_len, 2 * cap, cap, cap, 3, num_blocks, num_blocks, 2 * batch, batch, list_len, table_len,
-             flags2_len]
+             flags2_len, *csr_lens]
     work = torch.full((sum(sizes),), -1, dtype=torch.int32, device=device)
     views = list(torch.split(work, sizes))
     keys = views[1].view(torch.int64)
-    coords, first, row, ticket, flags, desc, stats, drop, lists, tables, flags2 = views[0], *views[2:]
+    coords, first, row, ticket, flags, desc, stats, drop, lists, tables, flags2, cnt, lrb, posb = views[0], *views[2:]
     p2v = torch.empty(n, dtype=torch.int64, device=device)
     if not hard and not pad_to_max:
         coords = torch.empty((n, 4), dtype=torch.int32, device=device)  # rows < M all written
     segmented = hard and lengths is not None
     _voxelize_kernel[(num_blocks,)](
         points, lengths if lengths is not None else ticket, keys, first, row, ticket, flags, desc, stats, drop,
-        lists, tables, flags2, p2v, coords, n, num_channels, batch, cap,
+        lists, tables, flags2, p2v, coords, cnt, lrb, posb, n, num_channels, batch, cap,
         *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
         max_points, max_voxels, list_stride,
         HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=block,
         LOOKBACK=_LOOKBACK, PUBLISH_INCLUSIVE=_PUBLISH_INCLUSIVE, SNAP=min(pb, 8), BMAX=_bmax(batch),
-        RANK_SORT=hard and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * 2 * block >= 2**31, SEEN=_SEEN,
-        WAIT_FIRST=_WAIT_FIRST, WATERMARK=_WATERMARK, TABLE=table, CBITS=cbits,
+        RANK_SORT=hard and not csr and _RANK_SORT, KEY64=_KEY64 or (batch * list_stride + 1) * 2 * block >= 2**31, SEEN=_SEEN,
+        WAIT_FIRST=_WAIT_FIRST, WATERMARK=_WATERMARK, TABLE=table, CBITS=cbits, CSR=csr,
         num_warps=num_warps,
     )
     return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
-                list_stride=list_stride, batch=batch)
+                list_stride=list_stride, batch=batch, csr=(cnt, lrb, posb) if csr else None)
 
 
 def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max):
@@ -688,14 +766,21 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
     coords = torch.empty((rows, 4), dtype=torch.int32, device=device)
     npts = torch.empty(rows, dtype=torch.int32, device=device)
     counts = [torch.empty(batch, dtype=torch.int64, device=device) for _ in range(3)]
+    if w["csr"] is not None:
+        cnt, lrb, posb = w["csr"]
+        csum = torch.cumsum(cnt, 0, dtype=torch.int32)
+        seg = torch.empty(n, dtype=torch.int32, device=device)
+        _voxel_scatter_kernel[(triton.cdiv(n, _SCATTER_BLOCK),)](lrb, posb, cnt, csum, seg, n, BLOCK=_SCATTER_BLOCK)
+    else:
+        cnt = csum = seg = w["lists"]  # unused
     rows_per_program, rows_warps = _ROWS_CONFIG
     _voxel_rows_kernel[(max(triton.cdiv(rows, rows_per_program), 1),)](
-        points, w["stats"], w["drop"], w["lists"], voxels, coords, npts, w["p2v"], *counts,
+        points, w["stats"], w["drop"], w["lists"], cnt, csum, seg, voxels, coords, npts, w["p2v"], *counts,
         n, num_channels, batch, rows,
         *(float(v) for v in point_cloud_range[:3]), *(float(v) for v in voxel_size),
         max_points_per_voxel, max_voxels, w["list_stride"],
         PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=rows_per_program, SB=128, BMAX=_bmax(batch),
-        C_EXACT=num_channels == triton.next_power_of_2(num_channels), num_warps=rows_warps,
+        C_EXACT=num_channels == triton.next_power_of_2(num_channels), CSR=w["csr"] is not None, num_warps=rows_warps,
     )
     return voxels, coords, npts, w["p2v"], counts[0], counts[1], counts[2]
 
