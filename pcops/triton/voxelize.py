@@ -612,14 +612,16 @@ def _voxel_rows_kernel(
         c = tl.load(cnt_ptr + lrow, mask=real, other=-1) + 1
         start = tl.load(csum_ptr + lrow, mask=real, other=0) + lrow + 1 - c
         seg = seg_ptr + start[:, None] + jj[None, :]
-        best = tl.sort(tl.load(seg, mask=jj[None, :] < c[:, None], other=big), dim=1)
+        best = tl.full((ROWS, PB), big, tl.int32)
         c_max = tl.max(c, axis=0)
-        k = pid * 0 + PB
-        while k < c_max:  # only programs holding a voxel of more than PB points
-            chunk = tl.load(seg + k, mask=(jj[None, :] + k) < c[:, None], other=big)
-            both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
-            best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
-            k += PB
+        if c_max > 0:  # programs past the last voxel (pad_to_max) write padding only: no sort
+            best = tl.sort(tl.load(seg, mask=jj[None, :] < c[:, None], other=big), dim=1)
+            k = pid * 0 + PB
+            while k < c_max:  # only programs holding a voxel of more than PB points
+                chunk = tl.load(seg + k, mask=(jj[None, :] + k) < c[:, None], other=big)
+                both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
+                best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
+                k += PB
         has = (best < big) & (jj < max_points)[None, :]
         pidx = best.to(tl.int64)
         e = tl.where(has, num_points - 1 - best, -1)  # the lists' encoding, for the first point below
