@@ -18,6 +18,11 @@ from common import parse_args, report
 import pcops
 
 
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
+
+
 def cases():
     dev = "cuda"
     x = torch.randn(64, 768, device=dev)
@@ -36,12 +41,23 @@ def cases():
         xg.grad = None
         pcops.fused_layer_norm_gelu(xg, w, b).backward(dy)
 
+    from pcops import fused as op
+    from pcops.triton import fused as tri
+
     return {
         "fused_layer_norm_gelu fwd": lambda: pcops.fused_layer_norm_gelu(x, w, b),
+        # the layers of one call, outermost first: where the host time goes
+        "  fwd under no_grad": lambda: _no_grad(lambda: pcops.fused_layer_norm_gelu(x, w, b)),
+        "  torch.ops.pcops.layer_norm_gelu": lambda: torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None),
+        "  registered cuda kernel fn": lambda: op._layer_norm_gelu_cuda(x, w, b, 1e-5, "tanh", 0.0, None),
+        "  triton launcher": lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None),
+        "  torch.empty_like x3 (allocation floor)": lambda: (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)),
         "torch layer_norm+gelu fwd": lambda: torch.nn.functional.gelu(
             torch.nn.functional.layer_norm(x, (768,), w, b), approximate="tanh"),
         "fused_layer_norm_gelu fwd+bwd": fwd_bwd,
         "sparse_softmax triton": lambda: pcops.sparse_softmax(v, crow),
+        "  torch.ops.pcops.sparse_softmax": lambda: torch.ops.pcops.sparse_softmax(v, crow, "triton"),
+        "  triton launcher ": lambda: tri.sparse_softmax(v, crow),
         "voxelize pad_to_max": lambda: pcops.voxelize(pts, **vcfg),
     }
 
