@@ -6,7 +6,7 @@ voxel key gives every occupied voxel its first point (``atomic_max`` on an encod
 voxels are numbered in first-point order by a prefix sum over "first point of its voxel"
 flags (a single-pass decoupled look-back scan, segmented by sample), and each voxel keeps its
 ``max_points_per_voxel`` lowest point indices. Scan-sized clouds (below
-``pcops.triton.voxelize._CSR_MAX_N`` points) count each voxel's points with one atomic per point,
+``pcops.triton.voxelize._CSR_MAX_N`` points per sample) count each voxel's points with one atomic per point,
 lay them out as CSR segments (one ``torch.cumsum`` of the counts, one scatter kernel) and keep
 the lowest indices of each segment by a sort in the rows kernel; bigger clouds fill per-voxel
 lists by ``atomic_max`` insertion, whose final state does not depend on the order of the atomics:

@@ -401,6 +401,7 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
 RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK, _RANK_TABLE, _CSR_MAX_N)
     "csr": (True, True, False, False, True, False, 10**9),  # the default below _CSR_MAX_N points
     "csr-no-watermark": (True, True, False, False, False, False, 10**9),
+    "csr-reversed": (True, True, False, False, True, False, -1),  # segments reversed: the rows kernel merges
     "sort": (True, True, False, False, True, False, 0),
     "sort-wait-first": (True, True, False, True, True, False, 0),
     "sort-no-seen": (True, False, False, False, True, False, 0),  # start at the in-block rank: earlier blocks' values cascade ours
@@ -422,6 +423,9 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
     names = ("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK", "_RANK_TABLE", "_CSR_MAX_N")
     for name, value in zip(names, RANK_MODES[mode]):
         monkeypatch.setattr(tri, name, value)
+    if tri._CSR_MAX_N < 0:
+        monkeypatch.setattr(tri, "_CSR_MAX_N", 10**9)
+        monkeypatch.setattr(tri, "_CSR_REVERSE", True)
     pts = random_cloud(250, seed=p)
     vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
     for lengths in (None, torch.tensor([120, 130])):
@@ -548,6 +552,16 @@ def test_gpu_block_races():
 
 @pytest.mark.gpu
 @requires_cuda
+def test_gpu_csr_reversed(monkeypatch):
+    """The CSR rows kernel's merges: segments laid out in reverse arrival order, the race cases."""
+    from pcops.triton import voxelize as tri
+
+    monkeypatch.setattr(tri, "_CSR_REVERSE", True)
+    _race_cases()
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_gpu_lists_variant(monkeypatch):
     """The ranked lists (the default from _CSR_MAX_N points) under the same races."""
     from pcops.triton import voxelize as tri
@@ -651,7 +665,7 @@ for csr in (False, True):
     compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False, CSR=csr), 4,
              ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
 compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True, CSR=False), 8)
-compile_(tri._voxel_scatter_kernel, ["*i32"] * 5 + ["i32"], dict(BLOCK=1024), 4)
+compile_(tri._voxel_scatter_kernel, ["*i32"] * 5 + ["i32"], dict(BLOCK=1024, REVERSE=False), 4)
 print("compiled")
 """
 

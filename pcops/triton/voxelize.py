@@ -83,12 +83,18 @@ _WAIT_FIRST = False
 # cascades of blocks racing on a voxel.) Off by default until measured on the H200: the
 # benchmark's "run table" row and tests/test_voxelize.py::test_gpu_table_variant exercise it.
 _RANK_TABLE = False
-# hard mode for clouds below this many points: no ranking in the main kernel, only an arrival
+# hard mode for clouds below this many points per sample (on average): no ranking in the main kernel, only an arrival
 # position per point; a scatter kernel lays each voxel's points out as a CSR segment (offsets from
 # one torch.cumsum) and the rows kernel keeps the max_points smallest indices of each segment (a
 # sort of PB entries, plus a merge per further PB for the few larger voxels). Bigger clouds keep the
-# ranked lists (_RANK_SORT / _RANK_TABLE), whose rows kernel needs no merge loop for dense voxels.
+# ranked lists (_RANK_SORT / _RANK_TABLE), whose rows kernel needs no merge loop for dense voxels:
+# in the CSR mode a voxel of c points costs its rows program c / PB chunk loads (a sort-merge only
+# for chunks holding an index below the PB-th smallest so far): fine for LiDAR scans (V1's largest
+# voxel holds 127 points; V2's 10x-tiled scan ~1,300), slow for clouds that put 10^5 points in one voxel.
 _CSR_MAX_N = 400_000
+# tests only: True lays the CSR segments out in reverse arrival order (exercises the rows kernel's merges,
+# which the interpreter's in-order blocks never need otherwise)
+_CSR_REVERSE = False
 # the "inserted" wait reads flags from a shared watermark on (False: from block 0)
 _WATERMARK = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
@@ -532,6 +538,7 @@ def _voxel_scatter_kernel(
     seg_ptr,  # (N,) int32 out: the points of list row l at [start(l), start(l) + count(l)), arrival order
     num_points,
     BLOCK: tl.constexpr,
+    REVERSE: tl.constexpr,  # tests: lay segments out in reverse arrival order (the rows kernel must merge)
 ):
     """CSR mode: every point of a kept voxel to its arrival position in its voxel's segment.
     ``start(l) = csum[l] + l - cnt[l]``: the counts are stored minus one, so the inclusive sum of
@@ -541,7 +548,10 @@ def _voxel_scatter_kernel(
     lr = tl.load(lrb_ptr + p, mask=live, other=-1)
     m = live & (lr >= 0)
     pos = tl.load(posb_ptr + p, mask=m, other=0)
-    start = tl.load(csum_ptr + lr, mask=m, other=0) + lr - tl.load(cnt_ptr + lr, mask=m, other=0)
+    cnt = tl.load(cnt_ptr + lr, mask=m, other=0)  # count - 1
+    start = tl.load(csum_ptr + lr, mask=m, other=0) + lr - cnt
+    if REVERSE:
+        pos = cnt - pos
     tl.store(seg_ptr + start + pos, p, mask=m)
 
 
@@ -619,8 +629,11 @@ def _voxel_rows_kernel(
             k = pid * 0 + PB
             while k < c_max:  # only programs holding a voxel of more than PB points
                 chunk = tl.load(seg + k, mask=(jj[None, :] + k) < c[:, None], other=big)
-                both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
-                best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
+                # segments are in arrival order, which follows the blocks' ticket order, so later
+                # chunks rarely hold an index below the PB-th smallest so far: skip their sort
+                if tl.max((tl.min(chunk, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
+                    both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
+                    best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
                 k += PB
         has = (best < big) & (jj < max_points)[None, :]
         pidx = best.to(tl.int64)
@@ -700,7 +713,7 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
     num_blocks = triton.cdiv(n, block)
     pb = triton.next_power_of_2(max_points) if hard else 1
     list_stride = min(max_voxels, n) if hard else 0
-    csr = hard and n < _CSR_MAX_N
+    csr = hard and n < _CSR_MAX_N * batch  # scan-sized samples on average (E2's batch of 8 scans too)
     list_len = batch * list_stride * pb if hard and not csr else 0
     csr_lens = [batch * list_stride, n, n] if csr else [0, 0, 0]  # counts, list row and position per point
     coords_len = 4 * n if (not hard and pad_to_max) else 0  # -1 padded coords of the dynamic fixed form
@@ -772,7 +785,8 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
         cnt, lrb, posb = w["csr"]
         csum = torch.cumsum(cnt, 0, dtype=torch.int32)
         seg = torch.empty(n, dtype=torch.int32, device=device)
-        _voxel_scatter_kernel[(triton.cdiv(n, _SCATTER_BLOCK),)](lrb, posb, cnt, csum, seg, n, BLOCK=_SCATTER_BLOCK)
+        _voxel_scatter_kernel[(triton.cdiv(n, _SCATTER_BLOCK),)](lrb, posb, cnt, csum, seg, n, BLOCK=_SCATTER_BLOCK,
+                                                                 REVERSE=_CSR_REVERSE)
     else:
         cnt = csum = seg = w["lists"]  # unused
     rows_per_program, rows_warps = _ROWS_CONFIG
