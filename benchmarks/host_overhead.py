@@ -12,6 +12,7 @@ import pstats
 import time
 
 import torch
+import triton
 
 from common import parse_args, report
 
@@ -44,6 +45,11 @@ def cases():
     from pcops import fused as op
     from pcops.triton import fused as tri
 
+    ln_args = (x, w, b, torch.empty_like(x), torch.empty(64, device=dev), torch.empty(64, device=dev), x, 64, 768,
+               1e-5, 0.0)
+    ln_meta = dict(APPROX_TANH=True, HAS_DROPOUT=False, ONE_TILE=True, EVEN_N=False, BLOCK_N=1024, FAST_TANH=False,
+                   WB_TILE=False)
+
     return {
         "fused_layer_norm_gelu fwd": lambda: pcops.fused_layer_norm_gelu(x, w, b),
         # the layers of one call, outermost first: where the host time goes
@@ -52,6 +58,13 @@ def cases():
         "  registered cuda kernel fn": lambda: op._layer_norm_gelu_cuda(x, w, b, 1e-5, "tanh", 0.0, None),
         "  triton launcher": lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None),
         "  torch.empty_like x3 (allocation floor)": lambda: (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)),
+        "  launcher prelude (flags, outputs)": lambda: (
+            tri._row_block_n(768, None), tri._fast_tanh(None, x.dtype, x.device, "tanh", tri.FAST_TANH_FWD_DTYPES),
+            torch.empty_like(x), torch.empty(64, device=dev), torch.empty(64, device=dev)),
+        "  triton.autotune launch": lambda: tri._layer_norm_gelu_fwd_tuned[
+            lambda c: (triton.cdiv(64, c["BLOCK_M"] * c["TILES"]),)](*ln_args, **ln_meta, M_CLASS=0),
+        "  plain JIT launch (fixed config)": lambda: tri._layer_norm_gelu_fwd_kernel[(32,)](
+            *ln_args, **ln_meta, BLOCK_M=2, TILES=1, num_warps=4, M_CLASS=0),
         "torch layer_norm+gelu fwd": lambda: torch.nn.functional.gelu(
             torch.nn.functional.layer_norm(x, (768,), w, b), approximate="tanh"),
         "fused_layer_norm_gelu fwd+bwd": fwd_bwd,
