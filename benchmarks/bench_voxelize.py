@@ -14,9 +14,9 @@ issue quotes mmcv on the same H200 class: random-order 0.73 / 1.36 ms, determini
 
 pcops rows: eager variable-size form (one host sync for M), eager ``pad_to_max=True`` (no sync)
 and the same fixed-capacity form replayed from a CUDA graph. Launches: a fill, the main kernel,
-a ``torch.cumsum`` of the per-voxel counts, the scatter kernel and the rows kernel (hard, clouds
-below ``_CSR_MAX_N`` points: the CSR mode), a fill + 2 Triton kernels (hard, bigger clouds: ranked
-lists), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
+a ``torch.cumsum`` of the per-voxel counts, the scatter kernel and the rows kernel (hard, samples
+below ``_CSR_MAX_N`` points on average: the CSR mode, V1-V3), a fill + 2 Triton kernels (hard,
+bigger clouds: ranked lists, the "lists" variants), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
 loader path; goal <= 5 ms on V1): without CUDA the script measures only these CPU rows.
 
 Variant rows (``--no-sweep`` skips them): the graph-replayed ``pad_to_max`` form of V1 / V2 (hard
@@ -54,7 +54,7 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72f
     "main 2048/16": dict(_MAIN_CONFIG={"hard": ((2048, 16),) * 2, "dynamic": ((1024, 16),) * 2}),
     "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
     "rows 8/2": dict(_ROWS_CONFIG=(8, 2)),
-    "csr always": dict(_CSR_MAX_N=10**12),  # V2 too (its default: the ranked lists)
+    "csr reversed": dict(_CSR_REVERSE=True),  # segments in reverse arrival order: every chunk merges (worst case)
     "lists": dict(_CSR_MAX_N=0),  # sorted in-block ranks into per-voxel lists (V1's default before the CSR mode)
     "lists, run table": dict(_RANK_TABLE=True, _CSR_MAX_N=0),
     "lists, cascade": dict(_RANK_TABLE=False, _RANK_SORT=False, _CSR_MAX_N=0),
