@@ -1273,6 +1273,9 @@ def _seed_arg(seed: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 
 
 _FWD_LAST: dict = {}  # the last forward launch's variant and flags (read by tests and the benchmark)
+# the autotuner's choice per (N, row class, dtypes, dropout, flags): later calls launch the kernel
+# with it directly (the autotuner's run() rebuilds its key from every argument on each call)
+_FWD_TUNED: dict = {}
 
 # --- LayerNorm+GELU forward variants ----------------------------------------------------------
 # "tiles" (default): ``_layer_norm_gelu_fwd_kernel``, one program per TILES tiles, autotuned
@@ -1370,8 +1373,16 @@ def layer_norm_gelu(
     if variant != _FWD_TILES and one_tile and tiles is None and max_block_n is None:
         _layer_norm_gelu_forward_persistent(args, meta, FWD_VARIANTS[variant], x.device, block_m, num_warps)
     elif block_m is None and tiles is None and max_block_n is None and _autotuning():
-        _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](
-            *args, **meta, M_CLASS=_m_class(m_rows))
+        m_class = _m_class(m_rows)
+        key = (n, m_class, x.dtype, weight.dtype, bias.dtype, seed is None, *meta.values())
+        cfg = _FWD_TUNED.get(key)
+        if cfg is None:  # first call of this shape class: the autotuner times its configs (or finds its cache)
+            _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](
+                *args, **meta, M_CLASS=m_class)
+            _FWD_TUNED[key] = _layer_norm_gelu_fwd_tuned.best_config
+        else:  # its choice, launched without the autotuner's per-call work (≈ 40 µs of host time)
+            _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"]),)](
+                *args, **meta, M_CLASS=m_class, **cfg.all_kwargs())
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), triton.next_power_of_2(m_rows))
         t = (tiles or 1) if one_tile else 1
