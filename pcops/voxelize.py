@@ -146,7 +146,9 @@ def voxelize(
 
     Determinism and syncs: bit-identical output run to run and between the CPU reference and
     the GPU path. The variable-size form syncs the host once (to learn ``M``); with
-    ``pad_to_max=True`` there is no host sync. GPU: one fill plus 2 Triton launches.
+    ``pad_to_max=True`` there is no host sync. GPU: one fill, the main Triton kernel, a
+    ``torch.cumsum`` of the per-voxel counts, a scatter and a rows kernel (samples above
+    ``pcops.triton.voxelize._CSR_MAX_N`` points: one fill plus 2 Triton launches).
 
     Not differentiable: ``voxels`` carries no gradient to ``points`` (for learned per-point
     features use ``dynamic_voxelize`` + ``voxel_reduce``, which has a backward).

@@ -759,7 +759,8 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
         ``(voxels, coords, num_points, point_to_voxel, num_voxels, num_dropped_points,
         num_dropped_voxels)`` as ``pcops.voxelize``. The variable-size form reads the per-sample
         voxel counts on the host once (to size the outputs); ``pad_to_max`` has no host sync.
-        Launches: a fill, the main kernel, the rows kernel.
+        Launches: a fill, the main kernel, (CSR mode: a ``torch.cumsum`` and the scatter kernel,)
+        the rows kernel.
     """
     n, num_channels = points.shape
     device = points.device
