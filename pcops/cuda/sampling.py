@@ -70,7 +70,7 @@ _TILE_G2_OPTS = ("", "shfl", "leader")
 # coordinates and min-distances of 13,824 points in shared memory (the other 2,560 in registers),
 # no jump tables on the step, U needed groups updated per batch; larger clouds take tile_md clusters (_tile_md_cluster) or "tile_async"
 _TILE_MD_UNROLLS = (1, 2, 4)
-_tile_md_unroll = 2
+_tile_md_unroll = 1  # H200 F1 kernel: u1 2.86 / 3.22 ms, u2 2.91 / 3.28 ms (two runs)
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _tile_md_cluster = True  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
@@ -164,6 +164,25 @@ def _allow_non_portable(kernel) -> None:
         raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUDA error {status}")
 
 
+# how _Inputs.order() sorts the Morton keys: "segmented" (per-cloud stable sort of the 32-bit codes,
+# plus b * N) or "flat" (one stable 1-D sort of the int64 keys b << 32 | code; H200 F1: ≈ 0.15 ms with
+# the keys kernel)
+_ORDER_SORT = "segmented"
+_OFFSETS: dict = {}
+
+
+def _cloud_offsets(batch: int, n: int, device) -> torch.Tensor:
+    """``(B, 1)`` int64 ``b * N``, cached per shape and device (one fewer launch per call); never
+    cached from inside a CUDA-graph capture (its values would exist only in the graph's replays)."""
+    key = (batch, n, str(device))
+    t = _OFFSETS.get(key)
+    if t is None:
+        t = torch.arange(0, batch * n, n, dtype=torch.int64, device=device)[:, None]
+        if not torch.cuda.is_current_stream_capturing():
+            _OFFSETS[key] = t
+    return t
+
+
 class _Inputs:
     """Kernel arguments of one call; the Morton-sorted copy for ``fps_pruned_*`` is made on demand."""
 
@@ -185,13 +204,23 @@ class _Inputs:
 
     def order(self) -> torch.Tensor:
         """``(B * N)`` int64: flat indices ``b * N + i`` sorted by cloud, then Morton code, padding
-        last in each cloud (``fps_morton_keys``, one CTA per cloud, and one stable 1-D sort)."""
+        last in each cloud (``fps_morton_keys``, one CTA per cloud, then stable sorts: see
+        ``_ORDER_SORT``)."""
         if self._order is None:
             batch, n, _ = self.points.shape
-            keys = torch.empty(batch * n, dtype=torch.int64, device=self.points.device)
-            kernel = get_kernel("fps.cu", "fps_morton_keys", self.points.device)
+            device = self.points.device
+            keys = torch.empty(batch * n, dtype=torch.int64, device=device)
+            kernel = get_kernel("fps.cu", "fps_morton_keys", device)
             kernel((batch,), (1024,), [self.points, self.lengths, keys, ctypes.c_int(n)])
-            self._order = torch.sort(keys, stable=True).indices
+            if _ORDER_SORT == "segmented":
+                # keys = b << 32 | code with code < 2**31: the low word alone orders a cloud, so
+                # each cloud's row is sorted on 32-bit keys (half the radix passes of the 1-D sort
+                # of the 64-bit keys), then offset by b * N: the same order
+                codes = keys.view(torch.int32).view(batch, n, 2)[..., 0]  # little-endian low words
+                idx = torch.sort(codes, dim=1, stable=True).indices
+                self._order = idx.add_(_cloud_offsets(batch, n, device)).view(-1)
+            else:
+                self._order = torch.sort(keys, stable=True).indices
         return self._order
 
     def sorted(self) -> tuple:
