@@ -2,8 +2,8 @@
 the public op (``backend="cuda"``) under the settings that decide its time, in one short run.
 
 Rows: the op with each way of sorting the Morton keys (``pcops.cuda.sampling._ORDER_SORT``:
-"segmented", per-cloud stable sorts of the 32-bit codes, the default; "flat", one stable sort of
-the 64-bit keys) and each compiled unroll of the one-CTA kernel (``_tile_md_unroll``); the
+"flat", one stable sort of the 64-bit keys, the default; "segmented", per-cloud stable sorts of
+the 32-bit codes) and each compiled unroll of the one-CTA kernel (``_tile_md_unroll``); the
 preparation alone (keys kernel + sort) per mode; the Triton backend; and the plain-torch
 reference (one Python step of ~10 launches per sample) as the same-run baseline. Every row says
 whether its indices equal the Triton backend's. ``bench_sampling.py`` measures all workloads and

@@ -999,7 +999,7 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_fps_order_sorts_agree(monkeypatch):
-    """The per-cloud 32-bit sort of the Morton codes (default) and the 1-D sort of the int64 keys
+    """The per-cloud 32-bit sort of the Morton codes and the 1-D sort of the int64 keys (default)
     give the same order, with short and empty clouds."""
     from pcops.cuda import sampling as cu
 

@@ -70,7 +70,7 @@ _TILE_G2_OPTS = ("", "shfl", "leader")
 # coordinates and min-distances of 13,824 points in shared memory (the other 2,560 in registers),
 # no jump tables on the step, U needed groups updated per batch; larger clouds take tile_md clusters (_tile_md_cluster) or "tile_async"
 _TILE_MD_UNROLLS = (1, 2, 4)
-_tile_md_unroll = 1  # H200 F1 kernel: u1 2.86 / 3.22 ms, u2 2.91 / 3.28 ms (two runs)
+_tile_md_unroll = 1  # H200 F1: kernel u1 2.86 / 3.22 ms vs u2 2.91 / 3.28 (two runs); op 3.133 vs 3.168 (6b03102)
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _tile_md_cluster = True  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
@@ -164,10 +164,11 @@ def _allow_non_portable(kernel) -> None:
         raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUDA error {status}")
 
 
-# how _Inputs.order() sorts the Morton keys: "segmented" (per-cloud stable sort of the 32-bit codes,
-# plus b * N) or "flat" (one stable 1-D sort of the int64 keys b << 32 | code; H200 F1: ≈ 0.15 ms with
-# the keys kernel)
-_ORDER_SORT = "segmented"
+# how _Inputs.order() sorts the Morton keys: "flat" (one stable 1-D sort of the int64 keys
+# b << 32 | code) or "segmented" (per-cloud stable sorts of the 32-bit codes, plus b * N; the same
+# order). H200 F1 (6b03102, benchmarks/results/fps_f1.json): keys kernel + sort 0.150 ms flat, 0.161
+# segmented (torch's segmented sort does not win back the halved key width); op 3.133 / 3.144 ms.
+_ORDER_SORT = "flat"
 _OFFSETS: dict = {}
 
 
