@@ -49,19 +49,31 @@ def bench(fn, *, warmup: int = 10, rep: int = 100, graph: bool = False) -> dict:
     With ``graph=True`` the call is captured once in a CUDA graph and its replays are timed
     (launch overhead ≈ 1 µs per node instead of ≈ 7-12 µs per eager launch).
     """
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
+    run = _capture([fn])[0].replay if graph else fn
+    times = _event_times(run, warmup, rep)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": rep}
+
+
+def _capture(fns):
+    """``(graph, outputs)``: the calls ``fns`` warmed up on a side stream (3 rounds: compilation,
+    autotuning and lazy allocations happen outside the capture), then captured in order in one
+    CUDA graph; ``outputs`` holds what each captured call returned."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            for fn in fns:
                 fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        run = g.replay
-    else:
-        run = fn
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [fn() for fn in fns]
+    return g, outs
+
+
+def _event_times(run, warmup: int, rep: int) -> list[float]:
+    """ms of ``rep`` calls of ``run()``, each between two CUDA events and a synchronisation, after
+    ``warmup`` untimed calls."""
     for _ in range(warmup):
         run()
     torch.cuda.synchronize()
@@ -73,7 +85,7 @@ def bench(fn, *, warmup: int = 10, rep: int = 100, graph: bool = False) -> dict:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": rep}
+    return times
 
 
 def bench_steady(fns, *, warmup: int = 5, rep: int = 50) -> dict:
@@ -112,27 +124,8 @@ def bench_steady(fns, *, warmup: int = 5, rep: int = 50) -> dict:
         raise ValueError("fns: expected at least one callable, got an empty list")
     if rep < 1:
         raise ValueError(f"rep: expected >= 1, got {rep}")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            for fn in fns:
-                fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = [fn() for fn in fns]  # kept: each call's output stays allocated (own memory)
-    for _ in range(warmup):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rep):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    g, outs = _capture(fns)  # outs kept: each call's output stays allocated (own memory)
+    times = _event_times(g.replay, warmup, rep)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(rep):
