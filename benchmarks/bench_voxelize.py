@@ -25,12 +25,11 @@ kernel points per program and warps, the "inserted" wait reading every earlier b
 the plain atomic cascade instead of sorted ranks, ...); each row says whether its output equals
 the default's exactly (``same_as_default``).
 """
-import contextlib
 import sys
 
 import torch
 
-from common import bench, bench_cpu, gpu_activities, load_scan, parse_args, report, row
+from common import bench, bench_cpu, gpu_activities, load_scan, parse_args, patched, report, row
 
 import pcops
 
@@ -62,18 +61,10 @@ HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72f
 DYNAMIC_VARIANTS = ("main 1024/8",)
 
 
-@contextlib.contextmanager
 def variant(attrs):
     from pcops.triton import voxelize as tri
 
-    saved = {k: getattr(tri, k) for k in attrs}
-    for k, v in attrs.items():
-        setattr(tri, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(tri, k, v)
+    return patched(tri, attrs)
 
 
 def same(a, b):

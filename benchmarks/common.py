@@ -7,6 +7,7 @@ figure is reported with a throughput and a ratio to the baseline measured in the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -52,6 +53,20 @@ def bench(fn, *, warmup: int = 10, rep: int = 100, graph: bool = False) -> dict:
     run = _capture([fn])[0].replay if graph else fn
     times = _event_times(run, warmup, rep)
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": rep}
+
+
+@contextlib.contextmanager
+def patched(module, attrs: dict):
+    """Set module-level settings (``{name: value}``, e.g. a launcher's variant constants) for the
+    duration of a ``with`` block; the old values come back afterwards, also on errors."""
+    saved = {k: getattr(module, k) for k in attrs}
+    for k, v in attrs.items():
+        setattr(module, k, v)
+    try:
+        yield module
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
 
 
 def _capture(fns):
