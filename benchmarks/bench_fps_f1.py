@@ -1,36 +1,20 @@
 """F1 (WORKLOADS.md): farthest point sampling, 8 clouds of 16,384 SCAN points -> 4,096, start 0:
 the public op (``backend="cuda"``) under the settings that decide its time, in one short run.
 
-Rows: the op with each way of sorting the Morton keys (``pcops.cuda.sampling._ORDER_SORT``:
-"flat", one stable sort of the 64-bit keys, the default; "segmented", per-cloud stable sorts of
-the 32-bit codes) and each compiled unroll of the one-CTA kernel (``_tile_md_unroll``); the
-preparation alone (keys kernel + sort) per mode; the Triton backend; and the plain-torch
+Rows: the op with each compiled unroll of the one-CTA kernel (``_tile_md_unroll``); the
+preparation alone (keys kernel + sort); the Triton backend; and the plain-torch
 reference (one Python step of ~10 launches per sample) as the same-run baseline. Every row says
 whether its indices equal the Triton backend's. ``bench_sampling.py`` measures all workloads and
 the kernel variants; this script is the quick F1 check. ``--out DIR`` writes ``fps_f1.json``.
+(The recorded ``fps_f1.json`` of 6b03102 also has rows of a per-cloud 32-bit sort of the Morton
+keys, measured slower than the one 1-D sort and removed.)
 """
-import contextlib
-
 import torch
 
 from bench_sampling import f1_clouds, timed, torch_fps
-from common import bench, load_scan, parse_args, report, row
+from common import bench, load_scan, parse_args, patched, report, row
 
 import pcops
-
-
-@contextlib.contextmanager
-def settings(**attrs):
-    from pcops.cuda import sampling as cu
-
-    saved = {k: getattr(cu, k) for k in attrs}
-    for k, v in attrs.items():
-        setattr(cu, k, v)
-    try:
-        yield cu
-    finally:
-        for k, v in saved.items():
-            setattr(cu, k, v)
 
 
 def main():
@@ -47,20 +31,17 @@ def main():
     rows.append(row("F1", "pcops triton", t, items=items, unit="samples/s", baseline=base))
     from pcops.cuda import sampling as cu
 
-    default = (cu._ORDER_SORT, cu._tile_md_unroll)
-    for order in ("segmented", "flat"):
-        for unroll in (1, 2):
-            with settings(_ORDER_SORT=order, _tile_md_unroll=unroll):
-                t, got = timed(lambda: pcops.farthest_point_sample(pts, m, backend="cuda"), rep, args.quick)
-                label = f"pcops cuda, order {order}, u{unroll}" + (" (default)" if (order, unroll) == default else "")
-                rows.append(row("F1", label, t, items=items, unit="samples/s", baseline=base,
-                                identical_to_triton=bool(torch.equal(got, expected)), kernel=cu.last_launch))
+    default = cu._tile_md_unroll
+    for unroll in (1, 2):
+        with patched(cu, {"_tile_md_unroll": unroll}):
+            t, got = timed(lambda: pcops.farthest_point_sample(pts, m, backend="cuda"), rep, args.quick)
+            label = f"pcops cuda, u{unroll}" + (" (default)" if unroll == default else "")
+            rows.append(row("F1", label, t, items=items, unit="samples/s", baseline=base,
+                            identical_to_triton=bool(torch.equal(got, expected)), kernel=cu.last_launch))
     lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
     dummy = torch.empty(0, dtype=torch.int64, device=pts.device)
-    for order in ("segmented", "flat"):
-        with settings(_ORDER_SORT=order):
-            prep = bench(lambda: cu._Inputs(pts, lengths, lengths, dummy, m).order(), warmup=3, rep=30)
-            rows.append(row("F1", f"prep only (keys + {order} sort)", prep))
+    prep = bench(lambda: cu._Inputs(pts, lengths, lengths, dummy, m).order(), warmup=3, rep=30)
+    rows.append(row("F1", "prep only (keys + sort)", prep))
     notes["goal_ms"] = 3.0
     notes["peers_ms (issue 6, H200)"] = {"F1 OpenPCDet": 14.3}
     report(rows, "fps_f1", args.out, notes=notes)

@@ -998,22 +998,6 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fps_order_sorts_agree(monkeypatch):
-    """The per-cloud 32-bit sort of the Morton codes and the 1-D sort of the int64 keys (default)
-    give the same order, with short and empty clouds."""
-    from pcops.cuda import sampling as cu
-
-    pts, lengths = make_clouds(4, 3001, seed=19, scale=10.0, device="cuda")
-    lengths[1], lengths[3] = 17, 0
-    orders = {}
-    for mode in ("segmented", "flat"):
-        monkeypatch.setattr(cu, "_ORDER_SORT", mode)
-        orders[mode] = cu._Inputs(pts, lengths, lengths, torch.empty(0, dtype=torch.int64, device="cuda"), 1).order()
-    assert torch.equal(orders["segmented"], orders["flat"])
-
-
-@pytest.mark.gpu
-@requires_cuda
 def test_gpu_fps_tile_order():
     """fps_morton_keys + one stable sort: per cloud a permutation of its indices, valid points first,
     Morton codes of the valid points ascending (spatially compact groups)."""

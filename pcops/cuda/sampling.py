@@ -164,26 +164,6 @@ def _allow_non_portable(kernel) -> None:
         raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUDA error {status}")
 
 
-# how _Inputs.order() sorts the Morton keys: "flat" (one stable 1-D sort of the int64 keys
-# b << 32 | code) or "segmented" (per-cloud stable sorts of the 32-bit codes, plus b * N; the same
-# order). H200 F1 (6b03102, benchmarks/results/fps_f1.json): keys kernel + sort 0.150 ms flat, 0.161
-# segmented (torch's segmented sort does not win back the halved key width); op 3.133 / 3.144 ms.
-_ORDER_SORT = "flat"
-_OFFSETS: dict = {}
-
-
-def _cloud_offsets(batch: int, n: int, device) -> torch.Tensor:
-    """``(B, 1)`` int64 ``b * N``, cached per shape and device (one fewer launch per call); never
-    cached from inside a CUDA-graph capture (its values would exist only in the graph's replays)."""
-    key = (batch, n, str(device))
-    t = _OFFSETS.get(key)
-    if t is None:
-        t = torch.arange(0, batch * n, n, dtype=torch.int64, device=device)[:, None]
-        if not torch.cuda.is_current_stream_capturing():
-            _OFFSETS[key] = t
-    return t
-
-
 class _Inputs:
     """Kernel arguments of one call; the Morton-sorted copy for ``fps_pruned_*`` is made on demand."""
 
@@ -205,23 +185,15 @@ class _Inputs:
 
     def order(self) -> torch.Tensor:
         """``(B * N)`` int64: flat indices ``b * N + i`` sorted by cloud, then Morton code, padding
-        last in each cloud (``fps_morton_keys``, one CTA per cloud, then stable sorts: see
-        ``_ORDER_SORT``)."""
+        last in each cloud (``fps_morton_keys``, one CTA per cloud, and one stable 1-D sort; a
+        per-cloud sort of the 32-bit codes measured slower on the H200: 0.161 vs 0.150 ms with the
+        keys kernel on F1, ``benchmarks/results/fps_f1.json``)."""
         if self._order is None:
             batch, n, _ = self.points.shape
-            device = self.points.device
-            keys = torch.empty(batch * n, dtype=torch.int64, device=device)
-            kernel = get_kernel("fps.cu", "fps_morton_keys", device)
+            keys = torch.empty(batch * n, dtype=torch.int64, device=self.points.device)
+            kernel = get_kernel("fps.cu", "fps_morton_keys", self.points.device)
             kernel((batch,), (1024,), [self.points, self.lengths, keys, ctypes.c_int(n)])
-            if _ORDER_SORT == "segmented":
-                # keys = b << 32 | code with code < 2**31: the low word alone orders a cloud, so
-                # each cloud's row is sorted on 32-bit keys (half the radix passes of the 1-D sort
-                # of the 64-bit keys), then offset by b * N: the same order
-                codes = keys.view(torch.int32).view(batch, n, 2)[..., 0]  # little-endian low words
-                idx = torch.sort(codes, dim=1, stable=True).indices
-                self._order = idx.add_(_cloud_offsets(batch, n, device)).view(-1)
-            else:
-                self._order = torch.sort(keys, stable=True).indices
+            self._order = torch.sort(keys, stable=True).indices
         return self._order
 
     def sorted(self) -> tuple:
