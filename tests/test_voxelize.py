@@ -398,18 +398,18 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
                             pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
-RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK, _RANK_TABLE, _CSR_MAX_N)
-    "csr": (True, True, False, False, True, False, 10**9),  # the default below _CSR_MAX_N points
-    "csr-no-watermark": (True, True, False, False, False, False, 10**9),
-    "csr-reversed": (True, True, False, False, True, False, -1),  # segments reversed: the rows kernel merges
-    "sort": (True, True, False, False, True, False, 0),
-    "sort-wait-first": (True, True, False, True, True, False, 0),
-    "sort-no-seen": (True, False, False, False, True, False, 0),  # start at the in-block rank: earlier blocks' values cascade ours
-    "sort-key64": (True, True, True, False, True, False, 0),
-    "cascade": (False, True, False, False, True, False, 0),
-    "no-watermark": (True, True, False, False, False, False, 0),  # every block reads all earlier "inserted" flags
-    "table": (True, True, False, False, True, True, 0),
-    "table-key64-no-watermark": (True, True, True, False, False, True, 0),
+RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK, _RANK_TABLE, _CSR_MAX_N, _CSR_REVERSE)
+    "csr": (True, True, False, False, True, False, 10**9, False),  # the default below _CSR_MAX_N points
+    "csr-no-watermark": (True, True, False, False, False, False, 10**9, False),
+    "csr-reversed": (True, True, False, False, True, False, 10**9, True),  # segments reversed: the rows kernel merges
+    "sort": (True, True, False, False, True, False, 0, False),
+    "sort-wait-first": (True, True, False, True, True, False, 0, False),
+    "sort-no-seen": (True, False, False, False, True, False, 0, False),  # start at the in-block rank: earlier blocks' values cascade ours
+    "sort-key64": (True, True, True, False, True, False, 0, False),
+    "cascade": (False, True, False, False, True, False, 0, False),
+    "no-watermark": (True, True, False, False, False, False, 0, False),  # every block reads all earlier "inserted" flags
+    "table": (True, True, False, False, True, True, 0, False),
+    "table-key64-no-watermark": (True, True, True, False, False, True, 0, False),
 }
 
 
@@ -420,12 +420,9 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
     """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops;
     each way of ranking the points in their voxels."""
     tri = small_blocks
-    names = ("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK", "_RANK_TABLE", "_CSR_MAX_N")
-    for name, value in zip(names, RANK_MODES[mode]):
+    names = ("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK", "_RANK_TABLE", "_CSR_MAX_N", "_CSR_REVERSE")
+    for name, value in zip(names, RANK_MODES[mode], strict=True):
         monkeypatch.setattr(tri, name, value)
-    if tri._CSR_MAX_N < 0:
-        monkeypatch.setattr(tri, "_CSR_MAX_N", 10**9)
-        monkeypatch.setattr(tri, "_CSR_REVERSE", True)
     pts = random_cloud(250, seed=p)
     vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
     for lengths in (None, torch.tensor([120, 130])):
