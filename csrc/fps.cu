@@ -985,9 +985,12 @@ __device__ __forceinline__ unsigned spread_bits(unsigned v) {  // 10 bits -> eve
   return v;
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
-    fps_morton_keys(const float* __restrict__ points, const long long* __restrict__ lengths,
-                    long long* __restrict__ keys, int n) {
+// K = long long: key (b << 32) | code, 10 bits per axis, padding 1 << 30. K = int (fps_morton_keys32,
+// for a sort of half the passes): key (b << (3 bits + 1)) | padding << 3 bits | code, `bits` per axis
+// (chosen by the launcher so that the key fits 31 bits: bits = min(10, (30 - batch bits) / 3)).
+template <typename K>
+__device__ __forceinline__ void morton_keys(const float* __restrict__ points, const long long* __restrict__ lengths,
+                                            K* __restrict__ keys, int n, int bits) {
   __shared__ float partial[6][32];
   __shared__ float box[6];
   const long long b = blockIdx.x;
@@ -1032,24 +1035,37 @@ extern "C" __global__ void __launch_bounds__(1024)
   }
   __syncthreads();
   float lo[3], scale[3];
+  const float top = (float)((1 << bits) - 1);
 #pragma unroll
   for (int a = 0; a < 3; ++a) {
     lo[a] = box[a];
-    scale[a] = 1023.f / fmaxf(box[3 + a] - box[a], 1e-6f);  // NaN (empty cloud) -> 1e-6
+    scale[a] = top / fmaxf(box[3 + a] - box[a], 1e-6f);  // NaN (empty cloud) -> 1e-6
   }
-  const long long high = b << 32;
+  const K high = (K)b << (3 * bits + 1 + (sizeof(K) == 8 ? 1 : 0));  // int64: b << 32
   for (int i = tid; i < n; i += blockDim.x) {
-    unsigned code = 1u << 30;
+    unsigned code = 1u << (3 * bits);
     if (i < length) {
       code = 0u;
 #pragma unroll
       for (int a = 0; a < 3; ++a) {
-        const float t = fminf(fmaxf((p[3 * i + a] - lo[a]) * scale[a], 0.f), 1023.f);  // NaN -> 0
+        const float t = fminf(fmaxf((p[3 * i + a] - lo[a]) * scale[a], 0.f), top);  // NaN -> 0
         code |= spread_bits((unsigned)t) << a;
       }
     }
-    keys[b * (long long)n + i] = high | (long long)code;
+    keys[b * (long long)n + i] = high | (K)code;
   }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    fps_morton_keys(const float* __restrict__ points, const long long* __restrict__ lengths,
+                    long long* __restrict__ keys, int n) {
+  morton_keys<long long>(points, lengths, keys, n, 10);
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    fps_morton_keys32(const float* __restrict__ points, const long long* __restrict__ lengths,
+                      int* __restrict__ keys, int n, int bits) {
+  morton_keys<int>(points, lengths, keys, n, bits);
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -1292,7 +1308,23 @@ struct TmdInt {
   static constexpr int value = N;
 };
 
-template <int U, bool E, int C, int W, bool L, bool STATS = false, bool AD = false>
+// OPT (bits; 0 for the entries compiled before): TMD_SADDR: the step's shared-memory accesses to the
+// points use a 32-bit address computed once per thread before the loop (ptxas otherwise rebuilds the
+// window address from SR_CgaCtaId, an S2UR, on each step's path); TMD_KEEP: the warp record is rebuilt
+// only when the group holding the record's point was updated (every other point's min-distance only
+// decreases, so an untouched record is still the warp's largest, ties included).
+#define TMD_SADDR 1
+#define TMD_KEEP 2
+__device__ __forceinline__ unsigned pin_u32(unsigned v) {  // an opaque copy: not rematerialised in loops
+  unsigned r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
+__device__ __forceinline__ void store_shared_f32(unsigned addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
+template <int U, bool E, int C, int W, bool L, bool STATS = false, bool AD = false, int OPT = 0>
 __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, const long long* __restrict__ order,
                                             const long long* __restrict__ lengths,
                                             const long long* __restrict__ starts, long long* __restrict__ out, int n,
@@ -1430,6 +1462,23 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
   const unsigned crd_base = shared_address(&mcrd[0][0]);
   const unsigned bar_base = shared_address(&mbar[0]);
   const unsigned cent_addr = shared_address(&mcent);
+  // TMD_SADDR: this thread's point of slot 0; slot j at + j * 16 * 32 W bytes
+  const unsigned pts_lane = (OPT & TMD_SADDR) ? pin_u32(shared_address(pts) + (unsigned)tid * 16u) : 0u;
+  auto fetch = [&](int j) -> float4 {
+    if constexpr ((OPT & TMD_SADDR) != 0) {
+      return load_shared_v4(pts_lane + (unsigned)min(j, S - 1) * (unsigned)(W * 32 * 16));
+    } else {
+      return tmd_fetch<S, W>(j, tid, pts);
+    }
+  };
+  auto store_md = [&](int j, float v) {
+    if constexpr ((OPT & TMD_SADDR) != 0) {
+      store_shared_f32(pts_lane + (unsigned)j * (unsigned)(W * 32 * 16) + 12u, v);
+    } else {
+      pts[j * (W * 32) + tid].w = v;
+    }
+  };
+  int rec_j = -1;  // TMD_KEEP: the slot of the record's point (warp-uniform), -1: rebuild when changed
   long long pending = start;  // rank 0, warp 0: step (s & ~31) + lane (sorted positions from step 1 on)
   for (int s = 1; s < steps; ++s) {
     const int parity = s & 1;
@@ -1448,6 +1497,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       if (!upd_g) keep = max(keep, __float_as_int(gmax[g]));
     }
     const bool changed = need.any();
+    const SlotMask<G> needed = need;  // TMD_KEEP: the batches below consume `need`
     if constexpr (STATS) {
       int k = 0;
 #pragma unroll
@@ -1476,7 +1526,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       }
       float4 v[UB];
 #pragma unroll
-      for (int u = 0; u < UB; ++u) v[u] = tmd_fetch<S, W>(js[u], tid, pts);
+      for (int u = 0; u < UB; ++u) v[u] = fetch(js[u]);
 #pragma unroll
       for (int u = 0; u < UB; ++u) tmd_regs<S, R>(js[u], rx, ry, rz, rm, v[u]);
       float nm[UB];
@@ -1492,7 +1542,7 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
       for (int u = 0; u < UB; ++u) {
         const int j = js[u];
         if (j < S) {
-          pts[j * (W * 32) + tid].w = nm[u];
+          store_md(j, nm[u]);
         } else {
 #pragma unroll
           for (int r = 0; r < R; ++r) rm[r] = j - S == r ? nm[u] : rm[r];
@@ -1518,37 +1568,49 @@ __device__ __forceinline__ void fps_tile_md(const float* __restrict__ points, co
         batch(TmdInt<U>{});
       }
     }
-    // 3. the warp's record, rebuilt only if one of its groups changed
-    if (changed) {
+    // 3. the warp's record, rebuilt only if one of its groups changed (TMD_KEEP: the record's)
+    bool rebuild = changed;
+    if constexpr ((OPT & TMD_KEEP) != 0) {
+      if (rec_j >= 0) {
+        unsigned word = needed.m[0];
+#pragma unroll
+        for (int g = 1; g < G; ++g) word = (rec_j >> 5) == g ? needed.m[g] : word;
+        rebuild = ((word >> (rec_j & 31)) & 1u) != 0u;
+      }
+    }
+    if (rebuild) {
       int lmax = __float_as_int(gmax[0]);
 #pragma unroll
       for (int g = 1; g < G; ++g) lmax = max(lmax, __float_as_int(gmax[g]));
       const int rd = E ? max(kept, upd) : redux_max_s32(lmax);
       c_rd = rd;
       owner = lane == 0;
+      rec_j = -1;
       if (rd >= 0) {
         SlotMask<G> holders;
 #pragma unroll
         for (int g = 0; g < G; ++g) holders.m[g] = __ballot_sync(FULL_MASK, __float_as_int(gmax[g]) == rd);
         const int j = holders.first();
         const int q = j * (W * 32) + tid;
-        float4 v = tmd_fetch<S, W>(j, tid, pts);
+        float4 v = fetch(j);
         tmd_regs<S, R>(j, rx, ry, rz, rm, v);
         const unsigned hit = __ballot_sync(FULL_MASK, __float_as_int(v.w) == rd);
         if (holders.single() && (hit & (hit - 1u)) == 0u) {  // one point holds the max
+          rec_j = j;
           owner = lane == __ffs(hit) - 1;
           c_q = lo + q;
           c_x = v.x;
           c_y = v.y;
           c_z = v.z;
         } else {  // ties: the lowest original index among the holders (from `order`, global)
+          rec_j = -1;
           if (STATS) ++st_rtie;
           unsigned best = 0xFFFFFFFFu;
           SlotMask<G> h = holders;
           while (h.any()) {
             const int jj = h.pop();
             const int qq = jj * (W * 32) + tid;
-            float4 vv = tmd_fetch<S, W>(jj, tid, pts);
+            float4 vv = fetch(jj);
             tmd_regs<S, R>(jj, rx, ry, rz, rm, vv);
             if (__float_as_int(vv.w) == rd) {
               const unsigned oi = (unsigned)(ord[qq] - cloud);
@@ -1740,6 +1802,18 @@ FPS_TILE_MD_ENTRY_A(fps_tile_md_a_u8_c1, 8, false, 1)
 FPS_TILE_MD_ENTRY_A(fps_tile_md_e_a_u4_c8, 4, true, 8)
 FPS_TILE_MD_ENTRY_A(fps_tile_md_e_a_u8_c8, 8, true, 8)
 FPS_TILE_MD_ENTRY(fps_tile_md_u1_c1, 1, false, 1)
+// OPT variants (TMD_SADDR, TMD_KEEP), one CTA: _s_ shared addresses, _k_ kept records, _sk_ both
+#define FPS_TILE_MD_ENTRY_O(NAME, U, E, OPT)                                                                \
+  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1)                                            \
+      NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,   \
+           long long* out, int n, int num_samples, int cap) {                                               \
+    fps_tile_md<U, E, 1, 16, false, false, false, OPT>(points, order, lengths, starts, out, n, num_samples, cap); \
+  }
+FPS_TILE_MD_ENTRY_O(fps_tile_md_s_u1_c1, 1, false, TMD_SADDR)
+FPS_TILE_MD_ENTRY_O(fps_tile_md_k_u1_c1, 1, false, TMD_KEEP)
+FPS_TILE_MD_ENTRY_O(fps_tile_md_sk_u1_c1, 1, false, TMD_SADDR | TMD_KEEP)
+FPS_TILE_MD_ENTRY_O(fps_tile_md_sk_u2_c1, 2, false, TMD_SADDR | TMD_KEEP)
+FPS_TILE_MD_ENTRY_O(fps_tile_md_esk_u1_c1, 1, true, TMD_SADDR | TMD_KEEP)
 FPS_TILE_MD_ENTRY(fps_tile_md_u2_c1, 2, false, 1)
 FPS_TILE_MD_ENTRY(fps_tile_md_u4_c1, 4, false, 1)
 // _e_: the warp max from the kept groups' redux (issued before the updates) and the updates' own

@@ -70,13 +70,16 @@ _TILE_G2_OPTS = ("", "shfl", "leader")
 # coordinates and min-distances of 13,824 points in shared memory (the other 2,560 in registers),
 # no jump tables on the step, U needed groups updated per batch; larger clouds take tile_md clusters (_tile_md_cluster) or "tile_async"
 _TILE_MD_UNROLLS = (1, 2, 4)
+_order_keys32 = False  # Morton keys as int32 (batch, padding, min(10, (30 - batch bits) // 3) bits per axis)
 _tile_md_unroll = 1  # H200 F1: kernel u1 2.86 / 3.22 ms vs u2 2.91 / 3.28 (two runs); op 3.133 vs 3.168 (6b03102)
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _tile_md_cluster = True  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
 # one CTA, fewer redux and instructions per step: "l" (a leader warp reduces the records), "w8" / "w4"
 # (8 / 4 warps of two / four boxes per lane), "w8l", "w4l"; compiled without "_e_", unrolls {shape: unrolls}
-_TILE_MD_SHAPES = {"": _TILE_MD_UNROLLS, "l": (1,), "w8": (1, 2), "w8l": (1, 2), "w4": (2, 4), "w4l": (2, 4)}
+_TILE_MD_SHAPES = {"": _TILE_MD_UNROLLS, "l": (1,), "w8": (1, 2), "w8l": (1, 2), "w4": (2, 4), "w4l": (2, 4),
+                   # TMD_SADDR ("s"), TMD_KEEP ("k"), both ("sk"), and both with "_e_" ("esk")
+                   "s": (1,), "k": (1,), "sk": (1, 2), "esk": (1,)}
 _tile_md_shape = ""
 # "_a_" (adaptive batches: U groups while at least U remain, then one at a time): {cluster: unrolls}
 _TILE_MD_ADAPTIVE = {1: (2, 4, 8), 8: (4, 8)}
@@ -190,9 +193,16 @@ class _Inputs:
         keys kernel on F1, ``benchmarks/results/fps_f1.json``)."""
         if self._order is None:
             batch, n, _ = self.points.shape
-            keys = torch.empty(batch * n, dtype=torch.int64, device=self.points.device)
-            kernel = get_kernel("fps.cu", "fps_morton_keys", self.points.device)
-            kernel((batch,), (1024,), [self.points, self.lengths, keys, ctypes.c_int(n)])
+            bits = min(10, (30 - (batch - 1).bit_length()) // 3)
+            device = self.points.device
+            if _order_keys32 and bits >= 6:  # 32-bit keys: half the radix passes of the sort
+                keys = torch.empty(batch * n, dtype=torch.int32, device=device)
+                kernel = get_kernel("fps.cu", "fps_morton_keys32", device)
+                kernel((batch,), (1024,), [self.points, self.lengths, keys, ctypes.c_int(n), ctypes.c_int(bits)])
+            else:
+                keys = torch.empty(batch * n, dtype=torch.int64, device=device)
+                kernel = get_kernel("fps.cu", "fps_morton_keys", device)
+                kernel((batch,), (1024,), [self.points, self.lengths, keys, ctypes.c_int(n)])
             self._order = torch.sort(keys, stable=True).indices
         return self._order
 
