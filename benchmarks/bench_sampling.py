@@ -17,7 +17,7 @@ the row), after a warm-up call that runs the same kernels on a cheap input (FPS:
 """
 import torch
 
-from common import bench, load_scan, parse_args, report, row
+from common import bench, load_scan, parse_args, patched, report, row
 
 import pcops
 from pcops.cuda import knn as cuda_knn
@@ -85,9 +85,9 @@ def timed(fn, rep, quick, warm=None):
 # this many), code shape of the fps_tile step (cu._TILE_OPTS), warps per CTA, and M when smaller
 # than the workload's (per-step cost over the run: early steps update more groups).
 def _v(variant, cluster=1, opt="", warps=16, samples=None, groups=1, unroll=None, early=False, md_cluster=False,
-       shape="", adaptive=False):
+       shape="", adaptive=False, cluster_opt=""):
     return dict(variant=variant, cluster=cluster, opt=opt, warps=warps, samples=samples, groups=groups, unroll=unroll,
-                early=early, md_cluster=md_cluster, shape=shape, adaptive=adaptive)
+                early=early, md_cluster=md_cluster, shape=shape, adaptive=adaptive, cluster_opt=cluster_opt)
 
 
 FPS_VARIANTS = {
@@ -110,6 +110,11 @@ FPS_VARIANTS = {
            _v("tile_md", unroll=1, shape="w8l", samples=1024),
            _v("tile_md", unroll=2, shape="w4"), _v("tile_md", unroll=4, shape="w4"), _v("tile_md", unroll=2, shape="w4l"),
            _v("tile_md", unroll=4, shape="w4l"), _v("tile_md", unroll=4, shape="w4", samples=1024),
+           # hoisted shared addresses ("s"), records kept unless their group changed ("k"), both ("sk", the
+           # default), both with _e_ ("esk")
+           _v("tile_md", unroll=1, shape="s"), _v("tile_md", unroll=1, shape="k"), _v("tile_md", unroll=1, shape="sk"),
+           _v("tile_md", unroll=2, shape="sk"), _v("tile_md", unroll=1, shape="esk"),
+           _v("tile_md", unroll=1, shape="sk", samples=1024),
            # cu._tile_md_adaptive: batches of U groups while at least U remain, then one at a time
            _v("tile_md", unroll=2, adaptive=True), _v("tile_md", unroll=4, adaptive=True),
            _v("tile_md", unroll=8, adaptive=True), _v("tile_md", unroll=4, adaptive=True, samples=1024)],
@@ -119,7 +124,10 @@ FPS_VARIANTS = {
            _v("tile_md", 8, unroll=2, early=True, md_cluster=True), _v("tile_md", 8, unroll=4, early=True, md_cluster=True),
            _v("tile_md", 8, unroll=2, early=True, md_cluster=True, samples=4096),
            _v("tile_md", 8, unroll=4, early=True, md_cluster=True, adaptive=True),
-           _v("tile_md", 8, unroll=8, early=True, md_cluster=True, adaptive=True)],
+           _v("tile_md", 8, unroll=8, early=True, md_cluster=True, adaptive=True),
+           # the same clusters with hoisted shared addresses and kept records (cu._tile_md_cluster_opt, the default)
+           _v("tile_md", 8, unroll=2, early=True, md_cluster=True, cluster_opt="sk"),
+           _v("tile_md", 8, unroll=4, early=True, md_cluster=True, cluster_opt="sk")],
 }
 
 
@@ -130,41 +138,38 @@ def fps_variant_rows(wl, pts, m, base, expected, rep, quick, notes):
     from pcops.cuda import sampling as cu
 
     out = []
-    saved = (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
-             cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape, cu._tile_md_adaptive)
     ok = cu.fps_supported(pts)
     for v in FPS_VARIANTS[wl[:2]] if ok else []:
         variant, opt, warps = v["variant"], v["opt"], v["warps"]
         samples = v["samples"] or m
-        cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps = variant, v["cluster"], opt, warps
-        cu._tile_groups = v["groups"]
-        cu._tile_md_unroll, cu._tile_md_early = v["unroll"] or cu._tile_md_unroll, v["early"]
-        cu._tile_md_cluster, cu._tile_md_shape, cu._tile_md_adaptive = v["md_cluster"], v["shape"], v["adaptive"]
+        settings = {"_VARIANT": variant, "_tile_min_cluster": v["cluster"], "_tile_opt": opt, "_tile_warps": warps,
+                    "_tile_groups": v["groups"], "_tile_md_unroll": v["unroll"] or cu._tile_md_unroll,
+                    "_tile_md_early": v["early"], "_tile_md_cluster": v["md_cluster"], "_tile_md_shape": v["shape"],
+                    "_tile_md_adaptive": v["adaptive"], "_tile_md_cluster_opt": v["cluster_opt"]}
         fps = lambda mm=samples: pcops.farthest_point_sample(pts, mm, backend="cuda")  # noqa: E731
-        cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
         unroll = v["unroll"]
-        label = (f"fps {variant}{'_' + opt if opt else ''}{'_e' if v['early'] else ''}"
-                 f"{'_' + v['shape'] if v['shape'] else ''}{'_a' if v['adaptive'] else ''}{f'_u{unroll}' if unroll else ''}"
-                 f"{f' w{warps}' if warps != 16 else ''}"
-                 f"{'g2' if v['groups'] == 2 else ''} c{cluster}")
-        if cluster is None:
-            label = f"fps {variant} (cluster kernel)"
-        if samples != m:
-            label += f" M={samples}"
-        try:
-            t, got = timed(fps, rep, quick, warm=lambda: fps(32))
-        except Exception as e:  # report, keep benchmarking the rest
-            notes[f"{wl} {label} error"] = repr(e)[:300]
-            continue
-        launch = cu.last_launch
+        with patched(cu, settings):
+            cluster = cu._tile_plan(pts.shape[1]) if variant in cu._TILE_VARIANTS else None
+            label = (f"fps {variant}{'_' + opt if opt else ''}{'_e' if v['early'] else ''}{v['cluster_opt']}"
+                     f"{'_' + v['shape'] if v['shape'] else ''}{'_a' if v['adaptive'] else ''}"
+                     f"{f'_u{unroll}' if unroll else ''}{f' w{warps}' if warps != 16 else ''}"
+                     f"{'g2' if v['groups'] == 2 else ''} c{cluster}")
+            if cluster is None:
+                label = f"fps {variant} (cluster kernel)"
+            if samples != m:
+                label += f" M={samples}"
+            try:
+                t, got = timed(fps, rep, quick, warm=lambda: fps(32))
+            except Exception as e:  # report, keep benchmarking the rest
+                notes[f"{wl} {label} error"] = repr(e)[:300]
+                continue
+            launch = cu.last_launch
         same = bool(torch.equal(got, expected[:, :samples])) if expected is not None else None
         per_step = t["median_ms"] * 1e3 / max(1, samples - 1)
         notes[f"{wl} {label}"] = f"{launch}; {per_step:.3f} us per step; identical to triton: {same}"
         out.append(row(wl, label, t, items=pts.shape[0] * samples, unit="samples/s",
                        baseline=base if samples == m else None, identical_to_triton=same, kernel=launch,
                        us_per_step=per_step))
-    (cu._VARIANT, cu._tile_min_cluster, cu._tile_opt, cu._tile_warps, cu._tile_groups, cu._tile_md_unroll,
-     cu._tile_md_early, cu._tile_md_cluster, cu._tile_md_shape, cu._tile_md_adaptive) = saved
     if ok and wl.startswith("F1"):
         try:
             notes["fps_probe (cycles per dependent op)"] = cu.probe(pts.device)
@@ -295,6 +300,10 @@ def main():
             same = bool(torch.equal(got, expected)) if expected is not None else None
             rows.append(row(wl, f"pcops fps {backend}", t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
                             identical_to_triton=same))
+            if backend == "cuda":  # the same call captured in a CUDA graph (no host time between launches)
+                t = bench(fps, warmup=2, rep=50 if wl.startswith("F1") else 10, graph=True)
+                rows.append(row(wl, "pcops fps cuda (graph replay)", t, items=pts.shape[0] * m, unit="samples/s",
+                                baseline=base))
         rows.extend(fps_variant_rows(wl, pts, m, base, expected, rep, args.quick, notes))
         if wl.startswith("F2"):
             torch.cuda.synchronize()

@@ -1803,12 +1803,13 @@ FPS_TILE_MD_ENTRY_A(fps_tile_md_e_a_u4_c8, 4, true, 8)
 FPS_TILE_MD_ENTRY_A(fps_tile_md_e_a_u8_c8, 8, true, 8)
 FPS_TILE_MD_ENTRY(fps_tile_md_u1_c1, 1, false, 1)
 // OPT variants (TMD_SADDR, TMD_KEEP), one CTA: _s_ shared addresses, _k_ kept records, _sk_ both
-#define FPS_TILE_MD_ENTRY_O(NAME, U, E, OPT)                                                                \
-  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1)                                            \
+#define FPS_TILE_MD_ENTRY_OC(NAME, U, E, C, OPT)                                                           \
+  extern "C" __global__ void __launch_bounds__(TMD_WARPS * 32, 1) FPS_TILE_MD_CLUSTER_##C                   \
       NAME(const float* points, const long long* order, const long long* lengths, const long long* starts,   \
            long long* out, int n, int num_samples, int cap) {                                               \
-    fps_tile_md<U, E, 1, 16, false, false, false, OPT>(points, order, lengths, starts, out, n, num_samples, cap); \
+    fps_tile_md<U, E, C, 16, false, false, false, OPT>(points, order, lengths, starts, out, n, num_samples, cap); \
   }
+#define FPS_TILE_MD_ENTRY_O(NAME, U, E, OPT) FPS_TILE_MD_ENTRY_OC(NAME, U, E, 1, OPT)
 FPS_TILE_MD_ENTRY_O(fps_tile_md_s_u1_c1, 1, false, TMD_SADDR)
 FPS_TILE_MD_ENTRY_O(fps_tile_md_k_u1_c1, 1, false, TMD_KEEP)
 FPS_TILE_MD_ENTRY_O(fps_tile_md_sk_u1_c1, 1, false, TMD_SADDR | TMD_KEEP)
@@ -1826,6 +1827,11 @@ FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c2, 2, true, 2)
 FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c4, 2, true, 4)
 FPS_TILE_MD_ENTRY(fps_tile_md_e_u2_c8, 2, true, 8)
 FPS_TILE_MD_ENTRY(fps_tile_md_e_u4_c8, 4, true, 8)
+// the same with TMD_SADDR | TMD_KEEP (_esk_; pcops.cuda.sampling._tile_md_cluster_opt)
+FPS_TILE_MD_ENTRY_OC(fps_tile_md_esk_u2_c2, 2, true, 2, TMD_SADDR | TMD_KEEP)
+FPS_TILE_MD_ENTRY_OC(fps_tile_md_esk_u2_c4, 2, true, 4, TMD_SADDR | TMD_KEEP)
+FPS_TILE_MD_ENTRY_OC(fps_tile_md_esk_u2_c8, 2, true, 8, TMD_SADDR | TMD_KEEP)
+FPS_TILE_MD_ENTRY_OC(fps_tile_md_esk_u4_c8, 4, true, 8, TMD_SADDR | TMD_KEEP)
 // fewer redux and instructions per step on the SM (the H200 run: u4 slower than u1, so the SM's
 // issue and redux throughput, not latency alone, set the step): _l_ one leader warp reduces the
 // records; _w8_ 8 warps of two boxes per lane (8 records, 8 reductions per step)

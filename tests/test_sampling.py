@@ -756,9 +756,10 @@ def test_fps_cu_compiles_with_every_entry_point():
             assert cu._tile_kernel_name(cluster, exchange, "", warps).encode() in cubin
     for unroll in cu._TILE_MD_UNROLLS:
         for early in (False, True):
-            assert cu._tile_md_kernel_name(unroll, early).encode() in cubin
+            assert cu._tile_md_kernel_name(unroll, early, 1, "").encode() in cubin
         for cluster in cu._TILE_MD_CLUSTER_UNROLLS:
-            assert cu._tile_md_kernel_name(unroll, True, cluster).encode() in cubin
+            for opt in cu._TILE_MD_CLUSTER_OPTS:
+                assert cu._tile_md_kernel_name(unroll, True, cluster, opt=opt).encode() in cubin
         for shape in cu._TILE_MD_SHAPES:
             assert cu._tile_md_kernel_name(unroll, False, 1, shape).encode() in cubin
     assert b"fps_tile_md_stats_u1_c1" in cubin
@@ -996,13 +997,17 @@ def test_gpu_fps_cluster_launch_paths(launch, cluster, ppt, n, variant, monkeypa
     assert torch.equal(out, expected), cu.last_launch
 
 
+@pytest.mark.parametrize("keys32", [True, False])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fps_tile_order():
-    """fps_morton_keys + one stable sort: per cloud a permutation of its indices, valid points first,
-    Morton codes of the valid points ascending (spatially compact groups)."""
+def test_gpu_fps_tile_order(keys32, monkeypatch):
+    """fps_morton_keys[32] + one stable sort: per cloud a permutation of its indices, valid points first,
+    Morton codes of the valid points ascending (spatially compact groups); 32-bit keys: 9 bits per
+    axis for 3 clouds (2 batch bits + 1 padding bit + 27 <= 31), 64-bit keys: 10."""
     from pcops.cuda import sampling as cu
 
+    monkeypatch.setattr(cu, "_order_keys32", keys32)
+    bits = 9 if keys32 else 10
     pts, lengths = make_clouds(3, 1000, seed=9, scale=10.0, device="cuda")
     lengths[1], lengths[2] = 1, 0
     inputs = cu._Inputs(pts, lengths, lengths, torch.empty(0, dtype=torch.int64, device="cuda"), 1)
@@ -1014,10 +1019,11 @@ def test_gpu_fps_tile_order():
     # cloud 0: the kernel's codes, replayed in float32 numpy, ascending along the order (ties by index)
     p = pts[0].cpu().numpy().astype(np.float32)
     lo, hi = p.min(0), p.max(0)
-    scale = np.float32(1023) / np.maximum(hi - lo, np.float32(1e-6))
-    cells = np.minimum(np.maximum((p - lo) * scale, np.float32(0)), np.float32(1023)).astype(np.int64)
+    top = np.float32(2**bits - 1)
+    scale = top / np.maximum(hi - lo, np.float32(1e-6))
+    cells = np.minimum(np.maximum((p - lo) * scale, np.float32(0)), top).astype(np.int64)
     code = np.zeros(p.shape[0], dtype=np.int64)
-    for bit in range(10):
+    for bit in range(bits):
         for axis in range(3):
             code |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
     assert order[0].tolist() == np.lexsort((np.arange(p.shape[0]), code)).tolist()
@@ -1149,10 +1155,11 @@ def test_gpu_fps_tile_md(unroll, early, monkeypatch):
 
     cases = tile_md_base_cases() + [fps_case(8, 16384, 256), fps_case(1, 1, 3), fps_case(3, 31, 40, duplicates=True),
                                     tile_md_lattice()]
-    check_tile_md_launches(cu, cases, unroll, early)
+    check_tile_md_launches(cu, cases, unroll, early, 1, "")
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
     monkeypatch.setattr(cu, "_tile_md_early", early)
+    monkeypatch.setattr(cu, "_tile_md_shape", "")
     monkeypatch.setattr(cu, "_tile_md_cluster", False)  # the fallback; clusters have their own test
     for batch, n, m in [(8, 16384, 256), (2, 40000, 256)]:
         pts, lengths, start, expected = fps_case(batch, n, m)
@@ -1161,11 +1168,13 @@ def test_gpu_fps_tile_md(unroll, early, monkeypatch):
 
 
 @pytest.mark.parametrize("shape,unroll", [("l", 1), ("w8", 1), ("w8", 2), ("w8l", 1), ("w8l", 2), ("w4", 2), ("w4", 4),
-                                          ("w4l", 2), ("w4l", 4)])
+                                          ("w4l", 2), ("w4l", 4), ("s", 1), ("k", 1), ("sk", 1), ("sk", 2),
+                                          ("esk", 1)])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_fps_tile_md_shapes(shape, unroll, monkeypatch):
-    """fps_tile_md_<shape>_u<U>_c1 (leader warp, 8 or 4 warps of two or four boxes per lane): the cases of
+    """fps_tile_md_<shape>_u<U>_c1 (leader warp, 8 or 4 warps of two or four boxes per lane, hoisted shared
+    addresses and kept records: s, k, sk the default, esk): the cases of
     test_gpu_fps_tile_md (ties, lattices, padding, 16,384 points with register slots), then through the op."""
     from pcops.cuda import sampling as cu
 
@@ -1196,6 +1205,7 @@ def test_gpu_fps_tile_md_adaptive(cluster, unroll, monkeypatch):
     check_tile_md_launches(cu, cases, unroll, True, cluster, "", True)
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_adaptive", True)
+    monkeypatch.setattr(cu, "_tile_md_shape", "")  # adaptive batches are compiled without the shapes
     monkeypatch.setattr(cu, "_tile_md_cluster", True)
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
     batch, n = (8, 16384) if cluster == 1 else (2, 40000)
@@ -1222,10 +1232,11 @@ def test_gpu_fps_tile_md_stats():
     assert counts["groups updated per warp-step: rms"] >= counts["groups updated per warp-step: mean"]
 
 
+@pytest.mark.parametrize("opt", ["", "sk"])
 @pytest.mark.parametrize("cluster,unroll", [(2, 2), (4, 2), (8, 2), (8, 4)])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fps_tile_md_clusters(cluster, unroll, monkeypatch):
+def test_gpu_fps_tile_md_clusters(cluster, unroll, opt, monkeypatch):
     """fps_tile_md_e_u<U>_c<C> (clusters, st.async exchange) launched directly: uneven lengths with
     duplicates (ties across CTAs; M > N), a lattice (ties everywhere), 40k clouds and (8 CTAs) the
     120k scan size, whose CTAs also use the register slots; then through the op (_tile_md_cluster)."""
@@ -1237,9 +1248,10 @@ def test_gpu_fps_tile_md_clusters(cluster, unroll, monkeypatch):
         cases.append(fps_case(1, 120268, 128))
     if cluster >= 4:
         cases.append(tile_md_lattice(large=True))
-    check_tile_md_launches(cu, cases, unroll, True, cluster)
+    check_tile_md_launches(cu, cases, unroll, True, cluster, None, None, opt)
     monkeypatch.setattr(cu, "_VARIANT", "tile_md")
     monkeypatch.setattr(cu, "_tile_md_cluster", True)
+    monkeypatch.setattr(cu, "_tile_md_cluster_opt", opt)
     monkeypatch.setattr(cu, "_tile_md_unroll", unroll)
     monkeypatch.setattr(cu, "_tile_min_cluster", cluster)
     pts, lengths, start, expected = fps_case(2, 40000, 256)

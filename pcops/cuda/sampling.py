@@ -32,7 +32,11 @@ Kernel variants (``_VARIANT``; all return identical indices, see ``csrc/fps.cu``
   notes on where fps_tile's step time goes); larger clouds as ``"tile_async"``, or with
   ``_tile_md_cluster`` as clusters of 2, 4, 8 such CTAs (``fps_tile_md_e_u<U>_c<C>``, st.async exchange).
   ``_tile_md_shape`` (one CTA): ``"l"`` a leader warp reduces the records, ``"w8"`` 8 warps of two boxes
-  per lane, ``"w4"`` 4 warps of four, ``"w8l"`` / ``"w4l"`` with the leader. ``_tile_md_adaptive``:
+  per lane, ``"w4"`` 4 warps of four, ``"w8l"`` / ``"w4l"`` with the leader; ``"s"`` the step's
+  shared-memory addresses computed once per thread (no per-step ``S2UR SR_CgaCtaId``), ``"k"`` the warp
+  record rebuilt only when the group of its point was updated, ``"sk"`` both (the default: F1 kernel
+  2.47 ms against 2.87 on the H200), ``"esk"`` both with ``_e_``; clusters take the same options
+  (``_tile_md_cluster_opt``, ``fps_tile_md_esk_u<U>_c<C>``). ``_tile_md_adaptive``:
   batches of ``U`` groups while at least ``U`` remain, then one at a time (``fps_tile_md_a_u<U>_c1``,
   ``fps_tile_md_e_a_u<U>_c8``).
 """
@@ -70,17 +74,24 @@ _TILE_G2_OPTS = ("", "shfl", "leader")
 # coordinates and min-distances of 13,824 points in shared memory (the other 2,560 in registers),
 # no jump tables on the step, U needed groups updated per batch; larger clouds take tile_md clusters (_tile_md_cluster) or "tile_async"
 _TILE_MD_UNROLLS = (1, 2, 4)
-_order_keys32 = False  # Morton keys as int32 (batch, padding, min(10, (30 - batch bits) // 3) bits per axis)
+# Morton keys as int32 (batch, padding, min(10, (30 - batch bits) // 3) bits per axis; int64 beyond 4,096
+# clouds): the sort takes half the radix passes. H200 F1: keys + sort 0.068 vs 0.105 ms in a graph
+# (0.114 vs 0.150 eager), the same kernel time on the 9-bit order (2.467 vs 2.462 ms; gpu run of 6c41fed)
+_order_keys32 = True
 _tile_md_unroll = 1  # H200 F1: kernel u1 2.86 / 3.22 ms vs u2 2.91 / 3.28 (two runs); op 3.133 vs 3.168 (6b03102)
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _tile_md_cluster = True  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
+_TILE_MD_CLUSTER_OPTS = ("", "sk")  # compiled for every cluster entry: fps_tile_md_e<opt>_u<U>_c<C>
+_tile_md_cluster_opt = "sk"  # TMD_SADDR | TMD_KEEP in the cluster kernels too
 # one CTA, fewer redux and instructions per step: "l" (a leader warp reduces the records), "w8" / "w4"
 # (8 / 4 warps of two / four boxes per lane), "w8l", "w4l"; compiled without "_e_", unrolls {shape: unrolls}
 _TILE_MD_SHAPES = {"": _TILE_MD_UNROLLS, "l": (1,), "w8": (1, 2), "w8l": (1, 2), "w4": (2, 4), "w4l": (2, 4),
                    # TMD_SADDR ("s"), TMD_KEEP ("k"), both ("sk"), and both with "_e_" ("esk")
                    "s": (1,), "k": (1,), "sk": (1, 2), "esk": (1,)}
-_tile_md_shape = ""
+# "sk" (TMD_SADDR | TMD_KEEP, the default since 6c41fed's run): H200 F1 kernel 2.465 ms against 2.865 for
+# the plain u1 ("s" alone 2.72, "k" alone 2.61, "sk" u2 2.52, "esk" 2.47)
+_tile_md_shape = "sk"
 # "_a_" (adaptive batches: U groups while at least U remain, then one at a time): {cluster: unrolls}
 _TILE_MD_ADAPTIVE = {1: (2, 4, 8), 8: (4, 8)}
 _tile_md_adaptive = False
@@ -346,10 +357,11 @@ def _launch_tile(inputs: _Inputs, cluster: int, exchange: str = "bar", opt: str 
 
 
 def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, cluster: int = 1,
-                         shape: str | None = None, adaptive: bool | None = None) -> str:
+                         shape: str | None = None, adaptive: bool | None = None, opt: str | None = None) -> str:
     """``fps_tile_md[_e|_<shape>]_u<U>_c<C>`` (defaults ``_tile_md_unroll``, ``_tile_md_early``,
-    ``_tile_md_shape``); clusters (C > 1) are compiled with ``_e_`` and the unrolls of
-    ``_TILE_MD_CLUSTER_UNROLLS`` (else U = 2); shapes without ``_e_``."""
+    ``_tile_md_shape``); clusters (C > 1) are compiled with ``_e_``, the unrolls of
+    ``_TILE_MD_CLUSTER_UNROLLS`` (else U = 2) and the options of ``_TILE_MD_CLUSTER_OPTS`` (default
+    ``_tile_md_cluster_opt``); shapes without ``_e_`` (but "esk")."""
     unroll = _tile_md_unroll if unroll is None else unroll
     early = _tile_md_early if early is None else early
     shape = _tile_md_shape if shape is None else shape
@@ -370,15 +382,18 @@ def _tile_md_kernel_name(unroll: int | None = None, early: bool | None = None, c
     if cluster not in _TILE_MD_CLUSTER_UNROLLS:
         raise ValueError(f"fps_tile_md is compiled for clusters of {sorted(_TILE_MD_CLUSTER_UNROLLS)} CTAs, got {cluster}")
     unroll = unroll if unroll in _TILE_MD_CLUSTER_UNROLLS[cluster] else 2
-    return f"fps_tile_md_e_u{unroll}_c{cluster}"
+    opt = _tile_md_cluster_opt if opt is None else opt
+    if opt not in _TILE_MD_CLUSTER_OPTS:
+        raise ValueError(f"fps_tile_md clusters are compiled with options {_TILE_MD_CLUSTER_OPTS}, got {opt!r}")
+    return f"fps_tile_md_e{opt}_u{unroll}_c{cluster}"
 
 
 def _launch_tile_md(inputs: _Inputs, unroll: int | None = None, early: bool | None = None, cluster: int = 1,
-                    shape: str | None = None, adaptive: bool | None = None) -> None:
+                    shape: str | None = None, adaptive: bool | None = None, opt: str | None = None) -> None:
     """``fps_tile_md[_e]_u<U>_c<C>`` (one CTA, or a cluster of ``C`` CTAs, per cloud of at most
     ``C * 16,384`` points; cuLaunchKernel) with ``16 * cap`` bytes of dynamic shared memory,
     ``cap = min(ceil(N / C) rounded up to 32, 13,824)``."""
-    name = _tile_md_kernel_name(unroll, early, cluster, shape, adaptive)
+    name = _tile_md_kernel_name(unroll, early, cluster, shape, adaptive, opt)
     batch, n, _ = inputs.points.shape
     if triton.cdiv(n, cluster) > _TILE_CAP:
         raise RuntimeError(f"fps_tile_md holds at most {_TILE_CAP} points per CTA, got {n} points for {cluster}")
