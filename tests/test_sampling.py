@@ -1,4 +1,5 @@
 """pcops.sampling: FPS, KNN, ball query, gather — reference vs Triton/CUDA, gradients, registration, bad input."""
+import os
 from pathlib import Path
 
 import numpy as np
@@ -428,10 +429,13 @@ def test_gpu_fps_matches_reference(backend, batch, n, m):
 
 
 def load_scan_xyz():
-    """SCAN xyz from ``../shared/data`` or the GPU machine's ``.gpu/data`` copy (as the benchmarks), else skip."""
+    """SCAN xyz from ``../shared/data``, ``$PCOPS_DATA`` or the GPU machine's ``.gpu/data`` copy (as the
+    benchmarks), else skip."""
     root = Path(__file__).resolve().parents[1]
-    for base in (root / ".." / "shared" / "data", root / ".gpu" / "data"):
-        path = base / "kitti" / "training" / "velodyne" / "000001.bin"
+    for base in (root / ".." / "shared" / "data", os.environ.get("PCOPS_DATA"), root / ".gpu" / "data"):
+        if base is None:
+            continue
+        path = Path(base) / "kitti" / "training" / "velodyne" / "000001.bin"
         if path.exists():
             raw = np.fromfile(path, dtype=np.float32).reshape(-1, 4)
             return torch.from_numpy(raw[:, :3].copy())

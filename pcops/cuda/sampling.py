@@ -78,7 +78,7 @@ _TILE_MD_UNROLLS = (1, 2, 4)
 # clouds): the sort takes half the radix passes. H200 F1: keys + sort 0.068 vs 0.105 ms in a graph
 # (0.114 vs 0.150 eager), the same kernel time on the 9-bit order (2.467 vs 2.462 ms; gpu run of 6c41fed)
 _order_keys32 = True
-_tile_md_unroll = 1  # H200 F1: kernel u1 2.86 / 3.22 ms vs u2 2.91 / 3.28 (two runs); op 3.133 vs 3.168 (6b03102)
+_tile_md_unroll = 1  # H200 F1, plain step: kernel u1 2.86 / 3.22 ms vs u2 2.91 / 3.28 (two runs); "sk": u1 2.465, u2 2.52
 _tile_md_early = False  # fps_tile_md_e_*: the warp max without its own redux, the winner by a broadcast load
 _tile_md_cluster = True  # clouds over 16,384 points: fps_tile_md_e_u<U>_c<C> clusters instead of "tile_async"
 _TILE_MD_CLUSTER_UNROLLS = {2: (2,), 4: (2,), 8: (2, 4)}  # compiled (cluster: unrolls), all "_e_"
