@@ -3,11 +3,15 @@
 Baseline: plain torch index assignment into a zero canvas, as OpenPCDet's PointPillarScatter.
 Floor: the canvas must be written once (B·64·496·432·4 bytes: 54.9 MB per sample, ≈ 13 µs at
 4.3 TB/s); eager launches (3 in the forward) cost more than that on the host, so the graph
-figure is the one a captured pipeline sees.
+figure is the one a captured pipeline sees. "[graph x8 steady]" rows (``common.bench_steady``): the
+per-call time of 8 calls in one CUDA graph, each on its own copy of the inputs (8 canvases of
+55 MB: nothing stays in the L2), for the forward, the backward alone (each gather kernel:
+``pcops.pillar_scatter._GATHER``) and forward + backward (autograd captured), next to the torch
+baseline timed the same way; and the forward's canvas kernels of the CUDA backend.
 """
 import torch
 
-from common import bench, parse_args, report, row
+from common import bench, bench_steady, parse_args, patched, report, row
 
 import pcops
 
@@ -29,6 +33,56 @@ def torch_baseline(feats, coords, batch_size):
     canvas = feats.new_zeros(batch_size, C, H * W)
     canvas[coords[:, 0].long(), :, (coords[:, 2] * W + coords[:, 3]).long()] = feats
     return canvas.view(batch_size, C, H, W)
+
+
+K_STEADY = 8
+
+
+def steady_rows(batch_size, rep):
+    """``[graph x8 steady]`` rows: forward (torch, Triton, CUDA canvas kernels), backward alone (each
+    gather kernel), forward + backward (autograd captured; torch and pcops)."""
+    from pcops import pillar_scatter as ps
+    from pcops.cuda import pillar_scatter as cps
+
+    wl, n, out = f"P1 B={batch_size}", P * batch_size, []
+    tag = f" [graph x{K_STEADY} steady]"
+    copies = [make(batch_size, seed=k) for k in range(K_STEADY)]
+    grads = [torch.randn(batch_size, C, H, W, device="cuda") for _ in range(K_STEADY)]
+
+    def fwd_fns(fn):
+        return [lambda f=f, c=c: fn(f, c) for f, c in copies]
+
+    base = bench_steady(fwd_fns(lambda f, c: torch_baseline(f, c, batch_size)), rep=rep)
+    out.append(row(wl, "torch index assign (fwd)" + tag, base, items=n, unit="pillars/s", baseline=base))
+    variants = [("triton", {}), ("cuda", {"_CANVAS_KERNEL": "b4x4"}), ("cuda", {"_CANVAS_KERNEL": "b4v"})]
+    variants += [("cuda", {"_CANVAS_KERNEL": "b4x4", "_VECS_PER_SLICE": v}) for v in (2, 8, 16)]
+    for backend, settings in variants:
+        with patched(cps, settings):
+            t = bench_steady(fwd_fns(lambda f, c, b=backend: pcops.pillar_scatter(f, c, batch_size, (H, W), backend=b)),
+                             rep=rep)
+        label = f"pcops {backend}" + "".join(f" {k.strip('_').lower()}={v}" for k, v in settings.items())
+        out.append(row(wl, f"{label} (fwd){tag}", t, items=n, unit="pillars/s", baseline=base,
+                       gbps=batch_size * C * H * W * 4 / t["median_ms"] / 1e6))
+    # the backward alone: the gather op on the 8 canvas gradients
+    winners = [torch.ops.pcops.pillar_scatter(f, c, batch_size, H, W, "triton")[1] for f, c in copies]
+    for gather in ("cuda", "triton_stream", "triton"):
+        with patched(ps, {"_GATHER": gather}):
+            t = bench_steady([lambda k=k: torch.ops.pcops.pillar_gather(grads[k], copies[k][1], winners[k])
+                              for k in range(K_STEADY)], rep=rep)
+        out.append(row(wl, f"pcops gather={gather} (bwd alone){tag}", t, items=n, unit="pillars/s"))
+    # forward + backward, autograd captured (each call accumulates into its own leaf's .grad)
+    leaves = [f.clone().requires_grad_(True) for f, _ in copies]
+
+    def fb_fns(fn):
+        return [lambda k=k: fn(leaves[k], copies[k][1]).backward(grads[k]) for k in range(K_STEADY)]
+
+    base_fb = bench_steady(fb_fns(lambda f, c: torch_baseline(f, c, batch_size)), rep=rep)
+    out.append(row(wl, "torch index assign (fwd+bwd)" + tag, base_fb, items=n, unit="pillars/s", baseline=base_fb))
+    for backend in ("triton", "cuda"):
+        t = bench_steady(fb_fns(lambda f, c, b=backend: pcops.pillar_scatter(f, c, batch_size, (H, W), backend=b)),
+                         rep=rep)
+        out.append(row(wl, f"pcops {backend} (fwd+bwd){tag}", t, items=n, unit="pillars/s", baseline=base_fb))
+    return out
 
 
 def main():
@@ -59,6 +113,7 @@ def main():
         for backend in ("triton", "cuda"):
             t = bench(lambda: pcops.pillar_scatter(fr, coords, batch_size, (H, W), backend=backend).backward(grad), rep=rep)
             rows.append(row(wl, f"pcops {backend} (fwd+bwd)", t, items=n, unit="pillars/s", baseline=base_fb))
+    rows += steady_rows(1, rep)
     # canvas-pass tile sweep (graph-captured forward, B=1) and the backward gather alone
     feats, coords = make(1)
     from pcops.triton import pillar_scatter as tri

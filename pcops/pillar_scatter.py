@@ -106,11 +106,23 @@ def _pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Ten
     return _ref.pillar_gather(canvas, coords, winner)
 
 
+# the backward's kernel on CUDA: "cuda" (csrc pillar_gather_b4x4, streaming over the canvas in cell
+# order, where it applies: 4-byte floats, C and H*W multiples of 4; else Triton), "triton_stream" (the
+# same order in Triton), "triton" (one gather per pillar and channel: C reads at stride H*W each)
+_GATHER = "cuda"
+
+
 @_pillar_gather.register_kernel("cuda")
 def _pillar_gather_cuda(canvas, coords, winner):
-    from .triton import pillar_scatter as impl
+    from .triton import pillar_scatter as tri
 
-    return impl.pillar_gather(canvas.contiguous(), coords, winner)
+    canvas = canvas.contiguous()
+    if _GATHER == "cuda":
+        from .cuda import pillar_scatter as cu
+
+        if cu.gather_supported(canvas):
+            return cu.pillar_gather(canvas, coords, winner)
+    return tri.pillar_gather(canvas, coords, winner, stream=_GATHER != "triton")
 
 
 @_pillar_gather.register_fake

@@ -120,7 +120,9 @@ def test_triton_interpreter(num_pillars, channels, batch_size, hw, unique, dtype
     assert torch.equal(winner, ref_winner)
     assert torch.equal(canvas, ref_canvas)
     grad = torch.randn(canvas.shape, generator=generator(1)).to(dtype)
-    assert torch.equal(tri.pillar_gather(grad, c, winner), ref.pillar_gather(grad, c, winner))
+    expected = ref.pillar_gather(grad, c, winner)
+    assert torch.equal(tri.pillar_gather(grad, c, winner), expected)
+    assert torch.equal(tri.pillar_gather(grad, c, winner, stream=True, block_hw=16, block_c=4), expected)
 
 
 @interpret
@@ -133,6 +135,7 @@ def test_triton_interpreter_skips_out_of_grid():
     assert winner.tolist() == [0, -1, -1, -1]
     assert canvas.abs().sum() == f[0].sum()
     assert tri.pillar_gather(canvas, c, winner)[1:].abs().sum() == 0
+    assert torch.equal(tri.pillar_gather(canvas, c, winner, stream=True), tri.pillar_gather(canvas, c, winner))
 
 
 _AOT_SCRIPT = r"""
@@ -168,7 +171,8 @@ def test_triton_kernels_compile_for_sm90():
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [(0, 64, 1, (496, 432)), (1, 3, 1, (5, 7)), (16000, 64, 1, (496, 432)), (997, 13, 3, (37, 41))])
+@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [(0, 64, 1, (496, 432)), (1, 3, 1, (5, 7)), (16000, 64, 1, (496, 432)), (997, 13, 3, (37, 41)),
+                                                              (997, 20, 3, (37, 40))])
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_matches_reference(backend, dtype, num_pillars, channels, batch_size, hw):
@@ -183,6 +187,40 @@ def test_gpu_matches_reference(backend, dtype, num_pillars, channels, batch_size
         fr = f.clone().requires_grad_(True)
         pcops.pillar_scatter(fr, c, batch_size, hw).backward(grad)
         assert torch.equal(fg.grad.cpu(), fr.grad)
+
+
+@pytest.mark.parametrize("gather", ["cuda", "triton_stream", "triton"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_backward_kernels(gather, monkeypatch):
+    """Each backward kernel (streaming CUDA quads, streaming Triton, per-pillar Triton) equals the
+    reference gather: duplicates (losers get 0), out-of-grid pillars, channel slices with a partial
+    last one (C = 20), shapes the quad kernels do not take (C = 13, H*W odd, float16), and
+    misaligned views (offset by one element: the quad kernels fall back)."""
+    from pcops import pillar_scatter as ps
+    from pcops.triton import pillar_scatter as tri
+
+    monkeypatch.setattr(ps, "_GATHER", gather)
+    cases = [(16000, 64, 1, (496, 432), torch.float32), (997, 20, 3, (37, 40), torch.float32),
+             (997, 13, 3, (37, 41), torch.float32), (500, 64, 2, (20, 30), torch.float16)]
+    for num_pillars, channels, batch_size, hw, dtype in cases:
+        for misaligned in (False, True):
+            f, c = make_pillars(num_pillars, channels, batch_size, *hw, seed=11, dtype=dtype, unique=False)
+            c = c.clone()
+            c[::13, 3] = -1  # out of the grid: no cell, zero gradient
+            winner = tri.pillar_winner_map(c.cuda(), batch_size, *hw).cpu()  # the reference refuses out-of-grid rows
+            grad = torch.randn((batch_size, channels, *hw), generator=generator(3)).to(dtype)
+            expected = ref.pillar_gather(grad, c, winner)
+            g = grad.cuda()
+            if misaligned:
+                g = torch.cat([torch.zeros(1, dtype=dtype, device="cuda"), g.flatten()])[1:].view(g.shape)
+            got = torch.ops.pcops.pillar_gather(g, c.cuda(), winner.cuda())
+            assert torch.equal(got.cpu(), expected), (num_pillars, channels, hw, dtype, misaligned)
+    # the forward's quad kernel on a misaligned feature view (falls back to the one-cell kernel)
+    f, c = make_pillars(300, 64, 1, 20, 30, seed=12, unique=False)
+    fm = torch.cat([torch.zeros(1), f.flatten()])[1:].view(f.shape)
+    got = pcops.pillar_scatter(fm.cuda(), c.cuda(), 1, (20, 30), backend="cuda")
+    assert torch.equal(got.cpu(), pcops.pillar_scatter(f, c, 1, (20, 30)))
 
 
 @pytest.mark.gpu

@@ -8,6 +8,19 @@ import torch
 from .._nvrtc import get_kernel
 
 _THREADS = 256
+# the quad kernels (4 cells per thread, 16-byte stores / loads): "b4x4"; "b4v" the one-cell kernel
+_CANVAS_KERNEL = "b4x4"
+_VECS_PER_SLICE = 4  # 4-channel vectors per thread in the quad kernels (grid z = C / 4 / this)
+
+
+def _quads(tensor: torch.Tensor, num_channels: int, hw: int) -> bool:
+    """The quad kernels apply: 4-byte elements, C % 4 == 0, H*W % 4 == 0, 16-byte aligned data."""
+    return tensor.element_size() == 4 and num_channels % 4 == 0 and hw % 4 == 0 and tensor.data_ptr() % 16 == 0
+
+
+def _quad_grid(hw: int, batch_size: int, num_channels: int) -> tuple[int, int, int]:
+    vecs = num_channels // 4
+    return (-(-(hw // 4) // _THREADS), batch_size, -(-vecs // _VECS_PER_SLICE))
 
 
 def pillar_scatter(
@@ -32,8 +45,14 @@ def pillar_scatter(
              ctypes.c_int(grid_h), ctypes.c_int(grid_w)],
         )
     if canvas.numel():
+        if _CANVAS_KERNEL == "b4x4" and _quads(features, num_channels, hw):
+            get_kernel("pillar_scatter.cu", "pillar_canvas_b4x4", features.device)(
+                _quad_grid(hw, batch_size, num_channels), (_THREADS,),
+                [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(_VECS_PER_SLICE)],
+            )
+            return canvas, winner
         name = f"pillar_canvas_b{features.element_size()}"
-        if features.element_size() == 4 and num_channels % 4 == 0:
+        if features.element_size() == 4 and num_channels % 4 == 0 and features.data_ptr() % 16 == 0:
             name += "v"  # 16-byte row loads
         kernel = get_kernel("pillar_scatter.cu", name, features.device)
         kernel(
@@ -41,3 +60,29 @@ def pillar_scatter(
             [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(batch_size)],
         )
     return canvas, winner
+
+
+def gather_supported(canvas: torch.Tensor) -> bool:
+    """``pillar_gather`` below handles this canvas (else the Triton gather does)."""
+    _, num_channels, grid_h, grid_w = canvas.shape
+    return _quads(canvas, num_channels, grid_h * grid_w)
+
+
+def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor) -> torch.Tensor:
+    """Adjoint of the scatter, streaming over the canvas (``pillar_gather_b4x4``): ``(P, C)`` rows
+    read at each pillar's cell, 0 where it does not own it. Needs ``gather_supported(canvas)``.
+
+    Args:
+        canvas: ``(B, C, H, W)`` contiguous 4-byte floats; coords: ``(P, 4)`` int32 (only P is
+            used: the winner map says which pillar owns each cell); winner: ``(B*H*W,)`` int32.
+    Two launches (zero fill of the output, the stream); no host synchronisation.
+    """
+    batch_size, num_channels, grid_h, grid_w = canvas.shape
+    hw = grid_h * grid_w
+    out = torch.zeros((coords.shape[0], num_channels), dtype=canvas.dtype, device=canvas.device)
+    if out.numel() and canvas.numel():
+        get_kernel("pillar_scatter.cu", "pillar_gather_b4x4", canvas.device)(
+            _quad_grid(hw, batch_size, num_channels), (_THREADS,),
+            [canvas, winner, out, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(_VECS_PER_SLICE)],
+        )
+    return out

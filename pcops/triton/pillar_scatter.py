@@ -120,6 +120,33 @@ def _pillar_gather_kernel(
                  mask=live[:, None] & in_c[None, :])
 
 
+@triton.jit
+def _pillar_gather_cells_kernel(
+    canvas_ptr,  # (B, C, H, W) contiguous
+    winner_ptr,  # (B*H*W,) int32
+    out_ptr,  # (P, C) output, zero-filled
+    num_channels,  # C
+    hw,  # H*W
+    BLOCK_C: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+):
+    """The adjoint streaming over the canvas: cells in order (sequential HBM pages), each owner's
+    channels written into its row; pillars owning no cell keep the zero fill."""
+    pid_hw = tl.program_id(0)
+    b = tl.program_id(1)
+    offs = pid_hw * BLOCK_HW + tl.arange(0, BLOCK_HW)
+    in_hw = offs < hw
+    owner = tl.load(winner_ptr + b * hw + offs, mask=in_hw, other=-1)
+    has = owner >= 0
+    row = owner.to(tl.int64) * num_channels
+    base = b.to(tl.int64) * num_channels * hw
+    for c0 in range(0, num_channels, BLOCK_C):
+        ch = c0 + tl.arange(0, BLOCK_C)
+        m = has[None, :] & (ch < num_channels)[:, None]
+        vals = tl.load(canvas_ptr + base + ch[:, None].to(tl.int64) * hw + offs[None, :], mask=m, other=0.0)
+        tl.store(out_ptr + row[None, :] + ch[:, None], vals, mask=m)
+
+
 def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int) -> torch.Tensor:
     """Winner map ``(B*H*W,)`` int32: the highest index of the pillars landing in each cell, −1 if none.
 
@@ -162,15 +189,26 @@ def pillar_scatter(
     return canvas, winner
 
 
-def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor) -> torch.Tensor:
+def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor, *, stream: bool = False,
+                  block_hw: int = 256, block_c: int = 16) -> torch.Tensor:
     """Adjoint of ``pillar_scatter``: ``(P, C)`` rows read at each pillar's cell (0 where it does not own it).
 
     Args:
         canvas: ``(B, C, H, W)`` contiguous (e.g. the gradient of the canvas).
         coords: ``(P, 4)`` int32; winner: ``(B*H*W,)`` int32 from the forward.
+        stream: read the canvas in cell order (``_pillar_gather_cells_kernel``, tile ``block_hw`` ×
+            ``block_c``) into a zero-filled output, instead of one gather per pillar and channel.
     """
     batch_size, num_channels, grid_h, grid_w = canvas.shape
     num_pillars = coords.shape[0]
+    if stream:
+        out = torch.zeros((num_pillars, num_channels), dtype=canvas.dtype, device=canvas.device)
+        hw = grid_h * grid_w
+        if out.numel() and canvas.numel():
+            _pillar_gather_cells_kernel[(triton.cdiv(hw, block_hw), batch_size)](
+                canvas, winner, out, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw
+            )
+        return out
     out = torch.empty((num_pillars, num_channels), dtype=canvas.dtype, device=canvas.device)
     if out.numel():
         block_c = min(64, triton.next_power_of_2(num_channels))
