@@ -9,6 +9,8 @@ per-call time of 8 calls in one CUDA graph, each on its own copy of the inputs (
 ``pcops.pillar_scatter._GATHER``) and forward + backward (autograd captured), next to the torch
 baseline timed the same way; and the forward's canvas kernels of the CUDA backend.
 """
+import importlib
+
 import torch
 
 from common import bench, bench_steady, parse_args, patched, report, row
@@ -41,7 +43,7 @@ K_STEADY = 8
 def steady_rows(batch_size, rep):
     """``[graph x8 steady]`` rows: forward (torch, Triton, CUDA canvas kernels), backward alone (each
     gather kernel), forward + backward (autograd captured; torch and pcops)."""
-    from pcops import pillar_scatter as ps
+    ps = importlib.import_module("pcops.pillar_scatter")  # the module (pcops.pillar_scatter is the function)
     from pcops.cuda import pillar_scatter as cps
 
     wl, n, out = f"P1 B={batch_size}", P * batch_size, []

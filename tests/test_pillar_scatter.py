@@ -1,4 +1,6 @@
 """pcops.pillar_scatter: reference vs Triton/CUDA, gradients, registration, bad input."""
+import importlib
+
 import pytest
 import torch
 
@@ -197,7 +199,7 @@ def test_gpu_backward_kernels(gather, monkeypatch):
     reference gather: duplicates (losers get 0), out-of-grid pillars, channel slices with a partial
     last one (C = 20), shapes the quad kernels do not take (C = 13, H*W odd, float16), and
     misaligned views (offset by one element: the quad kernels fall back)."""
-    from pcops import pillar_scatter as ps
+    ps = importlib.import_module("pcops.pillar_scatter")  # the module (pcops.pillar_scatter is the function)
     from pcops.triton import pillar_scatter as tri
 
     monkeypatch.setattr(ps, "_GATHER", gather)
