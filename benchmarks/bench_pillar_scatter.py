@@ -38,6 +38,8 @@ def torch_baseline(feats, coords, batch_size):
 
 
 K_STEADY = 8
+TRITON_SWEEP = [(512, 16, None, 4), (512, 16, 16, 4), (512, 8, 16, 4), (1024, 8, 16, 4), (1024, 16, 16, 8),
+                (512, 16, 32, 4), (256, 16, 16, 2), (1024, 4, 8, 4), (2048, 8, 8, 8), (1024, 8, 8, 4)]
 
 
 def steady_rows(batch_size, rep):
@@ -57,7 +59,7 @@ def steady_rows(batch_size, rep):
     base = bench_steady(fwd_fns(lambda f, c: torch_baseline(f, c, batch_size)), rep=rep)
     out.append(row(wl, "torch index assign (fwd)" + tag, base, items=n, unit="pillars/s", baseline=base))
     variants = [("triton", {}), ("cuda", {"_CANVAS_KERNEL": "b4x4"}), ("cuda", {"_CANVAS_KERNEL": "b4v"})]
-    variants += [("cuda", {"_CANVAS_KERNEL": "b4x4", "_VECS_PER_SLICE": v}) for v in (2, 8, 16)]
+    variants += [("cuda", {"_CANVAS_KERNEL": "b4x4", "_VECS_PER_SLICE": v}) for v in (1, 4, 8)]
     for backend, settings in variants:
         with patched(cps, settings):
             t = bench_steady(fwd_fns(lambda f, c, b=backend: pcops.pillar_scatter(f, c, batch_size, (H, W), backend=b)),
@@ -65,6 +67,14 @@ def steady_rows(batch_size, rep):
         label = f"pcops {backend}" + "".join(f" {k.strip('_').lower()}={v}" for k, v in settings.items())
         out.append(row(wl, f"{label} (fwd){tag}", t, items=n, unit="pillars/s", baseline=base,
                        gbps=batch_size * C * H * W * 4 / t["median_ms"] / 1e6))
+    # the Triton canvas pass: tile (cells x channels), channels per program (grid axis 2), warps
+    from pcops.triton import pillar_scatter as tri
+
+    for block_hw, block_c, per, warps in TRITON_SWEEP if batch_size == 1 else ():
+        t = bench_steady(fwd_fns(lambda f, c: tri.pillar_scatter(f, c, batch_size, H, W, block_hw=block_hw, block_c=block_c,
+                                                                 c_per_program=per, num_warps=warps)), rep=rep)
+        out.append(row(wl, f"triton canvas hw={block_hw} c={block_c} per={per or C} warps={warps} (fwd){tag}", t,
+                       items=n, unit="pillars/s", baseline=base))
     # the backward alone: the gather op on the 8 canvas gradients
     winners = [torch.ops.pcops.pillar_scatter(f, c, batch_size, H, W, "triton")[1] for f, c in copies]
     for gather in ("cuda", "triton_stream", "triton"):

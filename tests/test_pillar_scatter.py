@@ -121,6 +121,9 @@ def test_triton_interpreter(num_pillars, channels, batch_size, hw, unique, dtype
     ref_canvas, ref_winner = ref.pillar_scatter(f, c, batch_size, *hw)
     assert torch.equal(winner, ref_winner)
     assert torch.equal(canvas, ref_canvas)
+    # channel slices (grid axis 2) with a partial last slice
+    sliced, _ = tri.pillar_scatter(f, c, batch_size, *hw, block_hw=16, block_c=2, c_per_program=4)
+    assert torch.equal(sliced, ref_canvas)
     grad = torch.randn(canvas.shape, generator=generator(1)).to(dtype)
     expected = ref.pillar_gather(grad, c, winner)
     assert torch.equal(tri.pillar_gather(grad, c, winner), expected)
@@ -152,10 +155,14 @@ kernels = [
     (ps._pillar_winner_kernel, dict(coords_ptr="*i32", winner_ptr="*i32", num_pillars=I32, batch_size="constexpr",
                                    grid_h=I32, grid_w=I32, BLOCK="constexpr"), dict(batch_size=1, BLOCK=256)),
     (ps._pillar_canvas_kernel, dict(features_ptr="*fp16", winner_ptr="*i32", canvas_ptr="*fp16", num_channels=I32,
-                                   hw=I32, BLOCK_C="constexpr", BLOCK_HW="constexpr"), dict(BLOCK_C=16, BLOCK_HW=512)),
+                                   hw=I32, BLOCK_C="constexpr", BLOCK_HW="constexpr", C_PER_PROGRAM="constexpr"),
+     dict(BLOCK_C=16, BLOCK_HW=512, C_PER_PROGRAM=32)),
     (ps._pillar_gather_kernel, dict(canvas_ptr="*fp32", coords_ptr="*i32", winner_ptr="*i32", out_ptr="*fp32",
                                    num_pillars=I32, num_channels=I32, batch_size=I32, grid_h=I32, grid_w=I32,
                                    BLOCK_P="constexpr", BLOCK_C="constexpr"), dict(BLOCK_P=64, BLOCK_C=64)),
+    (ps._pillar_gather_cells_kernel, dict(canvas_ptr="*fp32", winner_ptr="*i32", out_ptr="*fp32", num_channels=I32,
+                                         hw=I32, BLOCK_C="constexpr", BLOCK_HW="constexpr"),
+     dict(BLOCK_C=16, BLOCK_HW=256)),
 ]
 for fn, sig, consts in kernels:
     triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

@@ -16,6 +16,8 @@ import triton.language as tl
 _CANVAS_BLOCK_HW = 512
 # channels per inner step of the canvas pass (a 2-D [C, HW] tile)
 _CANVAS_BLOCK_C = 16
+# channels per program of the canvas pass (None: all; the grid's third axis slices the channels)
+_CANVAS_C_PER_PROGRAM = None
 # pillars per program in the winner and gather passes
 _PILLAR_BLOCK = 256
 
@@ -60,17 +62,19 @@ def _pillar_canvas_kernel(
     hw,  # H*W
     BLOCK_C: tl.constexpr,
     BLOCK_HW: tl.constexpr,
+    C_PER_PROGRAM: tl.constexpr,  # channels per program (grid axis 2: ceil(C / C_PER_PROGRAM) slices)
 ):
     pid_hw = tl.program_id(0)
     b = tl.program_id(1)
+    c_lo = tl.program_id(2) * C_PER_PROGRAM
     offs = pid_hw * BLOCK_HW + tl.arange(0, BLOCK_HW)
     in_hw = offs < hw
     owner = tl.load(winner_ptr + b * hw + offs, mask=in_hw, other=-1).to(tl.int64)
     has = owner >= 0
     canvas_base = canvas_ptr + b.to(tl.int64) * num_channels * hw
     # every canvas element is written once: the owner's feature or zero
-    for c0 in range(0, num_channels, BLOCK_C):
-        ch = c0 + tl.arange(0, BLOCK_C)
+    for c0 in range(0, C_PER_PROGRAM, BLOCK_C):
+        ch = c_lo + c0 + tl.arange(0, BLOCK_C)
         in_c = ch < num_channels
         vals = tl.load(
             features_ptr + owner[None, :] * num_channels + ch[:, None],
@@ -164,6 +168,7 @@ def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w
 def pillar_scatter(
     features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int,
     *, block_hw: int = _CANVAS_BLOCK_HW, block_c: int = _CANVAS_BLOCK_C, num_warps: int = 4,
+    c_per_program: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scatter pillar features into a BEV canvas.
 
@@ -172,6 +177,8 @@ def pillar_scatter(
         coords: ``(P, 4)`` int32 ``(batch, z, y, x)``, contiguous.
         block_hw, block_c, num_warps: the canvas-pass tile (cells × channels) and warps; the
             defaults were picked by the sweep in ``benchmarks/bench_pillar_scatter.py`` on the H200.
+        c_per_program: channels per program (a multiple of ``block_c``; more programs in flight
+            for few cells); default ``_CANVAS_C_PER_PROGRAM``, all channels when ``None`` there.
     Returns:
         ``(canvas (B, C, H, W), winner (B*H*W,) int32)``; no host synchronisation.
     """
@@ -182,9 +189,12 @@ def pillar_scatter(
     )
     hw = grid_h * grid_w
     if canvas.numel():
-        grid = (triton.cdiv(hw, block_hw), batch_size)
+        per = c_per_program or _CANVAS_C_PER_PROGRAM or num_channels
+        per = triton.cdiv(per, block_c) * block_c
+        grid = (triton.cdiv(hw, block_hw), batch_size, triton.cdiv(num_channels, per))
         _pillar_canvas_kernel[grid](
-            features, winner, canvas, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw, num_warps=num_warps
+            features, winner, canvas, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw, C_PER_PROGRAM=per,
+            num_warps=num_warps,
         )
     return canvas, winner
 
