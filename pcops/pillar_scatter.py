@@ -51,7 +51,10 @@ def pillar_scatter(
     bounds and their gradient is zero).
 
     Gradient: w.r.t. ``features`` only, a gather from the canvas gradient. No host
-    synchronisation on the GPU (3 launches: winner-map fill, winner atomics, canvas pass).
+    synchronisation on the GPU: the forward takes 3 launches (winner-map fill, winner atomics,
+    canvas pass), the backward 2 (zero fill, then ``csrc`` ``pillar_gather_b4x4`` reading the
+    canvas gradient in cell order, for 4-byte floats with C and H·W multiples of 4) or 1 (a Triton
+    gather per pillar, otherwise); see ``_GATHER``.
     """
     _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
