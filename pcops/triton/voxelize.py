@@ -641,12 +641,13 @@ def _voxel_rows_kernel(
                 # WIN chunks at once, and only a window that can change the kept set is merged
                 window = tl.load(wseg + k, mask=(jw[None, :] + k) < c[:, None], other=big)
                 if tl.max((tl.min(window, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
-                    for w in tl.static_range(WIN):
-                        kk = k + w * PB
+                    kk = k
+                    while kk < k + WIN * PB:  # a run-time loop: one sort network in the code
                         chunk = tl.load(seg + kk, mask=(jj[None, :] + kk) < c[:, None], other=big)
                         if tl.max((tl.min(chunk, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
                             both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
                             best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
+                        kk += PB
                 k += WIN * PB
         has = (best < big) & (jj < max_points)[None, :]
         pidx = best.to(tl.int64)
