@@ -431,17 +431,15 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
         assert got.num_dropped_points.sum() > 0
 
 
-@pytest.mark.parametrize("window", [1, 2, 8])
 @pytest.mark.parametrize("reverse", [False, True])
 @interpret
-def test_triton_interpreter_one_huge_voxel(small_blocks, monkeypatch, window, reverse):
+def test_triton_interpreter_one_huge_voxel(small_blocks, monkeypatch, reverse):
     """CSR mode with one voxel holding most points (as zero padding or a sentinel value gives): the rows
-    kernel's window steps (_CSR_WINDOW_CHUNKS chunks of PB), with merges in the forward and in the
-    reversed layout (every window merges), and a partial last window; the other voxels share its program."""
+    kernel's chunk loop over a long segment, in arrival order and in the reversed layout (every chunk
+    merges), with a partial last chunk; the other voxels share its program."""
     tri = small_blocks
     monkeypatch.setattr(tri, "_CSR_MAX_N", 10**9)
     monkeypatch.setattr(tri, "_CSR_REVERSE", reverse)
-    monkeypatch.setattr(tri, "_CSR_WINDOW_CHUNKS", window)
     pts = random_cloud(120, seed=7)
     g = generator(8)
     dense = torch.rand(230, pts.shape[1], generator=g) * 0.01 + 0.3  # one voxel of (2, 2, 1) m
@@ -681,14 +679,11 @@ for hl, hard, seg, pb, bmax, ones, rank_sort, key64, table, csr in [
 rows_types = (["*fp32"] + ["*i32"] * 6 + ["*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6
               + ["i32"] * 3)
 for csr in (False, True):
-    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True, CSR=csr,
-             WIN=8), 4)
-    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0, C_EXACT=False, CSR=csr,
-             WIN=8), 4)
-    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False, CSR=csr,
-             WIN=8), 4, ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True, CSR=False,
-         WIN=8), 8)
+    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True, CSR=csr), 4)
+    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0, C_EXACT=False, CSR=csr), 4)
+    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False, CSR=csr), 4,
+             ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
+compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True, CSR=False), 8)
 compile_(tri._voxel_scatter_kernel, ["*i32"] * 5 + ["i32"], dict(BLOCK=1024, REVERSE=False), 4)
 print("compiled")
 """

@@ -90,16 +90,14 @@ _RANK_TABLE = False
 # ranked lists (_RANK_SORT / _RANK_TABLE), whose rows kernel needs no merge loop for dense voxels:
 # in the CSR mode a voxel of c points costs its rows program c / PB chunk loads (a sort-merge only
 # for chunks holding an index below the PB-th smallest so far): fine for LiDAR scans (V1's largest
-# voxel holds 127 points; V2's 10x-tiled scan ~1,300), slow for clouds that put 10^5 points in one voxel.
+# voxel holds 127 points; V2's 10x-tiled scan ~1,300), slow for clouds that put 10^5 points in one voxel
+# (H200, V1 plus K points in one voxel, graph replay: K = 10^4 0.20 ms, 10^5 1.51 ms, 10^6 13.7 ms; the
+# lists 0.095, 0.185, 1.04). Tried: a pre-test of 8 chunks per wide load (10^6: 5.2 ms) raised the rows
+# kernel from 64 to 168 registers and V1 from 0.054 to 0.0575 ms: not kept (benchmarks/NOTES.md).
 _CSR_MAX_N = 2_000_000  # H200 at 14c32e1: V1 0.054 ms (lists 0.094), V2 0.183 (lists 0.240), E2's batch of 8 scans
 # tests only: True lays the CSR segments out in reverse arrival order (exercises the rows kernel's merges,
 # which the interpreter's in-order blocks never need otherwise)
 _CSR_REVERSE = False
-# CSR rows kernel: chunks of PB indices tested per step for a voxel of more than PB points (one wide
-# load, one minimum per row; the chunks are merged one by one only when the window can change the kept
-# set). A voxel of c points costs c / (PB * this) dependent loads: H200, V1 plus 10^6 points in one
-# voxel took 14.3 ms with one chunk per step (the ranked lists: 1.04 ms)
-_CSR_WINDOW_CHUNKS = 8
 # the "inserted" wait reads flags from a shared watermark on (False: from block 0)
 _WATERMARK = True
 # tests only: False makes the sorted path ignore earlier blocks' list entries (every collision cascades)
@@ -586,7 +584,6 @@ def _voxel_rows_kernel(
     BMAX: tl.constexpr,  # as in _voxelize_kernel
     C_EXACT: tl.constexpr,  # num_channels == CB: a constant row stride (vector loads and stores)
     CSR: tl.constexpr,  # the voxels' points come from CSR segments (arrival order) instead of ranked lists
-    WIN: tl.constexpr,  # CSR: chunks of PB per window step (_CSR_WINDOW_CHUNKS)
 ):
     pid = tl.program_id(0)
     if C_EXACT:
@@ -633,22 +630,14 @@ def _voxel_rows_kernel(
         if c_max > 0:  # programs past the last voxel (pad_to_max) write padding only: no sort
             best = tl.sort(tl.load(seg, mask=jj[None, :] < c[:, None], other=big), dim=1)
             k = pid * 0 + PB
-            jw = tl.arange(0, WIN * PB)
-            wseg = seg_ptr + start[:, None] + jw[None, :]
             while k < c_max:  # only programs holding a voxel of more than PB points
+                chunk = tl.load(seg + k, mask=(jj[None, :] + k) < c[:, None], other=big)
                 # segments are in arrival order, which follows the blocks' ticket order, so later
-                # chunks rarely hold an index below the PB-th smallest so far: one wide load tests
-                # WIN chunks at once, and only a window that can change the kept set is merged
-                window = tl.load(wseg + k, mask=(jw[None, :] + k) < c[:, None], other=big)
-                if tl.max((tl.min(window, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
-                    kk = k
-                    while kk < k + WIN * PB:  # a run-time loop: one sort network in the code
-                        chunk = tl.load(seg + kk, mask=(jj[None, :] + kk) < c[:, None], other=big)
-                        if tl.max((tl.min(chunk, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
-                            both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
-                            best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
-                        kk += PB
-                k += WIN * PB
+                # chunks rarely hold an index below the PB-th smallest so far: skip their sort
+                if tl.max((tl.min(chunk, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
+                    both = tl.sort(tl.reshape(tl.join(best, chunk), (ROWS, 2 * PB)), dim=1)
+                    best, _ = tl.split(tl.permute(tl.reshape(both, (ROWS, 2, PB)), (0, 2, 1)))
+                k += PB
         has = (best < big) & (jj < max_points)[None, :]
         pidx = best.to(tl.int64)
         e = tl.where(has, num_points - 1 - best, -1)  # the lists' encoding, for the first point below
@@ -811,8 +800,7 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
         *(float(v) for v in point_cloud_range[:3]), *(float(v) for v in voxel_size),
         max_points_per_voxel, max_voxels, w["list_stride"],
         PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=rows_per_program, SB=128, BMAX=_bmax(batch),
-        C_EXACT=num_channels == triton.next_power_of_2(num_channels), CSR=w["csr"] is not None,
-        WIN=_CSR_WINDOW_CHUNKS, num_warps=rows_warps,
+        C_EXACT=num_channels == triton.next_power_of_2(num_channels), CSR=w["csr"] is not None, num_warps=rows_warps,
     )
     return voxels, coords, npts, w["p2v"], counts[0], counts[1], counts[2]
 
