@@ -1041,7 +1041,7 @@ __device__ __forceinline__ void morton_keys(const float* __restrict__ points, co
     lo[a] = box[a];
     scale[a] = top / fmaxf(box[3 + a] - box[a], 1e-6f);  // NaN (empty cloud) -> 1e-6
   }
-  const K high = (K)b << (3 * bits + 1 + (sizeof(K) == 8 ? 1 : 0));  // int64: b << 32
+  const K high = (K)b << (sizeof(K) == 8 ? 32 : 3 * bits + 1);  // above the padding bit 1 << (3 bits)
   for (int i = tid; i < n; i += blockDim.x) {
     unsigned code = 1u << (3 * bits);
     if (i < length) {

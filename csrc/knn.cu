@@ -427,6 +427,21 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
   return v;
 }
 
+// the block-wide bounds of this thread's lo[3] / hi[3], written by thread 0 as out[0..2] (min xyz),
+// out[3..5] (max xyz) (all threads must call)
+__device__ __forceinline__ void store_block_bounds(const float (&lo)[3], const float (&hi)[3], float* scratch,
+                                                   float* out) {
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    const float mn = block_reduce<false>(lo[a], scratch);
+    const float mx = block_reduce<true>(hi[a], scratch);
+    if (threadIdx.x == 0) {
+      out[a] = mn;
+      out[3 + a] = mx;
+    }
+  }
+}
+
 // per-chunk bounds of the valid points: grid (chunks, B), blockDim.x a multiple of 32; chunk c
 // covers points [c * per, (c + 1) * per)
 extern "C" __global__ void __launch_bounds__(256) knn_prep_bounds(
@@ -448,16 +463,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_prep_bounds(
       hi[a] = fmaxf(hi[a], c);
     }
   }
-  float* out = partial + (b * gridDim.x + blockIdx.x) * 6;
-#pragma unroll
-  for (int a = 0; a < 3; ++a) {
-    const float mn = block_reduce<false>(lo[a], scratch);
-    const float mx = block_reduce<true>(hi[a], scratch);
-    if (threadIdx.x == 0) {
-      out[a] = mn;
-      out[3 + a] = mx;
-    }
-  }
+  store_block_bounds(lo, hi, scratch, partial + (b * gridDim.x + blockIdx.x) * 6);
 }
 
 // Morton codes: grid (cdiv(N, blockDim.x * PER), B); each block first combines the cloud's
@@ -552,14 +558,6 @@ extern "C" __global__ void __launch_bounds__(256) knn_prep_gather(
     }
   }
   float* sbox = sboxes + (b * num_sb + s) * 8;
-#pragma unroll
-  for (int a = 0; a < 3; ++a) {
-    const float mn = block_reduce<false>(slo[a], scratch);
-    const float mx = block_reduce<true>(shi[a], scratch);
-    if (threadIdx.x == 0) {
-      sbox[a] = mn;
-      sbox[3 + a] = mx;
-    }
-  }
+  store_block_bounds(slo, shi, scratch, sbox);
   if (threadIdx.x == 0) sbox[6] = sbox[7] = 0.0f;
 }
