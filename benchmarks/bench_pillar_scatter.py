@@ -126,15 +126,10 @@ def main():
             t = bench(lambda: pcops.pillar_scatter(fr, coords, batch_size, (H, W), backend=backend).backward(grad), rep=rep)
             rows.append(row(wl, f"pcops {backend} (fwd+bwd)", t, items=n, unit="pillars/s", baseline=base_fb))
     rows += steady_rows(1, rep)
-    # canvas-pass tile sweep (graph-captured forward, B=1) and the backward gather alone
+    # the backward gather alone, eager (the canvas-pass tiles are swept in steady_rows)
     feats, coords = make(1)
     from pcops.triton import pillar_scatter as tri
 
-    sweep = []
-    for block_hw, block_c, warps in [(512, 16, 4), (1024, 16, 8), (1024, 8, 4), (2048, 8, 8), (256, 64, 4), (512, 32, 8), (4096, 4, 8)]:
-        t = bench(lambda: tri.pillar_scatter(feats, coords, 1, H, W, block_hw=block_hw, block_c=block_c, num_warps=warps), rep=rep, graph=True)
-        sweep.append({"block_hw": block_hw, "block_c": block_c, "num_warps": warps, **t})
-        print(f"sweep block_hw={block_hw} block_c={block_c} warps={warps}: {t['median_ms']:.4f} ms (graph)")
     canvas, winner = tri.pillar_scatter(feats, coords, 1, H, W)
     grad = torch.randn_like(canvas)
     tg = bench(lambda: torch.ops.pcops.pillar_gather(grad, coords, winner), rep=rep)
@@ -145,7 +140,7 @@ def main():
             pcops.pillar_scatter(fr, coords, 1, (H, W)).backward(grad)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
-    report(rows, "pillar_scatter", args.out, notes={"floor_ms_B1": C * H * W * 4 / 4.3e12 * 1e3, "tile_sweep": sweep})
+    report(rows, "pillar_scatter", args.out, notes={"floor_ms_B1": C * H * W * 4 / 4.3e12 * 1e3})
 
 
 if __name__ == "__main__":
