@@ -8,7 +8,7 @@ stage of an eager run) and the total (CUDA events around the whole call, median 
 Graph stages: each stage captured in its own CUDA graph and replayed alone (the split of the graph total).
 E2: 8 scans (the KITTI samples repeated) packed as one batch of 8; scans per second.
 
-Weights are random (seeded, BatchNorm statistics from SCAN, see ``PointPillars.randomize_``):
+Weights are random (seeded, BatchNorm statistics from SCAN, see ``pcops.models.random_init.randomize_``):
 the time does not depend on them except through the boxes reaching NMS (the fast path always
 hands the 4,096 top-scoring anchors to the padded NMS, those under the score threshold marked
 invalid with a NaN score; the reference path's detection count is in the notes).
@@ -23,6 +23,7 @@ import torch
 from common import gpu_activities, bench, load_scan, parse_args, report, row
 
 from pcops.models.pointpillars import PointPillars
+from pcops.models.random_init import randomize_
 from pcops.models.timing import StageTimer, null_timer
 
 
@@ -53,7 +54,7 @@ PROFILED: set = set()
 def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=False):
     """Each stage of the captured pipeline in its own CUDA graph (inputs from the previous stage):
     the per-stage split of the graph-captured total, for one scan or a batch (a list of scans)."""
-    from pcops.models.pointpillars import GraphedPointPillars, _cudnn_benchmark, _fixed_voxelize
+    from pcops.models.graph import GraphedPointPillars, cudnn_benchmark as _cudnn_benchmark, fixed_voxelize as _fixed_voxelize
     import torch.nn.functional as F
 
     scans_gpu = scans_gpu if isinstance(scans_gpu, (list, tuple)) else [scans_gpu]
@@ -96,17 +97,14 @@ def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=
 
 
 @contextlib.contextmanager
-def kernel_options(epilogue: str, pfn_variant: str):
-    """The fast path's backbone epilogue and PFN kernel set for the block, then restored."""
-    from pcops.models import pointpillars as pp
-    from pcops.triton import pfn
-
-    saved = pp.BACKBONE_EPILOGUE, pfn.VARIANT
-    pp.BACKBONE_EPILOGUE, pfn.VARIANT = epilogue, pfn_variant
+def kernel_options(model, epilogue: str):
+    """The model's backbone epilogue for the block, then restored."""
+    saved = model.epilogue
+    model.epilogue = epilogue
     try:
         yield
     finally:
-        pp.BACKBONE_EPILOGUE, pfn.VARIANT = saved
+        model.epilogue = saved
 
 
 def main():
@@ -115,7 +113,7 @@ def main():
     scan, source = load_scan("000001")
     other, _ = load_scan("000000")
     pts = scan.cuda()
-    model = PointPillars(impl="reference").randomize_(seed=0, points=scan).cuda()
+    model = randomize_(PointPillars(impl="reference"), seed=0, points=scan).cuda()
     rows, notes = [], {"scan": source, "points": int(scan.shape[0]), "weights": "random (seed 0)"}
 
     # ---- E1: batch 1
@@ -174,12 +172,12 @@ def main():
         del graphed
         if tag == "fp16":
             rows += graph_stage_rows(model, [s.cuda() for s in scans], tag, max(10, rep // 3), workload="E2")
-    # ---- kernel options of the fast path: backbone epilogue x PFN kernel (fp16, graph-captured)
+    # ---- the fast path's backbone epilogue options (fp16, graph-captured)
     model.impl, model.dtype = "fast", torch.float16
-    for epilogue, pfn_variant in (("torch", "rank1"), ("triton", "dot"), ("cudnn", "dot")):
-        tag = f"fp16 epilogue={epilogue} pfn={pfn_variant}"
+    for epilogue in ("torch", "triton", "cudnn"):
+        tag = f"fp16 epilogue={epilogue}"
         try:
-            with kernel_options(epilogue, pfn_variant):
+            with kernel_options(model, epilogue):
                 graphed = model.capture(pts)
                 t = bench(lambda: graphed(pts), rep=rep)
                 rows.append(row("E1 total", f"pcops graph {tag}", t, items=1, unit="scans/s", baseline=base))

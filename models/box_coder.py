@@ -11,7 +11,7 @@ import torch
 
 from .config import PointPillarsConfig
 
-__all__ = ["generate_anchors", "decode_boxes", "limit_period", "apply_direction"]
+__all__ = ["generate_anchors", "encode_boxes", "decode_boxes", "limit_period", "apply_direction", "direction_target"]
 
 
 def generate_anchors(config: PointPillarsConfig) -> torch.Tensor:
@@ -64,6 +64,38 @@ def limit_period(val: torch.Tensor, offset: float = 0.5, period: float = math.pi
     """OpenPCDet's ``common_utils.limit_period``: ``val - floor(val / period + offset) * period``,
     i.e. ``val`` mapped into ``[-offset * period, (1 - offset) * period)``."""
     return val - torch.floor(val / period + offset) * period
+
+
+def encode_boxes(boxes: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """OpenPCDet's ``ResidualCoder.encode_torch`` (``encode_angle_by_sincos=False``): the inverse of
+    :func:`decode_boxes`. Sizes are clamped to ``>= 1e-5`` before the log, as OpenPCDet does.
+
+    ``x_t = (x - x_a) / d_a``, ``y_t = (y - y_a) / d_a``, ``z_t = (z - z_a) / dz_a``,
+    ``dx_t = log(dx / dx_a)`` (likewise dy, dz), ``r_t = r - r_a`` (not wrapped: the loss compares
+    headings through ``sin(a - b)``). Shapes ``(..., 7)`` broadcastable; float32.
+    """
+    anchors = anchors.float()
+    boxes = boxes.float()
+    xa, ya, za, dxa, dya, dza, ra = anchors.unbind(-1)
+    xg, yg, zg, dxg, dyg, dzg, rg = boxes.unbind(-1)
+    dxa, dya, dza = dxa.clamp(min=1e-5), dya.clamp(min=1e-5), dza.clamp(min=1e-5)
+    dxg, dyg, dzg = dxg.clamp(min=1e-5), dyg.clamp(min=1e-5), dzg.clamp(min=1e-5)
+    diagonal = torch.sqrt(dxa**2 + dya**2)
+    return torch.stack(
+        ((xg - xa) / diagonal, (yg - ya) / diagonal, (zg - za) / dza,
+         torch.log(dxg / dxa), torch.log(dyg / dya), torch.log(dzg / dza), rg - ra),
+        dim=-1,
+    )
+
+
+def direction_target(anchors: torch.Tensor, reg_targets: torch.Tensor, dir_offset: float, num_bins: int) -> torch.Tensor:
+    """OpenPCDet's ``get_direction_target`` (``one_hot=False``): the direction bin of each target's
+    heading, ``floor(limit_period(r - dir_offset, 0, 2π) / (2π / num_bins))`` clamped to the bins;
+    ``r = r_t + r_a``. Returns int64 of the leading shape."""
+    rot_gt = reg_targets[..., 6] + anchors[..., 6]
+    offset_rot = limit_period(rot_gt - dir_offset, 0.0, 2 * math.pi)
+    bins = torch.floor(offset_rot / (2 * math.pi / num_bins)).long()
+    return bins.clamp(min=0, max=num_bins - 1)
 
 
 def decode_boxes(deltas: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:

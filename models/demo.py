@@ -28,6 +28,7 @@ import pcops.io
 
 from .config import PointPillarsConfig
 from .pointpillars import PointPillars
+from .random_init import randomize_
 from .timing import StageTimer, null_timer
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
         print(f"weights: OpenPCDet checkpoint {args.weights}")
     else:
         calib_points = pcops.io.read_points(scans[0])
-        model.randomize_(args.seed, calib_points)
+        randomize_(model, args.seed, calib_points)
         print(f"weights: RANDOM (seed {args.seed}, BatchNorm statistics from {scans[0].name}); no trained "
               "checkpoint given (--weights), so the detections below are meaningless boxes")
     model = model.to(device)

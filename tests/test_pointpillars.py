@@ -19,6 +19,7 @@ from conftest import KITTI
 from pcops.models import box_coder
 from pcops.models.config import PointPillarsConfig
 from pcops.models.pointpillars import PointPillars
+from pcops.models.random_init import randomize_
 
 CFG = PointPillarsConfig()
 
@@ -115,7 +116,7 @@ _OPENPCDET_KEYS = [
 
 @pytest.fixture(scope="module")
 def tiny_state():
-    return PointPillars().randomize_(seed=3).state_dict()
+    return randomize_(PointPillars(), seed=3).state_dict()
 
 
 def test_state_dict_names_and_shapes(tiny_state):
@@ -282,7 +283,7 @@ def _calibrated_model() -> PointPillars:
     """Random weights with BatchNorm statistics and score bias from both sample scans."""
     a, b = _scan("000000"), _scan("000001")
     lengths = torch.tensor([a.shape[0], b.shape[0]])
-    return PointPillars(impl="reference").randomize_(seed=0, points=torch.cat([a, b]), lengths=lengths)
+    return randomize_(PointPillars(impl="reference"), seed=0, points=torch.cat([a, b]), lengths=lengths)
 
 
 @pytest.fixture(scope="module")
@@ -569,9 +570,7 @@ def test_bias_relu_gpu(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_backbone_epilogues_match_torch(gpu_model, mode, dtype, no_tf32):
     """The fused epilogues give the unfused backbone's output (float rounding of the bias add apart)."""
-    from pcops.models import pointpillars as pp
-
-    fp_dtype = gpu_model.dtype
+    fp_dtype, epilogue = gpu_model.dtype, gpu_model.epilogue
     gpu_model.dtype = dtype
     try:
         fp = gpu_model._fast_params(torch.device("cuda"))
@@ -580,12 +579,12 @@ def test_backbone_epilogues_match_torch(gpu_model, mode, dtype, no_tf32):
         if fp.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with torch.no_grad():
-            pp.BACKBONE_EPILOGUE = "torch"
+            gpu_model.epilogue = "torch"
             ref = gpu_model._backbone_fast(x, fp).float()
-            pp.BACKBONE_EPILOGUE = mode
+            gpu_model.epilogue = mode
             got = gpu_model._backbone_fast(x, fp).float()
     finally:
-        pp.BACKBONE_EPILOGUE = "torch"
+        gpu_model.epilogue = epilogue
         gpu_model.dtype = fp_dtype
     scale = float(ref.abs().max())
     tol = 1e-4 if dtype == torch.float32 else 2e-2
