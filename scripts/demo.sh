@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the main job: the PointPillars demo on the sample scans in data/.
+# Set up .venv/ (scripts/setup.sh) and run the PointPillars demo on the sample scans in data/.
+# Arguments go to the demo (python -m pcops.models.demo --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup.sh
+PCOPS_SETUP=demo source scripts/setup.sh
+set -x
 python -m pcops.models.demo "$@"
