@@ -1,28 +1,25 @@
 // Exact K nearest neighbours over Morton-sorted tiles, CUDA C++ compiled at run time by NVRTC
-// (self-contained: no standard or CUDA headers). Same results as pcops/reference/sampling.py's
-// knn, bit for bit: distances are dx*dx + dy*dy + dz*dz in that order with explicit
-// round-to-nearest intrinsics (no FMA contraction), ties ordered by the original reference index.
+// (self-contained: no standard or CUDA headers; pcops/cuda/knn.py launches these kernels). Same
+// results as pcops/reference/knn.py, bit for bit: distances are dx*dx + dy*dy + dz*dz in that order
+// with explicit round-to-nearest intrinsics (no FMA contraction), ties ordered by the original
+// reference index.
 //
-// Inputs come from pcops/triton/sampling.py's _morton_sort: each cloud's references sorted along
-// a Morton curve, cut into tiles of QB points with a bounding box each, and superblocks of `sb`
-// tiles with a box each. A block of QB threads (QB = 32 or 64, a template parameter; the
-// kernels are knn_sorted_q<QB>_k<KP>) owns QB consecutive sorted queries, one thread per query;
-// each thread keeps its top KP as (distance, index) pairs sorted ascending, meant to stay in
-// registers (an unrolled compare-and-swap insertion; for KP < 32 they do not: see "Variants").
+// Preprocessing (knn_prep_bounds, knn_prep_codes, torch.sort, knn_prep_gather, at the end of this
+// file): each cloud's references sorted along a Morton curve, cut into tiles of 32 points with a
+// bounding box each, and superblocks of `sb` tiles with a box each. A block of 32 threads owns 32
+// consecutive sorted queries, one thread per query, with its top K in registers.
 //
-// Search: superblocks are visited outward from the block's own position along the curve (its
-// neighbourhood first, so the K-th distances shrink fast). A superblock, then a tile, is read
-// only if some thread's query is within its current K-th distance of the box (the box distance
-// is computed with the same rounded operations, so it never exceeds the distance of a point
-// inside: the skip is exact; `<=` keeps boxes at exactly the K-th distance, where a lower index
-// could still win a tie). A tile that survives is staged in shared memory and every thread that
-// needs it scans its QB points. No host synchronisation, one launch.
+// Search: the block's own tile first (the K-th bests start small), then superblocks outward from
+// the block's own position along the curve (its neighbourhood first, so the K-th distances shrink
+// fast). A superblock, then a tile, is read only if some thread's query is within its current K-th
+// distance of the box (the box distance is computed with the same rounded operations, so it never
+// exceeds the distance of a point inside: the skip is exact; `<=` keeps boxes at exactly the K-th
+// distance, where a lower index could still win a tie). A tile that survives is staged in shared
+// memory and every thread that needs it scans its 32 points. No host synchronisation, one launch.
 //
-// The launcher's default is knn_net_* (see "Variants" below: the same search with the top K as
-// 64-bit keys that stay in registers for every KP); knn_sorted_* is the first version.
+// Entry points: knn_netfu_q32_k{1,2,4,8,16,32} (KP = next power of two >= K slots), knn_prep_*.
 
 #define F_INF __int_as_float(0x7f800000)
-#define NO_INDEX 0x7fffffff
 
 __device__ __forceinline__ float sq_dist(float qx, float qy, float qz, float rx, float ry, float rz) {
   const float dx = __fsub_rn(qx, rx), dy = __fsub_rn(qy, ry), dz = __fsub_rn(qz, rz);
@@ -38,168 +35,14 @@ __device__ __forceinline__ float box_dist(const float* __restrict__ box, float q
   return __fadd_rn(__fadd_rn(__fmul_rn(gx, gx), __fmul_rn(gy, gy)), __fmul_rn(gz, gz));
 }
 
-__device__ __forceinline__ bool key_less(float d, int i, float bd, int bi) {
-  return d < bd || (d == bd && i < bi);
-}
-
-// insert (d, i) into the ascending top-KP list (compare-and-swap down the list, fully unrolled so
-// the arrays stay in registers) and refresh the K-th best (kd, ki)
-template <int KP>
-__device__ __forceinline__ void insert(float (&bd)[KP], int (&bi)[KP], float d, int i, int k, float& kd, int& ki) {
-  float cd = d;
-  int ci = i;
-#pragma unroll
-  for (int m = 0; m < KP; ++m) {
-    if (key_less(cd, ci, bd[m], bi[m])) {
-      const float td = bd[m];
-      const int ti = bi[m];
-      bd[m] = cd;
-      bi[m] = ci;
-      cd = td;
-      ci = ti;
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < KP; ++m) {
-    if (m == k - 1) {
-      kd = bd[m];
-      ki = bi[m];
-    }
-  }
-}
-
-template <int QB, int KP>
-__device__ __forceinline__ void knn_body(
-    const float* __restrict__ q_sorted,     // (B, Nq, 3) queries in Morton order
-    const long long* __restrict__ q_perm,   // (B, Nq) original index of each sorted query
-    const float* __restrict__ r_sorted,     // (B, Nr, 3) references in Morton order
-    const long long* __restrict__ r_perm,   // (B, Nr) original index of each sorted reference
-    const float* __restrict__ boxes,        // (B, S * sb, 8) tile boxes (min xyz, max xyz, -, -)
-    const float* __restrict__ sboxes,       // (B, S, 8) superblock boxes
-    const long long* __restrict__ q_len_p,  // (B,)
-    const long long* __restrict__ r_len_p,  // (B,)
-    float* __restrict__ dists,              // (B, Nq, k) out, ascending, inf padded
-    long long* __restrict__ idx,            // (B, Nq, k) out, -1 padded
-    int nq, int nr, int num_sb, int sb, int k) {
-  __shared__ float4 tile_pts[QB];  // x, y, z, original index (bits)
-  const long long b = blockIdx.y;
-  const int q_len = (int)min(max(q_len_p[b], 0LL), (long long)nq);
-  const int r_len = (int)min(max(r_len_p[b], 0LL), (long long)nr);
-  const int first = blockIdx.x * QB;
-  const int row = first + threadIdx.x;
-  const bool valid = row < q_len;
-  float qx = 0.0f, qy = 0.0f, qz = 0.0f;
-  if (valid) {
-    const float* q = q_sorted + (b * nq + row) * 3;
-    qx = q[0];
-    qy = q[1];
-    qz = q[2];
-  }
-  float bd[KP];
-  int bi[KP];
-#pragma unroll
-  for (int j = 0; j < KP; ++j) {
-    bd[j] = F_INF;
-    bi[j] = NO_INDEX;
-  }
-  float kd = F_INF;  // the K-th best so far (slot k - 1)
-  int ki = NO_INDEX;
-
-  const int n_t = first < q_len ? (r_len + QB - 1) / QB : 0;
-  const int n_sb = (n_t + sb - 1) / sb;
-  const int num_tiles = num_sb * sb;
-  const long long t0 = ((long long)first * r_len / (q_len > 0 ? q_len : 1)) / QB;
-  const int sb0 = (int)min(t0 / sb, (long long)(n_sb > 0 ? n_sb - 1 : 0));
-  const float* r_base = r_sorted + b * (long long)nr * 3;
-  const long long* p_base = r_perm + b * (long long)nr;
-  for (int step = 0; step < n_sb; ++step) {
-    const int off = (step + 1) / 2;
-    int s = (step & 1) ? sb0 + off : sb0 - off;
-    s = (s + n_sb) % n_sb;
-    const bool want = valid && box_dist(sboxes + (b * num_sb + s) * 8, qx, qy, qz) <= kd;
-    if (!__syncthreads_or(want)) continue;
-    const int t_end = min((s + 1) * sb, n_t);
-    for (int tile = s * sb; tile < t_end; ++tile) {
-      const bool need = want && box_dist(boxes + (b * num_tiles + tile) * 8, qx, qy, qz) <= kd;
-      if (!__syncthreads_or(need)) continue;
-      const int base = tile * QB;
-      const int pos = base + threadIdx.x;
-      if (pos < r_len) {
-        tile_pts[threadIdx.x] = make_float4(r_base[pos * 3 + 0], r_base[pos * 3 + 1], r_base[pos * 3 + 2],
-                                            __int_as_float((int)p_base[pos]));
-      }
-      __syncthreads();
-      if (need) {
-        const int count = min(QB, r_len - base);
-        for (int j = 0; j < count; ++j) {
-          const float4 r = tile_pts[j];
-          const float d = sq_dist(qx, qy, qz, r.x, r.y, r.z);
-          const int i = __float_as_int(r.w);
-          if (key_less(d, i, kd, ki)) insert<KP>(bd, bi, d, i, k, kd, ki);
-        }
-      }
-      __syncthreads();
-    }
-  }
-  if (row < nq) {
-    const long long orig = q_perm[b * nq + row];
-    const long long out = (b * nq + orig) * k;
-#pragma unroll
-    for (int m = 0; m < KP; ++m) {
-      if (m < k) {
-        const bool found = valid && bi[m] != NO_INDEX;
-        dists[out + m] = found ? bd[m] : F_INF;
-        idx[out + m] = found ? (long long)bi[m] : -1LL;
-      }
-    }
-  }
-}
-
-#define PCOPS_KNN_ENTRY(QB, KP)                                                                          \
-  extern "C" __global__ void __launch_bounds__(QB) knn_sorted_q##QB##_k##KP(                             \
-      const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm,   \
-      const float* boxes, const float* sboxes, const long long* q_len, const long long* r_len,         \
-      float* dists, long long* idx, int nq, int nr, int num_sb, int sb, int k) {                       \
-    knn_body<QB, KP>(q_sorted, q_perm, r_sorted, r_perm, boxes, sboxes, q_len, r_len, dists, idx, nq,  \
-                     nr, num_sb, sb, k);                                                                 \
-  }
-
-#define PCOPS_KNN_ENTRIES(QB) \
-  PCOPS_KNN_ENTRY(QB, 1)      \
-  PCOPS_KNN_ENTRY(QB, 2)      \
-  PCOPS_KNN_ENTRY(QB, 4)      \
-  PCOPS_KNN_ENTRY(QB, 8)      \
-  PCOPS_KNN_ENTRY(QB, 16)     \
-  PCOPS_KNN_ENTRY(QB, 32)
-
-PCOPS_KNN_ENTRIES(32)
-PCOPS_KNN_ENTRIES(64)
-
-// ---------------------------------------------------------------------------------------------
-// Variants (pcops/cuda/knn.py's `variant`): the same search with a cheaper top-K.
-//
-// Why: knn_body above keeps (bd, bi) in registers only for KP = 32. For KP < 32 its "refresh the
-// K-th best" loop (`if (m == k - 1) kd = bd[m]`) is turned by the compiler into one load at the
-// run-time index k - 1, so both arrays live in local memory (ptxas: 8 * KP bytes stack frame; the
-// PTX stores every swap to local memory and reloads the K-th best). And its compare-and-swap is
-// one dependent chain of KP steps.
-//
-// Here each (distance, index) pair is one 64-bit key: the float's bits (distances are >= +0, so
-// their bit patterns order like the floats; NaN never enters) above index + 1. Comparing keys is
-// exactly key_less. The list holds KP keys, right-aligned: slots [0, KP - k) hold the sentinel 0
-// (below every real key, never displaced) and the K-th best is always key[KP - 1] -- no run-time
-// index anywhere, so everything stays in registers. Insertion is a select network: new slot m =
-// old m if the candidate is not below it, else old m - 1 if the candidate is not below that, else
-// the candidate (each slot reads only old values: no KP-long dependent chain).
-//
-// A thread inserts on the spot when its candidate beats its K-th best; the lanes of a warp that
-// insert at the same candidate do it together (on K1 a warp inserts at 21 % of the candidates it
-// scans; its lanes insert 67 times each, 2,133 in all, in 210 warp-wide insertions, by a CPU
-// emulation of this kernel). Measured and removed (H200, 03:10): FAISS-style warp queues of 2, 4
-// or 8 keys per thread merged by the whole warp (K1 K=16 0.89-1.01 ms search against 0.63 for
-// on-the-spot insertion: a vote and a queue shift per candidate, and only 12 % fewer insertions).
-// ---------------------------------------------------------------------------------------------
-
+// The top K as 64-bit keys: the distance's bits (distances are >= +0, so their bit patterns order
+// like the floats; NaN never enters) above index + 1, so comparing keys orders by (distance, index).
+// The list holds KP keys, right-aligned: slots [0, KP - k) hold the sentinel 0 (below every real
+// key, never displaced) and the K-th best is always key[KP - 1] -- no run-time index anywhere, so
+// everything stays in registers (a run-time index would put the list in local memory). Insertion is
+// a select network: new slot m = old m if the candidate is not below it, else old m - 1 if the
+// candidate is not below that, else the candidate (each slot reads only old values: no KP-long
+// dependent chain). A thread inserts on the spot when its candidate beats its K-th best.
 typedef unsigned long long knn_key;
 #define KEY_EMPTY 0x7f800000ffffffffULL  // (inf, no index): above every real key, never output
 #define FULL_MASK 0xffffffffu
@@ -229,7 +72,7 @@ __device__ __forceinline__ void net_insert(knn_key (&key)[KP], knn_key c) {
   net_insert_from<KP, 0>(key, c);
 }
 
-// Options of knn_body_keys (template flags, see PCOPS_KNN_KEYS_ENTRIES):
+// Options of knn_body_keys (template flags, see PCOPS_KNN_KEYS_ENTRY):
 // OWN: scan the block's own tile (the references at the queries' position on the curve) before
 //   the outward sweep, so the K-th bests start small (fewer insertions, tighter culls); the sweep
 //   skips it.
@@ -339,10 +182,9 @@ __device__ __forceinline__ void knn_body_keys(
   }
 }
 
-// knn_<variant>_q<QB>_k<KP> (pcops/cuda/knn.py VARIANTS): OWN, UNR as above. MINW:
-// __launch_bounds__ minimum resident warps per SM, for KP <= 16 (MINW16) and KP = 32 (MINW32):
-// 32 warps cap a thread at 64 registers, which every KP <= 16 kernel meets without spilling
-// (ptxas; otherwise netfu and nets take 74-76 and 4,096 blocks of K1 no longer fit in one wave)
+// knn_netfu_q32_k<KP>: OWN, UNR = 4 as above. __launch_bounds__ minimum resident blocks: 32 warps
+// per SM for KP <= 16 (caps a thread at 64 registers, met without spilling, so K1's 4,096 one-warp
+// blocks run in one wave), 24 for KP = 32 (80 registers, no spill)
 #define PCOPS_KNN_KEYS_ENTRY(NAME, QB, KP, OWN, UNR, MINW)                              \
   extern "C" __global__ void __launch_bounds__(QB, ((MINW) * 32 + (QB) - 1) / (QB)) NAME(                         \
       const float* q_sorted, const long long* q_perm, const float* r_sorted, const long long* r_perm, \
@@ -352,49 +194,16 @@ __device__ __forceinline__ void knn_body_keys(
                                                 q_len, r_len, dists, idx, nq, nr, num_sb, sb, k);     \
   }
 
-// tiles of 32 only (the experimental variants: fewer kernels for NVRTC to compile)
-#define PCOPS_KNN_KEYS_ENTRIES32(V, OWN, UNR, MINW16, MINW32)            \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k1, 32, 1, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k2, 32, 2, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k4, 32, 4, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k8, 32, 8, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k16, 32, 16, OWN, UNR, MINW16)      \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q32_k32, 32, 32, OWN, UNR, MINW32)
-
-#define PCOPS_KNN_KEYS_ENTRIES(V, OWN, UNR, MINW16, MINW32)              \
-  PCOPS_KNN_KEYS_ENTRIES32(V, OWN, UNR, MINW16, MINW32)                  \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k1, 64, 1, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k2, 64, 2, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k4, 64, 4, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k8, 64, 8, OWN, UNR, MINW16)        \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k16, 64, 16, OWN, UNR, MINW16)      \
-  PCOPS_KNN_KEYS_ENTRY(knn_##V##_q64_k32, 64, 32, OWN, UNR, MINW32)
-
-// (MINW32 = 24 caps KP = 32 at 80 registers: no spill for netf / netfu / netfq; the others would
-// spill at 80 and take 20 warps: at most 96, no spill, where uncapped they took up to 107)
-// Measured on the H200 (04:05 run; search kernel alone, ms; K1 K=16 / K1 K=32 / K2): net 0.631 /
-// 1.162 / 0.993, netf 0.638 / 1.210 / 0.948, netfu 0.560 / 1.109 / 0.848, nets 0.660 / 1.324 /
-// 0.940, netq 0.688 / 1.129 / 1.039, netfq 0.636 / 1.116 / 0.941, netsq 0.646 / 1.220 / 0.918,
-// netsuq 0.613 / 1.179 / 0.875, netfp 0.743 / 1.445 / 1.100, netsp 0.733 / 1.452 / 1.064, netspq
-// 0.720 / 1.304 / 1.067: the unrolled candidate loop wins everywhere (the search is latency-bound);
-// the point pre-test (PTS) halves the points scanned (CPU emulation: 463 of 955 per block on K1)
-// but its one-at-a-time __ffs loop lost; nets, netq, netsq, netfp, netsp, netspq were removed.
-//                       variant  OWN    UNR  MINW16 MINW32
-PCOPS_KNN_KEYS_ENTRIES(net,       false, 1,   1,     1)
-PCOPS_KNN_KEYS_ENTRIES(netfu,     true,  4,   32,    24)
-// Removed after the 04:05 run, to keep NVRTC's compile of this file on the first KNN call short
-// (81 kernels took about 12 s on the dev machine): netf, netfq, netsuq (measured above) and the
-// unmeasured netfu8 (UNR 8), netfuq (OWN, UNR 4, list-quarter skips), netfpu (OWN, UNR 4, point
-// pre-test) and netspu (OWN, superblock pre-test, UNR 4, point pre-test); with them went the
-// template options for the list-quarter skip (a __reduce_min_sync over the inserting lanes picking
-// the quarter to start the network from), the superblock pre-test (each lane of a warp tests one of
-// the next 32 superblocks against the warp's query box and largest K-th best) and the point
-// pre-test (each staged point against the same bound, the passing points scanned by __ffs).
-// PCOPS_KNN_KEYS_ENTRIES32(<variant>, OWN, UNR, MINW16, MINW32) adds a variant for tiles of 32.
+PCOPS_KNN_KEYS_ENTRY(knn_netfu_q32_k1, 32, 1, true, 4, 32)
+PCOPS_KNN_KEYS_ENTRY(knn_netfu_q32_k2, 32, 2, true, 4, 32)
+PCOPS_KNN_KEYS_ENTRY(knn_netfu_q32_k4, 32, 4, true, 4, 32)
+PCOPS_KNN_KEYS_ENTRY(knn_netfu_q32_k8, 32, 8, true, 4, 32)
+PCOPS_KNN_KEYS_ENTRY(knn_netfu_q32_k16, 32, 16, true, 4, 32)
+PCOPS_KNN_KEYS_ENTRY(knn_netfu_q32_k32, 32, 32, true, 4, 24)
 
 // ---------------------------------------------------------------------------------------------
-// Preprocessing in three kernels (pcops/cuda/knn.py `prep="cuda"`), the same outputs as
-// pcops/triton/sampling.py's _morton_sort (about 18 small launches): knn_prep_bounds (partial
+// Preprocessing in three kernels, the same outputs as pcops/triton/knn.py's _morton_sort (about 18
+// small launches): knn_prep_bounds (partial
 // bounds of each cloud), knn_prep_codes (Morton codes), torch.sort, then knn_prep_gather (sorted
 // points, tile boxes and superblock boxes). Any order keeps the search exact (boxes bound their own tiles); this one is
 // the same Morton order (10-bit cells of each cloud's box; padding last).

@@ -15,7 +15,8 @@ _OP_MODULES = (
     "pillar_scatter",
     "voxelize",
     "nms",
-    "sampling",
+    "fps",
+    "knn",
     "kernel_map",
     "fused",
 )
