@@ -10,20 +10,16 @@ Implementations, all in the same run:
   form (one host sync to size the output), the padded form eager (no sync) and captured in a CUDA
   graph (with the profiler's per-kernel GPU µs in ``gpu_activities``), and each of its three
   kernels captured alone (``stage`` rows: kernel time + ~2 µs of graph launch; the pass also
-  with the other block sizes among 256, 512 and 1024 threads, and the experimental
-  ``nms_pass_b2``, whose workers' loads stay in flight across the barrier).
-* the previous CUDA pipeline (``torch.sort`` + ``nms_mask`` + ``nms_pass_v2``, and with the first
-  pass kernel ``nms_pass`` v1), graph-captured, with its sort and mask stages; the notes'
-  ``equal_outputs`` say per workload whether all CUDA pipelines give the same outputs (padded N
-  and padded 500), computed in the run.
+  with the other block sizes among 256, 512 and 1024 threads).
 * the Triton backend (padded, graph; with ``--quick`` only that row, few repetitions: ~8 ms (N1)
-  and ~110 ms (N2) per call on the H200).
-* OpenPCDet's PointPillars setting (pre 4,096, post 500, padded, graph) on N1 at 0.01: the new and
-  the previous pipeline; and the same with the input PointPillars gives it (boxes in top-k order,
-  NaN scores below the score threshold: here all but the first 400).
+  and ~110 ms (N2) per call on the H200); the notes' ``equal_outputs`` say per workload whether
+  it gives the CUDA pipeline's outputs.
+* OpenPCDet's PointPillars setting (pre 4,096, post 500, padded, graph) on N1 at 0.01; and the
+  same with the input PointPillars gives it (boxes in top-k order, NaN scores below the score
+  threshold: here all but the first 400).
 * B8: ``pcops.nms_bev`` on boxes ``(8, 4096, 7)`` (one set of launches, graph and eager) against
-  the loop of 8 per-scan calls it replaces in PointPillars' batch-8 post-processing (graph, with
-  the new and the previous pipeline; the baseline of that workload is the previous loop).
+  the loop of 8 per-scan calls it replaces in PointPillars' batch-8 post-processing (graph; the
+  baseline of that workload).
 * baseline, plain torch: the float64 clipping reference IoU (``pcops.reference.nms``) on the GPU
   for the pairs whose bounding circles touch, ``IoU > thr`` copied to the host, greedy loop on
   the host (the peers' structure: GPU mask, host loop); fewer repetitions (it is slow).
@@ -36,11 +32,9 @@ wall-clock seconds spent per workload.
 The peers measured elsewhere on the H200 (issue 5): OpenPCDet ``nms_gpu`` 2.2-2.5 ms (N1) and
 28.6 ms (N2), mmcv ``nms_rotated`` 50.4 ms (N2); they are not installed here.
 """
-import functools
 import math
 import os
 import time
-import types
 
 import numpy as np
 import torch
@@ -50,7 +44,6 @@ from common import bench, gpu_activities, parse_args, report, row
 import pcops
 from pcops.cuda import nms as cuda_impl
 from pcops.reference import nms as ref
-from pcops.triton import nms as tri
 
 WORKLOADS = [("N1", 4096, 0.01), ("N1", 4096, 0.5), ("N2", 16384, 0.5)]
 BATCH = (8, 4096, 0.01, 4096, 500)  # scans, boxes per scan, threshold, pre, post (E2's NMS)
@@ -89,13 +82,6 @@ def axis_aligned(boxes):
     return torch.stack([boxes[:, 0] - hx, boxes[:, 1] - hy, boxes[:, 0] + hx, boxes[:, 1] + hy], 1)
 
 
-def old_impl(variant):
-    """The previous CUDA pipeline (``torch.sort``, ``nms_mask``, pass kernel ``variant``: ``"v1"``
-    = ``nms_pass``, ``"v2"`` = ``nms_pass_v2``) for ``pcops.triton.nms.nms_bev`` (the custom-op
-    dispatch is left out; its rows are graph-captured, so that costs nothing)."""
-    return types.SimpleNamespace(nms_sorted=functools.partial(cuda_impl.nms_sorted, pass_variant=variant))
-
-
 def same(a, b):
     return a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
 
@@ -112,7 +98,6 @@ def main():
                        "peers_not_installed": "OpenPCDet iou3d_nms, mmcv nms_rotated (issue 5 quotes their H200 figures)",
                        "host_cpus": len(os.sched_getaffinity(0)), "torch_cpu_threads": torch.get_num_threads(),
                        "wall_s": {}, "equal_outputs": {}}
-    v1, v2 = old_impl("v1"), old_impl("v2")
     for wl, n, thr in WORKLOADS:
         t0 = time.perf_counter()
         boxes, scores = make(n)
@@ -152,30 +137,8 @@ def main():
             t = bench(fn, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, f"  stage cuda: pass_b {threads} threads (graph)", t,
                             equal=same(fn(), cuda_impl.pass_b(mask, invalid, order, n)), **kw))
-        for threads in (256, 512):  # the experimental pass with the workers' loads across the barrier
-            fn = lambda threads=threads: cuda_impl.pass_b(mask, invalid, order, n, threads=threads, variant="b2")
-            t = bench(fn, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, f"  stage cuda: pass_b2 {threads} threads (graph)", t,
-                            equal=same(fn(), cuda_impl.pass_b(mask, invalid, order, n)), **kw))
 
-        # the previous CUDA pipeline: torch.sort, nms_mask, nms_pass_v2 / nms_pass
-        outs = {"new": pad(), "new 500": pcops.nms_bev(boxes, scores, thr, post_max_size=500, padded=True)}
-        for variant, impl in (("v2", v2), ("v1", v1)):
-            old = lambda impl=impl: tri.nms_bev(boxes, scores, None, thr, None, n, True, impl)
-            outs[variant] = old()
-            outs[variant + " 500"] = tri.nms_bev(boxes, scores, None, thr, None, 500, True, impl)
-            t = bench(old, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, f"previous cuda (sort, nms_mask, pass {variant}), graph", t, baseline=base, **kw))
-        notes["equal_outputs"][name] = all(same(outs["new"], outs[k]) for k in ("v2", "v1")) and all(
-            same(outs["new 500"], outs[k]) for k in ("v2 500", "v1 500"))
-        o_order = tri.sort_order(scores, None)
-        o_mask = cuda_impl.nms_mask(boxes, o_order, None, thr)
-        for stage, fn in (("torch sort", lambda: tri.sort_order(scores, None)),
-                          ("nms_mask", lambda: cuda_impl.nms_mask(boxes, o_order, None, thr)),
-                          ("pass v2", lambda: cuda_impl.nms_pass(o_mask, boxes, scores, o_order, n)),
-                          ("pass v1", lambda: cuda_impl.nms_pass(o_mask, boxes, scores, o_order, n, pass_variant="v1"))):
-            t = bench(fn, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, f"  stage previous: {stage} (graph)", t, **kw))
+        outs = {"new": pad()}
 
         # Triton backend
         slow = args.quick
@@ -183,8 +146,8 @@ def main():
         tpad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True, backend="triton")
         tpad()  # compiles
         t = bench(tpad, warmup=1 if slow else warm, rep=r, graph=True)
-        rows.append(row(name, "pcops triton padded, graph", t, baseline=base,
-                        equal_to_cuda=same(tpad(), outs["new"]), **kw))
+        notes["equal_outputs"][name] = same(tpad(), outs["new"])
+        rows.append(row(name, "pcops triton padded, graph", t, baseline=base, **kw))
         if not slow:
             t = bench(tpad, warmup=warm, rep=r)
             rows.append(row(name, "pcops triton padded", t, baseline=base,
@@ -194,9 +157,6 @@ def main():
             e1 = lambda: pcops.nms_bev(boxes, scores, thr, pre_max_size=4096, post_max_size=500, padded=True)
             t = bench(e1, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, "pcops pre 4096 / post 500, graph", t, baseline=base, **kw))
-            e1old = lambda: tri.nms_bev(boxes, scores, None, thr, 4096, 500, True, v2)
-            t = bench(e1old, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, "previous (pass v2) pre 4096 / post 500, graph", t, baseline=base, **kw))
             # what PointPillars passes: top-k order (scores descending) and NaN below the score
             # threshold (here all but the first 400)
             s_top, perm = torch.sort(scores, descending=True)
@@ -204,12 +164,8 @@ def main():
             s_top = s_top.clone()
             s_top[400:] = float("nan")
             e1m = lambda: pcops.nms_bev(b_top, s_top, thr, pre_max_size=4096, post_max_size=500, padded=True)
-            e1m_old = lambda: tri.nms_bev(b_top, s_top, None, thr, 4096, 500, True, v2)
-            notes["equal_outputs"][name + " top-k + NaN tail"] = same(e1m(), e1m_old())
             t = bench(e1m, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, "pcops top-k order + NaN tail (400 valid), graph", t, baseline=base, **kw))
-            t = bench(e1m_old, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, "previous (pass v2) top-k order + NaN tail, graph", t, baseline=base, **kw))
         notes["wall_s"][name] = round(time.perf_counter() - t0, 2)
 
     # B8: the batched form vs the per-scan loop (PointPillars at batch 8)
@@ -222,14 +178,11 @@ def main():
     batched = lambda: pcops.nms_bev(b8, s8, thr, pre_max_size=pre, post_max_size=post, padded=True)
     loop_new = lambda: [pcops.nms_bev(b8[i], s8[i], thr, pre_max_size=pre, post_max_size=post, padded=True)
                         for i in range(bsz)]
-    loop_old = lambda: [tri.nms_bev(b8[i], s8[i], None, thr, pre, post, True, v2) for i in range(bsz)]
     got = batched()
     stack = lambda outs: (torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs]))
-    notes["equal_outputs"][name] = same(got, stack(loop_new())) and same(got, stack(loop_old()))
-    base = bench(loop_old, warmup=warm, rep=rep, graph=True)
-    rows.append(row(name, "loop of 8, previous pipeline, graph", base, baseline=base, **kw))
-    t = bench(loop_new, warmup=warm, rep=rep, graph=True)
-    rows.append(row(name, "loop of 8, pcops cuda, graph", t, baseline=base, **kw))
+    notes["equal_outputs"][name] = same(got, stack(loop_new()))
+    base = bench(loop_new, warmup=warm, rep=rep, graph=True)
+    rows.append(row(name, "loop of 8, pcops cuda, graph", base, baseline=base, **kw))
     t = bench(batched, warmup=warm, rep=rep, graph=True)
     rows.append(row(name, "pcops cuda batched (B, N, 7), graph", t, baseline=base, kept=got[1].tolist(),
                     gpu_activities=gpu_activities(batched, iters=5), **kw))

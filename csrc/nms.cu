@@ -1,19 +1,15 @@
 // Rotated BEV IoU and rotated NMS in CUDA C++, compiled at run time by NVRTC.
 // Same geometry as pcops/triton/nms.py (see its docstring): float32 in box a's own frame, exact
-// containment, fixed-vertex-count slab clipping, shoelace area. What CUDA adds over Triton:
-//  * the default NMS pipeline (pcops.cuda.nms.nms_padded, B samples per launch): nms_rank sorts
-//    the scores by ranking and writes the boxes in score order as prepared records (no sort
-//    library call, no gathers afterwards); nms_mask_b culls every pair of a 64x64 tile by bounding
-//    circles (column box in registers, row boxes broadcast from shared memory) and compacts the
-//    survivors (warp scan), so the clipping runs only for pairs that can overlap (~1-2 % of the
-//    pairs of random scenes); nms_pass_b walks the tiles in one block per sample (pipelined: one
-//    warp resolves a tile from register-held diagonal words while the others OR the previous
-//    tile's kept rows into the later "removed" words in shared memory). No host round trip.
-//  * the previous kernels (nms_mask over torch.sort's order, nms_pass / nms_pass_v2), kept for
-//    the benchmark's comparisons.
+// containment, fixed-vertex-count slab clipping, shoelace area. What CUDA adds over Triton, the NMS
+// pipeline of pcops.cuda.nms.nms_padded (B samples per launch, no host round trip): nms_rank sorts
+// the scores by ranking and writes the boxes in score order as prepared records (no sort library
+// call, no gathers afterwards); nms_mask_b culls every pair of a 64x64 tile by bounding circles
+// and compacts the survivors (warp scan), so the clipping runs only for pairs that can overlap
+// (~1-2 % of the pairs of random scenes); nms_pass_b walks the tiles in one block per sample
+// (pipelined: one warp resolves a tile from register-held diagonal words while the others OR the
+// previous tile's kept rows into the later "removed" words in shared memory).
 #define NMS_TILE 64
 #define PASS_THREADS 1024
-#define MASK_THREADS 256
 // |v| <= BIG is false for NaN and +-inf
 #define BIG 3.0e38f
 
@@ -156,67 +152,6 @@ extern "C" __global__ void boxes_iou(const float* __restrict__ a, const float* _
   size_b = B.ok ? size_b : 0.f;
   float uni = size_a + size_b - inter;
   out[(long long)i * m + j] = uni > 0.f ? inter / uni : 0.f;
-}
-
-// Upper-triangular suppression bitmask of the score-sorted boxes: bit c of word ct of row i is set
-// when box j = 64*ct + c comes after i, shares its group and IoU(i, j) > thr. One block per tile
-// (rt <= ct) of the triangle, enumerated linearly; words left of the diagonal are never written.
-extern "C" __global__ void __launch_bounds__(MASK_THREADS)
-nms_mask(const float* __restrict__ boxes, const long long* __restrict__ order, const long long* __restrict__ groups,
-         int has_groups, int m, int words, int stride, int bev5, float thr, unsigned long long* __restrict__ mask) {
-  // linear index -> (rt, ct), ct-major: L = ct (ct + 1) / 2 + rt
-  const long long L = blockIdx.x;
-  int ct = (int)((sqrtf(8.f * (float)L + 1.f) - 1.f) * 0.5f);
-  while ((long long)(ct + 1) * (ct + 2) / 2 <= L) ++ct;
-  while ((long long)ct * (ct + 1) / 2 > L) --ct;
-  const int rt = (int)(L - (long long)ct * (ct + 1) / 2);
-
-  __shared__ Box rows[NMS_TILE], cols[NMS_TILE];
-  __shared__ long long grow[NMS_TILE], gcol[NMS_TILE];
-  __shared__ unsigned long long bits[NMS_TILE];
-  __shared__ unsigned short list[NMS_TILE * NMS_TILE];
-  __shared__ int n_list;
-  const int tid = threadIdx.x;
-  if (tid < NMS_TILE) {
-    int i = rt * NMS_TILE + tid;
-    rows[tid] = load_box(boxes, i < m ? order[i] : 0, stride, bev5, i < m);
-    grow[tid] = (has_groups && i < m) ? groups[i] : 0;
-    bits[tid] = 0ull;
-  } else if (tid < 2 * NMS_TILE) {
-    int c = tid - NMS_TILE, j = ct * NMS_TILE + c;
-    cols[c] = load_box(boxes, j < m ? order[j] : 0, stride, bev5, j < m);
-    gcol[c] = (has_groups && j < m) ? groups[j] : 0;
-  }
-  if (tid == 0) n_list = 0;
-  __syncthreads();
-  // cull by bounding circles; survivors are appended to the list (one atomic per warp)
-  const int lane = tid & 31;
-  for (int p = tid; p < NMS_TILE * NMS_TILE; p += MASK_THREADS) {
-    const int r = p >> 6, c = p & 63;
-    const int i = rt * NMS_TILE + r, j = ct * NMS_TILE + c;
-    bool cand = j > i && j < m && rows[r].ok && cols[c].ok && grow[r] == gcol[c];
-    if (cand) cand = circles_touch(rows[r], cols[c]);
-    const unsigned ballot = __ballot_sync(0xffffffffu, cand);
-    int base = 0;
-    if (lane == 0 && ballot) base = atomicAdd(&n_list, __popc(ballot));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    if (cand) list[base + __popc(ballot & ((1u << lane) - 1u))] = (unsigned short)p;
-  }
-  __syncthreads();
-  const int n = n_list;
-  for (int k = tid; k < n; k += MASK_THREADS) {
-    const int p = list[k], r = p >> 6, c = p & 63;
-    const Box A = rows[r], B = cols[c];
-    const float inter = pair_inter(A, B);
-    const float uni = A.dx * A.dy + B.dx * B.dy - inter;
-    const float iou = uni > 0.f ? inter / uni : 0.f;
-    if (iou > thr) atomicOr(&bits[r], 1ull << c);
-  }
-  __syncthreads();
-  if (tid < NMS_TILE) {
-    const int i = rt * NMS_TILE + tid;
-    if (i < m) mask[(long long)i * words + ct] = bits[tid];
-  }
 }
 
 // ---- the batched pipeline (pcops.cuda.nms.nms_padded): rank sort + box preparation, tile mask,
@@ -424,144 +359,24 @@ nms_mask_b(const float* __restrict__ sbox, const long long* __restrict__ sgroups
     mask[((long long)b * m + i) * words + ct] = ((unsigned long long)bits32[2 * tid + 1] << 32) | bits32[2 * tid];
 }
 
-// Diagonal block and invalid bits of tile t, by 64 threads (two full warps): lane k handles row 64t+k.
-__device__ __forceinline__ void load_tile(int t, int k, const unsigned long long* __restrict__ mask,
-                                          const float* __restrict__ boxes, const float* __restrict__ scores,
-                                          const long long* __restrict__ order, int m, int words, int stride,
-                                          int bev5, unsigned long long* diag, unsigned* invalid32) {
-  const int row = t * NMS_TILE + k;
-  bool ok = false;
-  unsigned long long d = 0ull;
-  if (row < m) {
-    const long long idx = order[row];
-    const Box b = load_box(boxes, idx, stride, bev5, true);
-    const float s = scores[idx];
-    ok = b.ok && s == s;
-    d = mask[(long long)row * words + t];
-  }
-  diag[k] = d;
-  const unsigned ballot = __ballot_sync(0xffffffffu, !ok);
-  if ((k & 31) == 0) invalid32[k >> 5] = ballot;
-}
-
-// OR into acc the words w of the kept rows row0 + b, b = first, first + step, ... < 64: loads are
-// issued in groups of PASS_BATCH independent loads (one memory latency per group, not per row).
-#define PASS_BATCH 8
-__device__ __forceinline__ unsigned long long or_kept_rows(const unsigned long long* __restrict__ mask, long long row0,
-                                                           int words, int w, unsigned long long kept, int first,
-                                                           int step) {
-  unsigned long long acc = 0ull;
-  for (int b0 = first; b0 < NMS_TILE; b0 += PASS_BATCH * step) {
-    unsigned long long v[PASS_BATCH];
-#pragma unroll
-    for (int q = 0; q < PASS_BATCH; ++q) {
-      const int b = b0 + q * step;
-      v[q] = (b < NMS_TILE && ((kept >> b) & 1ull)) ? mask[(row0 + b) * words + w] : 0ull;
-    }
-#pragma unroll
-    for (int q = 0; q < PASS_BATCH; ++q) acc |= v[q];
-  }
-  return acc;
-}
-
-// Greedy pass over the bitmask in one block. out: (post,) int64 kept box indices (descending score),
-// -1 padded; count_out: () int64. Dynamic shared memory: words * 8 bytes ("removed" words).
-extern "C" __global__ void __launch_bounds__(PASS_THREADS)
-nms_pass(const unsigned long long* __restrict__ mask, const float* __restrict__ boxes, const float* __restrict__ scores,
-         const long long* __restrict__ order, int m, int words, int post, int stride, int bev5,
-         long long* __restrict__ out, long long* __restrict__ count_out) {
-  extern __shared__ unsigned long long removed[];
-  __shared__ unsigned long long s_diag[2][NMS_TILE];
-  __shared__ unsigned s_invalid[2][2];
-  __shared__ unsigned long long s_kept;
-  const int tid = threadIdx.x, nt = blockDim.x;
-  for (int w = tid; w < words; w += nt) removed[w] = 0ull;
-  if (tid >= 32 && tid < 32 + NMS_TILE)
-    load_tile(0, tid - 32, mask, boxes, scores, order, m, words, stride, bev5, s_diag[0], s_invalid[0]);
-  __syncthreads();
-  int count = 0;
-  for (int t = 0; t < words && count < post; ++t) {
-    const int cur = t & 1;
-    if (tid == 0) {
-      // Sequential greedy inside the tile: box b is kept unless removed by a kept box before it.
-      // Row b's diagonal word only has bits > b, so bit b of "removed" is final at step b and the
-      // kept set is its complement at the end. 32-bit halves keep the dependent chain at one bit
-      // test and one predicated OR per step (rows >= 32 only have bits in the high half).
-      const unsigned long long r0 = removed[t];
-      unsigned lo = (unsigned)r0 | s_invalid[cur][0];
-      unsigned hi = (unsigned)(r0 >> 32) | s_invalid[cur][1];
-      const unsigned long long* d = s_diag[cur];
-#pragma unroll
-      for (int b = 0; b < 32; ++b) {
-        const unsigned long long row = d[b];
-        if (!((lo >> b) & 1u)) {
-          lo |= (unsigned)row;
-          hi |= (unsigned)(row >> 32);
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < 32; ++b) {
-        const unsigned row_hi = (unsigned)(d[32 + b] >> 32);
-        if (!((hi >> b) & 1u)) hi |= row_hi;
-      }
-      s_kept = ~(((unsigned long long)hi << 32) | lo);
-    } else if (tid >= 32 && tid < 32 + NMS_TILE && t + 1 < words) {
-      // meanwhile, prefetch the next tile's diagonal block and validity
-      load_tile(t + 1, tid - 32, mask, boxes, scores, order, m, words, stride, bev5, s_diag[cur ^ 1], s_invalid[cur ^ 1]);
-    }
-    __syncthreads();
-    const unsigned long long kept = s_kept;
-    if (tid < NMS_TILE && ((kept >> tid) & 1ull)) {
-      const int pos = count + __popcll(kept & ((1ull << tid) - 1ull));
-      if (pos < post) out[pos] = order[t * NMS_TILE + tid];
-    }
-    count += __popcll(kept);
-    // the kept rows remove boxes of the later tiles: several threads per word when words are few
-    const int rest = words - t - 1;
-    if (rest > 0 && kept && count < post) {
-      const long long row0 = (long long)t * NMS_TILE;
-      if (rest >= nt) {
-        for (int w = t + 1 + tid; w < words; w += nt) removed[w] |= or_kept_rows(mask, row0, words, w, kept, 0, 1);
-      } else {
-        const int per_word = min(nt / rest, NMS_TILE);
-        const int g = tid / rest, w = t + 1 + tid % rest;
-        if (g < per_word) {
-          const unsigned long long acc = or_kept_rows(mask, row0, words, w, kept, g, per_word);
-          if (acc) atomicOr(&removed[w], acc);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  count = count < post ? count : post;
-  for (int p = count + tid; p < post; p += nt) out[p] = -1;
-  if (tid == 0) *count_out = count;
-}
-
-// ---- nms_pass_v2: a pipelined variant of nms_pass (selected with pass_variant="v2") -------------
-// Same contract and outputs as nms_pass (the exact greedy result of the bitmask). Where the time
-// goes in nms_pass (H200: ~3.3 us per 64-box tile, 0.214 ms at N1 = 64 tiles, 0.75 ms at N2 = 256):
-// per tile, in series, the next tile's validity (two dependent global loads: order -> box/score),
-// one thread's 64-step bit chain reading shared memory, one global latency for the OR phase, and
-// two __syncthreads. nms_pass_v2 leaves one L2 latency per tile on the critical path:
-//  * validity of every box is computed once up front (all threads, batched loads) and folded into
-//    the initial "removed" words: an invalid box is a box removed from the start (its row is never
-//    ORed, as in nms_pass);
+// ---- the greedy pass (nms_pass_b): the exact greedy result of the bitmask, one block per sample ----
+// Per tile only one L2 latency stays on the critical path:
+//  * invalid boxes start out removed (the invalid words of nms_mask_b): their rows are never ORed;
 //  * warp 0 (the leader) resolves tile t from register-held diagonal words (lane l holds rows l and
 //    l + 32), prefetched one tile ahead with the same rows' next word and their box indices (two
-//    alternating register sets: the prefetch stays in flight across the barrier). The
-//    resolve runs in rounds of two warp OR-reductions (__reduce_or_sync): every undecided box that
-//    no earlier undecided box suppresses is kept, then the boxes those suppress are removed (about
-//    100 cycles a round; random scenes need 1-3). After NMS_ROUNDS rounds the rest goes one kept
-//    box at a time (lowest undecided box, its row by __shfl_sync);
+//    alternating register sets: the prefetch stays in flight across the barrier). The resolve runs
+//    in rounds of two warp OR-reductions (__reduce_or_sync): every undecided box that no earlier
+//    undecided box suppresses is kept, then the boxes those suppress are removed (random scenes
+//    need 1-3 rounds). After NMS_ROUNDS rounds the rest goes one kept box at a time (lowest
+//    undecided box, its row by __shfl_sync);
 //  * the leader ORs tile t's kept rows into word t + 1 itself (from the prefetched words), so the
-//    other 31 warps apply tile t to words >= t + 2 during the next iteration, overlapped with the
+//    other warps apply tile t to words >= t + 2 during the next iteration, overlapped with the
 //    leader's resolve of tile t + 1: one __syncthreads per tile;
 //  * the workers read only kept rows (a compact list from the leader), coalesced over words.
-// Prediction: ~0.6-0.8 us per tile (one L2 latency + a barrier), i.e. pass ~0.05 ms at N1
-// (from 0.214) and ~0.2 ms at N2 (from 0.75).
+// OR of word w of listed rows: loads are issued in groups of PASS_BATCH independent loads (one
+// memory latency per group, not per row).
+#define PASS_BATCH 8
 #define NMS_ROUNDS 6
-#define PRO_BATCH 4
 #define FULL_MASK 0xffffffffu
 
 __device__ __forceinline__ unsigned long long warp_or64(unsigned long long v) {
@@ -678,7 +493,7 @@ __device__ __forceinline__ unsigned long long or_listed_rows(const unsigned long
   return acc;
 }
 
-// The pipelined loop of nms_pass_v2 / nms_pass_b for one sample: removed (dynamic shared, words
+// The pipelined loop of nms_pass_b for one sample: removed (dynamic shared, words
 // entries) already holds the invalid bits; mask (M, W), order (M,), out (post,), count_out ().
 __device__ __forceinline__ void pass_pipeline(const unsigned long long* __restrict__ mask,
                                               const long long* __restrict__ order, int m, int words, int post,
@@ -751,48 +566,8 @@ __device__ __forceinline__ void pass_pipeline(const unsigned long long* __restri
   if (tid == 0) *count_out = total;
 }
 
-// Arguments, outputs and dynamic shared memory (words * 8 bytes) as nms_pass; blockDim.x: a
-// multiple of 32, at least 64 (launched with PASS_THREADS).
-extern "C" __global__ void __launch_bounds__(PASS_THREADS)
-nms_pass_v2(const unsigned long long* __restrict__ mask, const float* __restrict__ boxes,
-            const float* __restrict__ scores, const long long* __restrict__ order, int m, int words, int post,
-            int stride, int bev5, long long* __restrict__ out, long long* __restrict__ count_out) {
-  extern __shared__ unsigned long long removed[];
-  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
-
-  // prologue: removed[w] = invalid bits of tile w (rows >= m included); one ballot per 32 rows.
-  // rows and nt are multiples of 32, so every warp runs the same iterations (full-mask ballots).
-  unsigned* removed32 = (unsigned*)removed;
-  const int rows = words * NMS_TILE;
-  for (int base = tid; base < rows; base += nt * PRO_BATCH) {
-    long long idx[PRO_BATCH];
-#pragma unroll
-    for (int q = 0; q < PRO_BATCH; ++q) {
-      const int r = base + q * nt;
-      idx[q] = r < m ? order[r] : -1;
-    }
-    bool ok[PRO_BATCH];
-#pragma unroll
-    for (int q = 0; q < PRO_BATCH; ++q) {
-      ok[q] = false;
-      if (idx[q] >= 0) {
-        const Box b = load_box(boxes, idx[q], stride, bev5, true);
-        const float s = scores[idx[q]];
-        ok[q] = b.ok && s == s;
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < PRO_BATCH; ++q) {
-      const int r = base + q * nt;
-      const unsigned bad = __ballot_sync(FULL_MASK, !ok[q]);
-      if (r < rows && lane == 0) removed32[r >> 5] = bad;
-    }
-  }
-  pass_pipeline(mask, order, m, words, post, out, count_out, removed);
-}
-
 // The greedy pass of the batched pipeline: one block of PASS_THREADS per sample (grid (B,)), the
-// pipeline of nms_pass_v2 started from the invalid words of nms_mask_b. mask (B, M, W), invalid
+// pipeline above started from the invalid words of nms_mask_b. mask (B, M, W), invalid
 // (B, W), order (B, M) int64; out (B, post) int64 -1 padded, count_out (B,) int64. Dynamic shared
 // memory: words * 8 bytes.
 extern "C" __global__ void __launch_bounds__(PASS_THREADS)
@@ -803,179 +578,4 @@ nms_pass_b(const unsigned long long* __restrict__ mask, const unsigned long long
   const long long b = blockIdx.x;
   for (int w = threadIdx.x; w < words; w += blockDim.x) removed[w] = invalid[b * words + w];
   pass_pipeline(mask + b * m * words, order + b * m, m, words, post, out + b * post, count_out + b, removed);
-}
-
-// ---- nms_pass_b2: nms_pass_b with the workers' loads off the critical path (experimental, opt-in:
-// pcops.cuda.nms.pass_b(variant="b2")) -----------------------------------------------------------
-// In nms_pass_b the workers apply tile t - 1 within iteration t, so every tile waits for one L2
-// round trip of the workers' loads (H200: pass ~1 us per tile at N1). Here the leader also ORs
-// tile t's rows into word t + 2 (it prefetches three words per row), and the workers apply tile
-// t - 1 to words >= t + 2 across two iterations: they issue the loads in iteration t and OR the
-// values into "removed" in iteration t + 1 (the loads stay in flight across the barrier); the
-// leader reads word t + 2 only in iteration t + 2. Launched with PASS_B2_THREADS (the leader's
-// and the workers' in-flight registers need more than 64 registers per thread).
-#define PASS_B2_THREADS 512
-
-struct Lead3 {
-  unsigned long long d0, d1, n0, n1, q0, q1;  // words t, t + 1, t + 2 of rows 64t + lane, 64t + lane + 32
-  long long o0, o1;
-};
-
-__device__ __forceinline__ void load_leader3(const unsigned long long* __restrict__ mask,
-                                             const long long* __restrict__ order, int m, int words, int t, int lane,
-                                             Lead3& L) {
-  const int r0 = t * NMS_TILE + lane, r1 = r0 + 32;
-  const bool a = t < words && r0 < m, b = t < words && r1 < m, w1 = t + 1 < words, w2 = t + 2 < words;
-  L.d0 = a ? mask[(long long)r0 * words + t] : 0ull;
-  L.d1 = b ? mask[(long long)r1 * words + t] : 0ull;
-  L.n0 = (a && w1) ? mask[(long long)r0 * words + t + 1] : 0ull;
-  L.n1 = (b && w1) ? mask[(long long)r1 * words + t + 1] : 0ull;
-  L.q0 = (a && w2) ? mask[(long long)r0 * words + t + 2] : 0ull;
-  L.q1 = (b && w2) ? mask[(long long)r1 * words + t + 2] : 0ull;
-  L.o0 = a ? order[r0] : -1;
-  L.o1 = b ? order[r1] : -1;
-}
-
-// c1: what tiles t - 1 and t - 2 remove from word t; c2: what tile t - 1 removes from word t + 1.
-__device__ __forceinline__ void leader_tile3(const unsigned long long* __restrict__ mask,
-                                             const long long* __restrict__ order, int m, int words, int post, int t,
-                                             int lane, const Lead3& cur, Lead3& nxt, const unsigned long long* removed,
-                                             unsigned long long& c1, unsigned long long& c2, int& count,
-                                             long long* __restrict__ out, unsigned long long* s_kept, int* s_count,
-                                             int* s_total, unsigned char* list) {
-  load_leader3(mask, order, m, words, t + 1, lane, nxt);
-  const unsigned long long kept =
-      resolve_tile(~(removed[t] | c1), lane, cur.d0, cur.d1, cur.o0, cur.o1, count, post, out, list);
-  c1 = c2 | warp_or64(pick_rows(kept, lane, cur.n0, cur.n1));
-  c2 = warp_or64(pick_rows(kept, lane, cur.q0, cur.q1));
-  count += __popcll(kept);
-  if (lane == 0) {
-    *s_kept = kept;
-    *s_count = count;
-    *s_total = count;
-  }
-}
-
-__device__ __forceinline__ void atomic_or_halves(unsigned long long* p, unsigned long long v) {
-  unsigned* half = (unsigned*)p;
-  if ((unsigned)v) atomicOr(half, (unsigned)v);
-  if (v >> 32) atomicOr(half + 1, (unsigned)(v >> 32));
-}
-
-// A worker's loads in flight across a barrier: word w (-1: none) gets acc | v[0] | ... later.
-struct Pending {
-  unsigned long long v[PASS_BATCH];
-  unsigned long long acc;
-  int w;
-};
-
-// Word w of the listed rows k = first, first + step, ... < nk: all but the last PASS_BATCH rows
-// ORed now (waiting), the last ones' loads left in flight in p.
-__device__ __forceinline__ void issue_rows(const unsigned long long* __restrict__ mask, long long row0, int words,
-                                           int w, const unsigned char* list, int nk, int first, int step,
-                                           Pending& p) {
-  int left = first < nk ? (nk - first + step - 1) / step : 0, k = first;
-  unsigned long long acc = 0ull;
-  while (left > PASS_BATCH) {
-    unsigned long long v[PASS_BATCH];
-#pragma unroll
-    for (int q = 0; q < PASS_BATCH; ++q) v[q] = mask[(row0 + list[k + q * step]) * words + w];
-#pragma unroll
-    for (int q = 0; q < PASS_BATCH; ++q) acc |= v[q];
-    k += PASS_BATCH * step;
-    left -= PASS_BATCH;
-  }
-#pragma unroll
-  for (int q = 0; q < PASS_BATCH; ++q) p.v[q] = q < left ? mask[(row0 + list[k + q * step]) * words + w] : 0ull;
-  p.acc = acc;
-  p.w = w;
-}
-
-__device__ __forceinline__ void pass_pipeline3(const unsigned long long* __restrict__ mask,
-                                               const long long* __restrict__ order, int m, int words, int post,
-                                               long long* __restrict__ out, long long* __restrict__ count_out,
-                                               unsigned long long* removed) {
-  __shared__ unsigned long long s_kept[2];
-  __shared__ int s_count[2];
-  __shared__ int s_total, s_tiles;
-  __shared__ unsigned char s_list[2][NMS_TILE];
-  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
-  if (tid == 0) {
-    s_total = 0;
-    s_tiles = 0;
-  }
-  __syncthreads();
-  for (int w = tid; w < words; w += nt)
-    if (~removed[w]) atomicMax(&s_tiles, w + 1);
-
-  Lead3 la, lb;
-  unsigned long long c1 = 0ull, c2 = 0ull;
-  int count = 0;
-  Pending pend;
-  pend.w = -1;
-  if (tid < 32) load_leader3(mask, order, m, words, 0, lane, la);
-  __syncthreads();
-  const int tiles = s_tiles;
-
-  bool stop = post <= 0;
-  for (int t = 0; t < tiles && !stop; ++t) {
-    const int cur = t & 1;
-    if (tid < 32) {
-      if (cur == 0)
-        leader_tile3(mask, order, m, words, post, t, lane, la, lb, removed, c1, c2, count, out, &s_kept[0],
-                     &s_count[0], &s_total, s_list[0]);
-      else
-        leader_tile3(mask, order, m, words, post, t, lane, lb, la, removed, c1, c2, count, out, &s_kept[1],
-                     &s_count[1], &s_total, s_list[1]);
-    } else {
-      // complete tile t - 2 (words >= t + 1; the leader reads word t now)
-      if (pend.w >= 0) {
-        unsigned long long acc = pend.acc;
-#pragma unroll
-        for (int q = 0; q < PASS_BATCH; ++q) acc |= pend.v[q];
-        if (acc) atomic_or_halves(&removed[pend.w], acc);
-        pend.w = -1;
-      }
-      // issue tile t - 1 on words t + 2 .. tiles - 1 (the leader took words t and t + 1)
-      const int rest = tiles - t - 2;
-      if (t > 0 && rest > 0) {
-        const int prev = cur ^ 1;
-        const unsigned long long kept = s_kept[prev];
-        const int nk = __popcll(kept);
-        if (nk) {
-          const int wid = tid - 32, nw = nt - 32;
-          const long long row0 = (long long)(t - 1) * NMS_TILE;
-          if (rest >= nw) {  // several words per thread: all but the last one now
-            int w = t + 2 + wid;
-            for (; w + nw < tiles; w += nw) {
-              const unsigned long long acc = or_listed_rows(mask, row0, words, w, s_list[prev], nk, 0, 1);
-              if (acc) atomic_or_halves(&removed[w], acc);
-            }
-            issue_rows(mask, row0, words, w, s_list[prev], nk, 0, 1, pend);
-          } else {
-            const int groups = min(nw / rest, (nk + PASS_BATCH - 1) / PASS_BATCH);
-            const int g = wid / rest;
-            if (g < groups) issue_rows(mask, row0, words, t + 2 + wid % rest, s_list[prev], nk, g, groups, pend);
-          }
-        }
-      }
-    }
-    __syncthreads();
-    stop = s_count[cur] >= post;
-  }
-  const int total = s_total < post ? s_total : post;
-  for (int p = total + tid; p < post; p += nt) out[p] = -1;
-  if (tid == 0) *count_out = total;
-}
-
-// nms_pass_b's contract (grid (B,), dynamic shared memory words * 8 bytes), blockDim.x a multiple
-// of 32 in [64, PASS_B2_THREADS].
-extern "C" __global__ void __launch_bounds__(PASS_B2_THREADS)
-nms_pass_b2(const unsigned long long* __restrict__ mask, const unsigned long long* __restrict__ invalid,
-            const long long* __restrict__ order, int m, int words, int post, long long* __restrict__ out,
-            long long* __restrict__ count_out) {
-  extern __shared__ unsigned long long removed[];
-  const long long b = blockIdx.x;
-  for (int w = threadIdx.x; w < words; w += blockDim.x) removed[w] = invalid[b * words + w];
-  pass_pipeline3(mask + b * m * words, order + b * m, m, words, post, out + b * post, count_out + b, removed);
 }

@@ -1,9 +1,9 @@
 """Rotated bird's-eye-view IoU and rotated NMS, the last op of every 3D detector.
 
 Contract: public functions (docstring + argument checks) → ``torch.ops.pcops.boxes_iou_bev`` /
-``boxes_iou_3d`` / ``nms_bev`` → the implementation registered for the tensor's device
-(``reference`` on the CPU; Triton or CUDA C++ on CUDA) → kernels; plus fake (shape) functions.
-Nothing here is differentiable (IoU for losses is out of scope).
+``boxes_iou_3d`` / ``nms_bev`` / ``nms_bev_batched`` → the implementation the ``backend`` argument
+resolves to (``pcops._backend``: the reference on the CPU; Triton or CUDA C++ on CUDA) → kernels;
+plus fake (shape) functions. Nothing here is differentiable (IoU for losses is out of scope).
 
 Boxes follow OpenPCDet: ``(x, y, z, dx, dy, dz, heading)`` in metres and radians, ``dx`` along
 the heading, the heading counter-clockwise around +z from +x, ``z`` the box centre. BEV-only
@@ -17,14 +17,14 @@ tensors; on the GPU they cannot be checked without a host sync and follow the ru
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import _checks
+from . import _backend, _checks
 from .reference import nms as _ref
 
 __all__ = ["boxes_iou_bev", "boxes_iou_3d", "nms_bev", "batched_nms_bev"]
-
-_BACKENDS = ("auto", "triton", "cuda")
 
 
 def _check_boxes(name: str, boxes, *, bev: bool) -> torch.Tensor:
@@ -43,12 +43,6 @@ def _check_sizes_cpu(name: str, boxes: torch.Tensor) -> None:
         raise ValueError(f"{name}: box sizes must be >= 0 (negative dx/dy/dz found)")
 
 
-def _check_backend(backend: str) -> str:
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
-    return backend
-
-
 def boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """Rotated bird's-eye-view IoU of every pair (OpenPCDet ``boxes_iou_bev``, exact on hard cases).
 
@@ -56,8 +50,9 @@ def boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str 
         boxes_a: ``(N, 7+)`` OpenPCDet boxes or ``(N, 5)`` ``(x, y, dx, dy, heading)``;
             float32/float16/bfloat16/float64.
         boxes_b: ``(M, 7+)`` or ``(M, 5)``, same device.
-        backend: CUDA implementation: ``"auto"`` (default: Triton), ``"triton"`` or ``"cuda"``
-            (CUDA C++ compiled at run time with NVRTC). Ignored on the CPU.
+        backend: ``"auto"`` (default: Triton on CUDA; the reference on the CPU and for float64
+            boxes), ``"triton"``, ``"cuda"`` (CUDA C++ compiled at run time with NVRTC; both
+            CUDA tensors only) or ``"reference"`` (the float64 clipping oracle, any device).
 
     Returns:
         ``(N, M)`` IoU in ``[0, 1]``: float64 for float64 boxes, float32 otherwise.
@@ -70,11 +65,18 @@ def boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str 
     exactly 1 and a box nested in another the exact area ratio ``dx·dy / dx'·dy'``. fp16/bf16
     boxes are computed in float32. Invalid boxes give 0; negative sizes raise on the CPU (see the
     module docstring). No host sync on the GPU.
+
+    Example:
+        >>> a = torch.tensor([[0.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.0]])
+        >>> b = torch.tensor([[1.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.0]])
+        >>> pcops.boxes_iou_bev(a, b)  # 6 m² shared of 10 m² union
+        tensor([[0.6000]])
     """
     boxes_a = _check_boxes("boxes_a", boxes_a, bev=True)
     boxes_b = _check_boxes("boxes_b", boxes_b, bev=True)
     _checks.check_same_device(boxes_a=boxes_a, boxes_b=boxes_b)
-    return torch.ops.pcops.boxes_iou_bev(boxes_a, boxes_b, _check_backend(backend))
+    _backend.resolve(backend, "boxes_iou_bev", boxes_a, boxes_b)  # bad values fail before the dispatch
+    return torch.ops.pcops.boxes_iou_bev(boxes_a, boxes_b, backend)
 
 
 def boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -84,15 +86,23 @@ def boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str =
     Args:
         boxes_a: ``(N, 7+)`` ``(x, y, z, dx, dy, dz, heading, ...)``, ``z`` the centre.
         boxes_b: ``(M, 7+)``, same device.
+        backend: as :func:`boxes_iou_bev`.
 
     Returns:
         ``(N, M)`` IoU, float64 for float64 boxes, float32 otherwise; same accuracy and invalid-box
         rules as :func:`boxes_iou_bev`. No host sync on the GPU.
+
+    Example:
+        >>> a = torch.tensor([[0.0, 0.0, 0.0, 4.0, 2.0, 2.0, 0.0]])
+        >>> b = torch.tensor([[0.0, 0.0, 1.0, 4.0, 2.0, 2.0, 0.0]])
+        >>> pcops.boxes_iou_3d(a, b)  # half the height shared: 8 / 24
+        tensor([[0.3333]])
     """
     boxes_a = _check_boxes("boxes_a", boxes_a, bev=False)
     boxes_b = _check_boxes("boxes_b", boxes_b, bev=False)
     _checks.check_same_device(boxes_a=boxes_a, boxes_b=boxes_b)
-    return torch.ops.pcops.boxes_iou_3d(boxes_a, boxes_b, _check_backend(backend))
+    _backend.resolve(backend, "boxes_iou_3d", boxes_a, boxes_b)
+    return torch.ops.pcops.boxes_iou_3d(boxes_a, boxes_b, backend)
 
 
 def _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
@@ -121,8 +131,9 @@ def _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max
         raise ValueError("padded: the batched form (boxes (B, N, C)) returns padded outputs only: pass padded=True")
     if post_max_size is None:
         raise ValueError("post_max_size: required with padded=True (the fixed output length)")
+    _backend.resolve(backend, "nms_bev", boxes, scores)
     return torch.ops.pcops.nms_bev_batched(
-        boxes.contiguous(), scores.contiguous(), idxs, thr, pre_max_size, post_max_size, _check_backend(backend)
+        boxes.contiguous(), scores.contiguous(), idxs, thr, pre_max_size, post_max_size, backend
     )
 
 
@@ -148,9 +159,8 @@ def _nms_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, p
         raise TypeError(f"padded: expected a bool, got {type(padded).__name__}")
     if padded and post_max_size is None:
         raise ValueError("post_max_size: required with padded=True (the fixed output length)")
-    out = torch.ops.pcops.nms_bev(
-        boxes, scores.contiguous(), idxs, thr, pre_max_size, post_max_size, padded, _check_backend(backend)
-    )
+    _backend.resolve(backend, "nms_bev", boxes, scores)
+    out = torch.ops.pcops.nms_bev(boxes, scores.contiguous(), idxs, thr, pre_max_size, post_max_size, padded, backend)
     return out if padded else out[0]
 
 
@@ -180,8 +190,11 @@ def nms_bev(
         pre_max_size: consider only the top ``pre_max_size`` boxes by score (None: all).
         post_max_size: keep at most this many (None: no cap).
         padded: return the fixed-size form (requires ``post_max_size``).
-        backend: CUDA implementation: ``"auto"`` (CUDA C++ through NVRTC when it is available,
-            else Triton), ``"triton"`` or ``"cuda"``. Ignored on the CPU.
+        backend: ``"auto"`` (default: on CUDA the CUDA C++ pipeline through NVRTC, or Triton when
+            NVRTC cannot be loaded or a sample keeps more than 64 · ``pcops.cuda.nms.MAX_WORDS``
+            boxes after ``pre_max_size``; the reference on the CPU and for float64 boxes or
+            scores), ``"cuda"``, ``"triton"`` (CUDA tensors only; ``"cuda"`` raises ``ValueError``
+            above that size) or ``"reference"`` (any device).
 
     Returns:
         ``padded=False``: kept indices ``(K,)`` int64 into ``boxes``, in descending score order.
@@ -197,22 +210,29 @@ def nms_bev(
         samples (grid over ``B``) and no host sync.
 
     Invalid boxes (non-finite values, negative sizes on the GPU) are never kept and never suppress.
+    Deterministic; the same keep list as the float64 reference except where an IoU lies within
+    ~1e-6 of the threshold (e.g. boxes that only touch, at threshold 0).
 
-    GPU scheme (Rotated NMS without a host round trip, unlike OpenPCDet's/mmcv's host loop), CUDA
-    C++ backend, three kernels per call whatever ``B`` (``pcops.cuda.nms.nms_padded``): a stable
-    rank sort of the scores (no counting when they are already in descending order, e.g. top-k
-    outputs) that also writes the first ``pre_max_size`` boxes in score order as prepared
-    records (centre, size, heading, bounding radius, validity); the upper-triangular
-    ``IoU > thr`` bitmask in 64-bit words (pairs whose bounding circles do not touch are culled
-    before any clipping, the rest compacted and clipped); a single-block (per sample) pipelined
-    greedy pass (a warp resolves a tile of 64 boxes from register-held diagonal words while the
-    other warps OR the previous tile's kept rows into the "removed" words of the later tiles; it
-    stops once ``post_max_size`` boxes are kept, and after the last tile holding a valid box).
-    Above 16,384 boxes per sample (or B·N² > 16,384²) or with float64 scores, ``torch.sort``
-    and a gather kernel replace the rank sort; non-float32 boxes add a cast. The Triton backend: ``torch.sort``, a mask kernel and a pass kernel per sample. The
-    variable-length form adds the sync and a copy. Deterministic; the same keep list as the
-    float64 reference except where an IoU lies within ~1e-6 of the threshold (e.g. boxes that
-    only touch, at threshold 0).
+    Example:
+        >>> boxes = torch.tensor([[0.0, 0, 0, 4, 2, 1.5, 0], [0.5, 0, 0, 4, 2, 1.5, 0], [9.0, 0, 0, 4, 2, 1.5, 0]])
+        >>> scores = torch.tensor([0.9, 0.8, 0.7])
+        >>> pcops.nms_bev(boxes, scores, iou_threshold=0.5)
+        tensor([0, 2])
+        >>> pcops.nms_bev(boxes, scores, 0.5, post_max_size=4, padded=True)
+        (tensor([ 0,  2, -1, -1]), tensor(2))
+
+    Notes:
+        Rotated NMS without a host round trip (unlike OpenPCDet's and mmcv's host loop). The CUDA
+        C++ backend runs three kernels per call whatever ``B`` (``pcops.cuda.nms.nms_padded``): a
+        stable rank sort of the scores (no counting when they are already in descending order,
+        e.g. top-k outputs) that also writes the first ``pre_max_size`` boxes in score order as
+        prepared records; the upper-triangular ``IoU > thr`` bitmask in 64-bit words (pairs whose
+        bounding circles do not touch are culled before any clipping); a single-block (per
+        sample) pipelined greedy pass that stops once ``post_max_size`` boxes are kept. Above
+        8,192 boxes per sample (or B·N² > 8·4,096²) or with float64 scores, ``torch.sort`` and a
+        gather kernel replace the rank sort; non-float32 boxes add a cast. The Triton backend:
+        ``torch.sort``, a mask kernel and a pass kernel per sample. The variable-length form adds
+        the sync and a copy.
     """
     return _nms_args(boxes, scores, None, iou_threshold, pre_max_size, post_max_size, padded, backend)
 
@@ -233,34 +253,50 @@ def batched_nms_bev(
     Args:
         idxs: ``(N,)`` integer group of each box, same device (``(B, N)`` with batched boxes
             ``(B, N, C)``: groups within each sample).
-        Others as :func:`nms_bev`; ``pre_max_size`` and ``post_max_size`` apply to all groups
-        together (the global score ranking), as one NMS over the union would.
+        Others as :func:`nms_bev` (``backend`` included); ``pre_max_size`` and ``post_max_size``
+        apply to all groups together (the global score ranking), as one NMS over the union would.
 
     Returns:
         As :func:`nms_bev` (indices into ``boxes`` in descending score order across groups).
+
+    Example:
+        >>> boxes = torch.tensor([[0.0, 0, 0, 4, 2, 1.5, 0], [0.5, 0, 0, 4, 2, 1.5, 0]])
+        >>> pcops.batched_nms_bev(boxes, torch.tensor([0.9, 0.8]), torch.tensor([0, 1]), 0.5)
+        tensor([0, 1])
     """
     if idxs is None:
         raise TypeError("idxs: expected a tensor of group ids, got None")
     return _nms_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend)
 
 
-# --- registration: one schema per op, one implementation per device key --------------------
+# --- registration: one schema per op; the device's implementation is picked by ``_backend`` -------
 
 
-def _iou_cpu(ref_fn, boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
-    """The CPU body of both IoU ops: size checks, the float64 reference, float32 out (float64 in)."""
-    _check_sizes_cpu("boxes_a", boxes_a)
-    _check_sizes_cpu("boxes_b", boxes_b)
-    return ref_fn(boxes_a, boxes_b).to(_iou_dtype(boxes_a))
+def _iou_dtype(boxes_a: torch.Tensor) -> torch.dtype:
+    return torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
 
 
-def _iou_cuda(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str, three_d: bool) -> torch.Tensor:
-    if backend == "cuda":
-        from .cuda import nms as impl
+def _iou_run(impl: str, boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> torch.Tensor:
+    """Both IoU ops with the resolved implementation ``impl``."""
+    if impl == "reference":
+        if boxes_a.device.type == "cpu":  # inside the op, so compiled graphs check too
+            _check_sizes_cpu("boxes_a", boxes_a)
+            _check_sizes_cpu("boxes_b", boxes_b)
+        ref_fn = _ref.boxes_iou_3d if three_d else _ref.boxes_iou_bev
+        return ref_fn(boxes_a, boxes_b).to(_iou_dtype(boxes_a))
+    if impl == "cuda":
+        from .cuda import nms as gpu
     else:
-        from .triton import nms as impl
+        from .triton import nms as gpu
+    return gpu.boxes_iou(boxes_a, boxes_b, three_d=three_d)
 
-    return impl.boxes_iou(boxes_a, boxes_b, three_d=three_d)
+
+def _iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str, three_d: bool) -> torch.Tensor:
+    op = "boxes_iou_3d" if three_d else "boxes_iou_bev"
+    impl = _backend.resolve(backend, op, boxes_a, boxes_b)  # "auto" on CUDA: Triton
+    impl = "reference" if impl == "cpu" else impl
+    _backend.log_kernel(op, impl)
+    return _iou_run(impl, boxes_a, boxes_b, three_d)
 
 
 def _iou_fake(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> torch.Tensor:
@@ -270,18 +306,9 @@ def _iou_fake(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> to
     return boxes_a.new_empty((boxes_a.shape[0], boxes_b.shape[0]), dtype=_iou_dtype(boxes_a))
 
 
-def _iou_dtype(boxes_a: torch.Tensor) -> torch.dtype:
-    return torch.float64 if boxes_a.dtype == torch.float64 else torch.float32
-
-
-@torch.library.custom_op("pcops::boxes_iou_bev", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("pcops::boxes_iou_bev", mutates_args=(), device_types=("cpu", "cuda"))
 def _boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
-    return _iou_cpu(_ref.boxes_iou_bev, boxes_a, boxes_b)
-
-
-@_boxes_iou_bev.register_kernel("cuda")
-def _boxes_iou_bev_cuda(boxes_a, boxes_b, backend):
-    return _iou_cuda(boxes_a, boxes_b, backend, three_d=False)
+    return _iou(boxes_a, boxes_b, backend, three_d=False)
 
 
 @_boxes_iou_bev.register_fake
@@ -289,14 +316,9 @@ def _boxes_iou_bev_fake(boxes_a, boxes_b, backend):
     return _iou_fake(boxes_a, boxes_b, three_d=False)
 
 
-@torch.library.custom_op("pcops::boxes_iou_3d", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("pcops::boxes_iou_3d", mutates_args=(), device_types=("cpu", "cuda"))
 def _boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
-    return _iou_cpu(_ref.boxes_iou_3d, boxes_a, boxes_b)
-
-
-@_boxes_iou_3d.register_kernel("cuda")
-def _boxes_iou_3d_cuda(boxes_a, boxes_b, backend):
-    return _iou_cuda(boxes_a, boxes_b, backend, three_d=True)
+    return _iou(boxes_a, boxes_b, backend, three_d=True)
 
 
 @_boxes_iou_3d.register_fake
@@ -304,43 +326,53 @@ def _boxes_iou_3d_fake(boxes_a, boxes_b, backend):
     return _iou_fake(boxes_a, boxes_b, three_d=True)
 
 
-@torch.library.custom_op("pcops::nms_bev", mutates_args=(), device_types="cpu")
-def _nms_bev(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    idxs: torch.Tensor | None,
-    iou_threshold: float,
-    pre_max_size: int | None,
-    post_max_size: int | None,
-    padded: bool,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_sizes_cpu("boxes", boxes)
-    if padded:
-        return _ref.nms_bev_padded(boxes, scores, iou_threshold, pre_max_size, post_max_size, idxs)
-    keep = _ref.nms_bev(boxes, scores, iou_threshold, pre_max_size, post_max_size, idxs)
-    return keep, torch.tensor(keep.numel(), dtype=torch.int64)
+@functools.lru_cache(maxsize=None)
+def _nvrtc_available() -> bool:
+    """NVRTC can be loaded (checked once); otherwise ``backend="auto"`` uses Triton."""
+    try:
+        from ._nvrtc import nvrtc
+
+        nvrtc()
+        return True
+    except (RuntimeError, OSError):
+        return False
 
 
-def _cuda_impl(backend: str, m: int):
-    """``pcops.cuda.nms`` when the CUDA C++ backend applies to ``m`` boxes per sample, else None."""
-    if backend == "cuda" or (backend == "auto" and _nvrtc_available()):
-        from .cuda import nms as cuda_impl
+def _nms_impl(backend: str, boxes: torch.Tensor, scores: torch.Tensor, m: int) -> str:
+    """``"reference"``, ``"triton"`` or ``"cuda"`` for NMS of ``m`` boxes per sample."""
+    impl = _backend.resolve(backend, "nms_bev", boxes, scores, auto_cuda="cuda")
+    if impl in ("cpu", "reference"):
+        return "reference"
+    if impl == "triton":
+        return impl
+    from .cuda import nms as cuda_impl
 
-        # the CUDA pass keeps its "removed" words in shared memory; Triton handles any size
-        if -(-m // 64) <= cuda_impl.MAX_WORDS:
-            return cuda_impl
-    return None
+    # the CUDA pass keeps one "removed" bit per box in shared memory; Triton handles any size
+    fits = -(-m // 64) <= cuda_impl.MAX_WORDS
+    if backend == "auto":
+        return "cuda" if fits and _nvrtc_available() else "triton"
+    if not fits:
+        raise ValueError(f"backend: 'cuda' handles at most {64 * cuda_impl.MAX_WORDS} boxes per sample after "
+                         f"pre_max_size, got {m}; use backend='auto' or 'triton'")
+    return "cuda"
 
 
-@_nms_bev.register_kernel("cuda")
-def _nms_bev_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
-    from .triton import nms as tri
+def _nms_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded):
+    """``pcops::nms_bev`` with the resolved implementation ``impl``."""
+    if impl == "reference":
+        if boxes.device.type == "cpu":
+            _check_sizes_cpu("boxes", boxes)
+        if padded:
+            return _ref.nms_bev_padded(boxes, scores, iou_threshold, pre_max_size, post_max_size, idxs)
+        keep = _ref.nms_bev(boxes, scores, iou_threshold, pre_max_size, post_max_size, idxs)
+        return keep, torch.tensor(keep.numel(), dtype=torch.int64, device=boxes.device)
+    if impl == "triton":
+        from .triton import nms as tri
+
+        return tri.nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded)
+    from .cuda import nms as cuda_impl
 
     m = boxes.shape[0] if pre_max_size is None else min(boxes.shape[0], pre_max_size)
-    cuda_impl = _cuda_impl(backend, m)
-    if cuda_impl is None:
-        return tri.nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, tri)
     out_len = post_max_size if padded else min(m, post_max_size or m)
     groups = idxs.unsqueeze(0) if idxs is not None else None
     out, count = cuda_impl.nms_padded(boxes.unsqueeze(0), scores.unsqueeze(0), groups, iou_threshold,
@@ -351,20 +383,21 @@ def _nms_bev_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_siz
     return out[:k].clone(), count
 
 
-_NVRTC_OK: list[bool] = []
-
-
-def _nvrtc_available() -> bool:
-    """NVRTC can be loaded (checked once); otherwise ``backend="auto"`` uses Triton."""
-    if not _NVRTC_OK:
-        try:
-            from ._nvrtc import nvrtc
-
-            nvrtc()
-            _NVRTC_OK.append(True)
-        except (RuntimeError, OSError):
-            _NVRTC_OK.append(False)
-    return _NVRTC_OK[0]
+@torch.library.custom_op("pcops::nms_bev", mutates_args=(), device_types=("cpu", "cuda"))
+def _nms_bev(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    idxs: torch.Tensor | None,
+    iou_threshold: float,
+    pre_max_size: int | None,
+    post_max_size: int | None,
+    padded: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m = boxes.shape[0] if pre_max_size is None else min(boxes.shape[0], pre_max_size)
+    impl = _nms_impl(backend, boxes, scores, m)
+    _backend.log_kernel("nms_bev", impl)
+    return _nms_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded)
 
 
 @_nms_bev.register_fake
@@ -378,7 +411,21 @@ def _nms_bev_fake(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_siz
     return boxes.new_empty((k,), dtype=torch.int64), count
 
 
-@torch.library.custom_op("pcops::nms_bev_batched", mutates_args=(), device_types="cpu")
+def _nms_batched_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size):
+    """``pcops::nms_bev_batched`` with the resolved implementation ``impl``."""
+    if impl == "cuda":
+        from .cuda import nms as cuda_impl
+
+        return cuda_impl.nms_padded(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size)
+    # the reference and Triton: one call per sample
+    outs = [_nms_run(impl, boxes[b], scores[b], idxs[b] if idxs is not None else None, iou_threshold,
+                     pre_max_size, post_max_size, True) for b in range(boxes.shape[0])]
+    if not outs:
+        return boxes.new_empty((0, post_max_size), dtype=torch.int64), boxes.new_empty((0,), dtype=torch.int64)
+    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+
+@torch.library.custom_op("pcops::nms_bev_batched", mutates_args=(), device_types=("cpu", "cuda"))
 def _nms_bev_batched(
     boxes: torch.Tensor,
     scores: torch.Tensor,
@@ -388,30 +435,10 @@ def _nms_bev_batched(
     post_max_size: int,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    bsz = boxes.shape[0]
-    _check_sizes_cpu("boxes", boxes.reshape(-1, boxes.shape[-1]))
-    outs = [_ref.nms_bev_padded(boxes[b], scores[b], iou_threshold, pre_max_size, post_max_size,
-                                idxs[b] if idxs is not None else None) for b in range(bsz)]
-    if not outs:
-        return boxes.new_empty((0, post_max_size), dtype=torch.int64), boxes.new_empty((0,), dtype=torch.int64)
-    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
-
-
-@_nms_bev_batched.register_kernel("cuda")
-def _nms_bev_batched_cuda(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, backend):
     n = boxes.shape[1]
-    m = n if pre_max_size is None else min(n, pre_max_size)
-    cuda_impl = _cuda_impl(backend, m)
-    if cuda_impl is not None:
-        return cuda_impl.nms_padded(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size)
-    from .triton import nms as tri
-
-    bsz = boxes.shape[0]
-    outs = [tri.nms_bev(boxes[b], scores[b], idxs[b] if idxs is not None else None, iou_threshold, pre_max_size,
-                        post_max_size, True, tri) for b in range(bsz)]
-    if not outs:
-        return boxes.new_empty((0, post_max_size), dtype=torch.int64), boxes.new_empty((0,), dtype=torch.int64)
-    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+    impl = _nms_impl(backend, boxes, scores, n if pre_max_size is None else min(n, pre_max_size))
+    _backend.log_kernel("nms_bev_batched", impl)
+    return _nms_batched_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size)
 
 
 @_nms_bev_batched.register_fake

@@ -1,4 +1,5 @@
-"""Launchers for ``csrc/nms.cu`` (CUDA C++ compiled at run time with NVRTC): IoU matrix, NMS mask, NMS pass."""
+"""Launchers for ``csrc/nms.cu`` (CUDA C++ compiled at run time with NVRTC): the IoU matrix and the
+batched three-kernel NMS pipeline (rank sort, tile mask, greedy pass)."""
 from __future__ import annotations
 
 import ctypes
@@ -8,7 +9,6 @@ import torch
 from .._nvrtc import get_kernel
 
 _TILE = 64
-_MASK_THREADS = 256
 _PASS_THREADS = 1024
 _IOU_BLOCK = (32, 8)
 # the pass keeps one "removed" word per 64 boxes in dynamic shared memory: 48 KB without opt-in,
@@ -39,74 +39,6 @@ def boxes_iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> to
     return out.to(torch.float64) if boxes_a.dtype == torch.float64 else out
 
 
-def nms_mask(boxes: torch.Tensor, order: torch.Tensor, groups: torch.Tensor | None, iou_threshold: float) -> torch.Tensor:
-    """Upper-triangular ``IoU > thr`` bitmask ``(M, ceil(M/64))`` int64 of the sorted boxes (1 launch).
-
-    Args:
-        boxes: ``(N, C)`` float32 contiguous, C = 5 or ≥ 7.
-        order: ``(M,)`` int64 sorted position → box index; groups: ``(M,)`` int64 or None.
-    """
-    dev = boxes.device
-    m = order.shape[0]
-    words = (m + _TILE - 1) // _TILE
-    mask = torch.empty((m, words), dtype=torch.int64, device=dev)
-    if m:
-        g = groups if groups is not None else order
-        get_kernel("nms.cu", "nms_mask", dev)(
-            (words * (words + 1) // 2,), (_MASK_THREADS,),
-            [boxes, order, g, ctypes.c_int(int(groups is not None)), ctypes.c_int(m), ctypes.c_int(words),
-             ctypes.c_int(boxes.shape[1]), ctypes.c_int(int(boxes.shape[1] == 5)), ctypes.c_float(iou_threshold), mask],
-        )
-    return mask
-
-
-_PASS_KERNELS = {"v1": "nms_pass", "v2": "nms_pass_v2"}
-
-
-def nms_pass(mask: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, order: torch.Tensor,
-             out_len: int, *, pass_variant: str = "v2") -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy pass in one block of 1024 threads (1 launch): ``(indices (out_len,) −1 padded, count ())``.
-
-    Args:
-        mask: from :func:`nms_mask`; boxes ``(N, C)`` and scores ``(N,)`` float32 contiguous.
-        pass_variant: private, for benchmarking: ``"v2"`` (default, ``nms_pass_v2``: pipelined,
-            warp-level tile resolve) or ``"v1"`` (``nms_pass``, the first version; the same outputs).
-    """
-    if pass_variant not in _PASS_KERNELS:
-        raise ValueError(f"pass_variant: expected one of {sorted(_PASS_KERNELS)}, got {pass_variant!r}")
-    dev = boxes.device
-    m, words = mask.shape
-    out = torch.empty((out_len,), dtype=torch.int64, device=dev)
-    count = torch.empty((), dtype=torch.int64, device=dev)
-    get_kernel("nms.cu", _PASS_KERNELS[pass_variant], dev)(
-        (1,), (_PASS_THREADS,),
-        [mask, boxes, scores, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len),
-         ctypes.c_int(boxes.shape[1]), ctypes.c_int(int(boxes.shape[1] == 5)), out, count],
-        shared_mem=words * 8,
-    )
-    return out, count
-
-
-def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int, *,
-               pass_variant: str = "v2") -> tuple[torch.Tensor, torch.Tensor]:
-    """Bitmask + greedy pass on score-sorted boxes; no host sync (2 launches, plus casts for
-    non-float32 inputs).
-
-    Args:
-        boxes: ``(N, C)`` contiguous, C = 5 or ≥ 7 (cast to float32 if needed).
-        scores: ``(N,)`` (NaN = invalid box).
-        order: ``(M,)`` int64 sorted position → box index, ``M ≤ 64 · MAX_WORDS``.
-        groups: ``(M,)`` int64 group per sorted box, or None.
-        out_len: length of the −1 padded output.
-        pass_variant: private, the greedy pass kernel (see :func:`nms_pass`); default ``"v2"``.
-    Returns:
-        ``(indices (out_len,) int64, count () int64)``.
-    """
-    b, s = _as_f32(boxes), _as_f32(scores)
-    mask = nms_mask(b, order, groups, iou_threshold)
-    return nms_pass(mask, b, s, order, out_len, pass_variant=pass_variant)
-
-
 # --- the batched pipeline: rank sort + prepared boxes, tile mask, pass; grid over the samples ------
 
 _RANK_THREADS = 256
@@ -115,10 +47,9 @@ _GATHER_THREADS = 256
 _MASKB_THREADS = 64
 _SBOX = 8  # floats per prepared box
 # sizes sorted by ranking in one kernel (O(B·N²) compares; O(B·N) when the scores are already in
-# order, e.g. top-k outputs): N ≤ RANK_MAX and B·N² ≤ RANK_WORK. Measured on the H200 (graph
-# replays): 18 µs at N = 4,096 against 34 µs for nan_to_num + torch.sort, but 92 µs against 66 µs
-# at 16,384. Larger inputs, and float64 scores (whose order float32 could merge), use torch.sort
-# and a gather kernel.
+# order, e.g. top-k outputs): N ≤ RANK_MAX and B·N² ≤ RANK_WORK, where ranking beats torch.sort
+# (benchmarks/NOTES.md). Larger inputs, and float64 scores (whose order float32 could merge), use
+# torch.sort and a gather kernel.
 RANK_MAX = 8192
 RANK_WORK = 8 * 4096 * 4096
 _MAX_GRID_Y = 65535
@@ -132,7 +63,7 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     ``nms_rank`` (stable descending rank of every score, NaN last; the first ``M`` boxes in score
     order written as prepared float32 records: centre, size, heading, bounding radius, validity),
     ``nms_mask_b`` (the ``IoU > thr`` bitmask, grid over the triangle's 64 × 64 tiles and ``B``)
-    and ``nms_pass_b`` (the pipelined greedy pass of ``nms_pass_v2``, one block per sample).
+    and ``nms_pass_b`` (the pipelined greedy pass, one block per sample).
     Above ``RANK_MAX`` boxes per sample (or ``B·N² > RANK_WORK``), or for float64 scores,
     ``torch.sort`` + ``nms_gather`` replace ``nms_rank`` (+3-5 launches).
 
@@ -162,7 +93,7 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     mask, invalid = mask_b(sbox, sgroups if groups is not None else None, iou_threshold)
     out = torch.empty(shape[0], dtype=torch.int64, device=boxes.device)
     count = torch.empty(shape[1], dtype=torch.int64, device=boxes.device)
-    return pass_b(mask, invalid, order, out_len, out=out, count=count, variant=PASS_VARIANT)
+    return pass_b(mask, invalid, order, out_len, out=out, count=count)
 
 
 def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None,
@@ -217,39 +148,27 @@ def mask_b(sbox: torch.Tensor, sgroups: torch.Tensor | None, iou_threshold: floa
 
 
 def pass_threads(words: int) -> int:
-    """Threads per block of ``nms_pass_b``: measured on the H200 (graph replays of the pass alone),
-    N = 4,096 (64 words): 1024 threads 77 / 91 µs (threshold 0.01 / 0.5), 512 threads 65 / 81,
-    256 threads 61 / 86; N = 16,384 (256 words): 1024 500 µs, 512 517, 256 707."""
+    """Threads per block of ``nms_pass_b``: 512 up to 128 mask words (8,192 boxes), 1024 above
+    (the faster of 256 / 512 / 1024 at N = 4,096 and 16,384, benchmarks/NOTES.md)."""
     return 512 if words <= 128 else _PASS_THREADS
 
 
-_PASS_B_KERNELS = {"b": ("nms_pass_b", _PASS_THREADS), "b2": ("nms_pass_b2", 512)}
-# the pass kernel of nms_padded: "b" (nms_pass_b, measured: N1 65-93 µs) or the experimental "b2"
-# (nms_pass_b2, same outputs; the benchmark's "pass_b2" stage rows measure it)
-PASS_VARIANT = "b"
-
-
 def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_len: int, *,
-           threads: int | None = None, out: torch.Tensor | None = None, count: torch.Tensor | None = None,
-           variant: str = "b") -> tuple[torch.Tensor, torch.Tensor]:
+           threads: int | None = None, out: torch.Tensor | None = None,
+           count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 3 of :func:`nms_padded` (1 launch: ``nms_pass_b``, one block per sample):
     ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``, written into ``out``/``count``
-    when given (contiguous, ``B * out_len`` and ``B`` elements). ``threads`` (private, for the
-    benchmark): threads per block, a multiple of 32 in [64, 1024] (default: :func:`pass_threads`).
-    ``variant`` (private, experimental): ``"b2"`` runs ``nms_pass_b2`` (the workers' loads in
-    flight across the barrier, at most 512 threads; the same outputs)."""
-    if variant not in _PASS_B_KERNELS:
-        raise ValueError(f"variant: expected one of {sorted(_PASS_B_KERNELS)}, got {variant!r}")
-    kernel, max_threads = _PASS_B_KERNELS[variant]
+    when given (contiguous, ``B * out_len`` and ``B`` elements). ``threads``: threads per block, a
+    multiple of 32 in [64, 1024] (default: :func:`pass_threads`; the benchmark sweeps it)."""
     if threads is None:
-        threads = min(pass_threads(mask.shape[2]), max_threads)
-    if threads % 32 or not 64 <= threads <= max_threads:
-        raise ValueError(f"threads: expected a multiple of 32 in [64, {max_threads}], got {threads}")
+        threads = pass_threads(mask.shape[2])
+    if threads % 32 or not 64 <= threads <= _PASS_THREADS:
+        raise ValueError(f"threads: expected a multiple of 32 in [64, {_PASS_THREADS}], got {threads}")
     bsz, m, words = mask.shape
     dev = mask.device
     out = torch.empty((bsz, out_len), dtype=torch.int64, device=dev) if out is None else out
     count = torch.empty((bsz,), dtype=torch.int64, device=dev) if count is None else count
-    get_kernel("nms.cu", kernel, dev)(
+    get_kernel("nms.cu", "nms_pass_b", dev)(
         (bsz,), (threads,),
         [mask, invalid, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len), out, count],
         shared_mem=words * 8,

@@ -29,13 +29,9 @@ every pair of a tile with at least one candidate; ``csrc/nms.cu`` compacts the c
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
-
-_SELF = sys.modules[__name__]
 
 # tile of the IoU matrix kernel
 _IOU_BLOCK = 32
@@ -434,17 +430,15 @@ def nms_sorted(boxes, scores, order, groups, iou_threshold: float, out_len: int)
     return nms_pass(mask, boxes, scores, order, out_len)
 
 
-def nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, impl=None):
+def nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded):
     """Rotated NMS on the GPU: one stable sort, the bitmask kernel, the single-program greedy pass.
 
     Args:
         boxes: ``(N, C)`` contiguous, C = 5 or ≥ 7; scores ``(N,)``; idxs ``(N,)`` int64 or None.
-        impl: the module providing ``nms_sorted`` (this one, or ``pcops.cuda.nms``).
     Returns:
         ``(indices, count ())``: padded ``(post_max_size,)`` with −1, or ``(K,)`` when not ``padded``
         (one host sync, reading ``count``).
     """
-    impl = impl or globals()["_SELF"]
     order = sort_order(scores, pre_max_size)
     m = order.shape[0]
     out_len = post_max_size if padded else min(m, post_max_size or m)
@@ -452,7 +446,7 @@ def nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, pad
         out = torch.full((out_len,), -1, dtype=torch.int64, device=boxes.device)
         return out, torch.zeros((), dtype=torch.int64, device=boxes.device)
     groups = idxs[order] if idxs is not None else None
-    out, count = impl.nms_sorted(boxes, scores, order, groups, iou_threshold, out_len)
+    out, count = nms_sorted(boxes, scores, order, groups, iou_threshold, out_len)
     if padded:
         return out, count
     k = int(count)  # the one host sync of the variable-length form
