@@ -1,18 +1,18 @@
 // Softmax over the stored values of each CSR row, forward and backward, in CUDA C++ compiled at
 // run time by NVRTC (self-contained: no standard or CUDA headers). Same results as
-// pcops/triton/fused.py's _sparse_softmax_kernel (up to float32 rounding).
+// pcops/triton/sparse_softmax.py (up to float32 rounding).
 //
 // Work split: a block of WARPS warps owns RPB = WARPS · 32 / SUB consecutive rows; each group of
-// SUB lanes (SUB = 32: a warp, the seed design; 16, 8 or 4: 2, 4 or 8 rows per warp) owns one
-// row. A row with at most CAP = SUB · VPT entries is done by its group alone, entirely in
+// SUB lanes (32: a warp; 16, 8 or 4: 2, 4 or 8 rows per warp) owns one row. A row with at most CAP = SUB · VPT entries is done by its group alone, entirely in
 // registers (one read, one write; the reductions are log2(SUB) xor-shuffles that all groups of
 // a warp run together, so the shuffles stay warp-converged). Short rows packed several per warp
-// give each warp several rows of loads in flight at once (the Q1 kernel was latency-bound with
-// one 32-entry row per warp: ≈ 128 bytes in flight per warp). Longer rows are flagged in
+// give each warp several rows of loads in flight at once. Longer rows are flagged in
 // shared memory and then done one after another by the whole block (online max/sum over a
 // strided loop, a block reduction through shared memory, then a second pass that writes).
 // One launch, no host sync. The launcher picks SUB from the mean row length (no host sync):
-// the smallest group whose CAP covers 2·mean − 1 (the longest row when lengths are uniform).
+// the smallest group whose CAP covers 1.9·mean (≈ the longest row when lengths are uniform).
+// One entry point per direction and value type: the group shape and the crow index type are
+// run-time arguments (a block-uniform switch), so NVRTC compiles 4 shapes per entry, not 16.
 //
 // Empty rows write nothing; an all −inf row gives zeros (the max is replaced by 0 so that
 // exp(−inf − 0) = 0 and the zero sum gives a zero output instead of 0/0). Row ranges are
@@ -89,17 +89,22 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   m = mx;
 }
 
-// Row range [start, end) clamped to [0, nnz].
-template <typename I>
-__device__ __forceinline__ void row_range(const I* crow, long long row, long long nnz, long long& start, long long& end) {
-  start = (long long)crow[row];
-  end = (long long)crow[row + 1];
+// Row range [start, end) clamped to [0, nnz]; crow holds int64 (crow64 != 0) or int32 pointers.
+__device__ __forceinline__ void row_range(const void* crow, int crow64, long long row, long long nnz, long long& start,
+                                          long long& end) {
+  if (crow64) {
+    start = ((const long long*)crow)[row];
+    end = ((const long long*)crow)[row + 1];
+  } else {
+    start = (long long)((const int*)crow)[row];
+    end = (long long)((const int*)crow)[row + 1];
+  }
   start = start < 0 ? 0 : (start > nnz ? nnz : start);
   end = end < start ? start : (end > nnz ? nnz : end);
 }
 
-template <int KIND, typename I, int SUB, int VPT>
-__device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, const I* __restrict__ crow,
+template <int KIND, int SUB, int VPT>
+__device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, const void* __restrict__ crow, int crow64,
                             typename Elem<KIND>::T* __restrict__ out, long long rows, long long nnz) {
   typedef Elem<KIND> E;
   constexpr int RPW = 32 / SUB;    // rows per warp
@@ -112,7 +117,7 @@ __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, c
   const long long first = (long long)blockIdx.x * RPB;
   const long long row = first + slot;
   long long start = 0, end = 0;
-  if (row < rows) row_range(crow, row, nnz, start, end);
+  if (row < rows) row_range(crow, crow64, row, nnz, start, end);
   const long long len = end - start;
   if (sl == 0) is_long[slot] = len > CAP;
   // short rows: one group each, values in registers; long (and empty) rows load nothing here
@@ -145,7 +150,7 @@ __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, c
   for (int r = 0; r < RPB; ++r) {
     if (!is_long[r]) continue;
     long long s0, e0;
-    row_range(crow, first + r, nnz, s0, e0);
+    row_range(crow, crow64, first + r, nnz, s0, e0);
     float m = NEG_INF, s = 0.f;
     for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) merge(m, s, E::load(values[i]), 1.f);
     for (int o = 16; o > 0; o >>= 1) {
@@ -167,9 +172,10 @@ __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, c
   }
 }
 
-template <int KIND, typename I, int SUB, int VPT>
+template <int KIND, int SUB, int VPT>
 __device__ void softmax_bwd(const typename Elem<KIND>::T* __restrict__ grad, const typename Elem<KIND>::T* __restrict__ y,
-                            const I* __restrict__ crow, typename Elem<KIND>::T* __restrict__ dx, long long rows, long long nnz) {
+                            const void* __restrict__ crow, int crow64, typename Elem<KIND>::T* __restrict__ dx,
+                            long long rows, long long nnz) {
   typedef Elem<KIND> E;
   constexpr int RPW = 32 / SUB;
   constexpr int RPB = WARPS * RPW;
@@ -181,7 +187,7 @@ __device__ void softmax_bwd(const typename Elem<KIND>::T* __restrict__ grad, con
   const long long first = (long long)blockIdx.x * RPB;
   const long long row = first + slot;
   long long start = 0, end = 0;
-  if (row < rows) row_range(crow, row, nnz, start, end);
+  if (row < rows) row_range(crow, crow64, row, nnz, start, end);
   const long long len = end - start;
   if (sl == 0) is_long[slot] = len > CAP;
   const int n = len <= CAP ? (int)len : 0;
@@ -204,7 +210,7 @@ __device__ void softmax_bwd(const typename Elem<KIND>::T* __restrict__ grad, con
   for (int r = 0; r < RPB; ++r) {
     if (!is_long[r]) continue;
     long long s0, e0;
-    row_range(crow, first + r, nnz, s0, e0);
+    row_range(crow, crow64, first + r, nnz, s0, e0);
     float dot = 0.f;
     for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) dot += E::load(grad[i]) * E::load(y[i]);
     dot = warp_sum(dot);
@@ -217,28 +223,32 @@ __device__ void softmax_bwd(const typename Elem<KIND>::T* __restrict__ grad, con
   }
 }
 
-// Entry points: sparse_softmax_{fwd,bwd}_{f32,f16,bf16}_{i32,i64}_g{SUB}x{VPT} (value kind × crow
-// index type × group shape). g32x4: a warp per row of ≤ 128 (the seed design); g4x8, g8x8,
-// g16x8: 8, 4, 2 rows per warp of ≤ 32, 64, 128 entries.
-#define PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, SUB, VPT)                                                  \
-  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_fwd_##SUFFIX##_g##SUB##x##VPT(   \
-      const Elem<KIND>::T* values, const I* crow, Elem<KIND>::T* out, long long rows, long long nnz) {  \
-    softmax_fwd<KIND, I, SUB, VPT>(values, crow, out, rows, nnz);                                       \
-  }                                                                                                     \
-  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_bwd_##SUFFIX##_g##SUB##x##VPT(   \
-      const Elem<KIND>::T* grad, const Elem<KIND>::T* y, const I* crow, Elem<KIND>::T* dx,              \
-      long long rows, long long nnz) {                                                                  \
-    softmax_bwd<KIND, I, SUB, VPT>(grad, y, crow, dx, rows, nnz);                                       \
+// Entry points: sparse_softmax_{fwd,bwd}_{f32,f16,bf16}. sub picks the group shape g{SUB}x{VPT}:
+// 4, 8, 16 → 8 entries per lane (rows of ≤ 32, 64, 128 in registers, 8, 4, 2 rows per warp); 32 →
+// g32x4 (a warp per row of ≤ 128). Blocks hold WARPS · 32 / sub rows.
+#define PCOPS_SOFTMAX_SHAPES(CALL) \
+  switch (sub) {                    \
+    case 4: CALL(4, 8); break;      \
+    case 8: CALL(8, 8); break;      \
+    case 16: CALL(16, 8); break;    \
+    default: CALL(32, 4); break;    \
   }
-#define PCOPS_SOFTMAX_ENTRIES(SUFFIX, KIND, I) \
-  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 32, 4)  \
-  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 4, 8)   \
-  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 8, 8)   \
-  PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND, I, 16, 8)
+#define PCOPS_SOFTMAX_FWD(SUB, VPT) softmax_fwd<KIND, SUB, VPT>(values, crow, crow64, out, rows, nnz)
+#define PCOPS_SOFTMAX_BWD(SUB, VPT) softmax_bwd<KIND, SUB, VPT>(grad, y, crow, crow64, dx, rows, nnz)
+#define PCOPS_SOFTMAX_ENTRY(SUFFIX, KIND_)                                                             \
+  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_fwd_##SUFFIX(                  \
+      const Elem<KIND_>::T* values, const void* crow, Elem<KIND_>::T* out, long long rows, long long nnz, \
+      int crow64, int sub) {                                                                           \
+    constexpr int KIND = KIND_;                                                                        \
+    PCOPS_SOFTMAX_SHAPES(PCOPS_SOFTMAX_FWD)                                                            \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(THREADS) sparse_softmax_bwd_##SUFFIX(                  \
+      const Elem<KIND_>::T* grad, const Elem<KIND_>::T* y, const void* crow, Elem<KIND_>::T* dx,        \
+      long long rows, long long nnz, int crow64, int sub) {                                            \
+    constexpr int KIND = KIND_;                                                                        \
+    PCOPS_SOFTMAX_SHAPES(PCOPS_SOFTMAX_BWD)                                                            \
+  }
 
-PCOPS_SOFTMAX_ENTRIES(f32_i32, 0, int)
-PCOPS_SOFTMAX_ENTRIES(f32_i64, 0, long long)
-PCOPS_SOFTMAX_ENTRIES(f16_i32, 1, int)
-PCOPS_SOFTMAX_ENTRIES(f16_i64, 1, long long)
-PCOPS_SOFTMAX_ENTRIES(bf16_i32, 2, int)
-PCOPS_SOFTMAX_ENTRIES(bf16_i64, 2, long long)
+PCOPS_SOFTMAX_ENTRY(f32, 0)
+PCOPS_SOFTMAX_ENTRY(f16, 1)
+PCOPS_SOFTMAX_ENTRY(bf16, 2)

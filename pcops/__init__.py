@@ -18,7 +18,9 @@ _OP_MODULES = (
     "fps",
     "knn",
     "kernel_map",
-    "fused",
+    "layer_norm_gelu",
+    "swish_dropout_residual",
+    "sparse_softmax",
 )
 
 __all__: list[str] = []

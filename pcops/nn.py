@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .fused import fused_layer_norm_gelu
+from .layer_norm_gelu import fused_layer_norm_gelu
 
 __all__ = ["LayerNormGELU"]
 

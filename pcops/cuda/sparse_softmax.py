@@ -6,8 +6,8 @@ done by the whole block. ``variant=None`` picks, from the mean row length (``nnz
 known on the host: no synchronisation), the smallest group whose capacity covers
 ``1.9·mean`` (≈ the longest row when lengths are uniform on ``1..L``: ``2·mean − 1``, with
 room for the sample mean's noise): Q1 (lengths 1..64, mean ≈ 32.5) → ``"g8x8"``, 4 rows of
-≤ 64 per warp. (H200, Q1 fwd / fwd+bwd kernels: g8x8 0.026 / 0.048 ms, g16x8 0.034 / 0.059,
-g32x4 0.036 / 0.069, g4x8 0.22 / 0.31 — its rows beyond 32 all go to the block path.)
+≤ 64 per warp (the shapes' Q1 times are in ``benchmarks/NOTES.md``). One entry point per
+direction and value type; the shape and the crow index type are run-time arguments.
 """
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ import ctypes
 
 import torch
 
+from .._backend import log_kernel
 from .._nvrtc import get_kernel
 
 _WARPS = 8  # warps per block; must match WARPS in the .cu source
 _THREADS = 32 * _WARPS
 _VALUE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-_INDEX_SUFFIX = {torch.int32: "i32", torch.int64: "i64"}
-# name → (SUB lanes per row, VPT values per lane); entry points ..._g{SUB}x{VPT} in the .cu
+# name → (SUB lanes per row, VPT values per lane): the kernels' ``sub`` argument selects g{SUB}x{VPT}
 VARIANTS = {"g32x4": (32, 4), "g4x8": (4, 8), "g8x8": (8, 8), "g16x8": (16, 8)}
 # the automatic choice, smallest capacity first (g32x4, capacity 128, for the longest rows)
 _AUTO_ORDER = ("g4x8", "g8x8", "g16x8", "g32x4")
-# the longest row expected per unit of mean length (uniform lengths: 2·mean − 1; the H200 run
-# with 2·mean − 1 picked g16x8 for Q1 because its sample mean is 32.52, not 32.5)
+# the longest row expected per unit of mean length (uniform lengths: 2·mean − 1, less a margin
+# for the sample mean's noise: Q1's is 32.52, which 2·mean − 1 would send to g16x8)
 _LONGEST_PER_MEAN = 1.9
 
 
@@ -43,8 +43,15 @@ def choose_variant(rows: int, nnz: int) -> str:
 def _kernel(direction: str, values: torch.Tensor, crow: torch.Tensor, variant: str):
     if values.dtype not in _VALUE_SUFFIX:
         raise TypeError(f"values: the CUDA C++ backend takes float32/float16/bfloat16, got {values.dtype}")
-    name = f"sparse_softmax_{direction}_{_VALUE_SUFFIX[values.dtype]}_{_INDEX_SUFFIX[crow.dtype]}_{variant}"
+    if crow.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"crow_indices: expected int32 or int64, got {crow.dtype}")
+    name = f"sparse_softmax_{direction}_{_VALUE_SUFFIX[values.dtype]}"
+    log_kernel("sparse_softmax", f"{name} {variant}")
     return get_kernel("sparse_softmax.cu", name, values.device)
+
+
+def _shape_args(crow: torch.Tensor, variant: str) -> list:
+    return [ctypes.c_int(crow.dtype == torch.int64), ctypes.c_int(VARIANTS[variant][0])]
 
 
 def _plan(rows: int, nnz: int, variant: str | None) -> tuple[str, tuple[int]]:
@@ -57,7 +64,7 @@ def _plan(rows: int, nnz: int, variant: str | None) -> tuple[str, tuple[int]]:
 
 
 def sparse_softmax(values: torch.Tensor, crow: torch.Tensor, *, variant: str | None = None) -> torch.Tensor:
-    """Same contract as ``pcops.triton.fused.sparse_softmax``: one launch, no host synchronisation.
+    """Same contract as ``pcops.triton.sparse_softmax.sparse_softmax``: one launch, no host synchronisation.
 
     Args:
         values: ``(nnz,)`` contiguous float32/float16/bfloat16 on a CUDA device.
@@ -71,7 +78,8 @@ def sparse_softmax(values: torch.Tensor, crow: torch.Tensor, *, variant: str | N
     if rows > 0 and nnz > 0:
         variant, grid = _plan(rows, nnz, variant)
         _kernel("fwd", values, crow, variant)(
-            grid, (_THREADS,), [values, crow, out, ctypes.c_longlong(rows), ctypes.c_longlong(nnz)],
+            grid, (_THREADS,),
+            [values, crow, out, ctypes.c_longlong(rows), ctypes.c_longlong(nnz), *_shape_args(crow, variant)],
         )
     return out
 
@@ -85,6 +93,7 @@ def sparse_softmax_backward(
     if rows > 0 and nnz > 0:
         variant, grid = _plan(rows, nnz, variant)
         _kernel("bwd", y, crow, variant)(
-            grid, (_THREADS,), [grad, y, crow, dx, ctypes.c_longlong(rows), ctypes.c_longlong(nnz)],
+            grid, (_THREADS,),
+            [grad, y, crow, dx, ctypes.c_longlong(rows), ctypes.c_longlong(nnz), *_shape_args(crow, variant)],
         )
     return dx
