@@ -1,0 +1,88 @@
+"""``python -m pcops.models <subcommand>``: generate a simulated split, train, evaluate.
+
+Also installed as the ``pcops-models`` console script. ``python -m pcops.models.demo`` runs the demo.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _common(p):
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--workers", type=int, default=None, help="loader / generator worker processes")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pcops.models", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="write a simulated split in the KITTI layout")
+    g.add_argument("--out", required=True, help="output folder")
+    g.add_argument("--train", type=int, default=3712, help="training scans")
+    g.add_argument("--val", type=int, default=1000, help="validation scans (disjoint seeds)")
+    _common(g)
+    t = sub.add_parser("train", help="train PointPillars (OpenPCDet's recipe), then evaluate")
+    t.add_argument("--data", required=True, help="KITTI-format folder (real KITTI or a generated split)")
+    t.add_argument("--out", default="out/train")
+    t.add_argument("--epochs", type=int, default=40)
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr", type=float, default=0.003)
+    t.add_argument("--amp", choices=("bf16", "fp16", "none"), default="bf16")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    t.add_argument("--resume", default=None, help="checkpoint.pt to resume from")
+    t.add_argument("--eval-split", default="val", help="split evaluated at the end ('' for none)")
+    t.add_argument("--export", default=None, help="also write shipped-format weights (fp16) here")
+    t.add_argument("--deterministic", action="store_true", help="deterministic cuDNN (slower)")
+    _common(t)
+    e = sub.add_parser("evaluate", help="AP|R40 of weights on a split")
+    e.add_argument("--data", required=True)
+    e.add_argument("--split", default="val")
+    e.add_argument("--weights", default=None, help="weights (default: the shipped ones)")
+    e.add_argument("--max-scans", type=int, default=None)
+    e.add_argument("--batch-size", type=int, default=16)
+    _common(e)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    workers = args.workers if args.workers is not None else 4
+    if args.command == "generate":
+        from .data import generate_split
+
+        summary = generate_split(args.out, args.train, args.val, workers=args.workers, progress=not args.no_progress)
+        print(json.dumps(summary, indent=1))
+        return 0
+    if args.command == "train":
+        from .train import TrainConfig, export_weights, train
+
+        cfg = TrainConfig(data=args.data, out=args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                          amp=args.amp, workers=workers, seed=args.seed, device=device, max_steps=args.max_steps,
+                          resume=args.resume, eval_split=args.eval_split or None, deterministic=args.deterministic,
+                          progress=not args.no_progress)
+        from .pointpillars import PointPillars
+
+        model = PointPillars()
+        record = train(cfg, model)
+        if args.export:
+            record["exported_bytes"] = export_weights(model, args.export)
+        print(json.dumps({k: v for k, v in record.items() if k != "history"}, indent=1))
+        return 0
+    if args.command == "evaluate":
+        from .pointpillars import PointPillars
+        from .train import evaluate_dataset
+
+        model = PointPillars.pretrained(args.weights).to(device)
+        res = evaluate_dataset(model, args.data, args.split, args.batch_size, workers, not args.no_progress,
+                               max_scans=args.max_scans)
+        print(json.dumps(res, indent=1))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

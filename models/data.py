@@ -1,0 +1,494 @@
+"""Training data for PointPillars: KITTI-format folders (real KITTI or pcops' simulated split),
+OpenPCDet's augmentations, and batching.
+
+Layout (the KITTI object benchmark's)::
+
+    root/ImageSets/{train,val}.txt          one frame id per line
+    root/training/velodyne/<id>.bin          float32 (x, y, z, reflectance)
+    root/training/label_2/<id>.txt           KITTI labels (camera frame)
+    root/training/calib/<id>.txt             KITTI calibration
+    root/gt_database.npz                     (written by ``generate`` or :func:`build_gt_database`)
+    root/pcops_sim.json                      only in simulated splits: how they were made
+
+:func:`generate_split` writes a simulated split in this layout (worker processes, a progress
+bar), so a user with the real KITTI dataset trains with the same command. Simulated splits have
+no camera: their calibration is KITTI's axis permutation, and every point is used; for a real
+KITTI folder only the points inside the camera image are used (OpenPCDet's ``FOV_POINTS_ONLY``),
+since objects outside it are not labelled.
+
+Augmentations (OpenPCDet ``pointpillar.yaml``), split by where they are cheap:
+
+* in the loader workers (NumPy, per scan): ground-truth sampling from the database (up to 15
+  objects per class, each with >= 5 points, rejected when its box overlaps an existing or an
+  accepted box: a conservative axis-aligned test on the boxes' corners), and the draw of the
+  random parameters;
+* on the GPU (:func:`augment_batch`, vectorised over the packed batch): removal of the scan's
+  points inside the pasted boxes, random flip about x, global rotation ±π/4, global scaling
+  0.95-1.05, point shuffle, and dropping boxes whose centre leaves the range. Per-point work on
+  the GPU keeps the workers light (the GPU machine's cores are slow), so the loader keeps up.
+
+Classes outside ``config.class_names`` (Van, Truck, Misc, DontCare, ...) are not trained on;
+they are kept as ``ignore`` boxes for the evaluation (KITTI ignores a Car detection on a Van).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .config import PointPillarsConfig
+
+__all__ = ["KittiDataset", "Batch", "collate", "augment_batch", "generate_split", "build_gt_database",
+           "EpochSampler", "write_kitti_label", "points_in_boxes_mask"]
+
+log = logging.getLogger("pcops.models")
+
+# KITTI's velodyne -> camera axis permutation (x forward, y left, z up -> x right, y down, z forward)
+SIM_CALIB = """P0: 721.5377 0 609.5593 0 0 721.5377 172.854 0 0 0 1 0
+P1: 721.5377 0 609.5593 -387.5744 0 721.5377 172.854 0 0 0 1 0
+P2: 721.5377 0 609.5593 44.85728 0 721.5377 172.854 0.2163791 0 0 1 0.002745884
+P3: 721.5377 0 609.5593 -339.5242 0 721.5377 172.854 2.199936 0 0 1 0.002729905
+R0_rect: 1 0 0 0 1 0 0 0 1
+Tr_velo_to_cam: 0 -1 0 0 0 0 -1 0 1 0 0 0
+Tr_imu_to_velo: 1 0 0 0 0 1 0 0 0 0 1 0
+"""
+IMAGE_SIZE = (1242, 375)  # KITTI's image (width, height) for the field-of-view filter
+GT_SAMPLE_GROUPS = {"Car": 15, "Pedestrian": 15, "Cyclist": 15}  # SAMPLE_GROUPS
+GT_MIN_POINTS = 5  # filter_by_min_points
+ROT_RANGE = (-math.pi / 4, math.pi / 4)  # WORLD_ROT_ANGLE
+SCALE_RANGE = (0.95, 1.05)  # WORLD_SCALE_RANGE
+FAR = 1.0e4  # metres: where removed points are moved (the voxelizer drops them as out of range)
+TRAIN_SEED_BASE, VAL_SEED_BASE = 1_000_000, 2_000_000  # simulator seeds of the two splits: disjoint
+
+
+# ----------------------------------------------------------------------------- geometry helpers
+
+
+def box_corners_bev(boxes: np.ndarray) -> np.ndarray:
+    """``(M, 7)`` boxes → ``(M, 4, 2)`` BEV corners."""
+    c, s = np.cos(boxes[:, 6]), np.sin(boxes[:, 6])
+    hx, hy = boxes[:, 3] / 2, boxes[:, 4] / 2
+    local = np.stack([np.stack([hx, hy], 1), np.stack([-hx, hy], 1), np.stack([-hx, -hy], 1), np.stack([hx, -hy], 1)], 1)
+    rot = np.stack([np.stack([c, -s], 1), np.stack([s, c], 1)], 1)  # (M, 2, 2)
+    return np.einsum("mij,mkj->mki", rot, local) + boxes[:, None, :2]
+
+
+def points_in_boxes_mask(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """``(N, 3+)`` points, ``(M, 7)`` boxes → ``(M, N)`` bool, faces included (NumPy, float64)."""
+    p = np.asarray(points, dtype=np.float64)[:, :3]
+    out = np.zeros((len(boxes), len(p)), dtype=bool)
+    for i, (x, y, z, dx, dy, dz, yaw) in enumerate(np.asarray(boxes, dtype=np.float64)):
+        r = 0.5 * math.hypot(dx, dy)
+        near = np.nonzero((np.abs(p[:, 0] - x) <= r) & (np.abs(p[:, 1] - y) <= r))[0]
+        d = p[near] - (x, y, z)
+        c, s = math.cos(yaw), math.sin(yaw)
+        lx = c * d[:, 0] + s * d[:, 1]
+        ly = -s * d[:, 0] + c * d[:, 1]
+        out[i, near] = (np.abs(lx) <= dx / 2) & (np.abs(ly) <= dy / 2) & (np.abs(d[:, 2]) <= dz / 2)
+    return out
+
+
+def write_kitti_label(path, boxes: np.ndarray, names, calib_text: str = SIM_CALIB) -> None:
+    """Write LiDAR-frame boxes ``(M, 7)`` as a KITTI ``label_2`` file (camera frame, via ``calib_text``'s
+    R0_rect and Tr_velo_to_cam; 2-D boxes, truncation and occlusion are written as 0)."""
+    from pcops.io import read_calib
+
+    tmp = Path(path).with_suffix(".calib.tmp")
+    tmp.write_text(calib_text)
+    try:
+        calib = read_calib(tmp)
+    finally:
+        tmp.unlink()
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    bottom = boxes[:, :3].copy()
+    bottom[:, 2] -= boxes[:, 5] / 2
+    cam = calib.lidar_to_rect(bottom)
+    lines = []
+    for (x, y, z), b, name in zip(cam, boxes, names):
+        ry = -b[6] - math.pi / 2
+        ry = (ry + math.pi) % (2 * math.pi) - math.pi
+        alpha = ry - math.atan2(x, z)
+        lines.append(f"{name} 0.00 0 {alpha:.4f} 0.00 0.00 0.00 0.00 {b[5]:.4f} {b[4]:.4f} {b[3]:.4f} "
+                     f"{x:.4f} {y:.4f} {z:.4f} {ry:.4f}")
+    Path(path).write_text("".join(line + "\n" for line in lines))
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def _generate_one(args) -> dict:
+    """Simulate one frame, write its files; return its database entries (train) and counts."""
+    root, frame, seed, with_db, pcr = args
+    from pcops.sim import simulate_scan
+
+    scan = simulate_scan(seed)
+    pts = scan.points.numpy()
+    boxes = scan.boxes.numpy()
+    names = list(scan.names)
+    train = Path(root) / "training"
+    pts.astype(np.float32).tofile(train / "velodyne" / f"{frame}.bin")
+    write_kitti_label(train / "label_2" / f"{frame}.txt", boxes, names)
+    (train / "calib" / f"{frame}.txt").write_text(SIM_CALIB)
+    out = {"frame": frame, "names": names, "num_points": scan.num_points_in_box.numpy()}
+    if with_db:
+        keep = [i for i, n in enumerate(names)
+                if n in GT_SAMPLE_GROUPS and int(scan.num_points_in_box[i]) >= GT_MIN_POINTS
+                and pcr[0] <= boxes[i, 0] < pcr[3] and pcr[1] <= boxes[i, 1] < pcr[4]]
+        masks = points_in_boxes_mask(pts, boxes[keep]) if keep else np.zeros((0, len(pts)), bool)
+        out["db"] = [(names[i], boxes[i], pts[m]) for i, m in zip(keep, masks)]
+    return out
+
+
+def _progress(iterable, total: int, desc: str, enabled: bool = True):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is in the 'train' extra; without it, log every 10 %
+        def plain():
+            for i, x in enumerate(iterable, start=1):
+                if enabled and (i == total or i % max(total // 10, 1) == 0):
+                    log.info("%s: %d / %d", desc, i, total)
+                yield x
+        return plain()
+    return tqdm(iterable, total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=2.0)
+
+
+def generate_split(root, n_train: int = 3712, n_val: int = 1000, workers: int | None = None,
+                   config: PointPillarsConfig | None = None, progress: bool = True) -> dict:
+    """Write a simulated split in the KITTI layout (see the module docstring) and its ground-truth
+    database. Frame ``i`` of train is ``pcops.sim.simulate_scan(1_000_000 + i)``, of val
+    ``simulate_scan(2_000_000 + i)``: disjoint seeds, the same files on every machine.
+    Returns the split's summary (also written to ``pcops_sim.json``)."""
+    cfg = config or PointPillarsConfig()
+    root = Path(root)
+    for sub in ("velodyne", "label_2", "calib"):
+        (root / "training" / sub).mkdir(parents=True, exist_ok=True)
+    (root / "ImageSets").mkdir(parents=True, exist_ok=True)
+    jobs, splits = [], {"train": [], "val": []}
+    for split, n, base in (("train", n_train, TRAIN_SEED_BASE), ("val", n_val, VAL_SEED_BASE)):
+        for i in range(n):
+            frame = f"{len(jobs):06d}"
+            splits[split].append(frame)
+            jobs.append((str(root), frame, base + i, split == "train", tuple(cfg.point_cloud_range)))
+    for split, frames in splits.items():
+        (root / "ImageSets" / f"{split}.txt").write_text("".join(f + "\n" for f in frames))
+    workers = workers or max(1, (os.cpu_count() or 2))
+    db_names, db_boxes, db_points = [], [], []
+    class_counts: dict = {}
+    with ProcessPoolExecutor(workers) as pool:
+        results = pool.map(_generate_one, jobs, chunksize=4)
+        for res in _progress(results, len(jobs), "generate", progress):
+            for n in res["names"]:
+                class_counts[n] = class_counts.get(n, 0) + 1
+            for name, box, pts in res.get("db", ()):
+                db_names.append(name)
+                db_boxes.append(box)
+                db_points.append(pts)
+    _save_db(root / "gt_database.npz", db_names, db_boxes, db_points)
+    summary = {"n_train": n_train, "n_val": n_val, "train_seeds": [TRAIN_SEED_BASE, TRAIN_SEED_BASE + n_train],
+               "val_seeds": [VAL_SEED_BASE, VAL_SEED_BASE + n_val], "objects": class_counts,
+               "gt_database": {c: db_names.count(c) for c in GT_SAMPLE_GROUPS}, "fov_only": False}
+    (root / "pcops_sim.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _save_db(path, names, boxes, points) -> None:
+    offsets = np.zeros(len(points) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(p) for p in points])
+    np.savez(path, names=np.array(names, dtype="U16"), boxes=np.array(boxes, np.float32).reshape(-1, 7),
+             points=np.concatenate(points).astype(np.float32) if points else np.zeros((0, 4), np.float32),
+             offsets=offsets)
+
+
+def build_gt_database(root, config: PointPillarsConfig | None = None, split: str = "train") -> Path:
+    """Write ``root/gt_database.npz`` from a KITTI-format folder's labelled split (objects of the
+    sampled classes with >= 5 points, centres inside the range)."""
+    cfg = config or PointPillarsConfig()
+    ds = KittiDataset(root, split, cfg, augment=False)
+    names, boxes, points = [], [], []
+    pcr = cfg.point_cloud_range
+    for i in range(len(ds)):
+        pts, bx, nm, _, _ = ds.load(i)
+        keep = [j for j, n in enumerate(nm) if n in GT_SAMPLE_GROUPS
+                and pcr[0] <= bx[j, 0] < pcr[3] and pcr[1] <= bx[j, 1] < pcr[4]]
+        for j, m in zip(keep, points_in_boxes_mask(pts, bx[keep]) if keep else []):
+            if m.sum() >= GT_MIN_POINTS:
+                names.append(nm[j])
+                boxes.append(bx[j])
+                points.append(pts[m])
+    path = Path(root) / "gt_database.npz"
+    _save_db(path, names, boxes, points)
+    return path
+
+
+# ----------------------------------------------------------------------------- dataset
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Yields ``(index, epoch)`` pairs, shuffled per epoch from ``seed`` (so persistent loader workers
+    draw their augmentations from ``(seed, epoch, index)``: reproducible and resumable)."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True, start_epoch: int = 0):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, start_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        if self.shuffle:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        else:
+            order = torch.arange(self.n)
+        return iter([(int(i), self.epoch) for i in order])
+
+
+class KittiDataset(torch.utils.data.Dataset):
+    """Frames of a KITTI-format folder (see the module docstring).
+
+    Args:
+        root: the folder (holding ``ImageSets/`` and ``training/``).
+        split: ``"train"``, ``"val"`` or any ``ImageSets/<split>.txt``.
+        config: the model config (class names, range).
+        augment: draw OpenPCDet's augmentations (training); ``__getitem__`` then takes
+            ``(index, epoch)`` pairs (see :class:`EpochSampler`).
+        seed: augmentation seed.
+        fov_only: keep only points inside the camera image; default: True for real KITTI, False
+            for simulated splits (``pcops_sim.json`` present).
+
+    Missing files raise ``FileNotFoundError`` naming the frame when the dataset is built (checked
+    once, not mid-epoch); scans with non-finite points lose those points (counted in
+    ``skipped_points`` of the item); unknown classes are not trained on and are counted in
+    :attr:`class_counts`.
+    """
+
+    def __init__(self, root, split: str, config: PointPillarsConfig | None = None, augment: bool = False,
+                 seed: int = 0, fov_only: bool | None = None):
+        self.root = Path(root)
+        self.config = config or PointPillarsConfig()
+        self.augment = augment
+        self.seed = seed
+        ids_file = self.root / "ImageSets" / f"{split}.txt"
+        if not ids_file.is_file():
+            raise FileNotFoundError(f"root: no split file {ids_file} (expected a KITTI-format folder)")
+        self.frames = [s.strip() for s in ids_file.read_text().split() if s.strip()]
+        self.base = self.root / "training"
+        missing = [f"{sub}/{f}{ext}" for f in self.frames
+                   for sub, ext in (("velodyne", ".bin"), ("label_2", ".txt"), ("calib", ".txt"))
+                   if not (self.base / sub / f"{f}{ext}").is_file()]
+        if missing:
+            raise FileNotFoundError(f"root: {len(missing)} files of split {split!r} are missing, e.g. "
+                                    f"{missing[:5]} under {self.base}")
+        self.simulated = (self.root / "pcops_sim.json").is_file()
+        self.fov_only = (not self.simulated) if fov_only is None else fov_only
+        self.class_names = self.config.class_names
+        self.class_counts: dict = {}
+        self._db = None
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def load(self, i: int):
+        """Frame ``i``: ``(points (N, 4), boxes (M, 7), names, fov-filtered flag, non-finite count)`` NumPy."""
+        from pcops.io import read_calib, read_kitti_label
+
+        f = self.frames[i]
+        pts = np.fromfile(self.base / "velodyne" / f"{f}.bin", dtype=np.float32).reshape(-1, 4)
+        finite = np.isfinite(pts).all(axis=1)
+        bad = int((~finite).sum())
+        if bad:
+            pts = pts[finite]
+        boxes, names = read_kitti_label(self.base / "label_2" / f"{f}.txt", self.base / "calib" / f"{f}.txt")
+        boxes = boxes.numpy()
+        if self.fov_only:
+            calib = read_calib(self.base / "calib" / f"{f}.txt")
+            if calib.P2 is not None:
+                rect = calib.lidar_to_rect(pts[:, :3])
+                uvw = np.concatenate([rect, np.ones((len(rect), 1))], 1) @ calib.P2.T
+                u, v = uvw[:, 0] / uvw[:, 2], uvw[:, 1] / uvw[:, 2]
+                keep = (uvw[:, 2] > 0) & (u >= 0) & (u < IMAGE_SIZE[0]) & (v >= 0) & (v < IMAGE_SIZE[1])
+                pts = pts[keep]
+        return pts, boxes, names, self.fov_only, bad
+
+    def _database(self):
+        if self._db is None:
+            path = self.root / "gt_database.npz"
+            if not path.is_file():
+                raise FileNotFoundError(f"root: no {path}; run build_gt_database(root) or `generate` first")
+            z = np.load(path)
+            self._db = {k: z[k] for k in z.files}
+            self._db["by_class"] = {c: np.nonzero(self._db["names"] == c)[0] for c in GT_SAMPLE_GROUPS}
+        return self._db
+
+    def _sample_objects(self, rng, boxes: np.ndarray):
+        """Ground-truth sampling: up to SAMPLE_GROUPS objects per class that overlap nothing."""
+        db = self._database()
+        taken = [box_corners_bev(boxes)] if len(boxes) else []
+        lo = [t.min(axis=1) for t in taken]
+        hi = [t.max(axis=1) for t in taken]
+        out_boxes, out_names, out_pts = [], [], []
+        for cls, n in GT_SAMPLE_GROUPS.items():
+            pool = db["by_class"].get(cls, np.zeros(0, np.int64))
+            if cls not in self.class_names or len(pool) == 0:
+                continue
+            pick = pool[rng.choice(len(pool), size=min(n, len(pool)), replace=False)]
+            cand = db["boxes"][pick]
+            corners = box_corners_bev(cand)
+            clo, chi = corners.min(axis=1), corners.max(axis=1)
+            for j, k in enumerate(pick):
+                ok = True
+                for a, b in zip(lo, hi):
+                    if np.any((clo[j, 0] < b[:, 0]) & (chi[j, 0] > a[:, 0]) & (clo[j, 1] < b[:, 1]) & (chi[j, 1] > a[:, 1])):
+                        ok = False
+                        break
+                if not ok:
+                    continue
+                lo.append(clo[j : j + 1])
+                hi.append(chi[j : j + 1])
+                out_boxes.append(cand[j])
+                out_names.append(cls)
+                out_pts.append(db["points"][db["offsets"][k] : db["offsets"][k + 1]])
+        return out_boxes, out_names, out_pts
+
+    def __getitem__(self, item):
+        i, epoch = item if isinstance(item, tuple) else (item, 0)
+        pts, boxes, names, _, bad = self.load(i)
+        keep = np.array([n in self.class_names for n in names], dtype=bool)
+        for n in names:
+            self.class_counts[n] = self.class_counts.get(n, 0) + 1
+        labels = np.array([self.class_names.index(n) + 1 if k else 0 for n, k in zip(names, keep)], dtype=np.int64)
+        sampled = np.zeros((0, 7), np.float32)
+        aug = np.array([0.0, 0.0, 1.0], dtype=np.float32)  # flip, rotation, scale
+        n_scene = len(pts)
+        if self.augment:
+            rng = np.random.default_rng([self.seed, epoch, i])
+            sb, sn, sp = self._sample_objects(rng, boxes)
+            if sb:
+                sampled = np.array(sb, np.float32)
+                boxes = np.concatenate([boxes, sampled])
+                labels = np.concatenate([labels, [self.class_names.index(n) + 1 for n in sn]])
+                keep = np.concatenate([keep, np.ones(len(sn), bool)])
+                pts = np.concatenate([pts] + sp)
+            aug = np.array([float(rng.random() < 0.5), rng.uniform(*ROT_RANGE), rng.uniform(*SCALE_RANGE)], np.float32)
+        return {
+            "points": torch.from_numpy(np.ascontiguousarray(pts, dtype=np.float32)),
+            "n_scene": n_scene,
+            "boxes": torch.from_numpy(np.ascontiguousarray(boxes[keep], dtype=np.float32).reshape(-1, 7)),
+            "labels": torch.from_numpy(labels[keep]),
+            "ignore_boxes": torch.from_numpy(np.ascontiguousarray(boxes[~keep], dtype=np.float32).reshape(-1, 7)),
+            "ignore_names": [n for n, k in zip(names, keep[: len(names)]) if not k],
+            "sampled": torch.from_numpy(sampled),
+            "aug": torch.from_numpy(aug),
+            "frame": self.frames[i],
+            "skipped_points": bad,
+        }
+
+
+class Batch(NamedTuple):
+    """A packed batch (CPU tensors from :func:`collate`, moved with :meth:`to`)."""
+
+    points: torch.Tensor  # (N, 4) float32, scans back to back
+    lengths: torch.Tensor  # (B,) int64 points per scan
+    scene: torch.Tensor  # (N,) bool: the point came from the scan (not from a pasted object)
+    sample_index: torch.Tensor  # (N,) int64 scan of each point
+    gt_boxes: torch.Tensor  # (B, G, 7) float32, padded
+    gt_labels: torch.Tensor  # (B, G) int64 1..C, 0 = padding
+    sampled_boxes: torch.Tensor  # (B, S, 7) pasted boxes (scene points inside them are removed), padded
+    sampled_valid: torch.Tensor  # (B, S) bool
+    aug: torch.Tensor  # (B, 3) flip, rotation, scale
+    frames: list
+
+    def to(self, device, non_blocking: bool = True) -> "Batch":
+        return Batch(*(t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t for t in self))
+
+
+def collate(items: list) -> Batch:
+    bsz = len(items)
+    lengths = torch.tensor([len(it["points"]) for it in items], dtype=torch.int64)
+    g = max(1, max(len(it["boxes"]) for it in items))
+    s = max(1, max(len(it["sampled"]) for it in items))
+    gt_boxes = torch.zeros(bsz, g, 7)
+    gt_labels = torch.zeros(bsz, g, dtype=torch.int64)
+    sampled = torch.zeros(bsz, s, 7)
+    sampled_valid = torch.zeros(bsz, s, dtype=torch.bool)
+    scene = torch.zeros(int(lengths.sum()), dtype=torch.bool)
+    start = 0
+    for b, it in enumerate(items):
+        gt_boxes[b, : len(it["boxes"])] = it["boxes"]
+        gt_labels[b, : len(it["labels"])] = it["labels"]
+        sampled[b, : len(it["sampled"])] = it["sampled"]
+        sampled_valid[b, : len(it["sampled"])] = True
+        scene[start : start + it["n_scene"]] = True
+        start += len(it["points"])
+    return Batch(
+        points=torch.cat([it["points"] for it in items]),
+        lengths=lengths,
+        scene=scene,
+        sample_index=torch.repeat_interleave(torch.arange(bsz), lengths),
+        gt_boxes=gt_boxes,
+        gt_labels=gt_labels,
+        sampled_boxes=sampled,
+        sampled_valid=sampled_valid,
+        aug=torch.stack([it["aug"] for it in items]),
+        frames=[it["frame"] for it in items],
+    )
+
+
+def _inside(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """``(N, 3+)`` points, ``(N, S, 7)`` boxes of each point's scan → ``(N, S)`` bool inside."""
+    d = points[:, None, :3] - boxes[..., :3]
+    c, s = torch.cos(boxes[..., 6]), torch.sin(boxes[..., 6])
+    lx = c * d[..., 0] + s * d[..., 1]
+    ly = -s * d[..., 0] + c * d[..., 1]
+    return (lx.abs() <= boxes[..., 3] / 2) & (ly.abs() <= boxes[..., 4] / 2) & (d[..., 2].abs() <= boxes[..., 5] / 2)
+
+
+def augment_batch(batch: Batch, config: PointPillarsConfig, generator: torch.Generator | None = None) -> Batch:
+    """The per-point augmentations on the batch's device, vectorised, no host sync: scan points
+    inside pasted boxes are moved out of range (the voxelizer drops them), then flip about x,
+    rotation about z, scaling (parameters from ``batch.aug``), a per-scan point shuffle, and boxes whose
+    centre leaves ``point_cloud_range`` marked as padding."""
+    pts, idx = batch.points, batch.sample_index
+    if batch.sampled_boxes.shape[1] > 0:
+        inside = _inside(pts, batch.sampled_boxes[idx]) & batch.sampled_valid[idx]
+        drop = batch.scene & inside.any(dim=1)
+        pts = torch.where(drop.unsqueeze(1), torch.full_like(pts, FAR), pts)
+    flip, rot, scale = batch.aug.unbind(1)
+    boxes = batch.gt_boxes.clone()
+    sign = 1.0 - 2.0 * flip  # -1 where flipped
+    # points
+    y = pts[:, 1] * sign[idx]
+    c, s = torch.cos(rot)[idx], torch.sin(rot)[idx]
+    x2 = c * pts[:, 0] - s * y
+    y2 = s * pts[:, 0] + c * y
+    sc = scale[idx]
+    far = pts[:, 0] >= FAR
+    pts = torch.stack([x2 * sc, y2 * sc, pts[:, 2] * sc, pts[:, 3]], dim=1)
+    pts = torch.where(far.unsqueeze(1), torch.full_like(pts, FAR), pts)
+    # boxes
+    by = boxes[..., 1] * sign[:, None]
+    bh = boxes[..., 6] * sign[:, None]
+    cb, sb = torch.cos(rot)[:, None], torch.sin(rot)[:, None]
+    bx2 = cb * boxes[..., 0] - sb * by
+    by2 = sb * boxes[..., 0] + cb * by
+    scl = scale[:, None]
+    heading = bh + rot[:, None]
+    heading = heading - torch.floor(heading / (2 * math.pi) + 0.5) * (2 * math.pi)
+    boxes = torch.stack([bx2 * scl, by2 * scl, boxes[..., 2] * scl, boxes[..., 3] * scl, boxes[..., 4] * scl,
+                         boxes[..., 5] * scl, heading], dim=-1)
+    r = config.point_cloud_range
+    in_range = (boxes[..., 0] >= r[0]) & (boxes[..., 0] < r[3]) & (boxes[..., 1] >= r[1]) & (boxes[..., 1] < r[4])
+    labels = batch.gt_labels * in_range
+    # shuffle inside each scan: sort by (scan, random key)
+    key = idx.to(torch.float64) + torch.rand(idx.shape, device=idx.device, dtype=torch.float64, generator=generator)
+    order = torch.argsort(key)
+    pts = pts[order]
+    return batch._replace(points=pts, gt_boxes=boxes, gt_labels=labels, scene=batch.scene[order])

@@ -1,0 +1,262 @@
+"""Training and evaluation loops of PointPillars (OpenPCDet's KITTI recipe on one device).
+
+Recipe (``pointpillar.yaml``): AdamW-style Adam (decoupled weight decay 0.01, β = (0.95, 0.99)),
+one-cycle schedule (max lr 0.003, warm-up 40 % from lr/10 by cosine, then cosine down to
+lr/10/1e4, β₁ cycled 0.95 → 0.85 → 0.95), gradient-norm clip 10, OpenPCDet's batch of 32 scans
+(4 per GPU × 8 GPUs) on one device, ``max_voxels_train`` 16,000 pillars per scan. Deviations:
+fewer epochs (the schedule is compressed, not cut: one-cycle over the run), bf16 autocast on
+CUDA (no loss scaler needed for bf16; fp16 uses ``torch.amp.GradScaler``), and the target
+assignment/augmentations batched on the GPU (same rules, see ``targets.py`` and ``data.py``).
+
+Determinism: the data order, the augmentation draws and the point shuffle are functions of the
+seed, the epoch and the step, so a run resumed from a checkpoint replays the same batches. On the
+CPU a run is bit-reproducible; on CUDA cuDNN's convolution backward and the scatter of the
+pillars are not bit-reproducible unless ``deterministic=True`` (``torch.backends.cudnn.deterministic``,
+slower), so two GPU runs agree to float rounding only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import evaluate as ev
+from .config import PointPillarsConfig
+from .data import Batch, EpochSampler, KittiDataset, _progress, augment_batch, collate
+from .loss import pointpillars_loss
+from .pointpillars import PointPillars
+from .targets import assign_targets
+
+__all__ = ["TrainConfig", "train", "evaluate_dataset", "export_weights"]
+
+log = logging.getLogger("pcops.models")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Options of :func:`train` (the command line's ``train`` flags, in ``--kebab-case``)."""
+
+    data: str  # KITTI-format folder
+    out: str = "out/train"  # checkpoints, logs, results
+    epochs: int = 40
+    batch_size: int = 32
+    lr: float = 0.003
+    weight_decay: float = 0.01
+    moms: tuple = (0.95, 0.85)
+    pct_start: float = 0.4
+    div_factor: float = 10.0
+    grad_clip: float = 10.0
+    amp: str = "bf16"  # "bf16", "fp16" or "none" (CUDA only; the CPU runs float32)
+    workers: int = 8
+    seed: int = 0
+    device: str = "cuda"
+    max_steps: int | None = None  # stop after this many steps (smoke tests)
+    checkpoint_every: int = 1  # epochs
+    resume: str | None = None
+    eval_split: str | None = "val"
+    eval_batch_size: int = 16
+    deterministic: bool = False
+    progress: bool = True
+    log_every: int = 20
+
+
+def _loader(ds, batch_size: int, sampler, workers: int, device: str, drop_last: bool):
+    return torch.utils.data.DataLoader(
+        ds, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
+        pin_memory=device.startswith("cuda"), drop_last=drop_last, persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+    )
+
+
+def _build_optimizer(model, cfg: TrainConfig, total_steps: int):
+    fused = cfg.device.startswith("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr / cfg.div_factor, betas=(cfg.moms[0], 0.99),
+                            weight_decay=cfg.weight_decay, fused=fused)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=total_steps + 1, pct_start=cfg.pct_start, anneal_strategy="cos",
+        cycle_momentum=True, base_momentum=cfg.moms[1], max_momentum=cfg.moms[0], div_factor=cfg.div_factor,
+        final_div_factor=1e4)
+    return opt, sched
+
+
+def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, scaler=None, step: int = 0):
+    """One optimisation step on a batch already on the device; returns the (device) losses."""
+    device = batch.points.device
+    gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+    batch = augment_batch(batch, model.config, generator=gen)
+    amp = device.type == "cuda" and cfg.amp != "none"
+    dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
+    with torch.autocast(device.type, dtype=dtype, enabled=amp):
+        preds = model.forward_train(batch.points, batch.lengths)
+    anchors = model.anchors(device)
+    targets = assign_targets(model.config, anchors, batch.gt_boxes, batch.gt_labels)
+    losses = pointpillars_loss(model.config, preds, targets, anchors)
+    opt.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(losses.total).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
+        scaler.step(opt)
+        scaler.update()
+    else:
+        losses.total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
+        opt.step()
+    sched.step()
+    model.global_step += 1
+    return losses
+
+
+def _save(path: Path, model, opt, sched, epoch: int, step: int, cfg: TrainConfig, scaler=None) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model_state": model.state_dict(), "optimizer_state": opt.state_dict(),
+                "scheduler_state": sched.state_dict(), "scaler_state": None if scaler is None else scaler.state_dict(),
+                "epoch": epoch, "step": step, "train_config": dataclasses.asdict(cfg)}, tmp)
+    os.replace(tmp, path)
+
+
+def export_weights(model: PointPillars, path) -> int:
+    """Save the weights for shipping: float16 parameters, float32 BatchNorm statistics (their range
+    needs it); returns the file size in bytes. Loads with :meth:`PointPillars.pretrained`."""
+    state = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().cpu()
+        if v.is_floating_point() and "running_" not in k:
+            v = v.half()
+        state[k] = v
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path.stat().st_size
+
+
+def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
+    """Train on ``cfg.data``'s train split, checkpoint every ``checkpoint_every`` epochs into
+    ``cfg.out``, evaluate on ``cfg.eval_split`` at the end; returns the run's record (also written to
+    ``out/train_result.json``)."""
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device)
+    if cfg.deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = (model or PointPillars()).to(device)
+    mcfg = model.config
+    ds = KittiDataset(cfg.data, "train", mcfg, augment=True, seed=cfg.seed)
+    steps_per_epoch = len(ds) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"batch_size: {cfg.batch_size} is larger than the {len(ds)} training scans")
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    opt, sched = _build_optimizer(model, cfg, total_steps)
+    scaler = torch.amp.GradScaler("cuda") if (device.type == "cuda" and cfg.amp == "fp16") else None
+    start_epoch, step = 0, 0
+    if cfg.resume:
+        ck = torch.load(cfg.resume, map_location="cpu", weights_only=True)
+        model.load_state_dict(ck["model_state"])
+        opt.load_state_dict(ck["optimizer_state"])
+        sched.load_state_dict(ck["scheduler_state"])
+        if scaler is not None and ck.get("scaler_state"):
+            scaler.load_state_dict(ck["scaler_state"])
+        start_epoch, step = int(ck["epoch"]), int(ck["step"])
+    model.train()
+    sampler = EpochSampler(len(ds), cfg.seed, shuffle=True, start_epoch=start_epoch)
+    loader = _loader(ds, cfg.batch_size, sampler, cfg.workers, cfg.device, drop_last=True)
+    timing = {"data": 0.0, "forward+loss": 0.0, "backward+optimizer": 0.0, "steps": 0}
+    history = []
+    t_start = time.perf_counter()
+    done = step >= total_steps
+    epoch = start_epoch
+    while not done and epoch < cfg.epochs:
+        sampler.set_epoch(epoch)
+        bar = _progress(iter(loader), steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", cfg.progress)
+        t_epoch = time.perf_counter()
+        t_data = time.perf_counter()
+        for batch in bar:
+            batch = batch.to(device)
+            t0 = time.perf_counter()
+            timing["data"] += t0 - t_data
+            losses = train_step(model, batch, opt, sched, cfg, scaler, step)
+            step += 1
+            if step % cfg.log_every == 0 or step == total_steps:
+                vals = {k: float(getattr(losses, k).detach()) for k in ("total", "cls", "loc", "dir")}  # one sync
+                vals.update(step=step, epoch=epoch, lr=sched.get_last_lr()[0],
+                            scans_per_s=cfg.batch_size * step / max(time.perf_counter() - t_start, 1e-9))
+                history.append(vals)
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(loss=f"{vals['total']:.3f}", lr=f"{vals['lr']:.2e}", scans_s=f"{vals['scans_per_s']:.0f}")
+                if not math.isfinite(vals["total"]):
+                    raise FloatingPointError(f"loss is {vals['total']} at step {step}")
+            timing["steps"] += 1
+            t_data = time.perf_counter()
+            if step >= total_steps:
+                done = True
+                break
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        log.info("epoch %d: %.1f s", epoch + 1, time.perf_counter() - t_epoch)
+        epoch += 1
+        if epoch % cfg.checkpoint_every == 0 or done:
+            _save(out / "checkpoint.pt", model, opt, sched, epoch, step, cfg, scaler)
+    train_s = time.perf_counter() - t_start
+    model.eval()
+    model.weights_source = f"trained: {cfg.data}, {step} steps"
+    record = {"train_config": dataclasses.asdict(cfg), "steps": step, "epochs_done": epoch, "train_seconds": round(train_s, 1),
+              "scans_per_s": round(cfg.batch_size * max(step - (0 if not cfg.resume else 0), 1) / max(train_s, 1e-9), 1),
+              "history": history[-50:]}
+    if cfg.eval_split:
+        t_eval = time.perf_counter()
+        record["eval"] = evaluate_dataset(model, cfg.data, cfg.eval_split, cfg.eval_batch_size, cfg.workers, cfg.progress)
+        record["eval_seconds"] = round(time.perf_counter() - t_eval, 1)
+        record["time_to_accuracy_s"] = round(time.perf_counter() - t_start, 1)
+    (out / "train_result.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+@torch.no_grad()
+def evaluate_dataset(model: PointPillars, data: str, split: str = "val", batch_size: int = 16, workers: int = 4,
+                     progress: bool = True, max_scans: int | None = None) -> dict:
+    """Detect on every scan of a KITTI-format split and compute :func:`pcops.models.evaluate.evaluate`."""
+    model.eval()
+    device = next(model.parameters()).device
+    ds = KittiDataset(data, split, model.config, augment=False)
+    n = len(ds) if max_scans is None else min(max_scans, len(ds))
+    sub = torch.utils.data.Subset(ds, range(n))
+    loader = torch.utils.data.DataLoader(sub, batch_size=batch_size, num_workers=workers, collate_fn=_eval_collate)
+    scenes = []
+    warn = model.warn_on_dropped_voxels
+    model.warn_on_dropped_voxels = False
+    try:
+        for items, batch in _progress(loader, math.ceil(n / batch_size), f"evaluate {split}", progress):
+            pts = batch.points.to(device, non_blocking=True)
+            lengths = batch.lengths.to(device)
+            det = model(pts, lengths)
+            gts = []
+            start = 0
+            for b, it in enumerate(items):
+                boxes = torch.cat([it["boxes"], it["ignore_boxes"]]).to(device)
+                names = [model.config.class_names[i - 1] for i in it["labels"].tolist()] + list(it["ignore_names"])
+                npts = ev.count_points_in_boxes(pts[start : start + int(batch.lengths[b])], boxes)
+                start += int(batch.lengths[b])
+                gts.append((boxes, names, npts))
+            scenes += ev.detections_to_scenes(det, model.config.class_names, gts)
+    finally:
+        model.warn_on_dropped_voxels = warn
+    result = ev.evaluate(scenes, model.config.class_names)
+    result["num_scans"] = n
+    return result
+
+
+def _eval_collate(items):
+    return items, collate(items)
