@@ -86,9 +86,19 @@ def _build_optimizer(model, cfg: TrainConfig, total_steps: int):
     return opt, sched
 
 
-def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, scaler=None, step: int = 0):
-    """One optimisation step on a batch already on the device; returns the (device) losses."""
+def _mark(times, name, device):
+    if times is not None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((name, time.perf_counter()))
+
+
+def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, scaler=None, step: int = 0,
+               times: list | None = None):
+    """One optimisation step on a batch already on the device; returns the (device) losses.
+    ``times``: a list to receive ``(stage, perf_counter)`` marks (synchronising: profiling only)."""
     device = batch.points.device
+    _mark(times, "start", device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
     batch = augment_batch(batch, model.config, generator=gen)
     amp = device.type == "cuda" and cfg.amp != "none"
@@ -98,6 +108,7 @@ def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, 
     anchors = model.anchors(device)
     targets = assign_targets(model.config, anchors, batch.gt_boxes, batch.gt_labels)
     losses = pointpillars_loss(model.config, preds, targets, anchors)
+    _mark(times, "augment+forward+targets+loss", device)
     opt.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.scale(losses.total).backward()
@@ -107,10 +118,12 @@ def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, 
         scaler.update()
     else:
         losses.total.backward()
+        _mark(times, "backward", device)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
         opt.step()
     sched.step()
     model.global_step += 1
+    _mark(times, "clip+optimizer", device)
     return losses
 
 
@@ -173,7 +186,8 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     model.train()
     sampler = EpochSampler(len(ds), cfg.seed, shuffle=True, start_epoch=start_epoch)
     loader = _loader(ds, cfg.batch_size, sampler, cfg.workers, cfg.device, drop_last=True)
-    timing = {"data": 0.0, "forward+loss": 0.0, "backward+optimizer": 0.0, "steps": 0}
+    timing = {"data_wait_s": 0.0, "steps": 0}
+    profile: dict = {}  # stage -> seconds over the profiled steps (synchronised; steps 30-49 of the run)
     history = []
     t_start = time.perf_counter()
     done = step >= total_steps
@@ -186,8 +200,14 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
         for batch in bar:
             batch = batch.to(device)
             t0 = time.perf_counter()
-            timing["data"] += t0 - t_data
-            losses = train_step(model, batch, opt, sched, cfg, scaler, step)
+            timing["data_wait_s"] += t0 - t_data
+            marks = [] if 30 <= step < 50 else None
+            losses = train_step(model, batch, opt, sched, cfg, scaler, step, marks)
+            if marks:
+                for (_, a), (name, b) in zip(marks, marks[1:]):
+                    profile[name] = profile.get(name, 0.0) + b - a
+                profile["data (wait for the loader)"] = profile.get("data (wait for the loader)", 0.0) + t0 - t_data
+                profile["steps"] = profile.get("steps", 0) + 1
             step += 1
             if step % cfg.log_every == 0 or step == total_steps:
                 vals = {k: float(getattr(losses, k).detach()) for k in ("total", "cls", "loc", "dir")}  # one sync
@@ -214,7 +234,8 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     model.weights_source = f"trained: {cfg.data}, {step} steps"
     record = {"train_config": dataclasses.asdict(cfg), "steps": step, "epochs_done": epoch, "train_seconds": round(train_s, 1),
               "scans_per_s": round(cfg.batch_size * max(step - (0 if not cfg.resume else 0), 1) / max(train_s, 1e-9), 1),
-              "history": history[-50:]}
+              "history": history[-50:], "data_wait_s": round(timing["data_wait_s"], 2),
+              "step_ms_profiled": {k: round(1000 * v / max(profile.get("steps", 1), 1), 2) for k, v in profile.items() if k != "steps"}}
     if cfg.eval_split:
         t_eval = time.perf_counter()
         record["eval"] = evaluate_dataset(model, cfg.data, cfg.eval_split, cfg.eval_batch_size, cfg.workers, cfg.progress)
