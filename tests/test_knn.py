@@ -1,0 +1,553 @@
+"""pcops.knn: KNN, ball query, gather — reference vs Triton/CUDA, gradients, registration, backends, bad input."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import pcops
+from pcops.reference import knn as ref
+from _clouds import cached_reference, load_scan_xyz, make_clouds, tie_grid_clouds
+from _util import generator, interpret, requires_cuda, run_compiler_script
+
+
+def knn_oracle_f64(query, reference, k, ql, rl):
+    """Brute force in float64 numpy: distances sorted, ties by index."""
+    q, r = query.double().numpy(), reference.double().numpy()
+    batch, nq, _ = q.shape
+    dists = np.full((batch, nq, k), np.inf)
+    idx = np.full((batch, nq, k), -1, dtype=np.int64)
+    for b in range(batch):
+        for i in range(int(ql[b])):
+            d = ((r[b, : int(rl[b])] - q[b, i]) ** 2).sum(1)
+            order = np.lexsort((np.arange(d.shape[0]), d))[:k]
+            dists[b, i, : order.shape[0]] = d[order]
+            idx[b, i, : order.shape[0]] = order
+    return torch.from_numpy(dists), torch.from_numpy(idx)
+
+
+# --- KNN --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 13, 17, 4), (3, 31, 7, 10), (2, 23, 41, 16), (1, 5, 0, 3)])
+def test_knn_matches_float64_brute_force(batch, nq, nr, k):
+    q, ql = make_clouds(batch, nq, seed=nq)
+    r, rl = make_clouds(batch, nr, seed=nr + 100)
+    dists, idx = pcops.knn(q, r, k, ql, rl)
+    d64, i64 = knn_oracle_f64(q, r, k, ql, rl)
+    assert torch.equal(idx, i64)
+    torch.testing.assert_close(dists.double(), d64, rtol=1e-5, atol=1e-6)
+
+
+def test_knn_far_from_origin_is_accurate():
+    # the |a|²+|b|²-2ab expansion would lose all precision here
+    g = generator(4)
+    base = torch.tensor([1.0e3, -2.0e3, 5.0e2])
+    r = base + torch.rand(1, 50, 3, generator=g) * 0.01
+    dists, idx = pcops.knn(r, r, 4)
+    d64, i64 = knn_oracle_f64(r, r, 4, torch.tensor([50]), torch.tensor([50]))
+    assert torch.equal(idx, i64)
+    torch.testing.assert_close(dists.double(), d64, rtol=2e-3, atol=1e-9)
+
+
+def test_knn_ties_lowest_index_and_k_greater_than_n():
+    r = torch.tensor([[1.0, 0, 0], [-1, 0, 0], [0, 1, 0], [1, 0, 0]])
+    q = torch.zeros(1, 3)
+    dists, idx = pcops.knn(q, r, 6)
+    assert idx.tolist() == [[0, 1, 2, 3, -1, -1]]
+    assert dists.tolist() == [[1.0, 1.0, 1.0, 1.0, float("inf"), float("inf")]]
+
+
+def test_knn_padded_queries_and_float16():
+    q, ql = make_clouds(2, 19, seed=5)
+    ql[1] = 7
+    d, i = pcops.knn(q, q, 5, ql, ql)
+    assert (i[1, 7:] == -1).all() and torch.isinf(d[1, 7:]).all()
+    dh, ih = pcops.knn(q.half(), q.half(), 5, ql, ql)
+    assert dh.dtype == torch.float32
+    d2, i2 = pcops.knn(q.half().float(), q.half().float(), 5, ql, ql)
+    assert torch.equal(ih, i2) and torch.equal(dh, d2)
+
+
+def test_knn_gradcheck_and_backward_matches_autograd():
+    q, ql = make_clouds(2, 9, seed=6, dtype=torch.float64)
+    r, rl = make_clouds(2, 11, seed=7, dtype=torch.float64)
+    q.requires_grad_(True)
+    r.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: pcops.knn(a, b, 4, ql, rl)[0].nan_to_num(posinf=0.0), (q, r))
+    # the registered backward vs autograd through the plain-torch reference
+    grad = torch.randn(2, 9, 4, dtype=torch.float64, generator=generator(8))
+    d, _ = pcops.knn(q, r, 4, ql, rl)
+    gq, gr = torch.autograd.grad(d, (q, r), grad.where(torch.isfinite(d), 0))
+    d_ref, _ = ref.knn(q, r, ql, rl, 4)
+    gq_ref, gr_ref = torch.autograd.grad(d_ref, (q, r), grad.where(torch.isfinite(d_ref), 0))
+    torch.testing.assert_close(gq, gq_ref)
+    torch.testing.assert_close(gr, gr_ref)
+
+
+# --- ball query -------------------------------------------------------------------------------
+
+
+def ball_oracle(q, r, radius, k, ql, rl):
+    batch, nq, _ = q.shape
+    idx = torch.full((batch, nq, k), -1, dtype=torch.int64)
+    counts = torch.zeros((batch, nq), dtype=torch.int64)
+    r2 = torch.tensor(radius * radius, dtype=q.dtype)
+    for b in range(batch):
+        for i in range(int(ql[b])):
+            hits = [j for j in range(int(rl[b])) if ref.sq_dist(q[b, i], r[b, j]) < r2][:k]
+            idx[b, i, : len(hits)] = torch.tensor(hits, dtype=torch.int64)
+            counts[b, i] = len(hits)
+    return idx, counts
+
+
+@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 13, 29, 5, 0.9), (3, 7, 31, 40, 1.5), (1, 4, 0, 3, 1.0)])
+def test_ball_query_matches_oracle(batch, nq, nr, k, radius):
+    q, ql = make_clouds(batch, nq, seed=nq + 1)
+    r, rl = make_clouds(batch, nr, seed=nr + 2)
+    idx, counts = pcops.ball_query(q, r, radius, k, ql, rl)
+    idx_o, counts_o = ball_oracle(q, r, radius, k, ql, rl)
+    assert torch.equal(idx, idx_o) and torch.equal(counts, counts_o)
+
+
+def test_ball_query_strict_radius_and_padding():
+    r = torch.tensor([[1.0, 0, 0], [0.5, 0, 0], [2, 0, 0], [0, 0, 0]])
+    idx, counts = pcops.ball_query(torch.zeros(1, 3), r, 1.0, 3)
+    assert idx.tolist() == [[1, 3, -1]] and counts.tolist() == [2]  # |d|² = 1 is outside
+
+
+# --- gather -----------------------------------------------------------------------------------
+
+
+def test_gather_points_values_and_gradient():
+    pts = torch.randn(2, 7, 5, dtype=torch.float64, generator=generator(9), requires_grad=True)
+    idx = torch.tensor([[[0, 6], [-1, 3]], [[2, 2], [5, -1]]])
+    out = pcops.gather_points(pts, idx)
+    assert out.shape == (2, 2, 2, 5)
+    assert torch.equal(out[0, 1, 0], torch.zeros(5, dtype=torch.float64))
+    assert torch.equal(out[1, 0, 1], pts[1, 2].detach())
+    assert torch.autograd.gradcheck(lambda p: pcops.gather_points(p, idx), (pts,))
+    assert torch.autograd.gradgradcheck(lambda p: pcops.gather_points(p, idx), (pts,))
+    assert pcops.gather_points(pts[0], torch.tensor([1, -1])).shape == (2, 5)
+
+
+def test_backends_on_the_cpu(caplog):
+    q, ql = make_clouds(2, 19, seed=15)
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        d, i = pcops.knn(q, q, 4, ql, ql)
+    assert "knn: reference" in caplog.text
+    d2, i2 = pcops.knn(q, q, 4, ql, ql, backend="reference")
+    assert torch.equal(i, i2) and torch.equal(d, d2)
+    i3, c3 = pcops.ball_query(q, q, 0.8, 4, ql, ql, backend="reference")
+    assert torch.equal(i3, pcops.ball_query(q, q, 0.8, 4, ql, ql)[0])
+    assert torch.equal(pcops.gather_points(q, i, backend="reference"), pcops.gather_points(q, i))
+    for backend in ("triton", "cuda"):  # no silent fallback to the CPU path
+        with pytest.raises(ValueError, match="CUDA tensors only"):
+            pcops.knn(q, q, 4, backend=backend)
+        with pytest.raises(ValueError, match="CUDA tensors only"):
+            torch.ops.pcops.knn(q, q, ql, ql, 4, backend)
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        pcops.ball_query(q, q, 0.8, 4, backend="triton")
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+def sample_inputs(device="cpu"):
+    q, ql = make_clouds(2, 11, seed=10, device=device)
+    r, rl = make_clouds(2, 13, seed=11, device=device)
+    return q, r, ql, rl
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
+def test_opcheck(device):
+    q, r, ql, rl = sample_inputs(device)
+    gpu = ("triton", "cuda") if device == "cuda" else ()
+    for backend in ("auto", "reference") + gpu:
+        torch.library.opcheck(torch.ops.pcops.knn, (q, r, ql, rl, 3, backend))
+    for backend in ("auto", "reference"):
+        torch.library.opcheck(torch.ops.pcops.knn, (q.double().requires_grad_(), r.double().requires_grad_(), ql, rl, 3, backend))
+    for backend in ("auto", "reference") + gpu[:1]:
+        torch.library.opcheck(torch.ops.pcops.ball_query, (q, r, ql, rl, 0.7, 4, backend))
+    idx = torch.tensor([[0, -1, 3], [2, 2, 1]], device=device)
+    torch.library.opcheck(torch.ops.pcops.gather_points, (q.double().requires_grad_(), idx))
+    torch.library.opcheck(torch.ops.pcops.gather_points_backward, (torch.randn(2, 3, 3, device=device), idx, 11))
+
+
+def test_torch_compile_fullgraph():
+    q, r, ql, rl = sample_inputs()
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def group(points, lengths):
+        centres = pcops.farthest_point_sample(points, 4, lengths)
+        new_xyz = pcops.gather_points(points, centres)
+        d, nbr = pcops.knn(new_xyz, points, 3, ref_lengths=lengths)
+        ball, _ = pcops.ball_query(new_xyz, points, 1.0, 3, ref_lengths=lengths)
+        return pcops.gather_points(points, nbr) - new_xyz[:, :, None], d, ball
+
+    got = group(q, ql)
+    centres = pcops.farthest_point_sample(q, 4, ql)
+    new_xyz = pcops.gather_points(q, centres)
+    d, nbr = pcops.knn(new_xyz, q, 3, ref_lengths=ql)
+    ball, _ = pcops.ball_query(new_xyz, q, 1.0, 3, ref_lengths=ql)
+    torch.testing.assert_close(got[0], pcops.gather_points(q, nbr) - new_xyz[:, :, None])
+    torch.testing.assert_close(got[1], d)
+    assert torch.equal(got[2], ball)
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+P3 = torch.zeros(2, 5, 3)
+
+
+@pytest.mark.parametrize("call,exc,name", [
+    (lambda: pcops.knn(P3, P3, 0), ValueError, "k"),
+    (lambda: pcops.knn(P3, torch.zeros(3, 5, 3), 2), ValueError, "ref"),
+    (lambda: pcops.knn(P3, torch.zeros(5, 3), 2), ValueError, "ref"),
+    (lambda: pcops.knn(P3, torch.zeros(2, 5, 4), 2), ValueError, "ref"),
+    (lambda: pcops.knn(P3, P3, 2, query_lengths=torch.tensor([1, 9])), ValueError, "query_lengths"),
+    (lambda: pcops.knn(P3, P3, 2, ref_lengths=torch.tensor([1, 2, 3])), ValueError, "ref_lengths"),
+    (lambda: pcops.knn(P3, P3, 2, backend="torch"), ValueError, "backend"),
+    (lambda: pcops.ball_query(P3, P3, 0.0, 2), ValueError, "radius"),
+    (lambda: pcops.ball_query(P3, P3, -1.0, 2), ValueError, "radius"),
+    (lambda: pcops.ball_query(P3, P3, 1.0, 0), ValueError, "k"),
+    (lambda: pcops.ball_query(P3, P3, 1.0, 2, backend="cuda"), ValueError, "backend"),
+    (lambda: pcops.gather_points(P3, torch.tensor([[0, 5], [0, 0]])), ValueError, "idx"),
+    (lambda: pcops.gather_points(P3, torch.tensor([[0, 1]])), ValueError, "idx"),
+    (lambda: pcops.gather_points(P3, torch.tensor([[0.0, 1.0]])), TypeError, "idx"),
+    (lambda: pcops.gather_points(P3, torch.tensor([[0], [1]]), backend="triton"), ValueError, "backend"),
+])
+def test_bad_input(call, exc, name):
+    with pytest.raises(exc, match=name):
+        call()
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_wrong_devices():
+    with pytest.raises(ValueError, match="ref"):
+        pcops.knn(P3, P3.cuda(), 2)
+
+
+# --- Triton kernels under the CPU interpreter (tiny inputs) -----------------------------------
+
+
+@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 13, 41, 5), (1, 50, 64, 16), (2, 7, 3, 4)])
+@interpret
+def test_triton_knn_interpreter(batch, nq, nr, k):
+    from pcops.triton import knn as tri
+
+    q, ql = make_clouds(batch, nq, seed=nq + 3)
+    r, rl = make_clouds(batch, nr, seed=nr + 4, duplicates=True)
+    d, i = tri.knn(q, r, ql, rl, k)
+    d_ref, i_ref = ref.knn(q, r, ql, rl, k)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+    # self-KNN (one shared sort) with tiles smaller than a cloud, so pruning is exercised
+    d, i = tri.knn(r, r, rl, rl, k)
+    d_ref, i_ref = ref.knn(r, r, rl, rl, k)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+
+
+@interpret
+def test_triton_knn_pruning_interpreter():
+    from pcops.triton import knn as tri
+
+    r, rl = make_clouds(2, 60, seed=12, scale=5.0)
+    d, i = tri.knn(r, r, rl, rl, 3, bq=8, br=8, sb=2)
+    d_ref, i_ref = ref.knn(r, r, rl, rl, 3)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+
+
+@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.3), (2, 11, 53, 4, 1.0), (1, 33, 70, 64, 2.0)])
+@interpret
+def test_triton_ball_query_interpreter(batch, nq, nr, k, radius):
+    from pcops.triton import knn as tri
+
+    q, ql = make_clouds(batch, nq, seed=nq + 5)
+    r, rl = make_clouds(batch, nr, seed=nr + 6)
+    idx, counts = tri.ball_query(q, r, ql, rl, radius, k)
+    idx_ref, counts_ref = ref.ball_query(q, r, ql, rl, radius, k)
+    assert torch.equal(idx, idx_ref) and torch.equal(counts, counts_ref)
+
+
+# --- the CUDA C++ kernel: its source, no GPU needed -------------------------------------------
+
+
+def test_cuda_knn_supported_without_a_gpu():
+    """The launcher's eligibility test runs its cheap checks before touching CUDA (K above the
+    compiled maximum or a batch over the grid limit: Triton under "auto", an error under "cuda")."""
+    from pcops.cuda import knn as cuda_knn
+
+    assert cuda_knn.MAX_K == 32
+    assert not cuda_knn.supported(torch.zeros(1, 4, 3), cuda_knn.MAX_K + 1)
+    assert "K <= 32" in cuda_knn.unsupported_reason(torch.zeros(1, 4, 3), 33)
+    assert not cuda_knn.supported(torch.zeros(65536, 1, 3), 4)
+    assert cuda_knn.default_group(16384) == 4 and cuda_knn.default_group(120268) == 8
+
+
+def _nvrtc_ptx(source, name):
+    """PTX of ``source`` for compute_90 (NVRTC, no GPU)."""
+    import ctypes
+
+    from pcops import _nvrtc
+
+    lib = _nvrtc.nvrtc()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None) == 0
+    try:
+        opts = [b"--gpu-architecture=compute_90", b"--std=c++17", b"-default-device"]
+        assert lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) == 0
+        size = ctypes.c_size_t()
+        assert lib.nvrtcGetPTXSize(prog, ctypes.byref(size)) == 0
+        buf = ctypes.create_string_buffer(size.value)
+        assert lib.nvrtcGetPTX(prog, buf) == 0
+        return buf.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def test_knn_cu_kernels_keep_the_top_k_in_registers():
+    """csrc/knn.cu holds exactly the kernels the launcher names, and the search kernels keep their
+    top K in registers (no ``.local`` array in their PTX: a run-time index into the list would put
+    it in local memory)."""
+    try:
+        from pcops import _nvrtc
+
+        _nvrtc.nvrtc()
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC not installed: {e}")
+    ptx = _nvrtc_ptx((_nvrtc.CSRC_DIR / "knn.cu").read_text(), "knn.cu")
+    bodies = {}
+    for chunk in ptx.split(".entry ")[1:]:
+        bodies[chunk.split("(", 1)[0].strip()] = chunk.split("\n}", 1)[0]
+    search = {f"knn_netfu_q32_k{kp}" for kp in (1, 2, 4, 8, 16, 32)}
+    assert set(bodies) == search | {"knn_prep_bounds", "knn_prep_codes", "knn_prep_gather"}
+    for name in search | {"knn_prep_codes", "knn_prep_gather"}:
+        assert ".local" not in bodies[name], name
+
+
+# --- the GPU paths --------------------------------------------------------------------------
+
+
+def knn_case(batch, nq, nr, k):
+    def build():
+        q, ql = make_clouds(batch, nq, seed=nq, scale=10.0, device="cuda")
+        r, rl = make_clouds(batch, nr, seed=nr + 1, scale=10.0, device="cuda")
+        return q, r, ql, rl, ref.knn(q, r, ql, rl, k), ref.knn(r, r, rl, rl, k)
+
+    return cached_reference(("knn", batch, nq, nr, k), build)
+
+
+@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 1000, 777, 16), (3, 513, 2049, 32), (4, 2048, 4096, 16), (1, 100, 5, 8), (2, 300, 300, 64)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_matches_reference(batch, nq, nr, k):
+    q, r, ql, rl, (d_ref, i_ref), (ds_ref, is_ref) = knn_case(batch, nq, nr, k)
+    d, i = pcops.knn(q, r, k, ql, rl)
+    assert torch.equal(i, i_ref)
+    assert torch.equal(d, d_ref)
+    d, i = pcops.knn(r, r, k, rl, rl)  # self-KNN
+    assert torch.equal(i, is_ref) and torch.equal(d, ds_ref)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_reference_matches_cpu_reference():
+    """The oracle is device independent: the reference gives identical results on CPU and GPU."""
+    q, ql = make_clouds(2, 300, seed=20, scale=10.0, duplicates=True)
+    r, rl = make_clouds(2, 777, seed=21, scale=10.0)
+    for args in ((q, r, ql, rl, 16), (q, q, ql, ql, 64)):
+        d, i = ref.knn(*(a.cuda() for a in args[:4]), args[4])
+        d_c, i_c = ref.knn(*args)
+        assert torch.equal(i.cpu(), i_c) and torch.equal(d.cpu(), d_c)
+    idx, c = ref.ball_query(q.cuda(), r.cuda(), ql.cuda(), rl.cuda(), 3.0, 32)
+    idx_c, c_c = ref.ball_query(q, r, ql, rl, 3.0, 32)
+    assert torch.equal(idx.cpu(), idx_c) and torch.equal(c.cpu(), c_c)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda", "auto", "reference"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_backends(backend, caplog):
+    """Each backend on one input: identical results; "cuda" above K = 32 and float64 on an explicit
+    GPU backend raise instead of running something else; "auto" picks the CUDA kernel for K <= 32."""
+    from pcops.cuda import knn as cuda_knn
+
+    q, r, ql, rl, (d_ref, i_ref), _ = knn_case(2, 1000, 777, 16)
+    if backend == "cuda" and not cuda_knn.supported(q, 16):
+        pytest.skip(cuda_knn.unsupported_reason(q, 16))
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        d, i = pcops.knn(q, r, 16, ql, rl, backend=backend)
+    assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+    if backend == "auto" and cuda_knn.supported(q, 16):
+        assert "knn_netfu_q32_k16" in caplog.text
+    if backend == "cuda":
+        with pytest.raises(RuntimeError, match="K <= 32"):
+            pcops.knn(q, r, 33, ql, rl, backend="cuda")
+    if backend in ("cuda", "triton"):
+        with pytest.raises(ValueError, match="float64"):
+            pcops.knn(q.double(), r.double(), 4, ql, rl, backend=backend)
+
+
+@pytest.mark.parametrize("k,group", [(1, 8), (3, 4), (17, 16), (32, 16), (16, None), (8, 1), (5, 3), (32, 4), (5, 2)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_cuda_kernel_ties_and_k(k, group):
+    """The CUDA C++ kernel (K <= 32, KP = next power of two slots) against the reference, bit for bit:
+    several clouds with uneven lengths, duplicate points and grid points (ties: lowest index first),
+    several superblock sizes, cross and self, and a strided query view (made contiguous)."""
+    from pcops.cuda import knn as cuda_knn
+
+    q, ql = make_clouds(3, 2500, seed=40 + k, scale=6.0, duplicates=True, device="cuda")
+    r, rl = make_clouds(3, 1800, seed=50 + k, scale=6.0, duplicates=True, device="cuda")
+    g, gl = tie_grid_clouds(2, 1500, seed=80 + k, device="cuda")
+    assert cuda_knn.supported(q, k)
+    for a, b, la, lb in ((q, r, ql, rl), (q, q, ql, ql), (g, g, gl, gl), (r[:, :7], r, rl.clamp(max=7), rl)):
+        d, i = cuda_knn.knn(a, b, la, lb, k, group=group)
+        d_ref, i_ref = ref.knn(a, b, la, lb, k)
+        assert torch.equal(i, i_ref), (k, group)
+        assert torch.equal(d, d_ref), (k, group)
+
+
+@pytest.mark.parametrize("group", [4, 8, 3, 1])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_cuda_prep_matches_triton(group):
+    """csrc/knn.cu's prep kernels give the Triton _morton_sort's outputs exactly (sorted points,
+    permutation, tile and superblock boxes)."""
+    from pcops.cuda import knn as cuda_knn
+    from pcops.triton.knn import _morton_sort
+
+    q, ql = make_clouds(3, 3001, seed=90 + group, scale=6.0, duplicates=True, device="cuda")
+    g, gl = tie_grid_clouds(2, 1500, seed=91, device="cuda")
+    ql[1] = 0  # an empty cloud
+    for pts, lengths in ((q, ql), (g, gl)):
+        want = _morton_sort(pts, lengths, cuda_knn.TILE, group)
+        got = cuda_knn.morton_sort(pts, lengths, group)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert torch.equal(got[2][..., :6], want[2][..., :6]) and torch.equal(got[3], want[3])
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_kitti_k1_shape():
+    """The K1 shape (8 clouds of 16,384 KITTI points, self-KNN, K = 16 and 32): CUDA and Triton agree
+    bit for bit (the reference itself is pinned by the other tests on smaller clouds)."""
+    from pcops.triton import knn as triton_knn
+
+    scan = load_scan_xyz().cuda()
+    g = generator(0)
+    clouds = torch.stack([scan[torch.randperm(scan.shape[0], generator=g)[:16384].cuda()] for _ in range(8)]).contiguous()
+    lengths = torch.full((8,), 16384, device="cuda")
+    lengths[3] = 9001  # one uneven cloud
+    for k in (16, 32):
+        d, i = pcops.knn(clouds, clouds, k, lengths, lengths)
+        d_t, i_t = triton_knn.knn(clouds, clouds, lengths, lengths, k)
+        assert torch.equal(i, i_t) and torch.equal(d, d_t), k
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_knn_kitti_and_backward():
+    scan = load_scan_xyz().cuda()
+    d, i = pcops.knn(scan, scan, 16)
+    sub = torch.randperm(scan.shape[0], generator=generator(3))[:2000].cuda()
+    d_ref, i_ref = ref.knn(scan[None, sub], scan[None], torch.tensor([2000], device="cuda"),
+                           torch.tensor([scan.shape[0]], device="cuda"), 16, chunk=500)
+    assert torch.equal(i[sub], i_ref[0]) and torch.equal(d[sub], d_ref[0])
+    q, ql = make_clouds(2, 300, seed=2, device="cuda", dtype=torch.float32)
+    q.requires_grad_(True)
+    d, _ = pcops.knn(q, q, 8, ql, ql)
+    grad = torch.randn(d.shape, device="cuda").where(torch.isfinite(d), 0)
+    (g_fast,) = torch.autograd.grad(d, q, grad)
+    qc = q.detach().cpu().requires_grad_(True)
+    d_c, _ = ref.knn(qc, qc, ql.cpu(), ql.cpu(), 8)
+    (g_ref,) = torch.autograd.grad(d_c, qc, grad.cpu())
+    torch.testing.assert_close(g_fast.cpu(), g_ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 1000, 3001, 32, 2.0), (4, 256, 4096, 16, 5.0)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_ball_query_and_gather(batch, nq, nr, k, radius):
+    q, ql = make_clouds(batch, nq, seed=nq, scale=10.0)
+    r, rl = make_clouds(batch, nr, seed=nr, scale=10.0)
+    idx_ref, c_ref = pcops.ball_query(q, r, radius, k, ql, rl)  # CPU reference (well under a second)
+    idx, c = pcops.ball_query(q.cuda(), r.cuda(), radius, k, ql.cuda(), rl.cuda())
+    assert torch.equal(idx.cpu(), idx_ref) and torch.equal(c.cpu(), c_ref)
+    feats = torch.randn(batch, nr, 5, generator=generator(1))
+    fg = feats.cuda().requires_grad_(True)
+    out = pcops.gather_points(fg, idx)
+    assert torch.equal(out.cpu(), pcops.gather_points(feats, idx_ref))
+    out.sum().backward()
+    fc = feats.clone().requires_grad_(True)
+    pcops.gather_points(fc, idx_ref).sum().backward()
+    torch.testing.assert_close(fg.grad.cpu(), fc.grad)
+
+
+@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 1000, 3001, 32, 2.0), (4, 256, 4096, 16, 5.0)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_ball_query_and_gather(batch, nq, nr, k, radius):
+    q, ql = make_clouds(batch, nq, seed=nq, scale=10.0)
+    r, rl = make_clouds(batch, nr, seed=nr, scale=10.0)
+    idx_ref, c_ref = pcops.ball_query(q, r, radius, k, ql, rl)  # CPU reference (well under a second)
+    idx, c = pcops.ball_query(q.cuda(), r.cuda(), radius, k, ql.cuda(), rl.cuda())
+    assert torch.equal(idx.cpu(), idx_ref) and torch.equal(c.cpu(), c_ref)
+    feats = torch.randn(batch, nr, 5, generator=generator(1))
+    fg = feats.cuda().requires_grad_(True)
+    out = pcops.gather_points(fg, idx)
+    assert torch.equal(out.cpu(), pcops.gather_points(feats, idx_ref))
+    out.sum().backward()
+    fc = feats.clone().requires_grad_(True)
+    pcops.gather_points(fc, idx_ref).sum().backward()
+    torch.testing.assert_close(fg.grad.cpu(), fc.grad)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_cuda_graph_capture():
+    pts, lengths = make_clouds(2, 5000, seed=3, device="cuda")
+    for fn in (lambda: pcops.knn(pts, pts, 8, lengths, lengths)[1], lambda: pcops.ball_query(pts, pts, 0.5, 8, lengths, lengths)[0]):
+        fn()  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, fn())
+
+
+# --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --
+
+
+_AOT_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pcops.triton import knn as tri
+
+target = GPUTarget("cuda", 90, 32)
+
+
+def compile_(fn, types, constexprs, num_warps):
+    sig = dict(zip(fn.arg_names, types + ["constexpr"] * len(constexprs)))
+    triton.compile(ASTSource(fn, sig, constexprs), target=target,
+                   options={"num_warps": num_warps, "enable_fp_fusion": False})
+
+
+compile_(tri._morton_kernel, ["*fp32", "*i64", "*fp32", "*fp32", "*i32", "i32"],
+         dict(BLOCK=1024, INVALID=1 << 30, CELLS=1024), 4)
+compile_(tri._sort_gather_kernel, ["*fp32", "*i64", "*i64", "*fp32", "*fp32", "i32", "i32"], dict(TILE=32), 4)
+knn_types = ["*fp32", "*i64", "*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i64", "*fp32", "*i64"] + ["i32"] * 4
+for kp in (2, 16, 32):
+    compile_(tri._knn_kernel, knn_types, dict(BQ=tri._KNN_BQ, BR=tri._KNN_BR, SB=tri._KNN_SB, KP=kp), tri._KNN_WARPS)
+compile_(tri._ball_query_kernel, ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "i32", "i32", "fp32", "i32"],
+         dict(BQ=tri._BALL_BQ, BR=tri._BALL_BR), 4)
+print("compiled")
+"""
+
+
+def test_triton_kernels_compile_for_sm90():
+    run_compiler_script(_AOT_SCRIPT)
