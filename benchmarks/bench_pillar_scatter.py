@@ -5,15 +5,15 @@ Floor: the canvas must be written once (B·64·496·432·4 bytes: 54.9 MB per sa
 4.3 TB/s); eager launches (3 in the forward) cost more than that on the host, so the graph
 figure is the one a captured pipeline sees. "[graph x8 steady]" rows (``common.bench_steady``): the
 per-call time of 8 calls in one CUDA graph, each on its own copy of the inputs (8 canvases of
-55 MB: nothing stays in the L2), for the forward, the backward alone (each gather kernel:
-``pcops.pillar_scatter._GATHER``) and forward + backward (autograd captured), next to the torch
-baseline timed the same way; and the forward's canvas kernels of the CUDA backend.
+55 MB: nothing stays in the L2), for the forward, the backward alone (each backend's gather:
+``"auto"`` = the CUDA C++ stream, ``"triton"`` = the Triton stream) and forward + backward
+(autograd captured), next to the torch baseline timed the same way; and the tiles of the forward's
+canvas kernels (CUDA C++ quads: vectors per thread; Triton: cells x channels, channels per program,
+warps), through their launchers.
 """
-import importlib
-
 import torch
 
-from common import bench, bench_steady, parse_args, patched, report, row
+from common import bench, bench_steady, parse_args, report, row
 
 import pcops
 
@@ -38,14 +38,13 @@ def torch_baseline(feats, coords, batch_size):
 
 
 K_STEADY = 8
-TRITON_SWEEP = [(512, 16, None, 4), (512, 16, 16, 4), (512, 8, 16, 4), (1024, 8, 16, 4), (1024, 16, 16, 8),
+TRITON_SWEEP = [(512, 16, C, 4), (512, 16, 16, 4), (512, 8, 16, 4), (1024, 8, 16, 4), (1024, 16, 16, 8),
                 (512, 16, 32, 4), (256, 16, 16, 2), (1024, 4, 8, 4), (2048, 8, 8, 8), (1024, 8, 8, 4)]
 
 
 def steady_rows(batch_size, rep):
     """``[graph x8 steady]`` rows: forward (torch, Triton, CUDA canvas kernels), backward alone (each
-    gather kernel), forward + backward (autograd captured; torch and pcops)."""
-    ps = importlib.import_module("pcops.pillar_scatter")  # the module (pcops.pillar_scatter is the function)
+    backend's gather), forward + backward (autograd captured; torch and pcops)."""
     from pcops.cuda import pillar_scatter as cps
 
     wl, n, out = f"P1 B={batch_size}", P * batch_size, []
@@ -58,30 +57,31 @@ def steady_rows(batch_size, rep):
 
     base = bench_steady(fwd_fns(lambda f, c: torch_baseline(f, c, batch_size)), rep=rep)
     out.append(row(wl, "torch index assign (fwd)" + tag, base, items=n, unit="pillars/s", baseline=base))
-    variants = [("triton", {}), ("cuda", {"_CANVAS_KERNEL": "b4x4"}), ("cuda", {"_CANVAS_KERNEL": "b4v"})]
-    variants += [("cuda", {"_CANVAS_KERNEL": "b4x4", "_VECS_PER_SLICE": v}) for v in (1, 4, 8)]
-    for backend, settings in variants:
-        with patched(cps, settings):
-            t = bench_steady(fwd_fns(lambda f, c, b=backend: pcops.pillar_scatter(f, c, batch_size, (H, W), backend=b)),
-                             rep=rep)
-        label = f"pcops {backend}" + "".join(f" {k.strip('_').lower()}={v}" for k, v in settings.items())
-        out.append(row(wl, f"{label} (fwd){tag}", t, items=n, unit="pillars/s", baseline=base,
+    for backend in ("triton", "cuda"):
+        t = bench_steady(fwd_fns(lambda f, c, b=backend: pcops.pillar_scatter(f, c, batch_size, (H, W), backend=b)),
+                         rep=rep)
+        out.append(row(wl, f"pcops {backend} (fwd){tag}", t, items=n, unit="pillars/s", baseline=base,
                        gbps=batch_size * C * H * W * 4 / t["median_ms"] / 1e6))
+    # the CUDA quad kernel's vectors per thread (grid z = C / 4 / vecs), through the launcher
+    for vecs in (1, 2, 4, 8):
+        t = bench_steady(fwd_fns(lambda f, c, v=vecs: cps.pillar_scatter(f, c, batch_size, H, W, vecs_per_slice=v)),
+                         rep=rep)
+        out.append(row(wl, f"cuda launcher vecs_per_slice={vecs} (fwd){tag}", t, items=n, unit="pillars/s",
+                       baseline=base, gbps=batch_size * C * H * W * 4 / t["median_ms"] / 1e6))
     # the Triton canvas pass: tile (cells x channels), channels per program (grid axis 2), warps
     from pcops.triton import pillar_scatter as tri
 
     for block_hw, block_c, per, warps in TRITON_SWEEP if batch_size == 1 else ():
         t = bench_steady(fwd_fns(lambda f, c: tri.pillar_scatter(f, c, batch_size, H, W, block_hw=block_hw, block_c=block_c,
                                                                  c_per_program=per, num_warps=warps)), rep=rep)
-        out.append(row(wl, f"triton canvas hw={block_hw} c={block_c} per={per or C} warps={warps} (fwd){tag}", t,
+        out.append(row(wl, f"triton canvas hw={block_hw} c={block_c} per={per} warps={warps} (fwd){tag}", t,
                        items=n, unit="pillars/s", baseline=base))
     # the backward alone: the gather op on the 8 canvas gradients
     winners = [torch.ops.pcops.pillar_scatter(f, c, batch_size, H, W, "triton")[1] for f, c in copies]
-    for gather in ("cuda", "triton_stream", "triton"):
-        with patched(ps, {"_GATHER": gather}):
-            t = bench_steady([lambda k=k: torch.ops.pcops.pillar_gather(grads[k], copies[k][1], winners[k])
-                              for k in range(K_STEADY)], rep=rep)
-        out.append(row(wl, f"pcops gather={gather} (bwd alone){tag}", t, items=n, unit="pillars/s"))
+    for backend in ("auto", "triton"):
+        t = bench_steady([lambda k=k, b=backend: torch.ops.pcops.pillar_gather(grads[k], copies[k][1], winners[k], b)
+                          for k in range(K_STEADY)], rep=rep)
+        out.append(row(wl, f"pcops gather backend={backend} (bwd alone){tag}", t, items=n, unit="pillars/s"))
     # forward + backward, autograd captured (each call accumulates into its own leaf's .grad)
     leaves = [f.clone().requires_grad_(True) for f, _ in copies]
 
@@ -90,7 +90,7 @@ def steady_rows(batch_size, rep):
 
     base_fb = bench_steady(fb_fns(lambda f, c: torch_baseline(f, c, batch_size)), rep=rep)
     out.append(row(wl, "torch index assign (fwd+bwd)" + tag, base_fb, items=n, unit="pillars/s", baseline=base_fb))
-    for backend in ("triton", "cuda"):
+    for backend in ("auto", "triton", "cuda"):
         t = bench_steady(fb_fns(lambda f, c, b=backend: pcops.pillar_scatter(f, c, batch_size, (H, W), backend=b)),
                          rep=rep)
         out.append(row(wl, f"pcops {backend} (fwd+bwd){tag}", t, items=n, unit="pillars/s", baseline=base_fb))
@@ -122,7 +122,7 @@ def main():
         grad = torch.randn(batch_size, C, H, W, device="cuda")
         base_fb = bench(lambda: torch_baseline(fr, coords, batch_size).backward(grad), rep=rep)
         rows.append(row(wl, "torch index assign (fwd+bwd)", base_fb, items=n, unit="pillars/s", baseline=base_fb))
-        for backend in ("triton", "cuda"):
+        for backend in ("auto", "triton", "cuda"):
             t = bench(lambda: pcops.pillar_scatter(fr, coords, batch_size, (H, W), backend=backend).backward(grad), rep=rep)
             rows.append(row(wl, f"pcops {backend} (fwd+bwd)", t, items=n, unit="pillars/s", baseline=base_fb))
     rows += steady_rows(1, rep)
@@ -132,7 +132,7 @@ def main():
 
     canvas, winner = tri.pillar_scatter(feats, coords, 1, H, W)
     grad = torch.randn_like(canvas)
-    tg = bench(lambda: torch.ops.pcops.pillar_gather(grad, coords, winner), rep=rep)
+    tg = bench(lambda: torch.ops.pcops.pillar_gather(grad, coords, winner, "auto"), rep=rep)
     rows.append(row("P1 B=1", "pcops gather op alone (bwd)", tg, items=P, unit="pillars/s"))
     fr = feats.clone().requires_grad_(True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -42,26 +42,6 @@ extern "C" __global__ void pillar_canvas_b4(const unsigned int* f, const int* w,
   pillar_canvas<unsigned int>(f, w, o, c, hw, b);
 }
 
-// 4-byte elements with C % 4 == 0 (the PointPillars case, C = 64): each thread reads its
-// owner's row as 16-byte vectors (C/4 loads instead of C) and still stores one coalesced
-// 4-byte word per channel.
-extern "C" __global__ void pillar_canvas_b4v(const uint4* __restrict__ features, const int* __restrict__ winner,
-                                            unsigned int* __restrict__ canvas, int num_channels, int hw, int batch_size) {
-  long long cell = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  int b = blockIdx.y;
-  if (cell >= hw) return;
-  int owner = winner[(long long)b * hw + cell];
-  unsigned int* out = canvas + (long long)b * num_channels * hw + cell;
-  int vecs = num_channels >> 2;
-  const uint4* row = features + (long long)(owner < 0 ? 0 : owner) * vecs;
-  for (int v = 0; v < vecs; ++v) {
-    uint4 q = owner < 0 ? make_uint4(0u, 0u, 0u, 0u) : row[v];
-    out[(long long)(4 * v + 0) * hw] = q.x;
-    out[(long long)(4 * v + 1) * hw] = q.y;
-    out[(long long)(4 * v + 2) * hw] = q.z;
-    out[(long long)(4 * v + 3) * hw] = q.w;
-  }
-}
 extern "C" __global__ void pillar_canvas_b8(const unsigned long long* f, const int* w, unsigned long long* o, int c, int hw, int b) {
   pillar_canvas<unsigned long long>(f, w, o, c, hw, b);
 }

@@ -2,21 +2,20 @@
 
 This file is the op's contract and the model for every other op in pcops:
 public function (docstring + argument checks) → ``torch.ops.pcops.pillar_scatter`` →
-the implementation registered for the tensor's device (``reference`` on the CPU, Triton or
-CUDA C++ on CUDA) → kernel; plus a fake (shape) function and a registered backward.
+the implementation ``backend`` resolves to (``pcops._backend``: the reference on the CPU, Triton
+or CUDA C++ on CUDA) → kernel; plus a fake (shape) function and a registered backward.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 
-from . import _checks
+from . import _backend, _checks
 from .reference import pillar_scatter as _ref
 
 __all__ = ["pillar_scatter"]
-
-_BACKENDS = ("triton", "cuda")
 
 
 def pillar_scatter(
@@ -25,7 +24,7 @@ def pillar_scatter(
     batch_size: int,
     grid_hw: Sequence[int],
     *,
-    backend: str = "triton",
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Scatter pillar features into a dense BEV pseudo-image (PointPillars, Lang et al., CVPR 2019).
 
@@ -36,8 +35,11 @@ def pillar_scatter(
             and converted.
         batch_size: ``B`` ≥ 1, the number of canvases.
         grid_hw: ``(H, W)`` ≥ 1, the canvas size in cells (``y`` indexes H, ``x`` indexes W).
-        backend: the CUDA implementation: ``"triton"`` (default) or ``"cuda"`` (CUDA C++ from
-            ``csrc/pillar_scatter.cu`` compiled at run time with NVRTC). Ignored on the CPU.
+        backend: ``"auto"`` (default: on CUDA the Triton forward and the CUDA C++ backward where
+            it applies, see Gradient; the reference on the CPU and for float64 features),
+            ``"triton"``, ``"cuda"`` (CUDA C++ from ``csrc/pillar_scatter.cu`` compiled at run time
+            with NVRTC; both CUDA tensors only, forward and backward) or ``"reference"`` (any
+            device). The backward runs the forward's choice.
 
     Returns:
         ``(B, C, H, W)`` canvas of ``features.dtype``, zero where no pillar lands.
@@ -52,9 +54,17 @@ def pillar_scatter(
 
     Gradient: w.r.t. ``features`` only, a gather from the canvas gradient. No host
     synchronisation on the GPU: the forward takes 3 launches (winner-map fill, winner atomics,
-    canvas pass), the backward 2 (zero fill, then ``csrc`` ``pillar_gather_b4x4`` reading the
-    canvas gradient in cell order, for 4-byte floats with C and H·W multiples of 4) or 1 (a Triton
-    gather per pillar, otherwise); see ``_GATHER``.
+    canvas pass), the backward 2 (zero fill, then a pass reading the canvas gradient in cell
+    order: ``csrc`` ``pillar_gather_b4x4`` for 4-byte floats with C and H·W multiples of 4 and
+    16-byte aligned data, the Triton one otherwise; ``"auto"`` takes the CUDA C++ one where it
+    applies and NVRTC loads; ``"cuda"`` raises ``ValueError`` for other canvases).
+
+    Example:
+        >>> features = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> coords = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 0]], dtype=torch.int32)  # (batch, z, y, x)
+        >>> pcops.pillar_scatter(features, coords, batch_size=1, grid_hw=(2, 2))[0, 0]
+        tensor([[0., 1.],
+                [3., 0.]])
     """
     _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
@@ -68,30 +78,50 @@ def pillar_scatter(
         raise TypeError(f"grid_hw: expected a pair (H, W), got {grid_hw!r}")
     grid_h = _checks.check_int("grid_hw[0]", grid_hw[0], min_value=1)
     grid_w = _checks.check_int("grid_hw[1]", grid_hw[1], min_value=1)
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
+    _backend.resolve(backend, "pillar_scatter", features)  # bad values fail before the dispatch
     coords = coords.to(torch.int32).contiguous()
     canvas, _ = torch.ops.pcops.pillar_scatter(features.contiguous(), coords, batch_size, grid_h, grid_w, backend)
     return canvas
 
 
-# --- registration: one schema, one implementation per device key --------------------------
+# --- registration: one schema per op; ``backend`` picks the implementation (pcops._backend) -------
 
 
-@torch.library.custom_op("pcops::pillar_scatter", mutates_args=(), device_types="cpu")
+@functools.lru_cache(maxsize=None)
+def _nvrtc_available() -> bool:
+    """NVRTC can be loaded (checked once); otherwise ``backend="auto"`` differentiates with Triton."""
+    try:
+        from ._nvrtc import nvrtc
+
+        nvrtc()
+        return True
+    except (RuntimeError, OSError):
+        return False
+
+
+def _scatter_impl(backend: str, features: torch.Tensor) -> str:
+    """``"reference"``, ``"triton"`` or ``"cuda"`` for the forward (``"auto"`` on CUDA: Triton)."""
+    impl = _backend.resolve(backend, "pillar_scatter", features)
+    return "reference" if impl == "cpu" else impl
+
+
+def _scatter_run(impl, features, coords, batch_size, grid_h, grid_w):
+    if impl == "reference":
+        return _ref.pillar_scatter(features, coords, batch_size, grid_h, grid_w)
+    if impl == "cuda":
+        from .cuda import pillar_scatter as gpu
+    else:
+        from .triton import pillar_scatter as gpu
+    return gpu.pillar_scatter(features, coords, batch_size, grid_h, grid_w)
+
+
+@torch.library.custom_op("pcops::pillar_scatter", mutates_args=(), device_types=("cpu", "cuda"))
 def _pillar_scatter(
     features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _ref.pillar_scatter(features, coords, batch_size, grid_h, grid_w)
-
-
-@_pillar_scatter.register_kernel("cuda")
-def _pillar_scatter_cuda(features, coords, batch_size, grid_h, grid_w, backend):
-    if backend == "cuda":
-        from .cuda import pillar_scatter as impl
-    else:
-        from .triton import pillar_scatter as impl
-    return impl.pillar_scatter(features, coords, batch_size, grid_h, grid_w)
+    impl = _scatter_impl(backend, features)
+    _backend.log_kernel("pillar_scatter", impl)
+    return _scatter_run(impl, features, coords, batch_size, grid_h, grid_w)
 
 
 @_pillar_scatter.register_fake
@@ -104,46 +134,55 @@ def _pillar_scatter_fake(features, coords, batch_size, grid_h, grid_w, backend):
     return canvas, winner
 
 
-@torch.library.custom_op("pcops::pillar_gather", mutates_args=(), device_types="cpu")
-def _pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor) -> torch.Tensor:
-    return _ref.pillar_gather(canvas, coords, winner)
+def _gather_impl(backend: str, canvas: torch.Tensor) -> str:
+    """The backward's implementation: ``"auto"`` on CUDA takes the CUDA C++ stream where it applies
+    (and NVRTC loads), else Triton's; ``"cuda"`` raises for a canvas its kernel does not take."""
+    impl = _backend.resolve(backend, "pillar_scatter", canvas)
+    if impl in ("cpu", "reference", "triton"):
+        return "reference" if impl == "cpu" else impl
+    from .cuda import pillar_scatter as cu
+
+    if cu.gather_supported(canvas) and (backend == "cuda" or _nvrtc_available()):
+        return "cuda"
+    if backend == "auto":
+        return "triton"
+    raise ValueError(
+        "backend: the 'cuda' backward needs 4-byte floats with C and H*W multiples of 4 and 16-byte aligned data, "
+        f"got a {canvas.dtype} canvas of shape {tuple(canvas.shape)}; use backend='auto' or 'triton'"
+    )
 
 
-# the backward's kernel on CUDA: "cuda" (csrc pillar_gather_b4x4, streaming over the canvas in cell
-# order, where it applies: 4-byte floats, C and H*W multiples of 4; else Triton), "triton_stream" (the
-# same order in Triton), "triton" (one gather per pillar and channel: C reads at stride H*W each)
-_GATHER = "cuda"
-
-
-@_pillar_gather.register_kernel("cuda")
-def _pillar_gather_cuda(canvas, coords, winner):
-    from .triton import pillar_scatter as tri
-
+@torch.library.custom_op("pcops::pillar_gather", mutates_args=(), device_types=("cpu", "cuda"))
+def _pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor, backend: str) -> torch.Tensor:
     canvas = canvas.contiguous()
-    if _GATHER == "cuda":
-        from .cuda import pillar_scatter as cu
-
-        if cu.gather_supported(canvas):
-            return cu.pillar_gather(canvas, coords, winner)
-    return tri.pillar_gather(canvas, coords, winner, stream=_GATHER != "triton")
+    impl = _gather_impl(backend, canvas)
+    _backend.log_kernel("pillar_gather", impl)
+    if impl == "reference":
+        return _ref.pillar_gather(canvas, coords, winner)
+    if impl == "cuda":
+        from .cuda import pillar_scatter as gpu
+    else:
+        from .triton import pillar_scatter as gpu
+    return gpu.pillar_gather(canvas, coords, winner)
 
 
 @_pillar_gather.register_fake
-def _pillar_gather_fake(canvas, coords, winner):
+def _pillar_gather_fake(canvas, coords, winner, backend):
     torch._check(canvas.dim() == 4, lambda: "canvas: expected a 4-D tensor")
     return canvas.new_empty((coords.shape[0], canvas.shape[1]))
 
 
 def _setup_context(ctx, inputs, output):
-    _, coords, *_ = inputs
+    _, coords, *_, backend = inputs
     _, winner = output
     ctx.save_for_backward(coords, winner)
     ctx.mark_non_differentiable(winner)
+    ctx.backend = backend
 
 
 def _backward(ctx, grad_canvas, _grad_winner):
     coords, winner = ctx.saved_tensors
-    grad_features = torch.ops.pcops.pillar_gather(grad_canvas.contiguous(), coords, winner)
+    grad_features = torch.ops.pcops.pillar_gather(grad_canvas.contiguous(), coords, winner, ctx.backend)
     return grad_features, None, None, None, None, None
 
 
@@ -151,17 +190,18 @@ _pillar_scatter.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _gather_setup_context(ctx, inputs, output):
-    canvas, coords, winner = inputs
+    canvas, coords, winner, backend = inputs
     ctx.save_for_backward(coords, winner)
     ctx.shape = canvas.shape
+    ctx.backend = backend
 
 
 def _gather_backward(ctx, grad_out):
     # double backward: the adjoint of the gather is the scatter (non-owners get nothing)
     coords, winner = ctx.saved_tensors
     batch_size, _, grid_h, grid_w = ctx.shape
-    canvas, _ = torch.ops.pcops.pillar_scatter(grad_out.contiguous(), coords, batch_size, grid_h, grid_w, "triton")
-    return canvas, None, None
+    canvas, _ = torch.ops.pcops.pillar_scatter(grad_out.contiguous(), coords, batch_size, grid_h, grid_w, ctx.backend)
+    return canvas, None, None, None
 
 
 _pillar_gather.register_autograd(_gather_backward, setup_context=_gather_setup_context)

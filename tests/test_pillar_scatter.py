@@ -1,12 +1,13 @@
-"""pcops.pillar_scatter: reference vs Triton/CUDA, gradients, registration, bad input."""
-import importlib
+"""pcops.pillar_scatter: reference vs Triton/CUDA, gradients, the backend contract, registration,
+bad input."""
+import logging
 
 import pytest
 import torch
 
 import pcops
 from pcops.reference import pillar_scatter as ref
-from _util import generator, gpu, interpret, requires_cuda, run_compiler_script
+from _util import generator, interpret, requires_cuda, run_compiler_script
 
 
 def make_pillars(num_pillars, channels, batch_size, grid_h, grid_w, seed, dtype=torch.float32, unique=True, device="cpu"):
@@ -66,11 +67,29 @@ def test_gradcheck_reference():
 
 def test_opcheck():
     f, c = make_pillars(11, 5, 2, 6, 7, seed=4, unique=False)
-    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 6, 7, "triton"))
-    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f.double().requires_grad_(), c, 2, 6, 7, "triton"))
+    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 6, 7, "auto"))
+    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f.double().requires_grad_(), c, 2, 6, 7, "reference"))
     canvas = torch.randn(2, 5, 6, 7)
     winner = ref.pillar_winner_map(c, 2, 6, 7)
-    torch.library.opcheck(torch.ops.pcops.pillar_gather, (canvas, c, winner))
+    torch.library.opcheck(torch.ops.pcops.pillar_gather, (canvas, c, winner, "auto"))
+
+
+def test_backend_contract_cpu(caplog):
+    """"reference" equals "auto" on CPU tensors (forward and backward); a GPU backend on CPU
+    tensors raises, naming the argument; the debug log says what ran."""
+    f, c = make_pillars(9, 4, 2, 5, 6, seed=6, unique=False)
+    fa, fr = f.clone().requires_grad_(True), f.clone().requires_grad_(True)
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        out = pcops.pillar_scatter(fr, c, 2, (5, 6), backend="reference")
+        out.sum().backward()
+    assert [r.getMessage() for r in caplog.records] == ["pillar_scatter: reference", "pillar_gather: reference"]
+    pcops.pillar_scatter(fa, c, 2, (5, 6)).sum().backward()
+    assert torch.equal(out, pcops.pillar_scatter(f, c, 2, (5, 6))) and torch.equal(fa.grad, fr.grad)
+    for backend in ("triton", "cuda"):
+        with pytest.raises(ValueError, match="backend.*CUDA tensors"):
+            pcops.pillar_scatter(f, c, 2, (5, 6), backend=backend)
+    with pytest.raises(TypeError, match="backend"):
+        pcops.pillar_scatter(f, c, 2, (5, 6), backend=None)
 
 
 def test_torch_compile_fullgraph():
@@ -127,7 +146,7 @@ def test_triton_interpreter(num_pillars, channels, batch_size, hw, unique, dtype
     grad = torch.randn(canvas.shape, generator=generator(1)).to(dtype)
     expected = ref.pillar_gather(grad, c, winner)
     assert torch.equal(tri.pillar_gather(grad, c, winner), expected)
-    assert torch.equal(tri.pillar_gather(grad, c, winner, stream=True, block_hw=16, block_c=4), expected)
+    assert torch.equal(tri.pillar_gather(grad, c, winner, block_hw=16, block_c=4), expected)
 
 
 @interpret
@@ -140,7 +159,7 @@ def test_triton_interpreter_skips_out_of_grid():
     assert winner.tolist() == [0, -1, -1, -1]
     assert canvas.abs().sum() == f[0].sum()
     assert tri.pillar_gather(canvas, c, winner)[1:].abs().sum() == 0
-    assert torch.equal(tri.pillar_gather(canvas, c, winner, stream=True), tri.pillar_gather(canvas, c, winner))
+    assert torch.equal(tri.pillar_gather(canvas, c, winner), ref.pillar_gather(canvas, c, winner))
 
 
 _AOT_SCRIPT = r"""
@@ -157,9 +176,6 @@ kernels = [
     (ps._pillar_canvas_kernel, dict(features_ptr="*fp16", winner_ptr="*i32", canvas_ptr="*fp16", num_channels=I32,
                                    hw=I32, BLOCK_C="constexpr", BLOCK_HW="constexpr", C_PER_PROGRAM="constexpr"),
      dict(BLOCK_C=16, BLOCK_HW=512, C_PER_PROGRAM=32)),
-    (ps._pillar_gather_kernel, dict(canvas_ptr="*fp32", coords_ptr="*i32", winner_ptr="*i32", out_ptr="*fp32",
-                                   num_pillars=I32, num_channels=I32, batch_size=I32, grid_h=I32, grid_w=I32,
-                                   BLOCK_P="constexpr", BLOCK_C="constexpr"), dict(BLOCK_P=64, BLOCK_C=64)),
     (ps._pillar_gather_cells_kernel, dict(canvas_ptr="*fp32", winner_ptr="*i32", out_ptr="*fp32", num_channels=I32,
                                          hw=I32, BLOCK_C="constexpr", BLOCK_HW="constexpr"),
      dict(BLOCK_C=16, BLOCK_HW=256)),
@@ -178,7 +194,14 @@ def test_triton_kernels_compile_for_sm90():
 # --- the GPU paths --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def _cuda_backward_applies(t):
+    """The CUDA C++ backward takes this canvas (else ``backend="cuda"`` raises in the backward)."""
+    from pcops.cuda import pillar_scatter as cu
+
+    return cu.gather_supported(t)
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "cuda"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [(0, 64, 1, (496, 432)), (1, 3, 1, (5, 7)), (16000, 64, 1, (496, 432)), (997, 13, 3, (37, 41)),
                                                               (997, 20, 3, (37, 40))])
@@ -192,24 +215,26 @@ def test_gpu_matches_reference(backend, dtype, num_pillars, channels, batch_size
         out = pcops.pillar_scatter(fg, c.cuda(), batch_size, hw, backend=backend)
         assert torch.equal(out.cpu(), expected)
         grad = torch.randn(out.shape, generator=generator(2)).to(dtype)
+        if backend == "cuda" and out.numel() and fg.numel() and not _cuda_backward_applies(out):
+            with pytest.raises(ValueError, match="backend: the 'cuda' backward"):
+                out.backward(grad.cuda())
+            continue
         out.backward(grad.cuda())
         fr = f.clone().requires_grad_(True)
         pcops.pillar_scatter(fr, c, batch_size, hw).backward(grad)
         assert torch.equal(fg.grad.cpu(), fr.grad)
 
 
-@pytest.mark.parametrize("gather", ["cuda", "triton_stream", "triton"])
+@pytest.mark.parametrize("backend", ["auto", "cuda", "triton"])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_backward_kernels(gather, monkeypatch):
-    """Each backward kernel (streaming CUDA quads, streaming Triton, per-pillar Triton) equals the
-    reference gather: duplicates (losers get 0), out-of-grid pillars, channel slices with a partial
-    last one (C = 20), shapes the quad kernels do not take (C = 13, H*W odd, float16), and
-    misaligned views (offset by one element: the quad kernels fall back)."""
-    ps = importlib.import_module("pcops.pillar_scatter")  # the module (pcops.pillar_scatter is the function)
+def test_gpu_backward_kernels(backend):
+    """Each backward (auto: the CUDA quads where they apply, else Triton; the CUDA quads; the
+    Triton stream) equals the reference gather: duplicates (losers get 0), out-of-grid pillars,
+    channel slices with a partial last one (C = 20), shapes the quad kernels do not take (C = 13,
+    H*W odd, float16: "cuda" raises) and misaligned views (offset by one element)."""
     from pcops.triton import pillar_scatter as tri
 
-    monkeypatch.setattr(ps, "_GATHER", gather)
     cases = [(16000, 64, 1, (496, 432), torch.float32), (997, 20, 3, (37, 40), torch.float32),
              (997, 13, 3, (37, 41), torch.float32), (500, 64, 2, (20, 30), torch.float16)]
     for num_pillars, channels, batch_size, hw, dtype in cases:
@@ -223,7 +248,11 @@ def test_gpu_backward_kernels(gather, monkeypatch):
             g = grad.cuda()
             if misaligned:
                 g = torch.cat([torch.zeros(1, dtype=dtype, device="cuda"), g.flatten()])[1:].view(g.shape)
-            got = torch.ops.pcops.pillar_gather(g, c.cuda(), winner.cuda())
+            if backend == "cuda" and not _cuda_backward_applies(g):
+                with pytest.raises(ValueError, match="backend: the 'cuda' backward"):
+                    torch.ops.pcops.pillar_gather(g, c.cuda(), winner.cuda(), backend)
+                continue
+            got = torch.ops.pcops.pillar_gather(g, c.cuda(), winner.cuda(), backend)
             assert torch.equal(got.cpu(), expected), (num_pillars, channels, hw, dtype, misaligned)
     # the forward's quad kernel on a misaligned feature view (falls back to the one-cell kernel)
     f, c = make_pillars(300, 64, 1, 20, 30, seed=12, unique=False)
@@ -259,3 +288,4 @@ def test_gpu_opcheck():
     f, c = make_pillars(50, 6, 2, 8, 9, seed=9, device="cuda", unique=False)
     torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 8, 9, "triton"))
     torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 8, 9, "cuda"))
+    torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f.double(), c, 2, 8, 9, "auto"))  # the reference

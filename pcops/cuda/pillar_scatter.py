@@ -8,10 +8,8 @@ import torch
 from .._nvrtc import get_kernel
 
 _THREADS = 256
-# the quad kernels (4 cells per thread, 16-byte stores / loads): "b4x4"; "b4v" the one-cell kernel
-_CANVAS_KERNEL = "b4x4"
-# 4-channel vectors per thread in the quad kernels (grid z = C / 4 / this); H200 P1 B=1 forward, steady:
-# 2: 20.9 µs, 4: 22.0, 8: 23.1, 16: 22.9 (the one-cell b4v kernel 24.4; 5f580b0's run)
+# 4-channel vectors per thread in the quad kernels (grid z = C / 4 / this): the fastest of the
+# sweep in benchmarks/bench_pillar_scatter.py (benchmarks/NOTES.md, P1)
 _VECS_PER_SLICE = 2
 
 
@@ -20,19 +18,24 @@ def _quads(tensor: torch.Tensor, num_channels: int, hw: int) -> bool:
     return tensor.element_size() == 4 and num_channels % 4 == 0 and hw % 4 == 0 and tensor.data_ptr() % 16 == 0
 
 
-def _quad_grid(hw: int, batch_size: int, num_channels: int) -> tuple[int, int, int]:
+def _quad_grid(hw: int, batch_size: int, num_channels: int, vecs_per_slice: int) -> tuple[int, int, int]:
     vecs = num_channels // 4
-    return (-(-(hw // 4) // _THREADS), batch_size, -(-vecs // _VECS_PER_SLICE))
+    return (-(-(hw // 4) // _THREADS), batch_size, -(-vecs // vecs_per_slice))
 
 
 def pillar_scatter(
-    features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int
+    features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int,
+    *, vecs_per_slice: int = _VECS_PER_SLICE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``pcops.triton.pillar_scatter.pillar_scatter``; no host synchronisation.
+
+    ``pillar_canvas_b4x4`` (4 cells per thread, 16-byte stores) where it applies (4-byte floats,
+    C and H·W multiples of 4, 16-byte aligned), else one cell per thread per element size.
 
     Args:
         features: ``(P, C)`` contiguous, any 2/4/8-byte float dtype.
         coords: ``(P, 4)`` int32 contiguous.
+        vecs_per_slice: 4-channel vectors per thread of the quad kernel (the benchmark sweeps it).
     Returns:
         ``(canvas (B, C, H, W), winner (B*H*W,) int32)``.
     """
@@ -47,16 +50,13 @@ def pillar_scatter(
              ctypes.c_int(grid_h), ctypes.c_int(grid_w)],
         )
     if canvas.numel():
-        if _CANVAS_KERNEL == "b4x4" and _quads(features, num_channels, hw):
+        if _quads(features, num_channels, hw):
             get_kernel("pillar_scatter.cu", "pillar_canvas_b4x4", features.device)(
-                _quad_grid(hw, batch_size, num_channels), (_THREADS,),
-                [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(_VECS_PER_SLICE)],
+                _quad_grid(hw, batch_size, num_channels, vecs_per_slice), (_THREADS,),
+                [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(vecs_per_slice)],
             )
             return canvas, winner
-        name = f"pillar_canvas_b{features.element_size()}"
-        if features.element_size() == 4 and num_channels % 4 == 0 and features.data_ptr() % 16 == 0:
-            name += "v"  # 16-byte row loads
-        kernel = get_kernel("pillar_scatter.cu", name, features.device)
+        kernel = get_kernel("pillar_scatter.cu", f"pillar_canvas_b{features.element_size()}", features.device)
         kernel(
             ((hw + _THREADS - 1) // _THREADS, batch_size), (_THREADS,),
             [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(batch_size)],
@@ -65,7 +65,8 @@ def pillar_scatter(
 
 
 def gather_supported(canvas: torch.Tensor) -> bool:
-    """``pillar_gather`` below handles this canvas (else the Triton gather does)."""
+    """``pillar_gather`` below handles this canvas: 4-byte floats, C and H·W multiples of 4, 16-byte
+    aligned."""
     _, num_channels, grid_h, grid_w = canvas.shape
     return _quads(canvas, num_channels, grid_h * grid_w)
 
@@ -84,7 +85,7 @@ def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tens
     out = torch.zeros((coords.shape[0], num_channels), dtype=canvas.dtype, device=canvas.device)
     if out.numel() and canvas.numel():
         get_kernel("pillar_scatter.cu", "pillar_gather_b4x4", canvas.device)(
-            _quad_grid(hw, batch_size, num_channels), (_THREADS,),
+            _quad_grid(hw, batch_size, num_channels, _VECS_PER_SLICE), (_THREADS,),
             [canvas, winner, out, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(_VECS_PER_SLICE)],
         )
     return out

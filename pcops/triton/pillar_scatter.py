@@ -4,7 +4,8 @@ Three launches in the forward: fill the winner map with −1, one atomic_max per
 the winner map (highest pillar index wins a cell: deterministic), then one pass over the
 canvas that writes every element exactly once (zeros included), so the canvas needs no
 separate memset. The canvas write (B·C·H·W elements) is the memory floor; the winner map
-(B·H·W int32) is 1/C of it.
+(B·H·W int32) is 1/C of it. The adjoint streams the canvas gradient in cell order (sequential
+HBM pages) into each owner's row.
 """
 from __future__ import annotations
 
@@ -12,17 +13,15 @@ import torch
 import triton
 import triton.language as tl
 
-# The canvas pass's tile, from the steady sweep of benchmarks/bench_pillar_scatter.py (H200, P1 B=1,
-# 8 calls per graph, the run of 39238a6): 1,024 cells x 4 channels per step, 8 channels per program (the
-# grid's third axis slices the channels: 8 x more programs in flight), 4 warps: 23.2 µs per forward
-# against 30.3 for the former 512 x 16 over all 64 channels in one program.
-# pixels per program in the canvas pass: coalesced 16-byte stores along the cells
+# The canvas pass's tile: the best of the steady sweep in benchmarks/bench_pillar_scatter.py
+# (benchmarks/NOTES.md, P1). Cells per program: coalesced 16-byte stores along the cells.
 _CANVAS_BLOCK_HW = 1024
 # channels per inner step of the canvas pass (a 2-D [C, HW] tile)
 _CANVAS_BLOCK_C = 4
-# channels per program of the canvas pass (None: all)
+# channels per program of the canvas pass (the grid's third axis slices the channels: more
+# programs in flight for few cells)
 _CANVAS_C_PER_PROGRAM = 8
-# pillars per program in the winner and gather passes
+# pillars per program in the winner pass
 _PILLAR_BLOCK = 256
 
 
@@ -93,42 +92,6 @@ def _pillar_canvas_kernel(
 
 
 @triton.jit
-def _pillar_gather_kernel(
-    canvas_ptr,  # (B, C, H, W) contiguous
-    coords_ptr,  # (P, 4) int32
-    winner_ptr,  # (B*H*W,) int32
-    out_ptr,  # (P, C) output
-    num_pillars,  # P
-    num_channels,  # C
-    batch_size,  # B
-    grid_h,  # H
-    grid_w,  # W
-    BLOCK_P: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    live = p < num_pillars
-    b, y, x, inside = _pillar_cell(coords_ptr, p, live, batch_size, grid_h, grid_w)
-    cell = (y * grid_w + x).to(tl.int64)
-    hw = grid_h * grid_w
-    owner = tl.load(winner_ptr + b * hw + cell, mask=inside, other=-1)
-    # only the pillar that owns its cell receives the cell's value (duplicates that lost get 0)
-    owns = inside & (owner == p)
-    base = b.to(tl.int64) * num_channels * hw + cell
-    for c0 in range(0, num_channels, BLOCK_C):
-        ch = c0 + tl.arange(0, BLOCK_C)
-        in_c = ch < num_channels
-        vals = tl.load(
-            canvas_ptr + base[:, None] + ch[None, :].to(tl.int64) * hw,
-            mask=owns[:, None] & in_c[None, :],
-            other=0.0,
-        )
-        tl.store(out_ptr + p[:, None].to(tl.int64) * num_channels + ch[None, :], vals,
-                 mask=live[:, None] & in_c[None, :])
-
-
-@triton.jit
 def _pillar_gather_cells_kernel(
     canvas_ptr,  # (B, C, H, W) contiguous
     winner_ptr,  # (B*H*W,) int32
@@ -180,9 +143,9 @@ def pillar_scatter(
         features: ``(P, C)`` float tensor, contiguous.
         coords: ``(P, 4)`` int32 ``(batch, z, y, x)``, contiguous.
         block_hw, block_c, num_warps: the canvas-pass tile (cells × channels) and warps; the
-            defaults were picked by the sweep in ``benchmarks/bench_pillar_scatter.py`` on the H200.
-        c_per_program: channels per program (a multiple of ``block_c``; more programs in flight
-            for few cells); default ``_CANVAS_C_PER_PROGRAM``, all channels when ``None`` there.
+            defaults were picked by the sweep in ``benchmarks/bench_pillar_scatter.py``.
+        c_per_program: channels per program (rounded up to a multiple of ``block_c``; more
+            programs in flight for few cells); default ``_CANVAS_C_PER_PROGRAM``.
     Returns:
         ``(canvas (B, C, H, W), winner (B*H*W,) int32)``; no host synchronisation.
     """
@@ -193,7 +156,7 @@ def pillar_scatter(
     )
     hw = grid_h * grid_w
     if canvas.numel():
-        per = c_per_program or _CANVAS_C_PER_PROGRAM or num_channels
+        per = c_per_program or _CANVAS_C_PER_PROGRAM
         per = triton.cdiv(per, block_c) * block_c
         grid = (triton.cdiv(hw, block_hw), batch_size, triton.cdiv(num_channels, per))
         _pillar_canvas_kernel[grid](
@@ -203,32 +166,22 @@ def pillar_scatter(
     return canvas, winner
 
 
-def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor, *, stream: bool = False,
+def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor, *,
                   block_hw: int = 256, block_c: int = 16) -> torch.Tensor:
     """Adjoint of ``pillar_scatter``: ``(P, C)`` rows read at each pillar's cell (0 where it does not own it).
 
     Args:
         canvas: ``(B, C, H, W)`` contiguous (e.g. the gradient of the canvas).
-        coords: ``(P, 4)`` int32; winner: ``(B*H*W,)`` int32 from the forward.
-        stream: read the canvas in cell order (``_pillar_gather_cells_kernel``, tile ``block_hw`` ×
-            ``block_c``) into a zero-filled output, instead of one gather per pillar and channel.
+        coords: ``(P, 4)`` int32 (only ``P`` is used); winner: ``(B*H*W,)`` int32 from the forward.
+        block_hw, block_c: the tile (cells × channels) of ``_pillar_gather_cells_kernel``, which
+            reads the canvas in cell order into a zero-filled output.
+    Two launches (the zero fill, the stream); no host synchronisation.
     """
     batch_size, num_channels, grid_h, grid_w = canvas.shape
-    num_pillars = coords.shape[0]
-    if stream:
-        out = torch.zeros((num_pillars, num_channels), dtype=canvas.dtype, device=canvas.device)
-        hw = grid_h * grid_w
-        if out.numel() and canvas.numel():
-            _pillar_gather_cells_kernel[(triton.cdiv(hw, block_hw), batch_size)](
-                canvas, winner, out, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw
-            )
-        return out
-    out = torch.empty((num_pillars, num_channels), dtype=canvas.dtype, device=canvas.device)
-    if out.numel():
-        block_c = min(64, triton.next_power_of_2(num_channels))
-        grid = (triton.cdiv(num_pillars, 64),)
-        _pillar_gather_kernel[grid](
-            canvas, coords, winner, out, num_pillars, num_channels, batch_size, grid_h, grid_w,
-            BLOCK_P=64, BLOCK_C=block_c,
+    out = torch.zeros((coords.shape[0], num_channels), dtype=canvas.dtype, device=canvas.device)
+    hw = grid_h * grid_w
+    if out.numel() and canvas.numel():
+        _pillar_gather_cells_kernel[(triton.cdiv(hw, block_hw), batch_size)](
+            canvas, winner, out, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw
         )
     return out
