@@ -3,6 +3,10 @@
 Every op is registered under ``torch.ops.pcops`` with a plain-PyTorch reference (the CPU
 path and the test oracle), a GPU path (Triton, or CUDA C++ compiled at run time with
 NVRTC), a fake implementation for ``torch.compile`` and, where it applies, a backward.
+
+``import pcops`` registers the ops and imports nothing else: Triton and the kernels load
+inside the GPU implementations, and ``pcops.nn``, ``pcops.io``, ``pcops.sim``, ``pcops.viz``
+and ``pcops.models`` load on first use (``tests/test_import_time.py`` checks both).
 """
 from __future__ import annotations
 
@@ -36,29 +40,47 @@ for _m in _OP_MODULES:
         __all__.append(_n)
 del _m
 
-from . import nn  # noqa: E402  (module forms: pcops.nn.LayerNormGELU)
+# Loaded on first attribute access, so that `import pcops` stays light.
+_LAZY_SUBMODULES = ("nn", "io", "sim", "viz", "models")
 
 
-def _register_models_from_source() -> None:
-    """Make ``pcops.models`` importable from a source checkout (``PYTHONPATH=.``).
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return _importlib.import_module(f"pcops.{name}")
+    raise AttributeError(f"module 'pcops' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+
+
+class _SourceModelsFinder:
+    """Finds ``pcops.models`` in a source checkout (``PYTHONPATH=.``), on first import.
 
     An installed pcops maps the top-level ``models/`` folder to ``pcops.models`` (pyproject);
-    a plain checkout has no such package, so register the folder under that name here
-    (``models/__init__.py`` is import-light, so this costs nothing).
+    a plain checkout has no such package, so this finder (last on ``sys.meta_path``) maps the
+    name to the folder.
     """
-    import importlib.util
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        if fullname != "pcops.models":
+            return None
+        import importlib.util
+        from pathlib import Path
+
+        src = Path(__file__).resolve().parent.parent / "models"
+        if not (src / "__init__.py").exists():
+            return None
+        return importlib.util.spec_from_file_location(fullname, src / "__init__.py",
+                                                      submodule_search_locations=[str(src)])
+
+
+def _install_models_finder() -> None:
     import sys
-    from pathlib import Path
 
-    if "pcops.models" in sys.modules:
-        return
-    src = Path(__file__).resolve().parent.parent / "models"
-    if not (src / "__init__.py").exists() or importlib.util.find_spec("pcops.models") is not None:
-        return
-    spec = importlib.util.spec_from_file_location("pcops.models", src / "__init__.py", submodule_search_locations=[str(src)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pcops.models"] = module
-    spec.loader.exec_module(module)
+    if not any(getattr(f, "__name__", "") == "_SourceModelsFinder" for f in sys.meta_path):
+        sys.meta_path.append(_SourceModelsFinder)
 
 
-_register_models_from_source()
+_install_models_finder()
