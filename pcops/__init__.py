@@ -22,6 +22,8 @@ _OP_MODULES = (
     "fps",
     "knn",
     "kernel_map",
+    "pfn",
+    "epilogue",
     "layer_norm_gelu",
     "swish_dropout_residual",
     "sparse_softmax",
