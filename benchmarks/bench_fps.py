@@ -17,10 +17,10 @@ import logging
 
 import torch
 
-from common import bench, load_scan, parse_args, report, row
-
 import pcops
 from pcops.reference import fps as ref
+
+from common import bench, load_scan, parse_args, report, row
 
 
 def f1_clouds(scan_xyz, batch=8, n=16384, seed=0):

@@ -9,11 +9,11 @@ of ~10 launches per sample) as the same-run baseline. Every row says whether its
 Triton backend's. ``--out DIR`` writes ``fps_f1.json``.
 """
 import torch
-
 from bench_fps import f1_clouds, kernel_of, timed, torch_fps
-from common import bench, load_scan, parse_args, report, row
 
 import pcops
+
+from common import bench, load_scan, parse_args, report, row
 
 
 def main():

@@ -9,13 +9,13 @@ CUDA kernel for K ≤ 32) eager and captured in a CUDA graph, the Triton backend
 parts (Morton sort alone, search kernel alone) and superblock sizes. ``--out DIR`` writes ``knn.json``.
 """
 import torch
-
 from bench_fps import f1_clouds, kernel_of, timed
-from common import bench, load_scan, parse_args, report, row
 
 import pcops
 from pcops.cuda import knn as cuda_knn
 from pcops.triton import knn as triton_knn
+
+from common import bench, load_scan, parse_args, report, row
 
 
 def torch_knn(query, refs, k, chunk):

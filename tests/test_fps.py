@@ -7,6 +7,7 @@ import torch
 
 import pcops
 from pcops.reference import fps as ref
+
 from _clouds import cached_reference, load_scan_xyz, make_clouds
 from _util import generator, interpret, requires_cuda, run_compiler_script
 

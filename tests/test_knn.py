@@ -7,6 +7,7 @@ import torch
 
 import pcops
 from pcops.reference import knn as ref
+
 from _clouds import cached_reference, load_scan_xyz, make_clouds, tie_grid_clouds
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
@@ -465,25 +466,6 @@ def test_gpu_knn_kitti_and_backward():
     d_c, _ = ref.knn(qc, qc, ql.cpu(), ql.cpu(), 8)
     (g_ref,) = torch.autograd.grad(d_c, qc, grad.cpu())
     torch.testing.assert_close(g_fast.cpu(), g_ref, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 1000, 3001, 32, 2.0), (4, 256, 4096, 16, 5.0)])
-@pytest.mark.gpu
-@requires_cuda
-def test_gpu_ball_query_and_gather(batch, nq, nr, k, radius):
-    q, ql = make_clouds(batch, nq, seed=nq, scale=10.0)
-    r, rl = make_clouds(batch, nr, seed=nr, scale=10.0)
-    idx_ref, c_ref = pcops.ball_query(q, r, radius, k, ql, rl)  # CPU reference (well under a second)
-    idx, c = pcops.ball_query(q.cuda(), r.cuda(), radius, k, ql.cuda(), rl.cuda())
-    assert torch.equal(idx.cpu(), idx_ref) and torch.equal(c.cpu(), c_ref)
-    feats = torch.randn(batch, nr, 5, generator=generator(1))
-    fg = feats.cuda().requires_grad_(True)
-    out = pcops.gather_points(fg, idx)
-    assert torch.equal(out.cpu(), pcops.gather_points(feats, idx_ref))
-    out.sum().backward()
-    fc = feats.clone().requires_grad_(True)
-    pcops.gather_points(fc, idx_ref).sum().backward()
-    torch.testing.assert_close(fg.grad.cpu(), fc.grad)
 
 
 @pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 1000, 3001, 32, 2.0), (4, 256, 4096, 16, 5.0)])
