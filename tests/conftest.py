@@ -4,6 +4,11 @@ Without a CUDA device, Triton kernels run under the CPU interpreter: ``TRITON_IN
 must be set before any ``@triton.jit`` kernel is defined, i.e. before pcops is imported,
 which is why it happens here at collection time. Tests marked ``interpret`` call the Triton
 launchers directly on small CPU tensors and compare them with the reference.
+
+Tiers: ``pytest -m "not slow"`` (the README's test command, ≤ 5 min on 2 cores) and
+``pytest -m slow``. Besides tests marked ``slow`` where they are defined, every test whose name
+contains ``_for_sm90`` (Triton or NVRTC compiling kernels for sm_90 without a GPU: 2-30 s each
+on a 2-core machine) is in the slow tier.
 """
 import os
 from pathlib import Path
@@ -38,6 +43,12 @@ def kitti_dir():
     if not (KITTI / "velodyne" / "000001.bin").exists():
         pytest.skip(f"real KITTI samples not found at {KITTI}")
     return KITTI
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "_for_sm90" in item.name:
+            item.add_marker(pytest.mark.slow)
 
 
 def interpret_enabled() -> bool:
