@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     t.add_argument("--eval-split", default="val", help="split evaluated at the end ('' for none)")
     t.add_argument("--export", default=None, help="also write shipped-format weights (fp16) here")
     t.add_argument("--deterministic", action="store_true", help="deterministic cuDNN (slower)")
+    t.add_argument("--time-budget", type=float, default=None,
+                   help="seconds of training: the one-cycle schedule is fitted to it after 40 steps")
     _common(t)
     e = sub.add_parser("evaluate", help="AP|R40 of weights on a split")
     e.add_argument("--data", required=True)
@@ -63,6 +65,7 @@ def main(argv=None) -> int:
         cfg = TrainConfig(data=args.data, out=args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                           amp=args.amp, workers=workers, seed=args.seed, device=device, max_steps=args.max_steps,
                           resume=args.resume, eval_split=args.eval_split or None, deterministic=args.deterministic,
+                          time_budget=args.time_budget,
                           progress=not args.no_progress)
         from .pointpillars import PointPillars
 

@@ -405,6 +405,8 @@ class Batch(NamedTuple):
     sampled_valid: torch.Tensor  # (B, S) bool
     aug: torch.Tensor  # (B, 3) flip, rotation, scale
     frames: list
+    host_lengths: tuple = ()  # the points per scan as Python ints (host copies: no sync to read)
+    host_sampled: tuple = ()  # pasted boxes per scan as Python ints
 
     def to(self, device, non_blocking: bool = True) -> "Batch":
         return Batch(*(t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t for t in self))
@@ -439,16 +441,18 @@ def collate(items: list) -> Batch:
         sampled_valid=sampled_valid,
         aug=torch.stack([it["aug"] for it in items]),
         frames=[it["frame"] for it in items],
+        host_lengths=tuple(int(n) for n in lengths),
+        host_sampled=tuple(len(it["sampled"]) for it in items),
     )
 
 
 def _inside(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``(N, 3+)`` points, ``(N, S, 7)`` boxes of each point's scan → ``(N, S)`` bool inside."""
-    d = points[:, None, :3] - boxes[..., :3]
-    c, s = torch.cos(boxes[..., 6]), torch.sin(boxes[..., 6])
+    """``(N, 3+)`` points, ``(S, 7)`` boxes → ``(N,)`` bool: inside any box (faces included)."""
+    d = points[:, None, :3] - boxes[None, :, :3]
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
     lx = c * d[..., 0] + s * d[..., 1]
     ly = -s * d[..., 0] + c * d[..., 1]
-    return (lx.abs() <= boxes[..., 3] / 2) & (ly.abs() <= boxes[..., 4] / 2) & (d[..., 2].abs() <= boxes[..., 5] / 2)
+    return ((lx.abs() <= boxes[:, 3] / 2) & (ly.abs() <= boxes[:, 4] / 2) & (d[..., 2].abs() <= boxes[:, 5] / 2)).any(dim=1)
 
 
 def augment_batch(batch: Batch, config: PointPillarsConfig, generator: torch.Generator | None = None) -> Batch:
@@ -457,10 +461,14 @@ def augment_batch(batch: Batch, config: PointPillarsConfig, generator: torch.Gen
     rotation about z, scaling (parameters from ``batch.aug``), a per-scan point shuffle, and boxes whose
     centre leaves ``point_cloud_range`` marked as padding."""
     pts, idx = batch.points, batch.sample_index
-    if batch.sampled_boxes.shape[1] > 0:
-        inside = _inside(pts, batch.sampled_boxes[idx]) & batch.sampled_valid[idx]
-        drop = batch.scene & inside.any(dim=1)
-        pts = torch.where(drop.unsqueeze(1), torch.full_like(pts, FAR), pts)
+    drop = torch.zeros_like(batch.scene)
+    start = 0
+    for b, (n, s) in enumerate(zip(batch.host_lengths, batch.host_sampled)):  # scan by scan: O(n_b * S_b) memory
+        if s:
+            drop[start : start + n] = _inside(pts[start : start + n], batch.sampled_boxes[b, :s])
+        start += n
+    drop &= batch.scene
+    pts = torch.where(drop.unsqueeze(1), torch.full_like(pts, FAR), pts)
     flip, rot, scale = batch.aug.unbind(1)
     boxes = batch.gt_boxes.clone()
     sign = 1.0 - 2.0 * flip  # -1 where flipped

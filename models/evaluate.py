@@ -83,19 +83,21 @@ def average_precision_r40(tp: np.ndarray, num_gt: int) -> float:
     return float(vals.mean() * 100.0)
 
 
-def _match(ious_valid: torch.Tensor, ious_ignored: torch.Tensor, thr: float, det_out_of_bin: np.ndarray) -> np.ndarray:
-    """Greedy matching of score-sorted detections: returns 1 (TP), 0 (FP) or -1 (ignored) per detection."""
-    k = ious_valid.shape[0]
+def _match(iv: np.ndarray, ii: np.ndarray, thr: float, det_out_of_bin: np.ndarray) -> np.ndarray:
+    """Greedy matching of score-sorted detections: 1 (TP), 0 (FP) or -1 (ignored) per detection.
+    ``iv (K, V)`` IoU with the valid ground truth, ``ii (K, I)`` with the ignored ones."""
+    k = iv.shape[0]
     out = np.zeros(k, dtype=np.int64)
-    iv = ious_valid.cpu().numpy() if ious_valid.numel() else np.zeros((k, 0))
-    ii = ious_ignored.cpu().numpy() if ious_ignored.numel() else np.zeros((k, 0))
     used = np.zeros(iv.shape[1], dtype=bool)
     for j in range(k):
-        cand = np.where(used, -1.0, iv[j]) if iv.shape[1] else np.zeros(0)
-        if cand.size and cand.max() >= thr:
-            used[int(cand.argmax())] = True
-            out[j] = 1
-        elif (ii.shape[1] and ii[j].max() >= thr) or det_out_of_bin[j]:
+        if iv.shape[1]:
+            cand = np.where(used, -1.0, iv[j])
+            best = int(cand.argmax())
+            if cand[best] >= thr:
+                used[best] = True
+                out[j] = 1
+                continue
+        if (ii.shape[1] and ii[j].max() >= thr) or det_out_of_bin[j]:
             out[j] = -1
     return out
 
@@ -116,29 +118,30 @@ def evaluate(scenes: Sequence[SceneResult], class_names: Sequence[str] = ("Car",
         names_g = np.array(list(sc.gt_names), dtype=object)
         gt_pts = sc.gt_num_points.cpu().numpy() if len(names_g) else np.zeros(0, np.int64)
         gt_dist = torch.linalg.norm(sc.gt_boxes[:, :2], dim=1).cpu().numpy() if len(names_g) else np.zeros(0)
+        all_scores = sc.det_scores.cpu().numpy()
+        det_dist = torch.linalg.norm(sc.det_boxes[:, :2], dim=1).cpu().numpy()
+        gboxes = sc.gt_boxes.to(sc.det_boxes.device)
         for c in class_names:
             thr = thresholds[c]
-            dmask = names_d == c
-            didx = np.nonzero(dmask)[0]
-            scores = sc.det_scores[torch.as_tensor(didx, device=sc.det_scores.device, dtype=torch.long)] if len(didx) else sc.det_scores[:0]
-            order = torch.argsort(scores, descending=True, stable=True).cpu().numpy() if len(didx) else np.zeros(0, np.int64)
-            didx = didx[order]
-            dboxes = sc.det_boxes[torch.as_tensor(didx, device=sc.det_boxes.device, dtype=torch.long)]
-            dscores = scores[torch.as_tensor(order, device=scores.device, dtype=torch.long)].cpu().numpy() if len(didx) else np.zeros(0)
-            ddist = torch.linalg.norm(dboxes[:, :2], dim=1).cpu().numpy() if len(didx) else np.zeros(0)
+            didx = np.nonzero(names_d == c)[0]
+            didx = didx[np.argsort(-all_scores[didx], kind="stable")]
+            dscores, ddist = all_scores[didx], det_dist[didx]
             is_c = names_g == c
             is_nb = np.isin(names_g, NEIGHBOURS.get(c, ())) if len(names_g) else np.zeros(0, bool)
-            gboxes = sc.gt_boxes.to(sc.det_boxes.device)
+            if not len(didx) and not is_c.any():
+                continue
+            dboxes = sc.det_boxes[torch.as_tensor(didx, device=sc.det_boxes.device, dtype=torch.long)]
             for kind, iou_fn in (("3d", pcops.boxes_iou_3d), ("bev", pcops.boxes_iou_bev)):
-                iou = iou_fn(dboxes, gboxes) if len(didx) and len(names_g) else torch.zeros(len(didx), len(names_g))
+                if len(didx) and len(names_g):
+                    iou = iou_fn(dboxes, gboxes).cpu().numpy()
+                else:
+                    iou = np.zeros((len(didx), len(names_g)))
                 for b, (lo, hi) in bins.items():
                     in_bin = (gt_dist >= lo) & (gt_dist < hi)
                     valid = is_c & (gt_pts >= min_points) & in_bin
                     ignored = (is_c & ~valid) | is_nb
-                    vt = torch.as_tensor(np.nonzero(valid)[0], device=iou.device, dtype=torch.long)
-                    it = torch.as_tensor(np.nonzero(ignored)[0], device=iou.device, dtype=torch.long)
                     out_bin = ~((ddist >= lo) & (ddist < hi))
-                    res = _match(iou[:, vt], iou[:, it], thr, out_bin)
+                    res = _match(iou[:, valid], iou[:, ignored], thr, out_bin)
                     entry = acc[(c, b, kind)]
                     keep = res >= 0
                     entry[0].extend(dscores[keep].tolist())

@@ -108,8 +108,10 @@ class PillarVFE(nn.Module):
                 var = (((z - mean) * w_valid) ** 2).sum(dim=(0, 1)) / n
             with torch.no_grad():
                 bn.num_batches_tracked += 1
-                bn.running_mean.mul_(1 - bn.momentum).add_(mean.detach(), alpha=bn.momentum)
-                bn.running_var.mul_(1 - bn.momentum).add_(var.detach() * n / (n - 1), alpha=bn.momentum)
+                # momentum None: cumulative average, as torch's BatchNorm
+                f = bn.momentum if bn.momentum is not None else 1.0 / bn.num_batches_tracked.item()
+                bn.running_mean.mul_(1 - f).add_(mean.detach(), alpha=f)
+                bn.running_var.mul_(1 - f).add_(var.detach() * n / (n - 1), alpha=f)
             scale = bn.weight.float() / torch.sqrt(var + bn.eps)
             shift = bn.bias.float() - mean * scale
             if pfn.last_vfe:

@@ -14,7 +14,8 @@ For every class separately (its anchors against its ground truth), as OpenPCDet 
   (OpenPCDet's ``gt_inds_force``), even below ``unmatched``.
 
 Batched with fixed shapes: ground truth is padded to ``G`` boxes per scan (``gt_labels`` 0 marks
-padding). Everything is a tensor expression over ``(B, A_c, G)``: no host synchronisation.
+padding). Everything is a tensor expression over ``(B, H, W, R, G)`` (the anchor grid's overlaps are separable
+into rows and columns): no host synchronisation.
 """
 from __future__ import annotations
 
@@ -73,30 +74,41 @@ def assign_targets(config: PointPillarsConfig, anchors: torch.Tensor, gt_boxes: 
     """
     thresholds = DEFAULT_THRESHOLDS if thresholds is None else thresholds
     bsz, g = gt_labels.shape
+    h_f, w_f = config.feature_map_hw
     a_loc = config.num_anchors_per_location
-    cells = anchors.shape[0] // a_loc
-    anchors_l = anchors.view(cells, a_loc, 7)
-    labels = torch.full((bsz, cells, a_loc), -1, dtype=torch.int64, device=anchors.device)
-    gt_index = torch.full((bsz, cells, a_loc), -1, dtype=torch.int64, device=anchors.device)
+    grid = anchors.view(h_f, w_f, a_loc, 7)
+    labels = torch.full((bsz, h_f, w_f, a_loc), -1, dtype=torch.int64, device=anchors.device)
+    gt_index = torch.full((bsz, h_f, w_f, a_loc), -1, dtype=torch.int64, device=anchors.device)
+    gt_rect = _nearest_bev(gt_boxes)  # (B, G, 4)
+    gx1, gy1, gx2, gy2 = (v[:, None, None, :] for v in gt_rect.unbind(-1))  # (B, 1, 1, G)
+    area_g = (gx2 - gx1) * (gy2 - gy1)
     offset = 0
     for c, anchor_cfg in enumerate(config.anchors, start=1):
         n_rot = len(anchor_cfg.rotations)
         matched, unmatched = thresholds[anchor_cfg.class_name]
-        cls_anchors = anchors_l[:, offset : offset + n_rot].reshape(-1, 7)  # (A_c, 7)
-        is_gt = gt_labels == c  # (B, G)
-        iou = nearest_bev_iou(cls_anchors.unsqueeze(0), gt_boxes)  # (B, A_c, G)
-        iou = iou.masked_fill(~is_gt.unsqueeze(1), -1.0)
-        a_max, a_arg = iou.max(dim=2)  # best ground truth of each anchor
-        g_max = iou.max(dim=1, keepdim=True).values  # (B, 1, G) best anchor IoU of each ground truth
-        g_max = torch.where(g_max > 0, g_max, torch.full_like(g_max, 2.0))  # OpenPCDet: best 0 → no forced match
-        forced = ((iou == g_max) & is_gt.unsqueeze(1)).any(dim=2)  # (B, A_c)
-        lab = torch.full_like(a_arg, -1)
-        lab = torch.where(a_max < unmatched, torch.zeros_like(lab), lab)
+        is_gt = (gt_labels == c)[:, None, None, :]  # (B, 1, 1, G)
+        ious = []
+        for a in range(offset, offset + n_rot):
+            # anchors lie on a grid and are axis-aligned after the nearest-BEV rule, so the overlap
+            # is separable: widths depend on the column only, heights on the row only
+            rect = _nearest_bev(grid[:, :, a])  # (H, W, 4)
+            ax1, ax2 = rect[0, :, 0].view(1, 1, w_f, 1), rect[0, :, 2].view(1, 1, w_f, 1)
+            ay1, ay2 = rect[:, 0, 1].view(1, h_f, 1, 1), rect[:, 0, 3].view(1, h_f, 1, 1)
+            iw = (torch.minimum(ax2, gx2) - torch.maximum(ax1, gx1)).clamp(min=0)  # (B, 1, W, G)
+            ih = (torch.minimum(ay2, gy2) - torch.maximum(ay1, gy1)).clamp(min=0)  # (B, H, 1, G)
+            inter = ih * iw
+            area_a = (rect[..., 2] - rect[..., 0]) * (rect[..., 3] - rect[..., 1])  # (H, W)
+            iou = inter / (area_a[None, :, :, None] + area_g - inter).clamp(min=1e-6)
+            ious.append(iou.masked_fill(~is_gt, -1.0))
+        iou = torch.stack(ious, dim=3)  # (B, H, W, R, G)
+        a_max, a_arg = iou.max(dim=-1)  # best ground truth of each anchor
+        g_max = iou.flatten(1, 3).max(dim=1).values.view(bsz, 1, 1, 1, g)  # best anchor IoU of each ground truth
+        g_max = torch.where(g_max > 0, g_max, torch.full_like(g_max, 2.0))  # OpenPCDet: best 0 -> no forced match
+        forced = ((iou == g_max) & is_gt.unsqueeze(3)).any(dim=-1)
+        lab = torch.where(a_max < unmatched, torch.zeros_like(a_arg), torch.full_like(a_arg, -1))
         pos = (a_max >= matched) | forced
-        lab = torch.where(pos, torch.full_like(lab, c), lab)
-        gi = torch.where(pos, a_arg, torch.full_like(a_arg, -1))
-        labels[:, :, offset : offset + n_rot] = lab.view(bsz, cells, n_rot)
-        gt_index[:, :, offset : offset + n_rot] = gi.view(bsz, cells, n_rot)
+        labels[..., offset : offset + n_rot] = torch.where(pos, torch.full_like(lab, c), lab)
+        gt_index[..., offset : offset + n_rot] = torch.where(pos, a_arg, torch.full_like(a_arg, -1))
         offset += n_rot
     labels = labels.view(bsz, -1)
     gt_index = gt_index.view(bsz, -1)

@@ -65,6 +65,8 @@ class TrainConfig:
     deterministic: bool = False
     progress: bool = True
     log_every: int = 20
+    time_budget: float | None = None  # seconds of training: the schedule is fitted to it at step 40
+    precise_bn_batches: int = 20  # re-estimate BatchNorm statistics over this many batches at the end (0: off)
 
 
 def _loader(ds, batch_size: int, sampler, workers: int, device: str, drop_last: bool):
@@ -91,6 +93,17 @@ def _mark(times, name, device):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append((name, time.perf_counter()))
+
+
+def _refit_schedule(model, opt, cfg: TrainConfig, total_steps: int, step: int):
+    """A one-cycle schedule over ``total_steps`` advanced to ``step`` (the optimizer state is kept)."""
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=total_steps + 1, pct_start=cfg.pct_start, anneal_strategy="cos",
+        cycle_momentum=True, base_momentum=cfg.moms[1], max_momentum=cfg.moms[0], div_factor=cfg.div_factor,
+        final_div_factor=1e4)
+    for _ in range(step):
+        sched.step()
+    return opt, sched
 
 
 def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, scaler=None, step: int = 0,
@@ -173,6 +186,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
     opt, sched = _build_optimizer(model, cfg, total_steps)
+    t20 = None
     scaler = torch.amp.GradScaler("cuda") if (device.type == "cuda" and cfg.amp == "fp16") else None
     start_epoch, step = 0, 0
     if cfg.resume:
@@ -219,6 +233,17 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 if not math.isfinite(vals["total"]):
                     raise FloatingPointError(f"loss is {vals['total']} at step {step}")
             timing["steps"] += 1
+            if cfg.time_budget and step == 20:
+                t20 = time.perf_counter()
+            if cfg.time_budget and step == 40 and not cfg.resume:
+                # fit the one-cycle schedule to the budget from the measured step time (steps 20-40)
+                per_step = (time.perf_counter() - t20) / 20
+                fit = 40 + int((cfg.time_budget - (time.perf_counter() - t_start)) / per_step)
+                if fit < total_steps:
+                    total_steps = max(fit, 41)
+                    opt, sched = _refit_schedule(model, opt, cfg, total_steps, step)
+                    log.info("time budget %.0f s: %.1f ms per step, schedule fitted to %d steps (%.1f epochs)",
+                             cfg.time_budget, 1000 * per_step, total_steps, total_steps / steps_per_epoch)
             t_data = time.perf_counter()
             if step >= total_steps:
                 done = True
@@ -229,10 +254,12 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
         epoch += 1
         if epoch % cfg.checkpoint_every == 0 or done:
             _save(out / "checkpoint.pt", model, opt, sched, epoch, step, cfg, scaler)
+    if cfg.precise_bn_batches and step > 0:
+        recalibrate_batchnorm(model, loader, sampler, epoch, cfg.precise_bn_batches, device)
     train_s = time.perf_counter() - t_start
     model.eval()
     model.weights_source = f"trained: {cfg.data}, {step} steps"
-    record = {"train_config": dataclasses.asdict(cfg), "steps": step, "epochs_done": epoch, "train_seconds": round(train_s, 1),
+    record = {"train_config": dataclasses.asdict(cfg), "steps": step, "epochs_done": round(step / steps_per_epoch, 2), "train_seconds": round(train_s, 1),
               "scans_per_s": round(cfg.batch_size * max(step - (0 if not cfg.resume else 0), 1) / max(train_s, 1e-9), 1),
               "history": history[-50:], "data_wait_s": round(timing["data_wait_s"], 2),
               "step_ms_profiled": {k: round(1000 * v / max(profile.get("steps", 1), 1), 2) for k, v in profile.items() if k != "steps"}}
@@ -243,6 +270,33 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
         record["time_to_accuracy_s"] = round(time.perf_counter() - t_start, 1)
     (out / "train_result.json").write_text(json.dumps(record, indent=1))
     return record
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: PointPillars, loader, sampler, epoch: int, n_batches: int, device) -> None:
+    """Precise BatchNorm (Wu & Johnson 2021): recompute every BatchNorm's running statistics as the
+    plain average over ``n_batches`` augmented training batches with the final weights. With
+    OpenPCDet's momentum of 0.01 the running statistics trail the weights by ~100 steps, which
+    matters on a short schedule; this is a deviation from OpenPCDet's recipe."""
+    from torch import nn
+
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [bn.momentum for bn in bns]
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None
+    model.train()
+    sampler.set_epoch(epoch + 1000)
+    try:
+        for i, batch in enumerate(loader):
+            if i >= n_batches:
+                break
+            batch = augment_batch(batch.to(device), model.config)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                model.forward_train(batch.points, batch.lengths)
+    finally:
+        for bn, mom in zip(bns, saved):
+            bn.momentum = mom
 
 
 @torch.no_grad()
