@@ -7,7 +7,8 @@ convolutional networks", CVPR 2018; torchsparse, MLSys 2022). ``sparse_conv_kern
 builds that map, deterministically, in two layouts; ``sparse_conv3d`` applies a weight with it.
 
 Call path: ``sparse_conv_kernel_map`` (checks, shapes) → ``torch.ops.pcops.sparse_conv_kernel_map``
-→ ``reference`` on the CPU (sort + searchsorted), Triton on CUDA (GPU hash table).
+→ the implementation ``backend`` resolves to (``pcops._backend``: the reference, sort +
+searchsorted, on the CPU; Triton, a GPU hash table, on CUDA).
 """
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from . import _checks
+from . import _backend, _checks
 from .reference import kernel_map as _ref
 
 __all__ = ["KernelMap", "sparse_conv_kernel_map", "sparse_conv3d"]
+
+_MAP_BACKENDS = ("auto", "triton", "reference")
 
 
 class KernelMap(NamedTuple):
@@ -45,7 +48,7 @@ class KernelMap(NamedTuple):
     offsets: torch.Tensor
     out_in: torch.Tensor
 
-    def inverse(self, coords: torch.Tensor, spatial_shape: Sequence[int]) -> "KernelMap":
+    def inverse(self, coords: torch.Tensor, spatial_shape: Sequence[int], *, backend: str = "auto") -> "KernelMap":
         """The inverse map of a regular (strided) map, as spconv's ``SparseInverseConv3d``.
 
         ``coords`` are the ``(N, 4)`` input voxels this map was built from and
@@ -55,13 +58,15 @@ class KernelMap(NamedTuple):
         ``i = o * stride - padding + k * dilation`` with the same ``k`` (the weight layout of
         a transposed conv). Equals ``sparse_conv_kernel_map(self.out_coords, ...,
         transposed=True)`` restricted to the rows ``coords``. ``coords`` must have as many
-        rows as the original input (not checked: that would need a host sync).
+        rows as the original input (not checked: that would need a host sync). ``backend`` as
+        :func:`sparse_conv_kernel_map` (for the pairs layout; the table is plain torch).
         """
         _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
         shape = _triple("spatial_shape", spatial_shape, min_value=1)
+        _backend.resolve(backend, "kernel_map_pairs", self.out_in, supported=_MAP_BACKENDS)
         coords = coords.to(device=self.out_in.device, dtype=torch.int32).contiguous()
         inv = _ref.inverse_table(self.out_in, coords.shape[0])
-        pair_in, pair_out, offsets = torch.ops.pcops.kernel_map_pairs(inv)
+        pair_in, pair_out, offsets = torch.ops.pcops.kernel_map_pairs(inv, backend)
         return KernelMap(coords.clone(), shape, pair_in, pair_out, offsets, inv)
 
 
@@ -112,6 +117,7 @@ def sparse_conv_kernel_map(
     pad_pairs: bool = False,
     static_shapes: bool = False,
     batch_size: Optional[int] = None,
+    backend: str = "auto",
 ) -> KernelMap:
     """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
     which kernel offset (spconv / torchsparse index generation).
@@ -149,6 +155,9 @@ def sparse_conv_kernel_map(
             (batch indices ``0 … batch_size - 1``); the GPU marks outputs in a bitmap of that
             many output grids (``batch_size · D'H'W' < 2^31``). Like an out-of-grid voxel, an
             input of a later sample is an error on the CPU path and never an input on the GPU.
+        backend: ``"auto"`` (default: Triton on CUDA, the reference on the CPU), ``"triton"``
+            (CUDA tensors only) or ``"reference"`` (plain torch, any device; it syncs and checks
+            like the CPU path). There is no CUDA C++ implementation.
 
     Rules (per axis, ``k = (kz, ky, kx)`` with each index in ``[0, size)``):
         regular: output ``o`` receives input ``i`` through ``k`` iff ``i = o * stride -
@@ -164,6 +173,13 @@ def sparse_conv_kernel_map(
         ``offsets (K+1,)`` int32, ascending ``pair_out`` within an offset. Kernel offset
         order ``k = (kz * Ky + ky) * Kx + kx``; weights ``(K, C_in, C_out)`` follow it.
         For valid input the result is the same on every device and every run (deterministic).
+
+    Example:
+        >>> coords = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1]], dtype=torch.int32)
+        >>> km = pcops.sparse_conv_kernel_map(coords, (1, 1, 2), kernel_size=(1, 1, 3), subm=True)
+        >>> km.out_in  # offsets x - 1, x, x + 1
+        tensor([[-1,  0,  1],
+                [ 0,  1, -1]], dtype=torch.int32)
 
     Checks: the CPU path raises ``ValueError`` for voxels outside ``spatial_shape`` and for
     duplicate voxels. The CUDA path cannot check without a host sync and does not: an
@@ -214,13 +230,14 @@ def sparse_conv_kernel_map(
         batch_size = _checks.check_int("batch_size", batch_size, min_value=1)
     else:
         batch_size = 0
+    _backend.resolve(backend, "sparse_conv_kernel_map", coords, supported=_MAP_BACKENDS)
     if coords.dtype != torch.int32:
         coords = coords.to(torch.int32)
     if not coords.is_contiguous():
         coords = coords.contiguous()
     out_shape = op_args[1]
     out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
-        coords, *op_args, subm, transposed, pad_pairs, static_shapes, batch_size
+        coords, *op_args, subm, transposed, pad_pairs, static_shapes, batch_size, backend
     )
     return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
 
@@ -269,6 +286,8 @@ def sparse_conv3d(
     kernel_map: KernelMap,
     weight: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Sparse 3D convolution with a kernel map: ``out[o] = bias + sum_k features[in(o, k)] @ weight[k]``.
 
@@ -279,15 +298,25 @@ def sparse_conv3d(
         weight: ``(K, C_in, C_out)`` of ``features.dtype``, offset ``k = (kz * Ky + ky) * Kx + kx``
             (dense ``F.conv3d`` weight ``w`` maps to ``w.permute(2, 3, 4, 1, 0).reshape(K, C_in, C_out)``).
         bias: optional ``(C_out,)``.
+        backend: ``"auto"`` or ``"reference"``: the one implementation, plain torch on every
+            device (no Triton or CUDA C++ kernel: ``"triton"``/``"cuda"`` raise ``ValueError``).
 
     Returns:
         ``(M, C_out)`` of ``features.dtype``, one row per ``kernel_map.out_coords`` row.
+
+    Example:
+        >>> coords = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1]], dtype=torch.int32)
+        >>> km = pcops.sparse_conv_kernel_map(coords, (1, 1, 2), kernel_size=(1, 1, 3), subm=True)
+        >>> pcops.sparse_conv3d(torch.tensor([[1.0], [2.0]]), km, torch.ones(3, 1, 1))  # sum of neighbours
+        tensor([[3.],
+                [3.]])
 
     A plain-torch implicit GEMM on ``out_in`` (gather ``(M, K_chunk, C_in)``, one matmul per
     chunk of offsets; float32 accumulation for half types): deterministic, no atomics, also in
     the backward (features: through the inverse table; weight: gathered rows ᵀ @ grad).
     Gradients w.r.t. features, weight and bias; no double backward.
     """
+    _backend.check(backend, "sparse_conv3d", ("auto", "reference"))
     if not isinstance(kernel_map, KernelMap):
         raise TypeError(f"kernel_map: expected a KernelMap, got {type(kernel_map).__name__}")
     out_in = kernel_map.out_in
@@ -311,10 +340,17 @@ def sparse_conv3d(
     return torch.ops.pcops.sparse_conv3d(features.contiguous(), weight.contiguous(), bias, out_in)
 
 
-# --- registration: kernel map ---------------------------------------------------------------
+# --- registration: kernel map (``backend`` picks the implementation, pcops._backend) ----------------
 
 
-@torch.library.custom_op("pcops::sparse_conv_kernel_map", mutates_args=(), device_types="cpu")
+def _map_impl(op: str, backend: str, t: torch.Tensor) -> str:
+    impl = _backend.resolve(backend, op, t, supported=_MAP_BACKENDS)  # "auto" on CUDA: Triton
+    impl = "reference" if impl == "cpu" else impl
+    _backend.log_kernel(op, impl)
+    return impl
+
+
+@torch.library.custom_op("pcops::sparse_conv_kernel_map", mutates_args=(), device_types=("cpu", "cuda"))
 def _kernel_map(
     coords: torch.Tensor,
     in_shape: list[int],
@@ -328,18 +364,12 @@ def _kernel_map(
     pad_pairs: bool = False,
     static_shapes: bool = False,
     batch_size: int = 0,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _ref.sparse_conv_kernel_map(
-        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
-        static_shapes, batch_size,
-    )
-
-
-@_kernel_map.register_kernel("cuda")
-def _kernel_map_cuda(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
-                     pad_pairs=False, static_shapes=False, batch_size=0):
-    from .triton import kernel_map as impl
-
+    if _map_impl("sparse_conv_kernel_map", backend, coords) == "reference":
+        impl = _ref
+    else:
+        from .triton import kernel_map as impl
     return impl.sparse_conv_kernel_map(
         coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
         static_shapes, batch_size,
@@ -348,7 +378,7 @@ def _kernel_map_cuda(coords, in_shape, out_shape, kernel_size, stride, padding, 
 
 @_kernel_map.register_fake
 def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
-                     pad_pairs=False, static_shapes=False, batch_size=0):
+                     pad_pairs=False, static_shapes=False, batch_size=0, backend="auto"):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
     torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
     ctx = torch.library.get_ctx()
@@ -367,20 +397,17 @@ def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, 
     )
 
 
-@torch.library.custom_op("pcops::kernel_map_pairs", mutates_args=(), device_types="cpu")
-def _kernel_map_pairs(out_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _ref.pairs_from_table(out_in)
-
-
-@_kernel_map_pairs.register_kernel("cuda")
-def _kernel_map_pairs_cuda(out_in):
+@torch.library.custom_op("pcops::kernel_map_pairs", mutates_args=(), device_types=("cpu", "cuda"))
+def _kernel_map_pairs(out_in: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _map_impl("kernel_map_pairs", backend, out_in) == "reference":
+        return _ref.pairs_from_table(out_in)
     from .triton import kernel_map as impl
 
     return impl.pairs_from_table(out_in.contiguous())
 
 
 @_kernel_map_pairs.register_fake
-def _kernel_map_pairs_fake(out_in):
+def _kernel_map_pairs_fake(out_in, backend="auto"):
     torch._check(out_in.dim() == 2, lambda: "out_in: expected shape (M, K)")
     num_pairs = torch.library.get_ctx().new_dynamic_size()
     return out_in.new_empty((num_pairs,)), out_in.new_empty((num_pairs,)), out_in.new_empty((out_in.shape[1] + 1,))

@@ -100,8 +100,8 @@ def pfn_scatter(
         >>> canvas = torch.zeros(1, 3, 2, 2)
         >>> out = pcops.pfn_scatter(voxels, torch.tensor([1]), torch.tensor([[0, 0, 1, 0]]), w, b, canvas,
         ...                         (0.16, 0.16, 4.0), (0.0, -0.16, -3.0))
-        >>> out[0, :, 1, 0]  # 0.1 + 0.2 + 0.5 + 0 + 0.02 + 0.04 + 1.0
-        tensor([1.8600, 1.8600, 1.8600])
+        >>> out[0, :, 1, 0]  # x, y, z, r, 0, 0, 0 (mean offsets), 0.02, 0.12, 1.0 (centre offsets), summed
+        tensor([1.9400, 1.9400, 1.9400])
     """
     _checks.check_tensor("voxels", voxels, dtypes=_checks.FLOAT_DTYPES, ndim=3)
     if voxels.shape[2] < 4:

@@ -1,4 +1,5 @@
 """pcops.sparse_conv_kernel_map / sparse_conv3d: dense-conv oracle, reference vs Triton, registration, bad input."""
+import logging
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 import pcops
 from pcops.kernel_map import KernelMap
 from pcops.reference import kernel_map as ref
-from _util import generator, gpu, interpret, requires_cuda, run_compiler_script
+from _util import generator, interpret, requires_cuda, run_compiler_script
 
 
 def make_coords(batch_size, shape, num, seed, device="cpu"):
@@ -242,6 +243,39 @@ def test_opcheck():
     b = torch.randn(4, dtype=torch.float64, requires_grad=True)
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in))
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, None, km.out_in))
+    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map,
+                          (coords, [5, 6, 7], [5, 6, 7], [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False, True,
+                           False, 0, "reference"))
+    torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in, "reference"))
+
+
+def test_backend_contract_cpu(caplog):
+    """"reference" equals "auto" on CPU tensors (map, pairs of the inverse, conv); Triton on CPU
+    tensors, the missing CUDA C++ implementation and unknown names raise, naming the argument."""
+    coords = make_coords(2, (5, 6, 7), 30, seed=14)
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, stride=2, padding=1, backend="reference")
+        inv = km.inverse(coords, (5, 6, 7), backend="reference")
+    assert [r.getMessage() for r in caplog.records] == ["sparse_conv_kernel_map: reference",
+                                                        "kernel_map_pairs: reference"]
+    want = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, stride=2, padding=1)
+    for a, b in zip(km[:1] + km[2:], want[:1] + want[2:]):
+        assert torch.equal(a, b)
+    for a, b in zip(inv[2:], want.inverse(coords, (5, 6, 7))[2:]):
+        assert torch.equal(a, b)
+    f, w = torch.randn(30, 2), torch.randn(27, 2, 3)
+    assert torch.equal(pcops.sparse_conv3d(f, km, w, backend="reference"), pcops.sparse_conv3d(f, km, w))
+    with pytest.raises(ValueError, match="backend.*CUDA tensors"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True, backend="triton")
+    with pytest.raises(ValueError, match="backend.*CUDA tensors"):
+        km.inverse(coords, (5, 6, 7), backend="triton")
+    with pytest.raises(ValueError, match="backend: sparse_conv_kernel_map has no 'cuda'"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True, backend="cuda")
+    for backend in ("triton", "cuda"):
+        with pytest.raises(ValueError, match="backend: sparse_conv3d has no"):
+            pcops.sparse_conv3d(f, km, w, backend=backend)
+    with pytest.raises(TypeError, match="backend"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True, backend=None)
 
 
 def test_torch_compile_fullgraph():
@@ -728,6 +762,12 @@ def test_gpu_opcheck():
                           (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False))
     km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True)
     torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in,))
+    # "reference" on CUDA tensors: the same map as the Triton default
+    for kwargs in (dict(subm=True), dict(stride=2, padding=1), dict(stride=2, padding=1, transposed=True)):
+        got = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, **kwargs, backend="reference")
+        want = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, **kwargs)
+        for a, b in zip(got[:1] + got[2:], want[:1] + want[2:]):
+            assert a.is_cuda and torch.equal(a, b), kwargs
 
 
 @pytest.mark.gpu
