@@ -42,13 +42,13 @@ def cases():
         xg.grad = None
         pcops.fused_layer_norm_gelu(xg, w, b).backward(dy)
 
-    from pcops import fused as op
-    from pcops.triton import fused as tri
+    from pcops import layer_norm_gelu as op
+    from pcops.triton import layer_norm_gelu as tri
+    from pcops.triton import sparse_softmax as tri_softmax
 
     ln_args = (x, w, b, torch.empty_like(x), torch.empty(64, device=dev), torch.empty(64, device=dev), x, 64, 768,
                1e-5, 0.0)
-    ln_meta = dict(APPROX_TANH=True, HAS_DROPOUT=False, ONE_TILE=True, EVEN_N=False, BLOCK_N=1024, FAST_TANH=False,
-                   WB_TILE=False)
+    ln_meta = dict(APPROX_TANH=True, HAS_DROPOUT=False, ONE_TILE=True, EVEN_N=False, BLOCK_N=1024, FAST_TANH=False)
 
     return {
         "fused_layer_norm_gelu fwd": lambda: pcops.fused_layer_norm_gelu(x, w, b),
@@ -59,7 +59,7 @@ def cases():
         "  triton launcher": lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None),
         "  torch.empty_like x3 (allocation floor)": lambda: (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)),
         "  launcher prelude (flags, outputs)": lambda: (
-            tri._row_block_n(768, None), tri._fast_tanh(None, x.dtype, x.device, "tanh", tri.FAST_TANH_FWD_DTYPES),
+            tri._row_block_n(768, None), tri._fast_tanh(x.dtype, x.device, "tanh", tri.FAST_TANH_FWD_DTYPES),
             torch.empty_like(x), torch.empty(64, device=dev), torch.empty(64, device=dev)),
         "  triton.autotune launch": lambda: tri._layer_norm_gelu_fwd_tuned[
             lambda c: (triton.cdiv(64, c["BLOCK_M"] * c["TILES"]),)](*ln_args, **ln_meta, M_CLASS=0),
@@ -70,7 +70,7 @@ def cases():
         "fused_layer_norm_gelu fwd+bwd": fwd_bwd,
         "sparse_softmax triton": lambda: pcops.sparse_softmax(v, crow),
         "  torch.ops.pcops.sparse_softmax": lambda: torch.ops.pcops.sparse_softmax(v, crow, "triton"),
-        "  triton launcher ": lambda: tri.sparse_softmax(v, crow),
+        "  triton launcher ": lambda: tri_softmax.sparse_softmax(v, crow),
         "voxelize pad_to_max": lambda: pcops.voxelize(pts, **vcfg),
     }
 

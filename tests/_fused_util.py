@@ -80,8 +80,8 @@ def kernels_run(caplog, op: str) -> list[str]:
             if r.name == "pcops" and r.getMessage().startswith(op + ": ")]
 
 
-@pytest.fixture
-def kernel_log(caplog):
+def watch_kernels(caplog):
+    """Record ``pcops._backend.log_kernel`` messages from here on (pytest's ``caplog`` at DEBUG)."""
     caplog.set_level(logging.DEBUG, logger="pcops")
     return caplog
 

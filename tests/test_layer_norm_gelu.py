@@ -13,7 +13,7 @@ import torch
 import pcops
 import pcops.nn
 from pcops.reference import layer_norm_gelu as ref
-from _fused_util import (GRAD_TOL, TOL, _fixed_triton_configs, check_dropout_stats, kernel_log,  # noqa: F401
+from _fused_util import (GRAD_TOL, TOL, _fixed_triton_configs, check_dropout_stats, watch_kernels,  # noqa: F401
                          kernels_run, make_ln, torch_ln_gelu)
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
@@ -198,11 +198,12 @@ def test_bad_input(call, exc, name):
         call(x, w, b)
 
 
-def test_reference_logged(kernel_log):
+def test_reference_logged(caplog):
+    watch_kernels(caplog)
     x, w, b = make_ln(3, 8, seed=23)
     pcops.fused_layer_norm_gelu(x.requires_grad_(True), w, b).sum().backward()
-    assert kernels_run(kernel_log, "layer_norm_gelu") == ["reference"]
-    assert kernels_run(kernel_log, "layer_norm_gelu_backward") == ["reference"]
+    assert kernels_run(caplog, "layer_norm_gelu") == ["reference"]
+    assert kernels_run(caplog, "layer_norm_gelu_backward") == ["reference"]
 
 
 # --- Triton kernels under the CPU interpreter (tiny shapes) ---------------------------------
@@ -360,13 +361,14 @@ TILED_CASES = [(1, 1, torch.float32, None), (13, 3, torch.float32, 2), (11, 127,
 
 @pytest.mark.parametrize("rows,width,dtype,block_m", TILED_CASES)
 @interpret
-def test_triton_bwd_tiled_interpreter(rows, width, dtype, block_m, kernel_log):
+def test_triton_bwd_tiled_interpreter(rows, width, dtype, block_m, caplog):
+    watch_kernels(caplog)
     _, bwd = _tri()
     args, exp = _lng_backward_case(rows, width, dtype, approximate="none" if rows % 2 else "tanh")
     got = bwd.layer_norm_gelu_backward(*args, block_m=block_m, num_programs=3)
     for a, e in zip(got, exp):
         torch.testing.assert_close(a, e, **GRAD_TOL[dtype])
-    ran = kernels_run(kernel_log, "layer_norm_gelu_backward")
+    ran = kernels_run(caplog, "layer_norm_gelu_backward")
     assert ran == ([] if rows == 0 else [ran[0]]) and all(r.startswith("_layer_norm_gelu_bwd_tiled_kernel") for r in ran)
 
 
@@ -380,8 +382,9 @@ def test_triton_bwd_tiled_dropout_interpreter():
 
 
 @interpret
-def test_triton_bwd_kernel_selection_interpreter(kernel_log):
+def test_triton_bwd_kernel_selection_interpreter(caplog):
     """Rows ≤ 1024 in one tile take the tiled kernel; wider rows and the chunked path the row-range one."""
+    watch_kernels(caplog)
     _, bwd = _tri()
     args, exp = _lng_backward_case(6, 20, torch.float32)
     for a, e in zip(bwd.layer_norm_gelu_backward(*args), exp):
@@ -391,7 +394,7 @@ def test_triton_bwd_kernel_selection_interpreter(kernel_log):
         torch.testing.assert_close(a, e, **GRAD_TOL[torch.float32])
     for a, e in zip(bwd.layer_norm_gelu_backward(*args, max_block_n=8), exp):
         torch.testing.assert_close(a, e, **GRAD_TOL[torch.float32])
-    ran = [r.split()[0] for r in kernels_run(kernel_log, "layer_norm_gelu_backward")]
+    ran = [r.split()[0] for r in kernels_run(caplog, "layer_norm_gelu_backward")]
     assert ran == ["_layer_norm_gelu_bwd_tiled_kernel", "_layer_norm_gelu_bwd_kernel", "_layer_norm_gelu_bwd_kernel"]
 
 
@@ -417,8 +420,9 @@ def test_fast_tanh_selection_rules():
 
 
 @interpret
-def test_fast_tanh_off_under_the_interpreter(kernel_log):
+def test_fast_tanh_off_under_the_interpreter(caplog):
     """The launchers never select the inline-PTX tanh under the interpreter."""
+    watch_kernels(caplog)
     fwd, bwd = _tri()
     x, w, b = make_ln(6, 40, seed=3, dtype=torch.bfloat16)
     y, mean, rstd = fwd.layer_norm_gelu(x, w, b, 1e-5, "tanh")
@@ -427,7 +431,7 @@ def test_fast_tanh_off_under_the_interpreter(kernel_log):
     got = bwd.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", num_programs=2)
     for a, e in zip(got, ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh")):
         torch.testing.assert_close(a, e, **GRAD_TOL[torch.bfloat16])
-    ran = kernels_run(kernel_log, "layer_norm_gelu") + kernels_run(kernel_log, "layer_norm_gelu_backward")
+    ran = kernels_run(caplog, "layer_norm_gelu") + kernels_run(caplog, "layer_norm_gelu_backward")
     assert len(ran) == 2 and all("FAST_TANH=False" in r for r in ran), ran
 
 
@@ -537,7 +541,8 @@ def test_gpu_dropout_cuda_graph_replays_draw_fresh_masks():
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_backends_and_float64(kernel_log):
+def test_gpu_backends_and_float64(caplog):
+    watch_kernels(caplog)
     x, w, b = make_ln(5, 33, seed=32, dtype=torch.float64, device="cuda")
     torch.testing.assert_close(pcops.fused_layer_norm_gelu(x, w, b), torch_ln_gelu(x, w, b))  # auto: the reference
     with pytest.raises(TypeError, match="float64"):
@@ -546,7 +551,7 @@ def test_gpu_backends_and_float64(kernel_log):
     y = pcops.fused_layer_norm_gelu(x32, w.float(), b.float())
     torch.testing.assert_close(pcops.fused_layer_norm_gelu(x32, w.float(), b.float(), backend="reference"), y,
                                **TOL[torch.float32])
-    ran = kernels_run(kernel_log, "layer_norm_gelu")
+    ran = kernels_run(caplog, "layer_norm_gelu")
     assert ran[0] == "reference" and ran[1].startswith("_layer_norm_gelu_fwd_kernel") and ran[2] == "reference"
 
 
@@ -657,9 +662,10 @@ def test_gpu_tanh_approx_error():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fast_tanh_forward_within_tolerance(dtype, kernel_log):
+def test_gpu_fast_tanh_forward_within_tolerance(dtype, caplog):
     """The hardware-tanh forward (the default for 16-bit rows) stays within one rounding of the
     output against the float64 reference, on an L2-like shape (and awkward widths for bfloat16)."""
+    watch_kernels(caplog)
     fwd, _ = _tri()
     shapes = ((4096, 256), (33, 127)) if dtype == torch.bfloat16 else ((4096, 256),)  # (GPU run time limit)
     for rows, width in shapes:
@@ -671,15 +677,16 @@ def test_gpu_fast_tanh_forward_within_tolerance(dtype, kernel_log):
         torch.testing.assert_close(y, exp, **TOL[dtype])
     x, w, b = make_ln(64, 256, seed=9, device="cuda")  # float32: the exact form
     fwd.layer_norm_gelu(x, w, b, 1e-5, "tanh")
-    ran = kernels_run(kernel_log, "layer_norm_gelu")
+    ran = kernels_run(caplog, "layer_norm_gelu")
     assert all("FAST_TANH=True" in r for r in ran[:-1]) and "FAST_TANH=False" in ran[-1], ran
 
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_fast_tanh_backward_bf16(kernel_log):
+def test_gpu_fast_tanh_backward_bf16(caplog):
     """The hardware tanh in gelu' (the bfloat16 default) against the float64 reference: 1 - t² near
     |t| = 1 carries the absolute error of t amplified by z·u', yet within the bfloat16 tolerance."""
+    watch_kernels(caplog)
     fwd, bwd = _tri()
     rows, width = 4096, 256
     x, w, b = make_ln(rows, width, seed=13, dtype=torch.bfloat16, device="cuda")
@@ -688,7 +695,7 @@ def test_gpu_fast_tanh_backward_bf16(kernel_log):
     exp = ref.layer_norm_gelu_backward(g.double(), x.double(), w.double(), b.double(), mean.double(),
                                        rstd.double(), "tanh")
     got = bwd.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh")
-    assert "FAST_TANH=True" in kernels_run(kernel_log, "layer_norm_gelu_backward")[-1]
+    assert "FAST_TANH=True" in kernels_run(caplog, "layer_norm_gelu_backward")[-1]
     for i, (a, e) in enumerate(zip(got, exp)):
         tol = {k: v * (math.sqrt(rows) if i else 1) for k, v in GRAD_TOL[torch.bfloat16].items()}
         worst = ((a.double() - e.to(a.dtype).double()).abs() / (tol["atol"] + tol["rtol"] * e.abs())).max().item()

@@ -12,7 +12,7 @@ import torch
 import pcops
 from pcops.reference import sparse_softmax as ref
 from _fused_util import (AWKWARD_LENGTHS, GRAD_TOL, TOL, _fixed_triton_configs, dense_softmax_oracle,  # noqa: F401
-                         kernel_log, kernels_run, make_csr)
+                         watch_kernels, kernels_run, make_csr)
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta", "ignore:Sparse invariant checks")
@@ -118,9 +118,10 @@ def test_bad_input_backend_and_csr():
         pcops.sparse_softmax(csr, csr.crow_indices())
 
 
-def test_reference_logged(kernel_log):
+def test_reference_logged(caplog):
+    watch_kernels(caplog)
     pcops.sparse_softmax(torch.zeros(4), torch.tensor([0, 4]))
-    assert kernels_run(kernel_log, "sparse_softmax") == ["reference"]
+    assert kernels_run(caplog, "sparse_softmax") == ["reference"]
 
 
 # --- Triton kernels under the CPU interpreter (tiny shapes) ---------------------------------
@@ -297,13 +298,14 @@ def test_gpu_sparse_softmax_q1_graph_and_csr_tensor(backend):
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_backends_logged_and_float64(kernel_log):
+def test_gpu_backends_logged_and_float64(caplog):
     """auto → Triton (float64 → the reference), explicit backends run what they name or raise."""
+    watch_kernels(caplog)
     values, crow = make_csr([3, 0, 7], seed=33, device="cuda")
     pcops.sparse_softmax(values, crow)
     pcops.sparse_softmax(values, crow, backend="cuda")
     pcops.sparse_softmax(values, crow, backend="reference")
-    ran = kernels_run(kernel_log, "sparse_softmax")
+    ran = kernels_run(caplog, "sparse_softmax")
     assert ran[0].startswith("_sparse_softmax_grouped_kernel") and ran[1].startswith("sparse_softmax_fwd_f32")
     assert ran[2] == "reference"
     v64 = values.double()

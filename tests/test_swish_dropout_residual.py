@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import pcops
 from pcops.reference import swish_dropout_residual as ref
-from _fused_util import GRAD_TOL, TOL, _fixed_triton_configs, check_dropout_stats, kernel_log, kernels_run  # noqa: F401
+from _fused_util import GRAD_TOL, TOL, _fixed_triton_configs, check_dropout_stats, watch_kernels, kernels_run  # noqa: F401
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
 
@@ -83,10 +83,11 @@ def test_bad_input(call, exc, name):
         call(x)
 
 
-def test_reference_logged(kernel_log):
+def test_reference_logged(caplog):
+    watch_kernels(caplog)
     x = torch.randn(3, 8, generator=generator(24))
     pcops.fused_swish_dropout_residual(x, x, 0.0, backend="reference")
-    assert kernels_run(kernel_log, "swish_dropout_residual") == ["reference"]
+    assert kernels_run(caplog, "swish_dropout_residual") == ["reference"]
 
 
 @interpret
@@ -124,8 +125,9 @@ def test_gpu_swish(dtype):
 @pytest.mark.parametrize("p", [0.1, 0.5])
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_dropout(p, kernel_log):
+def test_gpu_dropout(p, caplog):
     """The mask is the kernels' Philox stream over the flat index, for the seed drawn from the generator."""
+    watch_kernels(caplog)
     from pcops.triton import _fused_common as common
 
     x = torch.randn(512, 768, generator=generator(27)).cuda()
@@ -140,7 +142,7 @@ def test_gpu_dropout(p, kernel_log):
     torch.testing.assert_close(ys, F.silu(x) * keep / (1 - p))
     ys.backward(g)
     torch.testing.assert_close(xs.grad, ref.swish_dropout_backward(g, x, p, keep), atol=1e-5, rtol=1e-5)
-    assert kernels_run(kernel_log, "swish_dropout_residual") == ["_swish_dropout_residual_kernel"]
+    assert kernels_run(caplog, "swish_dropout_residual") == ["_swish_dropout_residual_kernel"]
     with pytest.raises(TypeError, match="float64"):
         pcops.fused_swish_dropout_residual(x.double(), x.double(), p, backend="triton")
 
