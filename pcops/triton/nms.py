@@ -21,8 +21,10 @@ Divisions are IEEE (``tl.div_rn``: Triton's ``/`` is a 2-ulp approximation on NV
 IoU of identical boxes is exactly 1 and exactly representable IoUs compare exactly with the
 threshold. Pairs whose bounding circles do not touch, invalid boxes (non-finite, negative size)
 and zero-area boxes give 0. Accuracy: within 4e-6 of the float64 reference on the hard cases of
-``tests/test_nms.py`` (down to 1 cm wide boxes, x ≈ 70 m), ~3e-7 on random car-sized pairs. NMS: ``_nms_mask_kernel`` writes the upper-triangular ``IoU > thr`` bitmask in
-64-bit words (sorted order), ``_nms_pass_kernel`` (one program) walks the 64-box tiles: it resolves
+``tests/test_boxes_iou.py`` (down to 1 cm wide boxes, x ≈ 70 m), ~3e-7 on random car-sized pairs.
+
+NMS: ``_nms_mask_kernel`` writes the upper-triangular ``IoU > thr`` bitmask in 64-bit words
+(sorted order), ``_nms_pass_kernel`` (one program) walks the 64-box tiles: it resolves
 a tile sequentially from its diagonal word block, then ORs the kept boxes' rows into the "removed"
 words of the later tiles. Triton cannot skip single pairs inside a tile, so its mask kernel clips
 every pair of a tile with at least one candidate; ``csrc/nms.cu`` compacts the candidates first.
