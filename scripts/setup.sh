@@ -88,8 +88,10 @@ EOF
 )
   if [ -n "$want" ]; then
     echo "setup: installing into $venv/: $want"
+    # not fatal: a machine without network (the GPU machine) runs with what it has
     # shellcheck disable=SC2086
-    "${pip[@]}" $want
+    "${pip[@]}" --retries 1 --timeout 30 $want \
+      || echo "setup: WARNING: could not install $want (no network?); continuing without"
   fi
 
   # pcops itself, editable from this checkout (no dependencies: they are handled above)
