@@ -8,6 +8,7 @@ NVRTC), a fake implementation for ``torch.compile`` and, where it applies, a bac
 inside the GPU implementations, and ``pcops.nn``, ``pcops.io``, ``pcops.sim``, ``pcops.viz``
 and ``pcops.models`` load on first use (``tests/test_import_time.py`` checks both).
 """
+
 from __future__ import annotations
 
 import importlib as _importlib
@@ -74,8 +75,9 @@ class _SourceModelsFinder:
         src = Path(__file__).resolve().parent.parent / "models"
         if not (src / "__init__.py").exists():
             return None
-        return importlib.util.spec_from_file_location(fullname, src / "__init__.py",
-                                                      submodule_search_locations=[str(src)])
+        return importlib.util.spec_from_file_location(
+            fullname, src / "__init__.py", submodule_search_locations=[str(src)]
+        )
 
 
 def _install_models_finder() -> None:

@@ -11,6 +11,7 @@ Example:
     >>> viz.draw_bev(pts, gt_boxes=gt.boxes, gt_labels=list(gt.names), path="bev.png",
     ...              detector_range=(0.0, -39.68, 69.12, 39.68), title="sample_000")
 """
+
 from __future__ import annotations
 
 import os
@@ -159,8 +160,11 @@ def _place_labels(items, size_of, bounds):
 def _draw_boxes(ax, corners, centres, colors, lw, linestyle):
     from matplotlib.collections import LineCollection, PolyCollection
 
-    ax.add_collection(PolyCollection(corners, closed=True, facecolors="none", edgecolors=colors,
-                                     linewidths=lw, linestyles=linestyle, zorder=3))
+    ax.add_collection(
+        PolyCollection(
+            corners, closed=True, facecolors="none", edgecolors=colors, linewidths=lw, linestyles=linestyle, zorder=3
+        )
+    )
     # heading tick: from the centre to the middle of the front face
     front = (corners[:, 0] + corners[:, 3]) / 2
     ax.add_collection(LineCollection(np.stack([centres, front], 1), colors=colors, linewidths=lw, zorder=3))
@@ -175,12 +179,33 @@ def _panel(ax, p, c, cmap, vmin, vmax, xr, yr, point_size, det, gt, det_range):
     y0, y1 = yr
     ax.set_facecolor(_BG)
     m = (p[:, 0] >= x0) & (p[:, 0] <= x1) & (p[:, 1] >= y0) & (p[:, 1] <= y1)
-    sc = ax.scatter(p[m, 0], p[m, 1], c=c[m], s=point_size, cmap=cmap, vmin=vmin, vmax=vmax, linewidths=0,
-                    marker=".", rasterized=True, zorder=1)
+    sc = ax.scatter(
+        p[m, 0],
+        p[m, 1],
+        c=c[m],
+        s=point_size,
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        linewidths=0,
+        marker=".",
+        rasterized=True,
+        zorder=1,
+    )
     handles = []
     if det_range is not None:
-        ax.add_patch(Rectangle(det_range[:2], det_range[2] - det_range[0], det_range[3] - det_range[1], fill=False,
-                               edgecolor="#9e9e9e", linestyle=(0, (4, 3)), linewidth=0.8, zorder=2))
+        ax.add_patch(
+            Rectangle(
+                det_range[:2],
+                det_range[2] - det_range[0],
+                det_range[3] - det_range[1],
+                fill=False,
+                edgecolor="#9e9e9e",
+                linestyle=(0, (4, 3)),
+                linewidth=0.8,
+                zorder=2,
+            )
+        )
         handles.append(Line2D([], [], color="#9e9e9e", linestyle=(0, (4, 3)), lw=0.8, label="detector range"))
     ax.plot([0], [0], marker=">", color="white", markersize=4, zorder=4)  # the sensor, facing +x
 
@@ -189,8 +214,9 @@ def _panel(ax, p, c, cmap, vmin, vmax, xr, yr, point_size, det, gt, det_range):
         boxes, texts = gt
         cs = box_corners_bev(boxes)
         _draw_boxes(ax, cs, boxes[:, :2], GT_COLOR, 0.8, (0, (3, 2)))
-        handles.append(Line2D([], [], color=GT_COLOR, linestyle=(0, (3, 2)), lw=1.0,
-                              label=f"ground truth ({len(boxes)})"))
+        handles.append(
+            Line2D([], [], color=GT_COLOR, linestyle=(0, (3, 2)), lw=1.0, label=f"ground truth ({len(boxes)})")
+        )
         for k, t in enumerate(texts or ()):
             if t:
                 items.append((str(t), cs[k], -1.0))
@@ -257,8 +283,17 @@ def _scale_bar(ax, width_m: float) -> None:
     # a round length near an eighth of the panel
     raw = width_m / 8.0
     length = min((v for v in (1, 2, 5, 10, 20, 50, 100, 200) if v >= raw), default=200)
-    bar = AnchoredSizeBar(ax.transData, length, f"{length} m", "lower right", pad=0.4, color="white",
-                          frameon=False, size_vertical=width_m / 700.0, fontproperties={"size": 6})
+    bar = AnchoredSizeBar(
+        ax.transData,
+        length,
+        f"{length} m",
+        "lower right",
+        pad=0.4,
+        color="white",
+        frameon=False,
+        size_vertical=width_m / 700.0,
+        fontproperties={"size": 6},
+    )
     ax.add_artist(bar)
 
 
@@ -347,7 +382,11 @@ def draw_bev(
             raise ValueError(f"{name}: with a list of {n_panels} box sets, expected a list of {n_panels} entries")
         return list(v)
 
-    scores_l, classes_l, labels_l = per_panel(scores, "scores"), per_panel(classes, "classes"), per_panel(labels, "labels")
+    scores_l, classes_l, labels_l = (
+        per_panel(scores, "scores"),
+        per_panel(classes, "classes"),
+        per_panel(labels, "labels"),
+    )
     if panel_titles is not None and len(panel_titles) != n_panels:
         raise ValueError(f"panel_titles: expected {n_panels} titles, got {len(panel_titles)}")
 
@@ -365,8 +404,12 @@ def draw_bev(
     if not (x1 > x0 and y1 > y0):
         raise ValueError(f"x_range/y_range: expected (low, high) with high > low, got {x_range}, {y_range}")
 
-    fig = Figure(figsize=(inches * n_panels, inches * (y1 - y0) / (x1 - x0) + 0.6 + (0.25 if title else 0.0)),
-                 dpi=dpi, facecolor=_BG, layout="constrained")
+    fig = Figure(
+        figsize=(inches * n_panels, inches * (y1 - y0) / (x1 - x0) + 0.6 + (0.25 if title else 0.0)),
+        dpi=dpi,
+        facecolor=_BG,
+        layout="constrained",
+    )
     FigureCanvasAgg(fig)  # the label placement measures text with the Agg renderer
     axes = fig.subplots(1, n_panels, squeeze=False)[0]
     sc, panels = None, []
@@ -375,13 +418,15 @@ def draw_bev(
         d = _np(box_sets[k], "boxes", 7)
         if d is not None and len(d):
             sk = scores_l[k]
-            sk = None if sk is None else _np(sk if isinstance(sk, (torch.Tensor, np.ndarray)) else np.asarray(sk),
-                                             "scores").reshape(-1)
+            sk = (
+                None
+                if sk is None
+                else _np(sk if isinstance(sk, (torch.Tensor, np.ndarray)) else np.asarray(sk), "scores").reshape(-1)
+            )
             if sk is not None and len(sk) != len(d):
                 raise ValueError(f"scores: expected {len(d)} entries (one per box), got {len(sk)}")
             det = (d, _texts(classes_l[k], len(d), "classes"), sk, _texts(labels_l[k], len(d), "labels"))
-        sc, handles, pending = _panel(ax, p, c, cmap, vmin, vmax, (x0, x1), (y0, y1), point_size, det, gt,
-                                      det_range)
+        sc, handles, pending = _panel(ax, p, c, cmap, vmin, vmax, (x0, x1), (y0, y1), point_size, det, gt, det_range)
         panels.append((ax, handles, pending))
         if panel_titles is not None:
             ax.set_title(panel_titles[k], color=_FG, fontsize=8)
@@ -400,8 +445,16 @@ def draw_bev(
         if dropped:
             handles.append(Line2D([], [], linestyle="none", label=f"{dropped} overlapping labels not drawn"))
         if legend and handles:
-            leg = ax.legend(handles=handles, loc="upper left", fontsize=6, framealpha=0.75, facecolor="#212121",
-                            edgecolor="#424242", labelcolor=_FG, handlelength=2.2)
+            leg = ax.legend(
+                handles=handles,
+                loc="upper left",
+                fontsize=6,
+                framealpha=0.75,
+                facecolor="#212121",
+                edgecolor="#424242",
+                labelcolor=_FG,
+                handlelength=2.2,
+            )
             leg.set_zorder(6)
     if path is None:
         return fig

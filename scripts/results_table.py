@@ -1,8 +1,9 @@
 """Render benchmarks/results/*.json as the tables of benchmarks/RESULTS.md.
 
-    python scripts/results_table.py            # rewrite benchmarks/RESULTS.md
-    python scripts/results_table.py --print    # print the tables only
+python scripts/results_table.py            # rewrite benchmarks/RESULTS.md
+python scripts/results_table.py --print    # print the tables only
 """
+
 from __future__ import annotations
 
 import json
@@ -30,15 +31,19 @@ def table() -> str:
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         res = json.loads(path.read_text())
         env = res["environment"]
-        lines.append(f"\n## {res['benchmark']}\n\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
-                     f"{env['date'][:10]}, commit `{env['commit']}` (`benchmarks/results/{path.name}`)\n")
+        lines.append(
+            f"\n## {res['benchmark']}\n\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
+            f"{env['date'][:10]}, commit `{env['commit']}` (`benchmarks/results/{path.name}`)\n"
+        )
         lines.append("| workload | implementation | median ms | min–max ms | throughput | × baseline |")
         lines.append("| --- | --- | ---: | ---: | ---: | ---: |")
         for r in res["results"]:
             tp = f"{r['throughput']:.3g} {r.get('throughput_unit', '')}" if "throughput" in r else ""
             sp = f"{r['speedup_vs_baseline']:.2f}" if "speedup_vs_baseline" in r else ""
-            lines.append(f"| {r['workload']} | {r['impl']} | {r['median_ms']:.4f} | {r['min_ms']:.4f}–{r['max_ms']:.4f} "
-                         f"| {tp} | {sp} |")
+            lines.append(
+                f"| {r['workload']} | {r['impl']} | {r['median_ms']:.4f} | {r['min_ms']:.4f}–{r['max_ms']:.4f} "
+                f"| {tp} | {sp} |"
+            )
     return "\n".join(lines) + "\n"
 
 

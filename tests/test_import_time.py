@@ -5,6 +5,7 @@ own work, and neither `import pcops` nor a CPU op call imports Triton or pcops' 
 The times are printed (and so appear in CI logs); they are not asserted, since a loaded CI
 machine runs several times slower.
 """
+
 import json
 import os
 import subprocess
@@ -62,23 +63,27 @@ print("PROBE" + json.dumps(out))
 def probe():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=ROOT, env=env,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("PROBE"))
-    return json.loads(line[len("PROBE"):])
+    return json.loads(line[len("PROBE") :])
 
 
 def test_report_import_and_first_call_times(probe, capsys):
     ops = probe["ops"]
     first = ops["voxelize"]
     overhead = first["first_s"] - first["second_s"]
-    lines = [f"import torch {probe['import_torch_s']:.3f} s, import pcops {probe['import_pcops_s']:.3f} s (on top)",
-             f"first CPU op call overhead (voxelize, first - second call): {overhead:.3f} s (goal <= 0.3 s)"]
-    lines += [f"  {name}: first {v['first_s'] * 1e3:.1f} ms, second {v['second_s'] * 1e3:.1f} ms"
-              for name, v in ops.items()]
-    lines.append(f"  after the calls: {probe['after_ops']['triton']} triton modules, "
-                 f"torch._dynamo {'imported' if probe['after_ops']['dynamo'] else 'not imported'}")
+    lines = [
+        f"import torch {probe['import_torch_s']:.3f} s, import pcops {probe['import_pcops_s']:.3f} s (on top)",
+        f"first CPU op call overhead (voxelize, first - second call): {overhead:.3f} s (goal <= 0.3 s)",
+    ]
+    lines += [
+        f"  {name}: first {v['first_s'] * 1e3:.1f} ms, second {v['second_s'] * 1e3:.1f} ms" for name, v in ops.items()
+    ]
+    lines.append(
+        f"  after the calls: {probe['after_ops']['triton']} triton modules, "
+        f"torch._dynamo {'imported' if probe['after_ops']['dynamo'] else 'not imported'}"
+    )
     with capsys.disabled():
         print("\n[import cost] " + "\n[import cost] ".join(lines))
 
@@ -95,10 +100,14 @@ def test_cpu_op_calls_import_no_pcops_kernels(probe):
     assert probe["after_ops"]["pcops_gpu"] == [], "a CPU op call imported pcops.triton / pcops.cuda modules"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "torch.library.custom_op wraps every kernel in torch._disable_dynamo, whose first call imports "
-    "torch._dynamo (about 1.5 s on a CPU machine) and, through torch.utils._triton.has_triton_package, "
-    "triton; ops registered with torch.library.Library.impl would avoid it"))
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "torch.library.custom_op wraps every kernel in torch._disable_dynamo, whose first call imports "
+        "torch._dynamo (about 1.5 s on a CPU machine) and, through torch.utils._triton.has_triton_package, "
+        "triton; ops registered with torch.library.Library.impl would avoid it"
+    ),
+)
 def test_first_cpu_op_call_imports_no_triton(probe):
     s = probe["after_ops"]
     assert s["triton"] == 0 and not s["dynamo"]

@@ -1,4 +1,5 @@
 """The README's quickstart runs as it is written, and the README stays small."""
+
 import re
 from pathlib import Path
 

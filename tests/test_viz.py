@@ -1,4 +1,5 @@
 """pcops.viz: bird's-eye-view pictures (legend, metre axes, both halves, labels without overlaps)."""
+
 import itertools
 
 import numpy as np
@@ -36,8 +37,11 @@ def _text_overlaps(fig, ax):
     fig.draw_without_rendering()
     r = fig.canvas.get_renderer()
     bbs = [t.get_window_extent(r) for t in ax.texts]
-    return [(ax.texts[i].get_text(), ax.texts[j].get_text())
-            for i, j in itertools.combinations(range(len(bbs)), 2) if bbs[i].overlaps(bbs[j])]
+    return [
+        (ax.texts[i].get_text(), ax.texts[j].get_text())
+        for i, j in itertools.combinations(range(len(bbs)), 2)
+        if bbs[i].overlaps(bbs[j])
+    ]
 
 
 def test_draw_bev_writes_png_with_legend_axes_and_full_range(tmp_path):
@@ -47,9 +51,22 @@ def test_draw_bev_writes_png_with_legend_axes_and_full_range(tmp_path):
     dets = gt.clone()
     dets[:, 0] += 0.5
     path = tmp_path / "bev.png"
-    assert viz.draw_bev(pts, dets, gt, path, classes=names, scores=scores, gt_labels=names,
-                        detector_range=(0.0, -39.68, -3.0, 69.12, 39.68, 1.0),
-                        title="scan.bin · PointPillars · random weights · 12.3 ms", inches=6, dpi=80) is None
+    assert (
+        viz.draw_bev(
+            pts,
+            dets,
+            gt,
+            path,
+            classes=names,
+            scores=scores,
+            gt_labels=names,
+            detector_range=(0.0, -39.68, -3.0, 69.12, 39.68, 1.0),
+            title="scan.bin · PointPillars · random weights · 12.3 ms",
+            inches=6,
+            dpi=80,
+        )
+        is None
+    )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     img = matplotlib.image.imread(path)
     assert img.shape[1] == 6 * 80 and img.shape[0] > 100
@@ -90,8 +107,18 @@ def test_dense_labels_do_not_overlap_and_the_dropped_are_counted():
 def test_side_by_side_panels(tmp_path):
     pts, gt, names, scores = _scene(2)
     path = tmp_path / "compare.png"
-    viz.draw_bev(pts, [gt, gt[:5]], gt, path, classes=[names, names[:5]], scores=[scores, scores[:5]],
-                 panel_titles=["fast path", "reference"], title="two backends", inches=4, dpi=60)
+    viz.draw_bev(
+        pts,
+        [gt, gt[:5]],
+        gt,
+        path,
+        classes=[names, names[:5]],
+        scores=[scores, scores[:5]],
+        panel_titles=["fast path", "reference"],
+        title="two backends",
+        inches=4,
+        dpi=60,
+    )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fig = viz.draw_bev(pts, [gt, gt[:5]], panel_titles=["a", "b"], inches=4)
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes] == ["a", "b"]

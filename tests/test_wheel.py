@@ -1,6 +1,7 @@
 """Packaging: the wheel holds every package, the sample scans and the weights; installed into a
 fresh virtual environment outside the checkout, the README quickstart and the demo run from a
 temporary directory (issue 18's acceptance job; slow: it builds and installs a wheel)."""
+
 import os
 import re
 import subprocess
@@ -49,9 +50,23 @@ def test_pyproject_lists_every_package_and_no_triton_dependency():
 
 
 def _build_wheel(out: Path) -> Path:
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "--disable-pip-version-check", "-w", str(out), str(ROOT)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (wheel,) = out.glob("pcops-*.whl")
     return wheel
@@ -61,16 +76,22 @@ def _venv(where: Path) -> Path:
     """A fresh venv that sees this interpreter's packages (torch, numpy, matplotlib, pip) but not
     the checkout: --system-site-packages reaches only the base interpreter, so this one's site
     folders are added by a .pth (the checkout's editable pcops, if any, is shadowed by the wheel)."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(where)],
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(where)], check=True, timeout=120
+    )
     py = where / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     import site
 
     dirs = [d for d in site.getsitepackages() + [sysconfig.get_path("purelib")] if os.path.isdir(d)]
     Path(purelib, "_parent_site.pth").write_text(
-        "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dict.fromkeys(dirs)) + "\n")
+        "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dict.fromkeys(dirs)) + "\n"
+    )
     return py
 
 
@@ -78,8 +99,13 @@ def _venv(where: Path) -> Path:
 def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     wheel = _build_wheel(tmp_path / "dist")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("pcops/data/sample_000.bin", "pcops/data/sample_000.txt", "pcops/csrc/nms.cu",
-              "pcops/models/demo.py", "pcops-0.1.0.dist-info/licenses/LICENSE"):
+    for f in (
+        "pcops/data/sample_000.bin",
+        "pcops/data/sample_000.txt",
+        "pcops/csrc/nms.cu",
+        "pcops/models/demo.py",
+        "pcops-0.1.0.dist-info/licenses/LICENSE",
+    ):
         assert f in names, f"the wheel lacks {f}"
     weights = sorted(p.name for p in (ROOT / "models" / "weights").glob("*.pt"))
     for w in weights:
@@ -88,8 +114,12 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     assert size_mb < 50, f"the wheel is {size_mb:.1f} MB"
 
     py = _venv(tmp_path / "venv")
-    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", str(wheel)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(py), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
     run = tmp_path / "run"
@@ -111,8 +141,20 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     python("-c", code)
 
     # the demo: CPU, one scan from the wheel's data, writes a PNG
-    out = python("-m", "pcops.models.demo", "--device", "cpu", "--max-scans", "1", "--repeats", "1",
-                 "--warmup", "0", "--out", str(run / "out"))
+    out = python(
+        "-m",
+        "pcops.models.demo",
+        "--device",
+        "cpu",
+        "--max-scans",
+        "1",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(run / "out"),
+    )
     pngs = sorted((run / "out").glob("*.png"))
     assert pngs and pngs[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out
     print(f"\nwheel {wheel.name}: {size_mb:.1f} MB, {len(names)} files; demo wrote {pngs[0].name}")
