@@ -5,7 +5,7 @@ V2: BIG = SCAN tiled 10x, each copy jittered by N(0, 0.05 m) in x, y, z (seed 0)
 V3: SCAN, SECOND grid (0.05, 0.05, 0.1) m, 5 points, 40,000 voxels.
 Dynamic V1 / V2: per-point voxel index and the occupied voxels' coords, no caps.
 
-Baseline (same run): the plain-torch reference (``backend="torch"``: ``pcops.reference.voxelize``:
+Baseline (same run): the plain-torch reference (``backend="reference"``: ``pcops.reference.voxelize``:
 first points by a scatter-min over a table of every cell (V1, V2) or a stable sort of the packed
 keys (V3), a prefix count for the voxel order, a stable sort of the voxel numbers for the ranks)
 run on the GPU; it produces the same deterministic FCFS output. Peers not installable here (mmcv, spconv) are not measured; the
@@ -14,22 +14,22 @@ issue quotes mmcv on the same H200 class: random-order 0.73 / 1.36 ms, determini
 
 pcops rows: eager variable-size form (one host sync for M), eager ``pad_to_max=True`` (no sync)
 and the same fixed-capacity form replayed from a CUDA graph. Launches: a fill, the main kernel,
-a ``torch.cumsum`` of the per-voxel counts, the scatter kernel and the rows kernel (hard, samples
-below ``_CSR_MAX_N`` points on average: the CSR mode, V1-V3), a fill + 2 Triton kernels (hard,
-bigger clouds: ranked lists, the "lists" variants), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
+a ``torch.cumsum`` of the per-voxel counts, the scatter kernel and the rows kernel (hard,
+``mode="auto"`` below 2,000,000 points per sample: the CSR mode, V1-V3), a fill + 2 Triton kernels
+(hard, ``mode="lists"``: the ranked lists), a fill + 1 kernel (dynamic). Also the CPU reference on one thread (the data
 loader path; goal <= 5 ms on V1): without CUDA the script measures only these CPU rows.
 
 Variant rows (``--no-sweep`` skips them): the graph-replayed ``pad_to_max`` form of V1 / V2 (hard
-and dynamic) under other settings of ``pcops.triton.voxelize`` (``HARD_VARIANTS`` below: main
-kernel points per program and warps, the "inserted" wait reading every earlier block's flag,
-the plain atomic cascade instead of sorted ranks, ...); each row says whether its output equals
-the default's exactly (``same_as_default``).
+and dynamic) with ``mode="lists"`` and under other ``pcops.triton.voxelize.Tuning`` launch
+parameters (``HARD_VARIANTS`` below: main kernel points per program and warps, rows per program,
+the CSR segments reversed so every chunk merges), the launcher called directly; each row says
+whether its output equals the default's exactly (``same_as_default``).
 """
 import sys
 
 import torch
 
-from common import bench, bench_cpu, gpu_activities, load_scan, parse_args, patched, report, row
+from common import bench, bench_cpu, gpu_activities, load_scan, parse_args, report, row
 
 import pcops
 
@@ -46,25 +46,17 @@ def make_big(scan):
     return big
 
 
-HARD_VARIANTS = {  # name -> pcops.triton.voxelize attributes (H200 sweep at 72fc0f0 dropped the slower ones:
-    # 2048/32, 4096/32 points/warps, rows 32/4 and 64/8, the first-point wait)
-    "main 1024/8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
-    "main 512/8": dict(_MAIN_CONFIG={"hard": ((512, 8),) * 2, "dynamic": ((1024, 16),) * 2}),
-    "main 2048/16": dict(_MAIN_CONFIG={"hard": ((2048, 16),) * 2, "dynamic": ((1024, 16),) * 2}),
-    "rows 32/4": dict(_ROWS_CONFIG=(32, 4)),
-    "rows 8/2": dict(_ROWS_CONFIG=(8, 2)),
-    "csr reversed": dict(_CSR_REVERSE=True),  # segments in reverse arrival order: every chunk merges (worst case)
-    "lists": dict(_CSR_MAX_N=0),  # sorted in-block ranks into per-voxel lists (V1's default before the CSR mode)
-    "lists, run table": dict(_RANK_TABLE=True, _CSR_MAX_N=0),
-    "lists, cascade": dict(_RANK_TABLE=False, _RANK_SORT=False, _CSR_MAX_N=0),
+HARD_VARIANTS = {  # name -> (mode, pcops.triton.voxelize.Tuning fields); the H200 sweeps dropped the slower
+    # launch configs (benchmarks/NOTES.md)
+    "main 1024/8": ("auto", dict(hard_main=((1024, 8),) * 2, dynamic_main=((1024, 8),) * 2)),
+    "main 512/8": ("auto", dict(hard_main=((512, 8),) * 2)),
+    "main 2048/16": ("auto", dict(hard_main=((2048, 16),) * 2)),
+    "rows 32/4": ("auto", dict(rows=(32, 4))),
+    "rows 8/2": ("auto", dict(rows=(8, 2))),
+    "csr reversed": ("csr", dict(reverse_segments=True)),  # segments in reverse arrival order: every chunk merges
+    "lists": ("lists", {}),  # sorted in-block ranks into per-voxel lists (the default from 2,000,000 points)
 }
 DYNAMIC_VARIANTS = ("main 1024/8",)
-
-
-def variant(attrs):
-    from pcops.triton import voxelize as tri
-
-    return patched(tri, attrs)
 
 
 def same(a, b):
@@ -73,27 +65,32 @@ def same(a, b):
 
 def sweep(rows, rep, workloads):
     """Graph-replayed pad_to_max timings of the variants (one compile each), with exactness checks."""
+    from pcops.triton import voxelize as tri
+
     for wl, pts, cfg, n in workloads:
         vs, pcr = cfg["voxel_size"], cfg["point_cloud_range"]
+        args = (vs, pcr, cfg["max_points_per_voxel"], cfg["max_voxels"], True)
         ref_hard = pcops.voxelize(pts, **cfg, pad_to_max=True)
         ref_dyn = pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True)
-        for name, attrs in HARD_VARIANTS.items():
-            with variant(attrs):
-                try:
-                    eq = same(pcops.voxelize(pts, **cfg, pad_to_max=True), ref_hard)
-                    t = bench(lambda: pcops.voxelize(pts, **cfg, pad_to_max=True), rep=rep, graph=True)
-                except Exception as e:  # noqa: BLE001 - a failing variant is reported, the run goes on
-                    print(f"{wl} variant {name}: {e!r}", file=sys.stderr)
-                    continue
+        for name, (mode, fields) in HARD_VARIANTS.items():
+            tuning = tri.Tuning(**fields)
+            fn = lambda: tri.voxelize(pts, None, *args, mode=mode, tuning=tuning)  # noqa: E731
+            try:
+                eq = same(fn(), ref_hard)
+                t = bench(fn, rep=rep, graph=True)
+            except Exception as e:  # noqa: BLE001 - a failing variant is reported, the run goes on
+                print(f"{wl} variant {name}: {e!r}", file=sys.stderr)
+                continue
             rows.append(row(wl, f"variant {name} (graph)", t, items=n, same_as_default=eq))
         for name in DYNAMIC_VARIANTS:
-            with variant(HARD_VARIANTS[name]):
-                try:
-                    eq = same(pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), ref_dyn)
-                    t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), rep=rep, graph=True)
-                except Exception as e:  # noqa: BLE001
-                    print(f"dynamic {wl} variant {name}: {e!r}", file=sys.stderr)
-                    continue
+            tuning = tri.Tuning(**HARD_VARIANTS[name][1])
+            fn = lambda: tri.dynamic_voxelize(pts, None, vs, pcr, True, tuning=tuning)  # noqa: E731
+            try:
+                eq = same(fn(), ref_dyn)
+                t = bench(fn, rep=rep, graph=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"dynamic {wl} variant {name}: {e!r}", file=sys.stderr)
+                continue
             rows.append(row(f"dynamic {wl}", f"variant {name} (graph)", t, items=n, same_as_default=eq))
 
 
@@ -149,7 +146,7 @@ def main():
         exact = all(torch.equal(a.cpu(), b) for a, b in zip(out, check))
         extra = dict(voxels=out.voxels.shape[0], dropped_points=int(out.num_dropped_points.sum()),
                      dropped_voxels=int(out.num_dropped_voxels.sum()), equal_to_cpu_reference=exact)
-        base = bench(lambda: pcops.voxelize(pts, **cfg, backend="torch"), rep=rep)
+        base = bench(lambda: pcops.voxelize(pts, **cfg, backend="reference"), rep=rep)
         rows.append(row(wl, "torch reference on GPU (sort)", base, items=n, baseline=base))
         t = bench(lambda: pcops.voxelize(pts, **cfg), rep=rep)
         rows.append(row(wl, "pcops eager", t, items=n, baseline=base, **extra))
@@ -160,7 +157,7 @@ def main():
         if cfg is V1:
             sweep_workloads.append((wl, pts, cfg, n))
             dwl = f"dynamic {wl}"
-            dbase = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, backend="torch"), rep=rep)
+            dbase = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, backend="reference"), rep=rep)
             rows.append(row(dwl, "torch reference on GPU (sort)", dbase, items=n, baseline=dbase))
             t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr), rep=rep)
             rows.append(row(dwl, "pcops eager", t, items=n, baseline=dbase))
@@ -186,13 +183,14 @@ def main():
     report(rows, "voxelize", args.out, notes={
         "scan": source, "big_points": big.shape[0],
         "goals_ms": {"V1": 0.060, "V2": 0.250, "dynamic V1": 0.060, "V1 CPU": 5.0},
-        "launches": {"hard": "fill + main + cumsum + scatter + rows below _CSR_MAX_N points, else fill + 2 Triton "
+        "launches": {"hard": "fill + main + cumsum + scatter + rows (mode csr, the default below 2,000,000 points "
+                              "per sample), else fill + 2 Triton "
                               "(+1 host sync and its copy in the variable-size form)",
                      "dynamic": "fill + 1 Triton + 1 subtraction (+1 host sync in the variable-size form)"},
         "profiled_gpu_ops_per_call": launches,
         "cpu_self_us_per_call": cpu_ops,
         "peers_unavailable": ["mmcv", "spconv"],
-        "variants": {k: {a: str(v) for a, v in attrs.items()} for k, attrs in HARD_VARIANTS.items()},
+        "variants": {k: {"mode": m, **{a: str(v) for a, v in f.items()}} for k, (m, f) in HARD_VARIANTS.items()},
     })
 
 

@@ -1,20 +1,17 @@
 """The voxelizer's dense-voxel cost: V1 (SCAN, PointPillars grid, ``pad_to_max``, graph replay) plus K
 points at one location inside the range (10, 0, 0): a voxel of K points, as zero padding or a sentinel
 value inside the range gives. The default CSR mode's rows kernel walks that voxel's segment c / 32
-chunks in one program; the ranked lists (``_CSR_MAX_N = 0``) do not. Every row says whether its output
+chunks in one program; the ranked lists (``mode="lists"``) do not. Every row says whether its output
 equals the lists'. ``--out DIR`` writes ``voxelize_dense.json``.
 
-Measured on the H200 (this measurement, printed by a one-off copy of this script at 8ed3a0f, with
-the same kernels): K = 0: CSR 0.052 ms, lists 0.094; 10^4: 0.200, 0.095; 10^5: 1.55, 0.194;
-10^6: 14.3, 1.04; outputs identical. ``pcops.voxelize``'s docstring gives these figures.
+Measured figures: ``benchmarks/NOTES.md`` (``pcops.voxelize``'s docstring quotes them).
 """
 import torch
 
 from bench_voxelize import V1
-from common import bench, load_scan, parse_args, patched, report, row
+from common import bench, load_scan, parse_args, report, row
 
 import pcops
-from pcops.triton import voxelize as tv
 
 
 def main():
@@ -24,13 +21,12 @@ def main():
     for k in (0, 10_000, 100_000, 1_000_000):
         pts = torch.cat([scan, torch.tensor([[10.0, 0.0, 0.0, 0.5]]).repeat(k, 1)]).cuda()
         outs = {}
-        for mode, settings in (("lists", {"_CSR_MAX_N": 0}), ("csr (default)", {})):
-            with patched(tv, settings):
-                fn = lambda: pcops.voxelize(pts, **V1, pad_to_max=True)  # noqa: E731
-                t = bench(fn, warmup=3, rep=10 if args.quick else 30, graph=True)
-                outs[mode] = fn()
-            same = all(torch.equal(a, b) for a, b in zip(outs[mode], outs["lists"]))
-            rows.append(row(f"V1 + {k:,} points in one voxel", mode, t, items=pts.shape[0], identical_to_lists=same))
+        for label, mode in (("lists", "lists"), ("csr (default)", "auto")):
+            fn = lambda: pcops.voxelize(pts, **V1, pad_to_max=True, mode=mode)  # noqa: E731
+            t = bench(fn, warmup=3, rep=10 if args.quick else 30, graph=True)
+            outs[label] = fn()
+            same = all(torch.equal(a, b) for a, b in zip(outs[label], outs["lists"]))
+            rows.append(row(f"V1 + {k:,} points in one voxel", label, t, items=pts.shape[0], identical_to_lists=same))
     report(rows, "voxelize_dense", args.out, notes={"scan": source})
 
 

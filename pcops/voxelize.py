@@ -5,16 +5,12 @@ Deterministic at hash-table speed: on the GPU an open-addressing hash table on t
 voxel key gives every occupied voxel its first point (``atomic_max`` on an encoded index);
 voxels are numbered in first-point order by a prefix sum over "first point of its voxel"
 flags (a single-pass decoupled look-back scan, segmented by sample), and each voxel keeps its
-``max_points_per_voxel`` lowest point indices. Scan-sized clouds (below
-``pcops.triton.voxelize._CSR_MAX_N`` points per sample) count each voxel's points with one atomic per point,
-lay them out as CSR segments (one ``torch.cumsum`` of the counts, one scatter kernel) and keep
-the lowest indices of each segment by a sort in the rows kernel; bigger clouds fill per-voxel
-lists by ``atomic_max`` insertion, whose final state does not depend on the order of the atomics:
-a point starts at its rank among its block's points (an in-block sort) plus the earlier blocks'
-points it sees in the list, and passes a smaller index on when it displaces one (see
-``pcops.triton.voxelize``; per-voxel tables of the earliest blocks' run counts give exact ranks
-as a selectable variant).
-Output is bit-identical to the CPU reference (``pcops/reference/voxelize.py``) and run to run.
+``max_points_per_voxel`` lowest point indices, in one of two layouts (``voxelize(mode=...)``):
+CSR segments (one atomic per point counts each voxel's points, one ``torch.cumsum`` and a
+scatter kernel lay them out, the rows kernel sorts each segment) or per-voxel lists filled by
+``atomic_max`` insertion, whose final state does not depend on the order of the atomics (see
+``pcops.triton.voxelize``). Output is bit-identical to the CPU reference
+(``pcops/reference/voxelize.py``) and run to run.
 """
 from __future__ import annotations
 
@@ -22,12 +18,14 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from . import _checks
+from . import _backend, _checks
 from .reference import voxelize as _ref
 
 __all__ = ["voxelize", "dynamic_voxelize", "voxel_reduce", "Voxels", "DynamicVoxels"]
 
 _REDUCE = ("mean", "max", "sum")
+_MODES = ("auto", "csr", "lists")
+_SUPPORTED = ("auto", "triton", "reference")
 
 
 class Voxels(NamedTuple):
@@ -69,12 +67,20 @@ class DynamicVoxels(NamedTuple):
     num_voxels: torch.Tensor
 
 
-_BACKENDS = ("triton", "torch")
-
-
-def _check_backend(backend):
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
+def _resolve(backend, points: torch.Tensor, op: str = "voxelize") -> str:
+    """``"triton"`` or ``"reference"``. ``"auto"``: Triton on CUDA tensors (every float dtype: the
+    coordinates are compared in float32 on every path, so there is nothing for the reference to
+    do better), the reference on the CPU. ``"torch"`` is the former name of ``"reference"``."""
+    if backend == "torch":
+        backend = "reference"
+    backend = _backend.check(backend, op, _SUPPORTED)
+    if backend == "reference":
+        return "reference"
+    on_cuda = points.device.type == "cuda"
+    if backend == "triton" and not on_cuda:
+        raise ValueError(f"backend: 'triton' runs on CUDA tensors only, got points on {points.device}; "
+                         "use backend='auto' or 'reference'")
+    return "triton" if on_cuda else "reference"
 
 
 def _check_common(points, voxel_size, point_cloud_range, lengths):
@@ -104,7 +110,8 @@ def voxelize(
     lengths: torch.Tensor | None = None,
     *,
     pad_to_max: bool = False,
-    backend: str = "triton",
+    mode: str = "auto",
+    backend: str = "auto",
 ) -> Voxels:
     """Hard voxelization, first come first served (PointPillars, Lang et al. 2019; SECOND, Yan et al. 2018).
 
@@ -125,9 +132,17 @@ def voxelize(
             the ``M = num_voxels.sum()`` real rows come first, in the same order as the
             variable-size form (``out.voxels[:M]`` equals it), then padding rows with
             ``voxels`` 0, ``coords`` −1 (all four) and ``num_points`` 0. No host sync.
-        backend: the CUDA implementation: ``"triton"`` (default: hash table, see the module
-            docstring) or ``"torch"`` (the plain-torch reference run on the GPU: sort-based,
-            same output, several host syncs). Ignored on the CPU.
+        mode: how the GPU path keeps each voxel's first points (same output): ``"auto"``
+            (default: ``"csr"`` for samples below 2,000,000 points on average, as scans are,
+            ``"lists"`` from there), ``"csr"`` (per-voxel CSR segments sorted in the rows kernel:
+            fastest on scans, but a voxel of ``c`` points costs its rows program ``c / 32`` chunk
+            loads) or ``"lists"`` (per-voxel ranked lists: no cost in the voxel size; use it for
+            clouds with very dense voxels, see below). Ignored by the reference.
+        backend: ``"auto"`` (default: Triton on CUDA tensors, for every float dtype; the
+            reference on the CPU), ``"triton"`` (CUDA tensors only) or ``"reference"`` (the
+            plain-torch reference on any device: sort-based, same output, several host syncs;
+            ``"torch"`` is accepted as its former name). There is no ``"cuda"`` (CUDA C++)
+            implementation: it raises ``ValueError``.
 
     Returns:
         ``Voxels(voxels, coords, num_points, point_to_voxel, num_voxels, num_dropped_points,
@@ -147,17 +162,23 @@ def voxelize(
     Determinism and syncs: bit-identical output run to run and between the CPU reference and
     the GPU path. The variable-size form syncs the host once (to learn ``M``); with
     ``pad_to_max=True`` there is no host sync. GPU: one fill, the main Triton kernel, a
-    ``torch.cumsum`` of the per-voxel counts, a scatter and a rows kernel (samples above
-    ``pcops.triton.voxelize._CSR_MAX_N`` points: one fill plus 2 Triton launches).
+    ``torch.cumsum`` of the per-voxel counts, a scatter and a rows kernel (``mode="lists"``: one
+    fill plus 2 Triton launches).
 
-    Cost of very dense voxels: the GPU path's time grows with the largest voxel's point count.
-    A voxel holding 10^5 points (for example zero padding that lies inside the range) adds about
-    1.5 ms, and 10^6 points about 14 ms (H200; V1 alone takes 0.054 ms). Drop such points first,
-    or set ``pcops.triton.voxelize._CSR_MAX_N = 0`` (per-voxel ranked lists: 0.19 / 1.04 ms for
-    the same clouds, 0.09 ms for V1).
+    Cost of very dense voxels: in the CSR layout the GPU path's time grows with the largest
+    voxel's point count: a voxel holding 10^5 points (for example zero padding that lies inside
+    the range) adds about 1.5 ms, 10^6 points about 14 ms, against about 0.05 ms for a KITTI scan
+    (figures in ``benchmarks/NOTES.md``). Drop such points first, or pass ``mode="lists"`` (0.19 /
+    1.04 ms for the same clouds, 0.09 ms for the scan alone).
 
     Not differentiable: ``voxels`` carries no gradient to ``points`` (for learned per-point
     features use ``dynamic_voxelize`` + ``voxel_reduce``, which has a backward).
+
+    Example:
+        >>> v = pcops.voxelize(points, voxel_size=(0.16, 0.16, 4.0),        # PointPillars, KITTI
+        ...                    point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
+        ...                    max_points_per_voxel=32, max_voxels=40000)
+        >>> v.voxels.shape, v.coords.shape                                  # (M, 32, C), (M, 4)
     """
     vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths)
     max_points_per_voxel = _checks.check_int("max_points_per_voxel", max_points_per_voxel, min_value=1)
@@ -166,9 +187,12 @@ def voxelize(
         raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
-    _check_backend(backend)
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
+    _resolve(backend, points)  # early, named errors (the registered kernels resolve again)
     out = torch.ops.pcops.voxelize(
-        points.detach().contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max, backend
+        points.detach().contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max,
+        backend, mode,
     )
     return Voxels(*out)
 
@@ -180,11 +204,12 @@ def dynamic_voxelize(
     lengths: torch.Tensor | None = None,
     *,
     pad_to_max: bool = False,
-    backend: str = "triton",
+    backend: str = "auto",
 ) -> DynamicVoxels:
     """Dynamic voxelization (MVF, Zhou et al. 2019): the voxel of every point, no caps, nothing dropped.
 
-    Args (including ``backend``) and in-range semantics as ``pcops.voxelize`` (no caps).
+    Args (including ``backend``) and in-range semantics as ``pcops.voxelize`` (no caps, no ``mode``:
+    no points are dropped, so there is nothing to rank).
 
     Returns:
         ``DynamicVoxels(point_to_voxel (N,) int64, coords (M, 4) int32, num_voxels (B,) int64)``:
@@ -192,19 +217,24 @@ def dynamic_voxelize(
         points out of range. With ``pad_to_max=True`` ``coords`` has ``N`` rows (rows ≥ M are
         −1) and there is no host sync; otherwise one host sync learns ``M``.
         Feed ``point_to_voxel`` and ``M`` to ``pcops.voxel_reduce`` for per-voxel features.
+
+    Example:
+        >>> d = pcops.dynamic_voxelize(points, (0.16, 0.16, 4.0), (0, -39.68, -3, 69.12, 39.68, 1))
+        >>> feats = pcops.voxel_reduce(points, d.point_to_voxel, d.coords.shape[0], "mean")
     """
     vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths)
     if not isinstance(pad_to_max, bool):
         raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
-    _check_backend(backend)
+    _resolve(backend, points, "dynamic_voxelize")
     out = torch.ops.pcops.dynamic_voxelize(points.detach().contiguous(), lengths, list(vs), list(pcr), pad_to_max, backend)
     return DynamicVoxels(*out)
 
 
 def voxel_reduce(
-    features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str = "mean"
+    features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str = "mean", *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Reduce point features per voxel (dynamic voxel feature encoders, e.g. DV-SECOND / MVF).
 
@@ -214,6 +244,8 @@ def voxel_reduce(
             ignore the point (as returned by ``pcops.voxelize`` / ``pcops.dynamic_voxelize``).
         num_voxels: ``M`` ≥ 0, the number of output rows (an int; e.g. ``coords.shape[0]``).
         reduce: ``"mean"`` (default), ``"max"`` or ``"sum"``.
+        backend: ``"auto"`` or ``"reference"``, the same thing: the op is plain torch on every device
+            (``"triton"`` and ``"cuda"`` raise ``ValueError``).
 
     Returns:
         ``(M, F)`` of ``features.dtype``; empty voxels give 0. fp16/bf16 sums accumulate in float32.
@@ -228,7 +260,12 @@ def voxel_reduce(
 
     Implementation: plain torch (``scatter_reduce_`` / ``index_add_``) on every device, a few
     launches and no host sync, so it can be captured in a CUDA graph.
+
+    Example:
+        >>> v = pcops.voxelize(points, (0.16, 0.16, 4.0), (0, -39.68, -3, 69.12, 39.68, 1), 32, 40000)
+        >>> centres = pcops.voxel_reduce(points[:, :3], v.point_to_voxel, v.coords.shape[0], "mean")
     """
+    _backend.check(backend, "voxel_reduce", ("auto", "reference"))
     _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
     _checks.check_tensor("point_to_voxel", point_to_voxel, dtypes=_checks.INT_DTYPES, ndim=1)
     _checks.check_same_device(features=features, point_to_voxel=point_to_voxel)
@@ -257,24 +294,29 @@ def _voxelize(
     max_voxels: int,
     pad_to_max: bool,
     backend: str,
+    mode: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _resolve(backend, points)  # "triton" on CPU tensors raises
+    _backend.log_kernel("voxelize", "reference")
     return _ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max)
 
 
 @_voxelize.register_kernel("cuda")
 def _voxelize_cuda(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
-                   backend):
-    if backend == "torch":
-        impl = _ref
-    else:
-        from .triton import voxelize as impl
+                   backend, mode="auto"):
+    if _resolve(backend, points) == "reference":
+        _backend.log_kernel("voxelize", "reference")
+        return _ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels,
+                             pad_to_max)
+    from .triton import voxelize as impl
 
-    return impl.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max)
+    return impl.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
+                         mode)
 
 
 @_voxelize.register_fake
 def _voxelize_fake(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
-                   backend):
+                   backend, mode="auto"):
     torch._check(points.dim() == 2 and points.shape[1] >= 3, lambda: "points: expected shape (N, C >= 3)")
     torch._check(len(voxel_size) == 3, lambda: "voxel_size: expected 3 values")
     torch._check(len(point_cloud_range) == 6, lambda: "point_cloud_range: expected 6 values")
@@ -305,16 +347,19 @@ def _dynamic_voxelize(
     pad_to_max: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _resolve(backend, points, "dynamic_voxelize")
+    _backend.log_kernel("dynamic_voxelize", "reference")
     return _ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
 
 
 @_dynamic_voxelize.register_kernel("cuda")
 def _dynamic_voxelize_cuda(points, lengths, voxel_size, point_cloud_range, pad_to_max, backend):
-    if backend == "torch":
-        impl = _ref
-    else:
-        from .triton import voxelize as impl
+    if _resolve(backend, points, "dynamic_voxelize") == "reference":
+        _backend.log_kernel("dynamic_voxelize", "reference")
+        return _ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
+    from .triton import voxelize as impl
 
+    _backend.log_kernel("dynamic_voxelize", "_voxelize_kernel")
     return impl.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
 
 

@@ -1,5 +1,7 @@
 """pcops.voxelize / dynamic_voxelize / voxel_reduce: FCFS oracle, reference vs Triton (interpreter, GPU),
 caps, batches, dtypes, registration, bad input."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -268,8 +270,10 @@ def test_opcheck():
     vs, pcr = list(SMALL["voxel_size"]), list(SMALL["point_cloud_range"])
     for lengths in (None, torch.tensor([120, 80])):
         for pad in (False, True):
-            torch.library.opcheck(torch.ops.pcops.voxelize, (pts, lengths, vs, pcr, 3, 20, pad, "triton"))
-            torch.library.opcheck(torch.ops.pcops.dynamic_voxelize, (pts, lengths, vs, pcr, pad, "triton"))
+            for backend in ("auto", "reference"):
+                torch.library.opcheck(torch.ops.pcops.voxelize, (pts, lengths, vs, pcr, 3, 20, pad, backend))
+                torch.library.opcheck(torch.ops.pcops.voxelize, (pts, lengths, vs, pcr, 3, 20, pad, backend, "lists"))
+                torch.library.opcheck(torch.ops.pcops.dynamic_voxelize, (pts, lengths, vs, pcr, pad, backend))
     p2v = pcops.dynamic_voxelize(pts, vs, pcr).point_to_voxel
     feats = torch.randn(200, 3, dtype=torch.float64, requires_grad=True)
     for reduce in ("mean", "max", "sum"):
@@ -323,11 +327,34 @@ def _bad(**kw):
     (_bad(lengths=torch.tensor([[5]])), ValueError, "lengths"),
     (_bad(lengths=torch.zeros(0, dtype=torch.int64)), ValueError, "lengths"),
     (_bad(pad_to_max=1), TypeError, "pad_to_max"),
-    (_bad(backend="cuda"), ValueError, "backend"),
+    (_bad(backend="cuda"), ValueError, "backend.*no 'cuda'"),  # no CUDA C++ voxelizer
+    (_bad(backend="triton"), ValueError, "backend.*CUDA"),  # CPU points: no silent fallback
+    (_bad(backend="fast"), ValueError, "backend"),
+    (_bad(mode="list"), ValueError, "mode"),
 ])
 def test_bad_input(bad, exc, name):
     with pytest.raises(exc, match=name):
         pcops.voxelize(**bad)
+
+
+def test_backends_and_modes_cpu():
+    """On the CPU every backend that can run gives the reference (``"torch"``: its former name); the
+    mode does not change the output."""
+    pts = random_cloud(300, seed=10)
+    args = (SMALL["voxel_size"], SMALL["point_cloud_range"], 4, 50)
+    out = pcops.voxelize(pts, *args)
+    for kw in (dict(backend="reference"), dict(backend="torch"), dict(mode="csr"), dict(mode="lists")):
+        assert_same(pcops.voxelize(pts, *args, **kw), out)
+    d = pcops.dynamic_voxelize(pts, *args[:2])
+    assert_same(pcops.dynamic_voxelize(pts, *args[:2], backend="reference"), d)
+    feats = torch.randn(300, 3, generator=generator(1))
+    torch.testing.assert_close(pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0], backend="reference"),
+                               pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0]))
+    for backend in ("triton", "cuda"):
+        with pytest.raises(ValueError, match="backend"):
+            pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0], backend=backend)
+        with pytest.raises(ValueError, match="backend"):
+            pcops.dynamic_voxelize(pts, *args[:2], backend=backend)
 
 
 def test_bad_input_dynamic_and_reduce():
@@ -353,14 +380,32 @@ def test_bad_input_dynamic_and_reduce():
 # --- Triton kernels under the CPU interpreter --------------------------------------------------
 
 
+class Launchers:
+    """The Triton launchers with one mode and one ``Tuning`` (launch parameters and test hooks)."""
+
+    def __init__(self, tuning, mode="auto"):
+        self.tuning, self.mode = tuning, mode
+
+    def replace(self, mode=None, **fields):
+        return Launchers(dataclasses.replace(self.tuning, **fields), mode or self.mode)
+
+    def voxelize(self, *args):
+        from pcops.triton import voxelize as tri
+
+        return tri.voxelize(*args, mode=self.mode, tuning=self.tuning)
+
+    def dynamic_voxelize(self, *args):
+        from pcops.triton import voxelize as tri
+
+        return tri.dynamic_voxelize(*args, tuning=self.tuning)
+
+
 @pytest.fixture
-def small_blocks(monkeypatch):
+def small_blocks():
     """Tiny scan blocks so a few hundred points span many blocks (look-back, waits, sample starts)."""
     from pcops.triton import voxelize as tri
 
-    monkeypatch.setattr(tri, "_MAIN_CONFIG", {"hard": ((32, 4), (32, 4)), "dynamic": ((32, 4), (32, 4))})
-    monkeypatch.setattr(tri, "_LOOKBACK", 2)
-    return tri
+    return Launchers(tri.Tuning(hard_main=((32, 4), (32, 4)), dynamic_main=((32, 4), (32, 4)), lookback=2))
 
 
 @pytest.mark.parametrize("n,p,v,lengths", [
@@ -369,11 +414,10 @@ def small_blocks(monkeypatch):
 ])
 @pytest.mark.parametrize("pad,inclusive", [(False, True), (True, True), (False, False)])
 @interpret
-def test_triton_interpreter(small_blocks, monkeypatch, n, p, v, lengths, pad, inclusive):
-    tri = small_blocks
+def test_triton_interpreter(small_blocks, n, p, v, lengths, pad, inclusive):
     # the interpreter runs blocks in order, so every look-back would stop at its neighbour's
     # inclusive prefix; without inclusive prefixes it must add aggregates back to a sample start
-    monkeypatch.setattr(tri, "_PUBLISH_INCLUSIVE", inclusive)
+    tri = small_blocks.replace(publish_inclusive=inclusive)
     pts = random_cloud(n, seed=n + p)
     lt = None if lengths is None else torch.tensor(lengths)
     vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
@@ -398,31 +442,23 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
                             pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
-RANK_MODES = {  # (_RANK_SORT, _SEEN, _KEY64, _WAIT_FIRST, _WATERMARK, _RANK_TABLE, _CSR_MAX_N, _CSR_REVERSE)
-    "csr": (True, True, False, False, True, False, 10**9, False),  # the default below _CSR_MAX_N points
-    "csr-no-watermark": (True, True, False, False, False, False, 10**9, False),
-    "csr-reversed": (True, True, False, False, True, False, 10**9, True),  # segments reversed: the rows kernel merges
-    "sort": (True, True, False, False, True, False, 0, False),
-    "sort-wait-first": (True, True, False, True, True, False, 0, False),
-    "sort-no-seen": (True, False, False, False, True, False, 0, False),  # start at the in-block rank: earlier blocks' values cascade ours
-    "sort-key64": (True, True, True, False, True, False, 0, False),
-    "cascade": (False, True, False, False, True, False, 0, False),
-    "no-watermark": (True, True, False, False, False, False, 0, False),  # every block reads all earlier "inserted" flags
-    "table": (True, True, False, False, True, True, 0, False),
-    "table-key64-no-watermark": (True, True, True, False, False, True, 0, False),
+RANK_MODES = {  # mode and Tuning test hooks
+    "csr": ("csr", {}),  # the default below 2,000,000 points per sample
+    "csr-reversed": ("csr", dict(reverse_segments=True)),  # segments reversed: the rows kernel merges
+    "lists": ("lists", {}),  # sorted in-block ranks into per-voxel lists
+    "lists-no-seen": ("lists", dict(seen=False)),  # start at the in-block rank: earlier blocks' values cascade ours
+    "lists-key64": ("lists", dict(key64=True)),
 }
 
 
 @pytest.mark.parametrize("mode", list(RANK_MODES))
 @pytest.mark.parametrize("p", [1, 5, 16, 32])
 @interpret
-def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
+def test_triton_interpreter_dense_voxels(small_blocks, p, mode):
     """~20 points per voxel: deep cascades, snapshot start positions over several chunks, drops;
     each way of ranking the points in their voxels."""
-    tri = small_blocks
-    names = ("_RANK_SORT", "_SEEN", "_KEY64", "_WAIT_FIRST", "_WATERMARK", "_RANK_TABLE", "_CSR_MAX_N", "_CSR_REVERSE")
-    for name, value in zip(names, RANK_MODES[mode], strict=True):
-        monkeypatch.setattr(tri, name, value)
+    name, hooks = RANK_MODES[mode]
+    tri = small_blocks.replace(mode=name, **hooks)
     pts = random_cloud(250, seed=p)
     vs, pcr = (2.0, 2.0, 1.0), SMALL["point_cloud_range"]
     for lengths in (None, torch.tensor([120, 130])):
@@ -433,13 +469,11 @@ def test_triton_interpreter_dense_voxels(small_blocks, monkeypatch, p, mode):
 
 @pytest.mark.parametrize("reverse", [False, True])
 @interpret
-def test_triton_interpreter_one_huge_voxel(small_blocks, monkeypatch, reverse):
+def test_triton_interpreter_one_huge_voxel(small_blocks, reverse):
     """CSR mode with one voxel holding most points (as zero padding or a sentinel value gives): the rows
     kernel's chunk loop over a long segment, in arrival order and in the reversed layout (every chunk
     merges), with a partial last chunk; the other voxels share its program."""
-    tri = small_blocks
-    monkeypatch.setattr(tri, "_CSR_MAX_N", 10**9)
-    monkeypatch.setattr(tri, "_CSR_REVERSE", reverse)
+    tri = small_blocks.replace(mode="csr", reverse_segments=reverse)
     pts = random_cloud(120, seed=7)
     g = generator(8)
     dense = torch.rand(230, pts.shape[1], generator=g) * 0.01 + 0.3  # one voxel of (2, 2, 1) m
@@ -454,11 +488,9 @@ def test_triton_interpreter_one_huge_voxel(small_blocks, monkeypatch, reverse):
 
 
 @interpret
-def test_triton_interpreter_big_cloud_config(small_blocks, monkeypatch):
-    """Clouds from _BIG_N points switch to the second launch configuration (another block size)."""
-    tri = small_blocks
-    monkeypatch.setattr(tri, "_BIG_N", 100)
-    monkeypatch.setattr(tri, "_MAIN_CONFIG", {"hard": ((32, 4), (64, 4)), "dynamic": ((32, 4), (16, 4))})
+def test_triton_interpreter_big_cloud_config(small_blocks):
+    """Clouds from ``big_n`` points switch to the second launch configuration (another block size)."""
+    tri = small_blocks.replace(big_n=100, hard_main=((32, 4), (64, 4)), dynamic_main=((32, 4), (16, 4)))
     pts = random_cloud(230, seed=5, channels=3)
     vs, pcr = (1.0, 1.0, 1.0), SMALL["point_cloud_range"]
     for lengths in (None, torch.tensor([100, 130])):
@@ -469,6 +501,21 @@ def test_triton_interpreter_big_cloud_config(small_blocks, monkeypatch):
                         pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
 
 
+def test_mode_auto_threshold():
+    """``mode="auto"``: the CSR layout below 2,000,000 points per sample on average (the old default)."""
+    from pcops.triton import voxelize as tri
+
+    assert tri.CSR_MAX_POINTS_PER_SAMPLE == 2_000_000
+    assert tri._use_csr("auto", 1_999_999, 1) and not tri._use_csr("auto", 2_000_000, 1)
+    assert tri._use_csr("auto", 3_999_999, 2) and not tri._use_csr("auto", 4_000_000, 2)
+    assert tri._use_csr("csr", 10**8, 1) and not tri._use_csr("lists", 10, 1)
+    with pytest.raises(ValueError, match="mode"):
+        tri._use_csr("fast", 10, 1)
+    assert tri.DEFAULT == tri.Tuning() and dataclasses.is_dataclass(tri.DEFAULT)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tri.DEFAULT.big_n = 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @interpret
 def test_triton_interpreter_low_precision_and_default_blocks(dtype):
@@ -477,6 +524,8 @@ def test_triton_interpreter_low_precision_and_default_blocks(dtype):
     pts = random_cloud(300, seed=11, channels=5, dtype=dtype)
     vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
     assert_same(pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 4, 25, False)),
+                pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 4, 25, False)))
+    assert_same(pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 4, 25, False, "lists")),
                 pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 4, 25, False)))
 
 
@@ -492,15 +541,23 @@ def test_triton_interpreter_kitti_subset(kitti_dir, small_blocks):
 # --- the GPU path -------------------------------------------------------------------------------
 
 
-def _gpu_case(pts, cfg, lengths=None, pad=False, torch_backend=False):
-    out = pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(), pad_to_max=pad)
+def _gpu_case(pts, cfg, lengths=None, pad=False, reference_backend=False, mode="auto", tuning=None):
+    """The GPU result (the public op with ``mode``, or the launcher with ``tuning``) against the CPU
+    reference, run to run, and the dynamic form."""
+    lc = None if lengths is None else lengths.cuda()
+    if tuning is None:
+        run = lambda: pcops.voxelize(pts.cuda(), **cfg, lengths=lc, pad_to_max=pad, mode=mode)  # noqa: E731
+    else:
+        from pcops.triton import voxelize as tri
+
+        args = (cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"], cfg["max_voxels"])
+        run = lambda: pcops.Voxels(*tri.voxelize(pts.cuda(), lc, *args, pad, mode, tuning))  # noqa: E731
+    out = run()
     expected = pcops.voxelize(pts, **cfg, lengths=lengths, pad_to_max=pad)
     assert_same(out, expected)
-    if torch_backend:
-        assert_same(pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(),
-                                   pad_to_max=pad, backend="torch"), expected)
-    again = pcops.voxelize(pts.cuda(), **cfg, lengths=None if lengths is None else lengths.cuda(), pad_to_max=pad)
-    assert_same(again, out)  # run to run
+    if reference_backend:
+        assert_same(pcops.voxelize(pts.cuda(), **cfg, lengths=lc, pad_to_max=pad, backend="reference"), expected)
+    assert_same(run(), out)  # run to run
     d = pcops.dynamic_voxelize(pts.cuda(), cfg["voxel_size"], cfg["point_cloud_range"],
                                None if lengths is None else lengths.cuda(), pad_to_max=pad)
     assert_same(d, pcops.dynamic_voxelize(pts, cfg["voxel_size"], cfg["point_cloud_range"], lengths, pad_to_max=pad))
@@ -529,7 +586,7 @@ def test_gpu_random(n, dtype):
 def test_gpu_kitti(kitti_dir):
     scan = kitti_scan(kitti_dir)
     for cfg in (V1, V3, dict(V1, max_voxels=5000, max_points_per_voxel=4)):
-        _gpu_case(scan, cfg, torch_backend=True)
+        _gpu_case(scan, cfg, reference_backend=True)
         _gpu_case(scan, cfg, pad=True)
     g = torch.Generator().manual_seed(0)
     big = torch.cat([scan + torch.cat([torch.randn(scan.shape[0], 3, generator=g) * 0.05, torch.zeros(scan.shape[0], 1)], 1)
@@ -537,28 +594,19 @@ def test_gpu_kitti(kitti_dir):
     _gpu_case(big, V1)
     two = torch.cat([scan, kitti_scan(kitti_dir, "000000")])
     lengths = torch.tensor([scan.shape[0], two.shape[0] - scan.shape[0]])
-    _gpu_case(two, V1, lengths, torch_backend=True)
+    _gpu_case(two, V1, lengths, reference_backend=True)
     _gpu_case(two, dict(V3, max_voxels=20000), lengths, pad=True)
 
 
-GPU_VARIANTS = {  # pcops.triton.voxelize attributes (the benchmark times these); few, for compile time
-    "lists": dict(_CSR_MAX_N=0),  # ranked lists (sorted in-block ranks), the default from _CSR_MAX_N points
-    "table": dict(_RANK_TABLE=True, _CSR_MAX_N=0),
-    "cascade": dict(_RANK_TABLE=False, _RANK_SORT=False, _CSR_MAX_N=0),
-    "no-watermark": dict(_WATERMARK=False),
-    "main-1024-8": dict(_MAIN_CONFIG={"hard": ((1024, 8),) * 2, "dynamic": ((1024, 8),) * 2}),
-}
-
-
-def _race_cases():
+def _race_cases(**kw):
     dense = random_cloud(200003, seed=3, special=False)
     grid = dict(point_cloud_range=SMALL["point_cloud_range"], max_voxels=100)
-    _gpu_case(dense, dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=32))
+    _gpu_case(dense, dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=32), **kw)
     sparse = random_cloud(50021, seed=4)
     _gpu_case(sparse, dict(grid, voxel_size=(0.05, 0.05, 0.3), max_points_per_voxel=5, max_voxels=40000),
-              torch.tensor([20000, 30021]), pad=True)
+              torch.tensor([20000, 30021]), pad=True, **kw)
     _gpu_case(torch.cat([sparse, dense]), dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=5),
-              torch.tensor([50021, 200003]))
+              torch.tensor([50021, 200003]), **kw)
 
 
 @pytest.mark.gpu
@@ -571,35 +619,47 @@ def test_gpu_block_races():
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_csr_reversed(monkeypatch):
+def test_gpu_csr_reversed():
     """The CSR rows kernel's merges: segments laid out in reverse arrival order, the race cases."""
     from pcops.triton import voxelize as tri
 
-    monkeypatch.setattr(tri, "_CSR_REVERSE", True)
-    _race_cases()
+    _race_cases(mode="csr", tuning=tri.Tuning(reverse_segments=True))
 
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_lists_variant(monkeypatch):
-    """The ranked lists (the default from _CSR_MAX_N points) under the same races."""
-    from pcops.triton import voxelize as tri
-
-    monkeypatch.setattr(tri, "_CSR_MAX_N", 0)
-    _race_cases()
+def test_gpu_lists_mode():
+    """The ranked lists (``mode="lists"``, the default from 2,000,000 points per sample) under the same races."""
+    _race_cases(mode="lists")
 
 
-@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
 @pytest.mark.slow
 @requires_cuda
-def test_gpu_variants(monkeypatch, variant):
-    """Every selectable configuration / ranking gives the reference's output on the race cases
-    (marked slow: each variant compiles its own kernels)."""
+def test_gpu_main_config_1024_8():
+    """Another main-kernel launch configuration (the benchmark sweeps these) gives the reference's
+    output on the race cases (marked slow: it compiles its own kernels)."""
     from pcops.triton import voxelize as tri
 
-    for name, value in GPU_VARIANTS[variant].items():
-        monkeypatch.setattr(tri, name, value)
-    _race_cases()
+    _race_cases(tuning=tri.Tuning(hard_main=((1024, 8),) * 2, dynamic_main=((1024, 8),) * 2))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_backends_logged(caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="pcops")
+    pts = random_cloud(500, seed=12).cuda()
+    args = (SMALL["voxel_size"], SMALL["point_cloud_range"], 3, 20)
+    pcops.voxelize(pts, *args)
+    pcops.voxelize(pts, *args, mode="lists")
+    pcops.voxelize(pts, *args, backend="reference")
+    pcops.voxelize(pts.double(), *args)  # float64: still the Triton kernels (coordinates compared in float32)
+    ran = [r.getMessage() for r in caplog.records if r.name == "pcops" and r.getMessage().startswith("voxelize: ")]
+    assert ran == ["voxelize: _voxelize_kernel + scatter + rows (csr)", "voxelize: _voxelize_kernel + rows (lists)",
+                   "voxelize: reference", "voxelize: _voxelize_kernel + scatter + rows (csr)"], ran
+    with pytest.raises(ValueError, match="backend"):
+        pcops.voxelize(pts, *args, backend="cuda")
 
 
 @pytest.mark.gpu
@@ -628,7 +688,7 @@ def test_gpu_opcheck_and_reduce():
     pts = random_cloud(500, seed=12).cuda()
     vs, pcr = list(SMALL["voxel_size"]), list(SMALL["point_cloud_range"])
     for pad in (False, True):
-        for backend in ("triton", "torch"):
+        for backend in ("auto", "triton", "reference"):
             torch.library.opcheck(torch.ops.pcops.voxelize, (pts, None, vs, pcr, 3, 20, pad, backend))
             torch.library.opcheck(torch.ops.pcops.dynamic_voxelize,
                                   (pts, torch.tensor([200, 300], device="cuda"), vs, pcr, pad, backend))
@@ -651,6 +711,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from pcops.triton import voxelize as tri
+from pcops.triton import voxelize_rows as rows
 
 target = GPUTarget("cuda", 90, 32)
 
@@ -664,27 +725,24 @@ def compile_(fn, types, constexprs, num_warps, ones=()):
     triton.compile(ASTSource(fn, sig, constexprs), target=target, options={"num_warps": num_warps})
 
 
-main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 10 + ["*i64"] + ["*i32"] * 4 + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
-for hl, hard, seg, pb, bmax, ones, rank_sort, key64, table, csr in [
-        (True, True, True, 32, 4, (), True, False, False, False), (True, True, True, 32, 4, (), False, False, False, False),
-        (False, True, False, 8, 0, (), True, True, False, False), (False, False, False, 1, 0, (), False, False, False, False),
-        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, False, False),
-        (True, False, False, 1, 0, (), False, False, False, False), (False, True, False, 32, 0, (), True, False, True, False),
-        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), True, False, True, False),
-        (False, True, False, 32, 0, (), False, False, False, True), (True, True, True, 8, 4, (), False, False, False, True),
-        (True, True, True, 1, 1, ("gz", "batch_size", "max_points", "list_stride"), False, False, False, True)]:
+main_types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 8 + ["*i64"] + ["*i32"] * 4 + ["i32"] * 4 + ["fp32"] * 9 + ["i32"] * 6
+ones1 = ("gz", "batch_size", "max_points", "list_stride")
+for hl, hard, seg, pb, bmax, ones, key64, csr in [
+        (True, True, True, 32, 4, (), False, False), (False, True, False, 8, 0, (), True, False),
+        (False, False, False, 1, 0, (), False, False), (True, True, True, 1, 1, ones1, False, False),
+        (True, False, False, 1, 0, (), False, False), (False, True, False, 32, 0, (), False, True),
+        (True, True, True, 8, 4, (), False, True), (True, True, True, 1, 1, ones1, False, True)]:
     compile_(tri._voxelize_kernel, main_types, dict(HAS_LENGTHS=hl, HARD=hard, SEGMENTED=seg, PB=pb, BLOCK=1024,
-             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax, RANK_SORT=rank_sort, KEY64=key64,
-             SEEN=True, WAIT_FIRST=True, WATERMARK=True, TABLE=table, CBITS=pb.bit_length() + 1, CSR=csr), 16, ones)
+             LOOKBACK=128, PUBLISH_INCLUSIVE=True, SNAP=min(pb, 8), BMAX=bmax, KEY64=key64, SEEN=True, CSR=csr), 16, ones)
 rows_types = (["*fp32"] + ["*i32"] * 6 + ["*fp32", "*i32", "*i32"] + ["*i64"] * 4 + ["i32"] * 4 + ["fp32"] * 6
               + ["i32"] * 3)
 for csr in (False, True):
-    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True, CSR=csr), 4)
-    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0, C_EXACT=False, CSR=csr), 4)
-    compile_(tri._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False, CSR=csr), 4,
+    compile_(rows._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=16, SB=128, BMAX=8, C_EXACT=True, CSR=csr), 4)
+    compile_(rows._voxel_rows_kernel, rows_types, dict(PB=8, CB=8, ROWS=16, SB=128, BMAX=0, C_EXACT=False, CSR=csr), 4)
+    compile_(rows._voxel_rows_kernel, rows_types, dict(PB=1, CB=4, ROWS=16, SB=128, BMAX=1, C_EXACT=False, CSR=csr), 4,
              ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
-compile_(tri._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True, CSR=False), 8)
-compile_(tri._voxel_scatter_kernel, ["*i32"] * 5 + ["i32"], dict(BLOCK=1024, REVERSE=False), 4)
+compile_(rows._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True, CSR=False), 8)
+compile_(rows._voxel_scatter_kernel, ["*i32"] * 5 + ["i32"], dict(BLOCK=1024, REVERSE=False), 4)
 print("compiled")
 """
 

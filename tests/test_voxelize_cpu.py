@@ -224,13 +224,15 @@ def assert_bit_identical(new, old):
         assert torch.equal(_bits(a), _bits(b)), f"output {i} differs"
 
 
-def check(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels):
+def check(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, path="default"):
+    """``path``: a key of ``PATHS`` (the reference's way of finding first points) or "default"."""
+    kw = {} if path == "default" else dict(table_cells_per_point=PATHS[path])
     before = points.clone()
     for pad in (False, True):
         assert_bit_identical(
-            ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad),
+            ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad, **kw),
             voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad))
-        assert_bit_identical(ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad),
+        assert_bit_identical(ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad, **kw),
                              dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad))
     assert torch.equal(_bits(points), _bits(before)), "points were modified"
 
@@ -255,39 +257,36 @@ def random_case(seed):
     return pts.to(dtype), lengths, voxel_size, (0, 0.1, -0.2, 4.0, 4.5, 3.0), r(1, 6), r(1, 60)
 
 
-PATHS = {"table": 10**9, "sort": 0}  # ref.TABLE_CELLS_PER_POINT forcing each way of finding first points
+PATHS = {"table": 10**9, "sort": 0}  # table_cells_per_point forcing each way of finding first points
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("seed", range(120))
-def test_random_clouds_bit_identical(monkeypatch, seed, path):
-    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
-    check(*random_case(seed))
+def test_random_clouds_bit_identical(seed, path):
+    check(*random_case(seed), path=path)
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n", [0, 1, 2, 3])
 @pytest.mark.parametrize("channels", [3, 4])
-def test_tiny_clouds_bit_identical(monkeypatch, n, channels, path):
-    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
+def test_tiny_clouds_bit_identical(n, channels, path):
     pts = torch.rand(n, channels, generator=generator(n)) * 4  # (1, C): points[:, :3].t() is contiguous
-    check(pts, None, (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 2, 3)
-    check(pts, torch.tensor([n]), (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 1, 1)
+    check(pts, None, (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 2, 3, path)
+    check(pts, torch.tensor([n]), (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 1, 1, path)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_boundary_values_bit_identical(monkeypatch, path):
+def test_boundary_values_bit_identical(path):
     # on range_min / range_max, -0.0, negative denormals at range_min = 0 with voxels > 1 m (the
     # quotient underflows to -0.0), cell edges and the last cell, NaN / inf
-    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
     tiny = torch.finfo(torch.float32).smallest_normal
     vals = [0.0, -0.0, -1e-45, -tiny, 1e-45, tiny, 2.0, 2.5, 3.0, 4.0 - 1e-6, 4.0, 4.5, 6.0 - 2e-6, 6.0, 1.0,
             float("nan"), float("inf"), -float("inf")]
     v = torch.tensor(vals)
     pts = torch.stack(torch.meshgrid(v, v, v, indexing="ij"), -1).reshape(-1, 3)
     pts = torch.cat([pts, torch.arange(len(pts), dtype=torch.float32)[:, None]], 1)
-    check(pts, None, (2.0, 1.5, 0.5), (0, 0, 0, 4, 4.5, 6), 3, 1000)
-    check(pts, None, (0.5, 1.5, 2.5), (0, 0, 0, 4, 4.5, 6), 2, 50)
+    check(pts, None, (2.0, 1.5, 0.5), (0, 0, 0, 4, 4.5, 6), 3, 1000, path)
+    check(pts, None, (0.5, 1.5, 2.5), (0, 0, 0, 4, 4.5, 6), 2, 50, path)
 
 
 def test_int64_keys_bit_identical():
@@ -297,12 +296,11 @@ def test_int64_keys_bit_identical():
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_many_voxels_bit_identical(monkeypatch, path):
+def test_many_voxels_bit_identical(path):
     # more than 2^15 voxels: the voxel numbers are sorted as int32, not int16
-    monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
     pts = torch.rand(40000, 4, generator=generator(11)) * 4
     assert ref.dynamic_voxelize(pts, None, (0.02, 0.02, 0.5), (0, 0, 0, 4, 4, 4), False)[1].shape[0] > 2**15
-    check(pts, None, (0.02, 0.02, 0.5), (0, 0, 0, 4, 4, 4), 2, 30000)
+    check(pts, None, (0.02, 0.02, 0.5), (0, 0, 0, 4, 4, 4), 2, 30000, path)
 
 
 def _scan(kitti_dir, frame):
@@ -310,12 +308,10 @@ def _scan(kitti_dir, frame):
 
 
 @pytest.mark.parametrize("cfg,path", [(V1, "default"), (V1, "sort"), (V3, "default")], ids=["V1", "V1-sort", "V3"])
-def test_kitti_bit_identical(monkeypatch, kitti_dir, cfg, path):
+def test_kitti_bit_identical(kitti_dir, cfg, path):
     # by default V1 (214k cells) takes the table, V3 (90M cells) the sort
-    if path in PATHS:
-        monkeypatch.setattr(ref, "TABLE_CELLS_PER_POINT", PATHS[path])
     one, zero = _scan(kitti_dir, "000001"), _scan(kitti_dir, "000000")
     args = (cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"])
     for pts, lengths in ((one, None), (one.half(), None), (torch.cat([one, zero]), torch.tensor([len(one), len(zero)]))):
         for max_voxels in (cfg["max_voxels"], 3000):
-            check(pts, lengths, *args, max_voxels)
+            check(pts, lengths, *args, max_voxels, path)

@@ -102,11 +102,11 @@ def _put(n: int, index: torch.Tensor, values: torch.Tensor, fill) -> torch.Tenso
 
 # Grids of at most this many cells per point find each voxel's first point through a table of
 # every cell (a scatter-min and a gather, no sort: ~3x faster on the CPU); finer grids (SECOND's
-# 90M cells) through a stable sort of the keys.
+# 90M cells) through a stable sort of the keys. (The tests pass other thresholds to take each way.)
 TABLE_CELLS_PER_POINT = 8
 
 
-def _number_voxels(points, voxel_size, point_cloud_range, lengths):
+def _number_voxels(points, voxel_size, point_cloud_range, lengths, table_cells_per_point=TABLE_CELLS_PER_POINT):
     """The occupied voxels, numbered in first-point order.
 
     Returns ``(idx, vid, vb, coords)``: per in-range point (ascending) ``idx (K,)`` int64 its index
@@ -134,7 +134,7 @@ def _number_voxels(points, voxel_size, point_cloud_range, lengths):
     k = key.numel()
     pos = torch.arange(k, dtype=torch.int32, device=device)
     # head[i]: position (in idx) of the first point of point i's voxel
-    if cells <= TABLE_CELLS_PER_POINT * n:
+    if cells <= table_cells_per_point * n:
         table = torch.full((cells,), k, dtype=torch.int32, device=device)
         head = table.scatter_reduce_(0, key.long(), pos, "amin").index_select(0, key)
     else:  # the first element of each run of equal keys after a stable sort (runs in point order)
@@ -183,16 +183,20 @@ def voxelize(
     max_points_per_voxel: int,
     max_voxels: int,
     pad_to_max: bool,
+    *,
+    table_cells_per_point: int = TABLE_CELLS_PER_POINT,
 ):
     """Hard voxelization; see ``pcops.voxelize`` for the contract.
 
     Returns ``(voxels, coords, num_points, point_to_voxel, num_voxels, num_dropped_points,
-    num_dropped_voxels)``; the last three are ``(B,)`` int64.
+    num_dropped_voxels)``; the last three are ``(B,)`` int64. ``table_cells_per_point``: grids of
+    at most this many cells per point find first points through a table, others by a sort (the
+    same output either way).
     """
     n, num_channels = points.shape
     device = points.device
     batch = 1 if lengths is None else lengths.numel()
-    idx, vid, vb, coords = _number_voxels(points, voxel_size, point_cloud_range, lengths)
+    idx, vid, vb, coords = _number_voxels(points, voxel_size, point_cloud_range, lengths, table_cells_per_point)
     nv = vb.numel()
     order, svid, rank, count = _by_voxel(vid, nv)
     point = idx.index_select(0, order)
@@ -231,14 +235,16 @@ def dynamic_voxelize(
     voxel_size: Sequence[float],
     point_cloud_range: Sequence[float],
     pad_to_max: bool,
+    *,
+    table_cells_per_point: int = TABLE_CELLS_PER_POINT,
 ):
-    """Dynamic voxelization (no caps); see ``pcops.dynamic_voxelize``.
+    """Dynamic voxelization (no caps); see ``pcops.dynamic_voxelize`` (``table_cells_per_point``: as ``voxelize``).
 
     Returns ``(point_to_voxel (N,) int64, coords (M or N, 4) int32, num_voxels (B,) int64)``.
     """
     n = points.shape[0]
     batch = 1 if lengths is None else lengths.numel()
-    idx, vid, vb, coords = _number_voxels(points, voxel_size, point_cloud_range, lengths)
+    idx, vid, vb, coords = _number_voxels(points, voxel_size, point_cloud_range, lengths, table_cells_per_point)
     point_to_voxel = _put(n, idx, vid.long(), -1)
     coords = _pad(coords, n if pad_to_max else 0, -1)
     num_voxels = _per_sample(vb, torch.ones_like(vb), batch)
