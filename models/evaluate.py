@@ -13,7 +13,8 @@ do not exist):
   second detection of a matched object is a false positive (a duplicate).
 * **Thresholds**: IoU 0.7 for Car, 0.5 for Pedestrian and Cyclist (KITTI's).
 * **Valid / ignored ground truth**: an object of the class with at least ``min_points`` (5) LiDAR
-  points inside its box is valid; one with fewer is ignored (like KITTI's DontCare), and so are the
+  points inside its box and its centre inside ``point_cloud_range`` (the detector's range: the
+  simulator labels all 360 degrees, KITTI only the camera's view) is valid; one with fewer is ignored (like KITTI's DontCare), and so are the
   neighbouring classes KITTI ignores (``Van`` for Car, ``Person_sitting`` for Pedestrian).
 * **Range breakdown** (as Waymo reports LEVEL and range): for a bin ``[lo, hi)`` of BEV distance
   from the sensor, ground truth outside the bin is ignored, and an unmatched detection outside the
@@ -85,30 +86,36 @@ def average_precision_r40(tp: np.ndarray, num_gt: int) -> float:
 
 def _match(iv: np.ndarray, ii: np.ndarray, thr: float, det_out_of_bin: np.ndarray) -> np.ndarray:
     """Greedy matching of score-sorted detections: 1 (TP), 0 (FP) or -1 (ignored) per detection.
-    ``iv (K, V)`` IoU with the valid ground truth, ``ii (K, I)`` with the ignored ones."""
+    ``iv (K, V)`` IoU with the valid ground truth, ``ii (K, I)`` with the ignored ones. Only
+    detections reaching the threshold with some valid object need the sequential pass."""
     k = iv.shape[0]
     out = np.zeros(k, dtype=np.int64)
-    used = np.zeros(iv.shape[1], dtype=bool)
-    for j in range(k):
-        if iv.shape[1]:
+    if ii.shape[1]:
+        out[ii.max(axis=1) >= thr] = -1
+    out[det_out_of_bin] = -1
+    if iv.shape[1]:
+        hits = np.nonzero(iv.max(axis=1) >= thr)[0]
+        used = np.zeros(iv.shape[1], dtype=bool)
+        for j in hits:
             cand = np.where(used, -1.0, iv[j])
             best = int(cand.argmax())
             if cand[best] >= thr:
                 used[best] = True
                 out[j] = 1
-                continue
-        if (ii.shape[1] and ii[j].max() >= thr) or det_out_of_bin[j]:
-            out[j] = -1
+            elif not (ii.shape[1] and ii[j].max() >= thr) and not det_out_of_bin[j]:
+                out[j] = 0  # a duplicate of a matched object
     return out
 
 
 def evaluate(scenes: Sequence[SceneResult], class_names: Sequence[str] = ("Car", "Pedestrian", "Cyclist"),
-             min_points: int = 5, ranges: dict | None = None, iou_thresholds: dict | None = None) -> dict:
+             min_points: int = 5, ranges: dict | None = None, iou_thresholds: dict | None = None,
+             point_cloud_range: Sequence[float] | None = None) -> dict:
     """AP|R40 of every class, BEV and 3-D, overall and per range bin (see the module docstring).
 
     Returns ``{class: {"3d": AP, "bev": AP, "num_gt": n, "ranges": {bin: {"3d", "bev", "num_gt"}}}}``.
     """
     ranges = RANGES if ranges is None else ranges
+    pcr = point_cloud_range
     thresholds = IOU_THRESHOLDS if iou_thresholds is None else iou_thresholds
     bins = {"all": (0.0, math.inf), **ranges}
     # per (class, bin, kind): lists of (score, tp) and gt counts
@@ -118,6 +125,10 @@ def evaluate(scenes: Sequence[SceneResult], class_names: Sequence[str] = ("Car",
         names_g = np.array(list(sc.gt_names), dtype=object)
         gt_pts = sc.gt_num_points.cpu().numpy() if len(names_g) else np.zeros(0, np.int64)
         gt_dist = torch.linalg.norm(sc.gt_boxes[:, :2], dim=1).cpu().numpy() if len(names_g) else np.zeros(0)
+        gxy = sc.gt_boxes[:, :2].cpu().numpy()
+        # objects outside the detector's range are not labelled for it (as KITTI's outside the camera)
+        gt_in_pcr = np.ones(len(names_g), bool) if pcr is None else (
+            (gxy[:, 0] >= pcr[0]) & (gxy[:, 0] < pcr[3]) & (gxy[:, 1] >= pcr[1]) & (gxy[:, 1] < pcr[4]))
         all_scores = sc.det_scores.cpu().numpy()
         det_dist = torch.linalg.norm(sc.det_boxes[:, :2], dim=1).cpu().numpy()
         gboxes = sc.gt_boxes.to(sc.det_boxes.device)
@@ -138,7 +149,7 @@ def evaluate(scenes: Sequence[SceneResult], class_names: Sequence[str] = ("Car",
                     iou = np.zeros((len(didx), len(names_g)))
                 for b, (lo, hi) in bins.items():
                     in_bin = (gt_dist >= lo) & (gt_dist < hi)
-                    valid = is_c & (gt_pts >= min_points) & in_bin
+                    valid = is_c & (gt_pts >= min_points) & in_bin & gt_in_pcr
                     ignored = (is_c & ~valid) | is_nb
                     out_bin = ~((ddist >= lo) & (ddist < hi))
                     res = _match(iou[:, valid], iou[:, ignored], thr, out_bin)

@@ -328,7 +328,7 @@ def evaluate_dataset(model: PointPillars, data: str, split: str = "val", batch_s
             scenes += ev.detections_to_scenes(det, model.config.class_names, gts)
     finally:
         model.warn_on_dropped_voxels = warn
-    result = ev.evaluate(scenes, model.config.class_names)
+    result = ev.evaluate(scenes, model.config.class_names, point_cloud_range=model.config.point_cloud_range)
     result["num_scans"] = n
     return result
 
