@@ -107,7 +107,7 @@ def _prune_rows(tiles, warps, per_thread):
 
 # Pinned forward configs: (BLOCK_N, dtype, M_CLASS) → (BLOCK_M, TILES, num_warps). A pinned shape
 # autotunes over that one config only, so its choice cannot change between runs (the timing
-# noise on a ≈ 5 µs kernel); from the H200's graph-timed autotune (benchmarks/NOTES.md).
+# noise on a ≈ 5 µs kernel); from the graph-timed autotune recorded in benchmarks/NOTES.md.
 FWD_PINNED: dict = {
     (1024, torch.float32, 0): (2, 1, 4),  # L1 (4,096 × 768 float32) and its class
     (256, torch.bfloat16, 1): (8, 4, 4),  # L2 (131,072 × 256 bfloat16) and its class
@@ -303,8 +303,8 @@ _layer_norm_gelu_fwd_tuned = triton.autotune(
 # output is 16-bit: far below one bfloat16 rounding (2^-8), about one float16 rounding (2^-11).
 # Forward (0.5·z·(1 + t): t's error scaled by |z|/2): bfloat16 and float16. Backward: bfloat16
 # only: gelu' needs 1 - t², whose error near |t| = 1 is t's amplified by up to ≈ 10, beyond the
-# float16 gradient tolerance in the worst case (the H200 measured bfloat16 dx within one rounding
-# of the exact form). float32 and the interpreter (no inline PTX on the CPU) keep the exact form.
+# float16 gradient tolerance in the worst case (bfloat16 dx measured within one rounding of the
+# exact form: benchmarks/NOTES.md). float32 and the interpreter (no inline PTX on the CPU) keep it exact.
 FAST_TANH_FWD_DTYPES: tuple = (torch.bfloat16, torch.float16)
 FAST_TANH_BWD_DTYPES: tuple = (torch.bfloat16,)
 _TANH_APPROX_MIN_CAPABILITY = (7, 5)
