@@ -369,6 +369,8 @@ class KittiDataset(torch.utils.data.Dataset):
         aug = np.array([0.0, 0.0, 1.0], dtype=np.float32)  # flip, rotation, scale
         n_scene = len(pts)
         if self.augment:
+            reach = _can_enter_range(boxes, self.config.point_cloud_range)
+            boxes, labels, keep = boxes[reach], labels[reach], keep[reach]
             rng = np.random.default_rng([self.seed, epoch, i])
             sb, sn, sp = self._sample_objects(rng, boxes)
             if sb:
@@ -392,6 +394,23 @@ class KittiDataset(torch.utils.data.Dataset):
         }
 
 
+def _can_enter_range(boxes: np.ndarray, pcr, margin: float = 1.0) -> np.ndarray:
+    """Boxes whose centre some flip / rotation (±π/4) / scaling could bring into the range (a
+    conservative test on a few angles with a margin): the others never become targets, and dropping
+    them early keeps the batched target assignment small."""
+    if len(boxes) == 0:
+        return np.zeros(0, bool)
+    x, y = boxes[:, 0:1].astype(np.float64), np.abs(boxes[:, 1:2]).astype(np.float64)
+    ang = np.linspace(ROT_RANGE[0], ROT_RANGE[1], 9)[None, :]
+    ok = np.zeros(len(boxes), bool)
+    for s in SCALE_RANGE:
+        for sy in (1.0, -1.0):
+            xr = s * (x * np.cos(ang) - sy * y * np.sin(ang))
+            yr = s * (x * np.sin(ang) + sy * y * np.cos(ang))
+            ok |= ((xr >= pcr[0] - margin) & (xr < pcr[3] + margin) & (yr >= pcr[1] - margin) & (yr < pcr[4] + margin)).any(1)
+    return ok
+
+
 class Batch(NamedTuple):
     """A packed batch (CPU tensors from :func:`collate`, moved with :meth:`to`)."""
 
@@ -407,15 +426,21 @@ class Batch(NamedTuple):
     frames: list
     host_lengths: tuple = ()  # the points per scan as Python ints (host copies: no sync to read)
     host_sampled: tuple = ()  # pasted boxes per scan as Python ints
+    class_slices: tuple = ()  # per class id 1..C: (start, stop) columns of gt_boxes holding that class
 
     def to(self, device, non_blocking: bool = True) -> "Batch":
         return Batch(*(t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t for t in self))
 
 
 def collate(items: list) -> Batch:
+    """Pack scans back to back; ground truth padded with each class in its own block of columns
+    (``class_slices``), so the target assignment compares each class's anchors with its boxes only."""
     bsz = len(items)
     lengths = torch.tensor([len(it["points"]) for it in items], dtype=torch.int64)
-    g = max(1, max(len(it["boxes"]) for it in items))
+    n_cls = max([0] + [int(it["labels"].max()) for it in items if len(it["labels"])])
+    per_class = [max(int((it["labels"] == c).sum()) for it in items) for c in range(1, n_cls + 1)]
+    starts = np.concatenate([[0], np.cumsum(per_class)]).astype(int)
+    g = max(1, int(starts[-1]))
     s = max(1, max(len(it["sampled"]) for it in items))
     gt_boxes = torch.zeros(bsz, g, 7)
     gt_labels = torch.zeros(bsz, g, dtype=torch.int64)
@@ -424,8 +449,11 @@ def collate(items: list) -> Batch:
     scene = torch.zeros(int(lengths.sum()), dtype=torch.bool)
     start = 0
     for b, it in enumerate(items):
-        gt_boxes[b, : len(it["boxes"])] = it["boxes"]
-        gt_labels[b, : len(it["labels"])] = it["labels"]
+        for c in range(1, n_cls + 1):
+            sel = it["labels"] == c
+            k = int(sel.sum())
+            gt_boxes[b, starts[c - 1] : starts[c - 1] + k] = it["boxes"][sel]
+            gt_labels[b, starts[c - 1] : starts[c - 1] + k] = c
         sampled[b, : len(it["sampled"])] = it["sampled"]
         sampled_valid[b, : len(it["sampled"])] = True
         scene[start : start + it["n_scene"]] = True
@@ -443,6 +471,7 @@ def collate(items: list) -> Batch:
         frames=[it["frame"] for it in items],
         host_lengths=tuple(int(n) for n in lengths),
         host_sampled=tuple(len(it["sampled"]) for it in items),
+        class_slices=tuple((int(starts[c]), int(starts[c + 1])) for c in range(n_cls)),
     )
 
 

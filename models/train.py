@@ -119,7 +119,8 @@ def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, 
     with torch.autocast(device.type, dtype=dtype, enabled=amp):
         preds = model.forward_train(batch.points, batch.lengths)
     anchors = model.anchors(device)
-    targets = assign_targets(model.config, anchors, batch.gt_boxes, batch.gt_labels)
+    targets = assign_targets(model.config, anchors, batch.gt_boxes, batch.gt_labels,
+                             class_slices=batch.class_slices or None)
     losses = pointpillars_loss(model.config, preds, targets, anchors)
     _mark(times, "augment+forward+targets+loss", device)
     opt.zero_grad(set_to_none=True)
