@@ -98,7 +98,7 @@ def _draw(points, det_boxes, det_labels, gt, path: Path, title: str, class_names
     try:
         from pcops import viz
     except ImportError:  # matplotlib missing
-        print(f"  (no picture: matplotlib is not installed; pip install 'pcops[viz]')")
+        print("  (no picture: matplotlib is not installed; pip install 'pcops[viz]')")
         return
     viz.draw_bev(points, det_boxes, gt_boxes, str(path), labels=labels, gt_labels=gt_names, title=title,
                  x_range=(-5.0, 75.0), y_range=(-42.0, 42.0))

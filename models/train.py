@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from . import evaluate as ev
-from .config import PointPillarsConfig
 from .data import Batch, EpochSampler, KittiDataset, _progress, augment_batch, collate
 from .loss import pointpillars_loss
 from .pointpillars import PointPillars
