@@ -54,7 +54,7 @@ PROFILED: set = set()
 def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=False):
     """Each stage of the captured pipeline in its own CUDA graph (inputs from the previous stage):
     the per-stage split of the graph-captured total, for one scan or a batch (a list of scans)."""
-    from pcops.models.graph import GraphedPointPillars, cudnn_benchmark as _cudnn_benchmark, fixed_voxelize as _fixed_voxelize
+    from pcops.models.graph import GraphedPointPillars, cudnn_benchmark_mode as _cudnn_benchmark, fixed_voxelize as _fixed_voxelize
     import torch.nn.functional as F
 
     scans_gpu = scans_gpu if isinstance(scans_gpu, (list, tuple)) else [scans_gpu]

@@ -11,8 +11,12 @@ time of every stage over ``--repeats`` runs after ``--warmup`` runs (CUDA events
 label file is found (pcops labels ``<scan>.txt`` / ``<scan>.labels.txt`` / ``labels/<scan>.txt``
 beside the scan, or KITTI ``label_2`` + ``calib`` next to ``velodyne``).
 
-Without ``--weights`` the detector has random weights (seeded: the same boxes on every run and
-device), so the boxes are meaningless: the demo says so.
+Weights: by default the PointPillars weights shipped with pcops (``PointPillars.pretrained()``,
+trained on pcops' simulated KITTI-like scans: ``benchmarks/results/train_pointpillars.json``);
+``--weights`` loads an OpenPCDet checkpoint or a pcops training export; ``--random-weights`` uses
+seeded random weights (meaningless boxes, for timing only). The optional picture needs matplotlib
+(``pip install 'pcops[viz]'``): the demo checks for it before computing anything. Without scan paths
+and without ``data/`` (an installed package), it uses the sample scans shipped in the wheel.
 """
 from __future__ import annotations
 
@@ -40,8 +44,11 @@ def _is_scan(p: Path) -> bool:
 
 
 def default_scans() -> list[Path]:
-    """The repository's ``data/`` scans, else the real KITTI samples beside the repository."""
-    for folder in (_REPO / "data", Path.cwd() / "data", _REPO.parent / "shared" / "data" / "kitti" / "training" / "velodyne"):
+    """The repository's ``data/`` scans (or the copy shipped in the wheel), else the real KITTI
+    samples beside the repository."""
+    shipped = Path(pcops.__file__).resolve().parent / "data"
+    for folder in (_REPO / "data", shipped, Path.cwd() / "data",
+                   _REPO.parent / "shared" / "data" / "kitti" / "training" / "velodyne"):
         scans = sorted(p for p in folder.glob("*") if _is_scan(p)) if folder.is_dir() else []
         if scans:
             return scans
@@ -90,24 +97,24 @@ def find_labels(scan: Path):
     return None
 
 
-def _draw(points, det_boxes, det_labels, gt, path: Path, title: str, class_names) -> None:
-    labels = [class_names[int(i) - 1] if 0 < int(i) <= len(class_names) else "?" for i in det_labels]
-    if len(labels) > 60:  # too many to read: boxes only
-        labels = None
+def _draw(points, det, n, gt, path: Path, title: str, cfg, min_score: float) -> None:
+    from pcops import viz
+
+    keep = (det.scores[0, :n] >= min_score).cpu()
+    labels = det.labels[0, :n].cpu()[keep].tolist()
+    classes = [cfg.class_names[int(i) - 1] if 0 < int(i) <= cfg.num_classes else "?" for i in labels]
     gt_boxes, gt_names = gt if gt is not None else (None, None)
-    try:
-        from pcops import viz
-    except ImportError:  # matplotlib missing
-        print("  (no picture: matplotlib is not installed; pip install 'pcops[viz]')")
-        return
-    viz.draw_bev(points, det_boxes, gt_boxes, str(path), labels=labels, gt_labels=gt_names, title=title,
-                 x_range=(-5.0, 75.0), y_range=(-42.0, 42.0))
+    viz.draw_bev(points, det.boxes[0, :n].cpu()[keep], gt_boxes, str(path), labels=classes, classes=classes,
+                 scores=det.scores[0, :n].cpu()[keep], gt_labels=gt_names, title=title,
+                 detector_range=cfg.point_cloud_range)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pcops.models.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", help="scan files or folders (default: data/ or ../shared/data KITTI samples)")
-    p.add_argument("--weights", default=None, help="OpenPCDet PointPillars checkpoint (.pth); default: random weights")
+    p.add_argument("--weights", default=None,
+                   help="OpenPCDet PointPillars checkpoint (.pth) or pcops export; default: the shipped weights")
+    p.add_argument("--random-weights", action="store_true", help="seeded random weights instead (timing only)")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda when available")
     p.add_argument("--out", default="out", help="folder for the BEV pictures (default: out/)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per scan (default: 20 on GPU, 3 on CPU)")
@@ -118,6 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--graph", action="store_true", help="also time the CUDA-graph-captured pipeline (GPU only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--no-draw", action="store_true", help="skip the pictures")
+    p.add_argument("--min-score", type=float, default=0.3, help="draw detections with at least this score (default 0.3)")
     return p.parse_args(argv)
 
 
@@ -131,6 +139,14 @@ def main(argv=None) -> int:
     warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
     if repeats < 1 or warmup < 0:
         raise SystemExit("--repeats must be >= 1 and --warmup >= 0")
+    if not args.no_draw:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit("the demo draws with matplotlib, which is not installed: pip install 'pcops[viz]' "
+                             "(or pass --no-draw)") from None
+    if args.weights and args.random_weights:
+        raise SystemExit("--weights and --random-weights: give one of them")
     scans = expand(args.paths) if args.paths else default_scans()
     if not scans:
         raise SystemExit("no scans given and none found in data/ or ../shared/data/kitti/training/velodyne")
@@ -139,14 +155,21 @@ def main(argv=None) -> int:
 
     cfg = PointPillarsConfig()
     model = PointPillars(cfg, impl=args.impl, dtype=torch.float16 if args.fp16 else torch.float32)
-    if args.weights:
-        model.load_openpcdet(args.weights)
-        print(f"weights: OpenPCDet checkpoint {args.weights}")
-    else:
+    if args.random_weights:
         calib_points = pcops.io.read_points(scans[0])
         randomize_(model, args.seed, calib_points)
-        print(f"weights: RANDOM (seed {args.seed}, BatchNorm statistics from {scans[0].name}); no trained "
-              "checkpoint given (--weights), so the detections below are meaningless boxes")
+        weights = f"random (seed {args.seed})"
+        print(f"weights: RANDOM (seed {args.seed}, BatchNorm statistics from {scans[0].name}): the detections "
+              "below are meaningless boxes (timing only)")
+    elif args.weights:
+        model = PointPillars.pretrained(args.weights, impl=args.impl, dtype=model.dtype)
+        weights = Path(args.weights).name
+        print(f"weights: {args.weights}")
+    else:
+        model = PointPillars.pretrained(impl=args.impl, dtype=model.dtype)
+        weights = "pcops sim-trained"
+        print("weights: pcops' shipped PointPillars weights, trained on simulated KITTI-like scans "
+              "(benchmarks/results/train_pointpillars.json); real-scan accuracy is not yet measured")
     model = model.to(device)
     out_dir = Path(args.out)
     if not args.no_draw:
@@ -201,10 +224,11 @@ def main(argv=None) -> int:
         if not args.no_draw:
             gt = find_labels(scan)
             png = out_dir / f"{_stem(scan)}_bev.png"
-            boxes = det.boxes[0, :n].cpu()
-            weights = "random weights" if not args.weights else Path(args.weights).name
-            title = f"{scan.name}: {n} detections ({weights})" + ("" if gt is None else f", {len(gt[0])} ground truth")
-            _draw(points, boxes, det.labels[0, :n].cpu(), gt, png, title, cfg.class_names)
+            total = stats.get("total", {}).get("median_ms", wall[len(wall) // 2])
+            title = (f"{scan.name}: PointPillars ({args.impl}{', fp16' if args.fp16 else ''}), weights: {weights}; "
+                     f"{n} detections ({int((det.scores[0, :n] >= args.min_score).sum())} drawn, score >= "
+                     f"{args.min_score}), {total:.1f} ms on {'GPU' if gpu else 'CPU'}")
+            _draw(points, det, n, gt, png, title, cfg, args.min_score)
             if png.exists():
                 print(f"  picture: {png}")
     return 0

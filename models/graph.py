@@ -15,7 +15,7 @@ __all__ = ["GraphedPointPillars"]
 
 
 @contextlib.contextmanager
-def cudnn_benchmark(on: bool):
+def cudnn_benchmark_mode(on: bool):
     """``torch.backends.cudnn.benchmark`` switched on inside the block (if ``on``), then restored."""
     previous = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = previous or on
@@ -81,7 +81,7 @@ class GraphedPointPillars:
         self._copy_in(example_points, example_lengths)
         if not isinstance(cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark: expected a bool, got {type(cudnn_benchmark).__name__}")
-        with cudnn_benchmark(cudnn_benchmark):
+        with cudnn_benchmark_mode(cudnn_benchmark):
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), torch.no_grad():

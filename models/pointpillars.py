@@ -184,10 +184,7 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         if not os.path.exists(path):
             raise FileNotFoundError(f"path: no PointPillars weights at {path}")
         model = cls(**kwargs)
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "model_state" in state:
-            state = state["model_state"]
-        model.load_openpcdet({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+        model.load_openpcdet(path)  # fp16 weights are cast to the float32 parameters
         model.weights_source = path
         return model
 

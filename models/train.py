@@ -60,6 +60,7 @@ class TrainConfig:
     checkpoint_every: int = 1  # epochs
     resume: str | None = None
     eval_split: str | None = "val"
+    augment: bool = True  # OpenPCDet's augmentations (off: the scans as they are, e.g. to overfit a few)
     eval_batch_size: int = 16
     deterministic: bool = False
     progress: bool = True
@@ -178,7 +179,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model = (model or PointPillars()).to(device)
     mcfg = model.config
-    ds = KittiDataset(cfg.data, "train", mcfg, augment=True, seed=cfg.seed)
+    ds = KittiDataset(cfg.data, "train", mcfg, augment=cfg.augment, seed=cfg.seed)
     steps_per_epoch = len(ds) // cfg.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"batch_size: {cfg.batch_size} is larger than the {len(ds)} training scans")

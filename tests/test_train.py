@@ -402,28 +402,33 @@ def test_untrained_model_warns_once():
         model(pts)
 
 
-@pytest.mark.gpu
-@requires_cuda
-def test_gpu_overfit_two_scans(tiny_split, tmp_path):
-    from pcops.models.train import TrainConfig, evaluate_dataset, train
+SMALL = PointPillarsConfig(point_cloud_range=(0.0, -10.24, -3.0, 20.48, 10.24, 1.0))  # a 128 x 128 grid
 
-    (tiny_split / "ImageSets" / "two.txt").write_text("000000\n000001\n")
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
+def test_overfit_two_scans(tiny_split, tmp_path, device):
+    """Two scans, no augmentation, a small range (fast on the CPU): the loss falls near zero and the
+    model finds every car on them."""
     import shutil
+
+    from pcops.models.train import TrainConfig, evaluate_dataset, train
 
     root = tmp_path / "two"
     shutil.copytree(tiny_split, root)
     (root / "ImageSets" / "train.txt").write_text("000000\n000001\n")
     (root / "ImageSets" / "val.txt").write_text("000000\n000001\n")
-    (root / "gt_database.npz").unlink()
-    np.savez(root / "gt_database.npz", names=np.zeros(0, "U16"), boxes=np.zeros((0, 7), np.float32),
-             points=np.zeros((0, 4), np.float32), offsets=np.zeros(1, np.int64))
-    cfg = TrainConfig(data=str(root), out=str(tmp_path / "run"), epochs=300, batch_size=2, workers=0, lr=0.003,
-                      eval_split=None, progress=False, log_every=50)
-    model = PointPillars()
+    cfg = TrainConfig(data=str(root), out=str(tmp_path / "run"), epochs=OVERFIT_STEPS, batch_size=2, workers=0,
+                      lr=0.003, eval_split=None, progress=False, log_every=10, augment=False, device=device)
+    model = PointPillars(config=SMALL)
     rec = train(cfg, model)
-    assert rec["history"][-1]["total"] < 0.15 * rec["history"][0]["total"]
+    assert rec["history"][-1]["total"] < 0.25 * rec["history"][0]["total"], rec["history"]
     res = evaluate_dataset(model, str(root), "val", batch_size=2, workers=0, progress=False)
-    assert res["Car"]["bev"] >= 99.0
+    assert res["Car"]["num_gt"] > 0
+    assert res["Car"]["bev"] >= 95.0, res["Car"]
+
+
+OVERFIT_STEPS = 150
 
 
 @pytest.mark.gpu
