@@ -56,7 +56,7 @@ class TrainConfig:
     workers: int = 8
     seed: int = 0
     device: str = "cuda"
-    max_steps: int | None = None  # stop after this many steps (smoke tests)
+    max_steps: int | None = None  # stop after this many steps (smoke tests; the schedule keeps its length)
     checkpoint_every: int = 1  # epochs
     resume: str | None = None
     eval_split: str | None = "val"
@@ -183,10 +183,9 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     steps_per_epoch = len(ds) // cfg.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"batch_size: {cfg.batch_size} is larger than the {len(ds)} training scans")
-    total_steps = steps_per_epoch * cfg.epochs
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
+    total_steps = steps_per_epoch * cfg.epochs  # the schedule's length
     opt, sched = _build_optimizer(model, cfg, total_steps)
+    stop_at = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)  # max_steps stops early only
     t20 = None
     scaler = torch.amp.GradScaler("cuda") if (device.type == "cuda" and cfg.amp == "fp16") else None
     start_epoch, step = 0, 0
@@ -205,7 +204,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     profile: dict = {}  # stage -> seconds over the profiled steps (synchronised; steps 30-49 of the run)
     history = []
     t_start = time.perf_counter()
-    done = step >= total_steps
+    done = step >= stop_at
     epoch = start_epoch
     while not done and epoch < cfg.epochs:
         sampler.set_epoch(epoch)
@@ -224,7 +223,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 profile["data (wait for the loader)"] = profile.get("data (wait for the loader)", 0.0) + t0 - t_data
                 profile["steps"] = profile.get("steps", 0) + 1
             step += 1
-            if step % cfg.log_every == 0 or step == total_steps:
+            if step % cfg.log_every == 0 or step == stop_at:
                 vals = {k: float(getattr(losses, k).detach()) for k in ("total", "cls", "loc", "dir")}  # one sync
                 vals.update(step=step, epoch=epoch, lr=sched.get_last_lr()[0],
                             scans_per_s=cfg.batch_size * step / max(time.perf_counter() - t_start, 1e-9))
@@ -242,11 +241,12 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 fit = 40 + int((cfg.time_budget - (time.perf_counter() - t_start)) / per_step)
                 if fit < total_steps:
                     total_steps = max(fit, 41)
+                    stop_at = min(stop_at, total_steps)
                     opt, sched = _refit_schedule(model, opt, cfg, total_steps, step)
                     log.info("time budget %.0f s: %.1f ms per step, schedule fitted to %d steps (%.1f epochs)",
                              cfg.time_budget, 1000 * per_step, total_steps, total_steps / steps_per_epoch)
             t_data = time.perf_counter()
-            if step >= total_steps:
+            if step >= stop_at:
                 done = True
                 break
         if device.type == "cuda":
