@@ -456,9 +456,16 @@ def test_demo_cpu_one_scan(tmp_path, capsys):
     rc = demo.main(["--device", "cpu", "--max-scans", "1", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "RANDOM" in text and "detections" in text and "voxelize" in text and "total" in text
+    assert "shipped PointPillars weights" in text and "voxelize" in text and "total" in text
+    import re
+
+    found = re.search(r"points, (\d+) detections", text)
+    assert found and int(found.group(1)) > 0, text  # the shipped weights find objects in the sample scan
     pngs = list(tmp_path.glob("*_bev.png"))
     assert len(pngs) == 1 and pngs[0].stat().st_size > 1000
+    rc = demo.main(["--device", "cpu", "--max-scans", "1", "--repeats", "1", "--warmup", "0", "--no-draw",
+                    "--random-weights"])
+    assert rc == 0 and "RANDOM" in capsys.readouterr().out
 
 
 def test_static_pipeline_equals_eager(model, scan, cpu_results):
