@@ -18,11 +18,12 @@ Every public op takes ``backend: str = "auto"`` with the same vocabulary:
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
 
-__all__ = ["BACKENDS", "check", "resolve", "log_kernel", "logger"]
+__all__ = ["BACKENDS", "check", "resolve", "refuse_float64", "nvrtc_available", "log_kernel", "logger"]
 
 BACKENDS = ("auto", "triton", "cuda", "reference")
 
@@ -66,6 +67,26 @@ def resolve(backend: str, op: str, *tensors: torch.Tensor, auto_cuda: str = "tri
         raise ValueError(f"backend: {backend!r} runs on CUDA tensors only, got tensors on {device}; "
                          "use backend='auto' or 'reference'")
     return backend
+
+
+def refuse_float64(chosen: str, tensor: torch.Tensor, name: str) -> None:
+    """An explicitly requested GPU kernel computes in float32: float64 input raises ``TypeError``
+    (``"auto"`` sends float64 to the reference instead)."""
+    if chosen in ("triton", "cuda") and tensor.dtype == torch.float64:
+        raise TypeError(f"{name}: backend={chosen!r} computes in float32 and takes float32/float16/bfloat16, got "
+                        "torch.float64; use backend='auto' or 'reference'")
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_available() -> bool:
+    """NVRTC can be loaded (checked once per process): where it cannot, ``"auto"`` uses Triton."""
+    try:
+        from ._nvrtc import nvrtc
+
+        nvrtc()
+        return True
+    except (RuntimeError, OSError):
+        return False
 
 
 def log_kernel(op: str, kernel: str) -> None:

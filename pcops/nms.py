@@ -17,7 +17,6 @@ tensors; on the GPU they cannot be checked without a host sync and follow the ru
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 
@@ -326,16 +325,7 @@ def _boxes_iou_3d_fake(boxes_a, boxes_b, backend):
     return _iou_fake(boxes_a, boxes_b, three_d=True)
 
 
-@functools.lru_cache(maxsize=None)
-def _nvrtc_available() -> bool:
-    """NVRTC can be loaded (checked once); otherwise ``backend="auto"`` uses Triton."""
-    try:
-        from ._nvrtc import nvrtc
-
-        nvrtc()
-        return True
-    except (RuntimeError, OSError):
-        return False
+_nvrtc_available = _backend.nvrtc_available
 
 
 def _nms_impl(backend: str, boxes: torch.Tensor, scores: torch.Tensor, m: int) -> str:

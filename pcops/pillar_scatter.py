@@ -7,7 +7,6 @@ or CUDA C++ on CUDA) → kernel; plus a fake (shape) function and a registered b
 """
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import torch
@@ -87,16 +86,7 @@ def pillar_scatter(
 # --- registration: one schema per op; ``backend`` picks the implementation (pcops._backend) -------
 
 
-@functools.lru_cache(maxsize=None)
-def _nvrtc_available() -> bool:
-    """NVRTC can be loaded (checked once); otherwise ``backend="auto"`` differentiates with Triton."""
-    try:
-        from ._nvrtc import nvrtc
-
-        nvrtc()
-        return True
-    except (RuntimeError, OSError):
-        return False
+_nvrtc_available = _backend.nvrtc_available
 
 
 def _scatter_impl(backend: str, features: torch.Tensor) -> str:

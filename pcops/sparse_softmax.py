@@ -98,9 +98,7 @@ def sparse_softmax(
 def _impl(backend: str, values: torch.Tensor):
     """The module that runs ``backend`` for ``values`` (the reference on the CPU and for float64)."""
     chosen = _backend.resolve(backend, _OP, values)
-    if chosen in ("triton", "cuda") and values.dtype == torch.float64:
-        raise TypeError(f"values: backend={chosen!r} takes float32/float16/bfloat16, got float64; "
-                        "use backend='auto' or 'reference'")
+    _backend.refuse_float64(chosen, values, "values")
     if chosen == "cuda":
         from .cuda import sparse_softmax as impl
     elif chosen == "triton":

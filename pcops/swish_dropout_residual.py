@@ -61,9 +61,7 @@ def fused_swish_dropout_residual(
 def _resolve(backend: str, x: torch.Tensor) -> str:
     """``"triton"`` or ``"reference"`` (which also serves ``"cpu"``: the op has no separate CPU path)."""
     chosen = _backend.resolve(backend, _OP, x, supported=_SUPPORTED)
-    if chosen == "triton" and x.dtype == torch.float64:
-        raise TypeError("x: backend='triton' computes in float32 and takes float32/float16/bfloat16, got "
-                        "torch.float64; use backend='auto' or 'reference'")
+    _backend.refuse_float64(chosen, x, "x")
     return "triton" if chosen == "triton" else "reference"
 
 
