@@ -21,6 +21,7 @@ pcops cuda (``pcops.sparse_softmax(backend=...)``). fwd+bwd calls are those of t
 rows (``grad_step``: grads reset to None, ``y.backward(dy)``). Ratios: baseline (torch eager,
 segment softmax) steady / this steady; floors per call as the other rows.
 """
+
 import time
 
 import torch
@@ -51,8 +52,18 @@ def timed_pair(rows, wl, impl, fn, rep, floor_ms, items, baseline=None, graph=Tr
             print(f"{wl} {impl} graph={mode}: {type(e).__name__}: {e}")
             continue
         base = (baseline or {}).get(mode, t)
-        rows.append(row(wl, impl + (" [graph]" if mode else ""), t, items=items, unit="rows/s", baseline=base,
-                        floor_ms=floor_ms, of_floor=floor_ms / t["median_ms"]))
+        rows.append(
+            row(
+                wl,
+                impl + (" [graph]" if mode else ""),
+                t,
+                items=items,
+                unit="rows/s",
+                baseline=base,
+                floor_ms=floor_ms,
+                of_floor=floor_ms / t["median_ms"],
+            )
+        )
         out[mode] = t
     return out
 
@@ -62,10 +73,17 @@ def count_launches(wl, fns):
     out = {}
     for name, fn in fns.items():
         act = gpu_activities(fn, iters=3)
-        out[name] = {"launches": act.get("kernels"), "copies": act.get("copies"), "gpu_us": act.get("gpu_us"),
-                     "per_call_us": act.get("per_call_us"), **({"error": act["error"]} if "error" in act else {})}
-        print(f"{wl} {name}: {act.get('kernels')} launches per call ({act.get('copies')} copies), "
-              f"GPU {act.get('gpu_us', float('nan')):.1f} µs")
+        out[name] = {
+            "launches": act.get("kernels"),
+            "copies": act.get("copies"),
+            "gpu_us": act.get("gpu_us"),
+            "per_call_us": act.get("per_call_us"),
+            **({"error": act["error"]} if "error" in act else {}),
+        }
+        print(
+            f"{wl} {name}: {act.get('kernels')} launches per call ({act.get('copies')} copies), "
+            f"GPU {act.get('gpu_us', float('nan')):.1f} µs"
+        )
     return out
 
 
@@ -97,14 +115,24 @@ def steady_k(bytes_per_call, l2):
 
 def steady_plan(wl, k, l2, fwd_bytes, fb_bytes):
     """Prints and returns K and the working sets of one workload's steady rows."""
-    info = {"K": k, "l2_bytes": l2, "fwd_bytes_per_call": fwd_bytes, "fwd+bwd_bytes_per_call": fb_bytes,
-            "fwd_working_set_MB": k * fwd_bytes / 1e6, "fwd+bwd_working_set_MB": k * fb_bytes / 1e6}
-    print(f"{wl}: steady rows: K = {k} calls per graph on {k} input copies; working set (inputs + outputs) "
-          f"fwd {k * fwd_bytes / 1e6:.0f} MB, fwd+bwd {k * fb_bytes / 1e6:.0f} MB "
-          f"({k * fwd_bytes / l2:.1f}x / {k * fb_bytes / l2:.1f}x the {l2 / 1e6:.0f} MB L2)")
+    info = {
+        "K": k,
+        "l2_bytes": l2,
+        "fwd_bytes_per_call": fwd_bytes,
+        "fwd+bwd_bytes_per_call": fb_bytes,
+        "fwd_working_set_MB": k * fwd_bytes / 1e6,
+        "fwd+bwd_working_set_MB": k * fb_bytes / 1e6,
+    }
+    print(
+        f"{wl}: steady rows: K = {k} calls per graph on {k} input copies; working set (inputs + outputs) "
+        f"fwd {k * fwd_bytes / 1e6:.0f} MB, fwd+bwd {k * fb_bytes / 1e6:.0f} MB "
+        f"({k * fwd_bytes / l2:.1f}x / {k * fb_bytes / l2:.1f}x the {l2 / 1e6:.0f} MB L2)"
+    )
     if k * fwd_bytes < STEADY_L2_FACTOR * l2:
-        print(f"{wl}: steady rows: working set below {STEADY_L2_FACTOR}x L2 at K = STEADY_MAX_K "
-              f"(inputs partly served from L2)")
+        print(
+            f"{wl}: steady rows: working set below {STEADY_L2_FACTOR}x L2 at K = STEADY_MAX_K "
+            f"(inputs partly served from L2)"
+        )
     return info
 
 
@@ -122,12 +150,27 @@ def steady_rows(rows, wl, label, k, impls, make_fns, floor_ms, items, info):
             print(f"{wl} {name}: {type(e).__name__}: {e}")
             continue
         base = base or t
-        rows.append(row(wl, name, t, items=items, unit="rows/s", baseline=base, floor_ms=floor_ms,
-                        of_floor=floor_ms / t["median_ms"]))
-        print(f"{wl} {name}: {t['median_ms']:.4f} ms per call (one replay of {k} calls {t['graph_ms_median']:.4f} ms; "
-              f"{STEADY_REP} replays back to back {t['back_to_back_ms']:.4f} ms per call)")
-        info[f"{impl} {label}"] = {"ms_per_call": t["median_ms"], "graph_ms_median": t["graph_ms_median"],
-                                   "back_to_back_ms_per_call": t["back_to_back_ms"]}
+        rows.append(
+            row(
+                wl,
+                name,
+                t,
+                items=items,
+                unit="rows/s",
+                baseline=base,
+                floor_ms=floor_ms,
+                of_floor=floor_ms / t["median_ms"],
+            )
+        )
+        print(
+            f"{wl} {name}: {t['median_ms']:.4f} ms per call (one replay of {k} calls {t['graph_ms_median']:.4f} ms; "
+            f"{STEADY_REP} replays back to back {t['back_to_back_ms']:.4f} ms per call)"
+        )
+        info[f"{impl} {label}"] = {
+            "ms_per_call": t["median_ms"],
+            "graph_ms_median": t["graph_ms_median"],
+            "back_to_back_ms_per_call": t["back_to_back_ms"],
+        }
     info["wall_s"] = info.get("wall_s", 0.0) + time.perf_counter() - t0
 
 
@@ -138,6 +181,16 @@ def graph_row(rows, wl, impl, fn, rep, floor_ms, items, baseline=None):
     except Exception as e:  # reported, not fatal
         print(f"{wl} {impl}: {type(e).__name__}: {e}")
         return None
-    rows.append(row(wl, impl + " [graph]", t, items=items, unit="rows/s", baseline=baseline,
-                    floor_ms=floor_ms, of_floor=floor_ms / t["median_ms"]))
+    rows.append(
+        row(
+            wl,
+            impl + " [graph]",
+            t,
+            items=items,
+            unit="rows/s",
+            baseline=baseline,
+            floor_ms=floor_ms,
+            of_floor=floor_ms / t["median_ms"],
+        )
+    )
     return t

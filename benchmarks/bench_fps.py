@@ -13,6 +13,7 @@ Repetitions: fast calls follow WORKLOADS.md (warm-up, median of ≥ 50 runs). Ca
 are timed ONCE (``runs`` = 1 in the row), after a warm-up call that runs the same kernels on a cheap
 input (32 samples). ``--out DIR`` writes ``fps.json``.
 """
+
 import logging
 
 import torch
@@ -98,11 +99,15 @@ def main():
     xyz = scan[:, :3].contiguous().cuda()
     clouds = f1_clouds(scan[:, :3]).cuda()
     rows, notes = [], {"scan": source, "scan_points": xyz.shape[0]}
-    notes["timing of slow calls"] = (f"calls slower than {SLOW_MS:.0f} ms (reference FPS, Triton streaming FPS on F2) "
-                                     "are timed once after a warm-up call (runs = 1)")
+    notes["timing of slow calls"] = (
+        f"calls slower than {SLOW_MS:.0f} ms (reference FPS, Triton streaming FPS on F2) "
+        "are timed once after a warm-up call (runs = 1)"
+    )
     for wl, pts, m in (("F1 8x16384->4096", clouds, 4096), ("F2 120268->16384", xyz[None], 16384)):
         base, _ = timed(lambda: torch_fps(pts, m), rep, args.quick, warm=lambda: torch_fps(pts, 32))
-        rows.append(row(wl, "torch reference (per-step ops)", base, items=pts.shape[0] * m, unit="samples/s", baseline=base))
+        rows.append(
+            row(wl, "torch reference (per-step ops)", base, items=pts.shape[0] * m, unit="samples/s", baseline=base)
+        )
         expected = None  # Triton's indices, the ones the CUDA kernel is compared against
         for backend in ("triton", "cuda"):
             fps = lambda mm=m: pcops.farthest_point_sample(pts, mm, backend=backend)  # noqa: E731
@@ -116,12 +121,23 @@ def main():
             if backend == "triton":
                 expected = got
             same = bool(torch.equal(got, expected)) if expected is not None else None
-            rows.append(row(wl, f"pcops fps {backend}", t, items=pts.shape[0] * m, unit="samples/s", baseline=base,
-                            identical_to_triton=same, kernel=kernel))
+            rows.append(
+                row(
+                    wl,
+                    f"pcops fps {backend}",
+                    t,
+                    items=pts.shape[0] * m,
+                    unit="samples/s",
+                    baseline=base,
+                    identical_to_triton=same,
+                    kernel=kernel,
+                )
+            )
             if backend == "cuda":  # the same call captured in a CUDA graph (no host time between launches)
                 t = bench(fps, warmup=2, rep=50 if wl.startswith("F1") else 10, graph=True)
-                rows.append(row(wl, "pcops fps cuda (graph replay)", t, items=pts.shape[0] * m, unit="samples/s",
-                                baseline=base))
+                rows.append(
+                    row(wl, "pcops fps cuda (graph replay)", t, items=pts.shape[0] * m, unit="samples/s", baseline=base)
+                )
                 from pcops.cuda import fps as cuda_fps
 
                 lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)

@@ -8,6 +8,7 @@ kernel + sort, eager and graph) with 32-bit keys (the default up to 4,096 clouds
 of ~10 launches per sample) as the same-run baseline. Every row says whether its indices equal the
 Triton backend's. ``--out DIR`` writes ``fps_f1.json``.
 """
+
 import torch
 from bench_fps import f1_clouds, kernel_of, timed, torch_fps
 
@@ -36,17 +37,35 @@ def main():
     t, got = timed(op, rep, args.quick)
     kernel = kernel_of(op)
     same = bool(torch.equal(got, expected))
-    rows.append(row("F1", "pcops cuda", t, items=items, unit="samples/s", baseline=base, identical_to_triton=same,
-                    kernel=kernel))
+    rows.append(
+        row(
+            "F1", "pcops cuda", t, items=items, unit="samples/s", baseline=base, identical_to_triton=same, kernel=kernel
+        )
+    )
     g = bench(op, warmup=3, rep=rep, graph=True)
-    rows.append(row("F1", "pcops cuda, graph replay", g, items=items, unit="samples/s", baseline=base,
-                    identical_to_triton=same, kernel=kernel))
+    rows.append(
+        row(
+            "F1",
+            "pcops cuda, graph replay",
+            g,
+            items=items,
+            unit="samples/s",
+            baseline=base,
+            identical_to_triton=same,
+            kernel=kernel,
+        )
+    )
     lengths = torch.full((pts.shape[0],), pts.shape[1], device=pts.device)
     for keys32 in (True, False):
         for graph in (False, True):
             prep = bench(lambda: cu.order(pts, lengths, keys32=keys32), warmup=3, rep=30, graph=graph)
-            rows.append(row("F1", f"prep only (keys + sort), {32 if keys32 else 64}-bit keys"
-                            + (", graph replay" if graph else ""), prep))
+            rows.append(
+                row(
+                    "F1",
+                    f"prep only (keys + sort), {32 if keys32 else 64}-bit keys" + (", graph replay" if graph else ""),
+                    prep,
+                )
+            )
     notes["goal_ms"] = 3.0
     notes["peers_ms (issue 6, H200)"] = {"F1 OpenPCDet": 14.3}
     report(rows, "fps_f1", args.out, notes=notes)

@@ -17,6 +17,7 @@ The voxels are computed here in plain torch (floor + unique), independent of pco
 Floor: launches (≈ 7-12 µs of host time each) dominate; the bytes (coords in, 4.8 MB of out_in
 out for subm) take ≈ 1-2 µs at 4.3 TB/s.
 """
+
 import warnings
 
 import torch
@@ -35,7 +36,11 @@ DEVICE = "cuda"
 
 def s1_coords(points: torch.Tensor) -> torch.Tensor:
     """Unique V3 voxels as ``(N, 4)`` int32 ``(0, z, y, x)``, sorted lexicographically."""
-    idx = ((points[:, :3] - torch.tensor(LOW, device=points.device)) / torch.tensor(VOXEL, device=points.device)).floor().long()
+    idx = (
+        ((points[:, :3] - torch.tensor(LOW, device=points.device)) / torch.tensor(VOXEL, device=points.device))
+        .floor()
+        .long()
+    )
     keep = ((idx >= 0) & (idx < torch.tensor(GRID_XYZ, device=points.device))).all(1)
     idx = torch.unique(idx[keep][:, [2, 1, 0]], dim=0)
     return torch.cat([torch.zeros_like(idx[:, :1]), idx], 1).int()
@@ -85,7 +90,10 @@ def main():
     points, source = load_scan()
     coords = s1_coords(points.to(DEVICE))
     n = coords.shape[0]
-    rows, notes = [], {"scan": source, "voxels": n, "spatial_shape": SHAPE, "peers_unavailable": ["spconv", "torchsparse"]}
+    rows, notes = (
+        [],
+        {"scan": source, "voxels": n, "spatial_shape": SHAPE, "peers_unavailable": ["spconv", "torchsparse"]},
+    )
     maps = {
         "S1 subm 3x3x3": dict(kernel_size=3, subm=True),
         "S1 3x3x3 s2 p1": dict(kernel_size=3, stride=2, padding=1),
@@ -110,44 +118,60 @@ def main():
             if not graph:
                 extra["launches"] = launches(fn)
                 act = extra["launches"]
-                summary.append(f"{wl:<16} {impl:<40} kernels {act.get('kernels', '?'):>4}  copies {act.get('copies', '?'):>4}"
-                               f"  host syncs {act['host_syncs']}  GPU µs {act.get('gpu_us', float('nan')):.1f}"
-                               f"  host µs {act['host_us']:.1f}")
+                summary.append(
+                    f"{wl:<16} {impl:<40} kernels {act.get('kernels', '?'):>4}  copies {act.get('copies', '?'):>4}"
+                    f"  host syncs {act['host_syncs']}  GPU µs {act.get('gpu_us', float('nan')):.1f}"
+                    f"  host µs {act['host_us']:.1f}"
+                )
             rows.append(row(wl, impl, t, items=n, unit="voxels/s", baseline=base, **extra))
             if check is not None:
                 notes[f"{wl} {impl} equal to reference"] = check
 
         fn = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw)
         km = fn()
-        add("pcops triton (public op)", fn,
-            check=all(torch.equal(a, b) for a, b in zip(km[:1] + km[2:], expected)))
+        add("pcops triton (public op)", fn, check=all(torch.equal(a, b) for a, b in zip(km[:1] + km[2:], expected)))
         rows[-1].update(outputs=km.out_coords.shape[0], pairs=km.pair_in.numel())
         add("pcops triton launcher (no dispatch)", lambda: tri.sparse_conv_kernel_map(*ref_args))
         fp = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw, pad_pairs=True)
         kp = fp()
         p = int(kp.offsets[-1])
-        add("pcops pad_pairs (public op)", fp,
+        add(
+            "pcops pad_pairs (public op)",
+            fp,
             check=all(torch.equal(a, b) for a, b in zip(kp[:1] + kp[3:], expected[:1] + expected[3:]))
-            and torch.equal(kp.pair_in[:p], expected[1]) and torch.equal(kp.pair_out[:p], expected[2]))
+            and torch.equal(kp.pair_in[:p], expected[1])
+            and torch.equal(kp.pair_out[:p], expected[2]),
+        )
         add("pcops launcher pad_pairs", lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True))
         if subm:
             # no host sync: the whole map replays from a CUDA graph
             add("pcops pad_pairs, CUDA graph", fp, graph=True)
-            add("pcops launcher pad_pairs, graph", lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True),
-                graph=True)
+            add(
+                "pcops launcher pad_pairs, graph",
+                lambda: tri.sparse_conv_kernel_map(*ref_args, pad_pairs=True),
+                graph=True,
+            )
         else:
             # static_shapes: no host sync for the strided map either (outputs padded to N·J rows)
             fs = lambda: pcops.sparse_conv_kernel_map(coords, SHAPE, **kw, static_shapes=True, batch_size=1)
             ks = fs()
             m, p = expected[0].shape[0], int(ks.offsets[-1])
-            ok = (torch.equal(ks.out_coords[:m], expected[0]) and torch.equal(ks.out_in[:m], expected[4])
-                  and torch.equal(ks.offsets, expected[3]) and torch.equal(ks.pair_in[:p], expected[1])
-                  and torch.equal(ks.pair_out[:p], expected[2]) and bool((ks.out_coords[m:] == -1).all()))
+            ok = (
+                torch.equal(ks.out_coords[:m], expected[0])
+                and torch.equal(ks.out_in[:m], expected[4])
+                and torch.equal(ks.offsets, expected[3])
+                and torch.equal(ks.pair_in[:p], expected[1])
+                and torch.equal(ks.pair_out[:p], expected[2])
+                and bool((ks.out_coords[m:] == -1).all())
+            )
             add("pcops static_shapes (public op)", fs, check=ok)
             rows[-1].update(rows_allocated=ks.out_coords.shape[0])
             add("pcops static_shapes, CUDA graph", fs, graph=True)
-            add("pcops launcher static_shapes, graph",
-                lambda: tri.sparse_conv_kernel_map(*ref_args, static_shapes=True, batch_size=1), graph=True)
+            add(
+                "pcops launcher static_shapes, graph",
+                lambda: tri.sparse_conv_kernel_map(*ref_args, static_shapes=True, batch_size=1),
+                graph=True,
+            )
 
     # the plain-torch convolution on the subm map (16 → 16 channels), forward
     km = pcops.sparse_conv_kernel_map(coords, SHAPE, 3, subm=True)

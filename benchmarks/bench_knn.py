@@ -8,6 +8,7 @@ Baseline (plain torch, same run): ``torch.cdist`` + ``topk`` in query chunks tha
 CUDA kernel for K ≤ 32) eager and captured in a CUDA graph, the Triton backend, and the CUDA path's
 parts (Morton sort alone, search kernel alone) and superblock sizes. ``--out DIR`` writes ``knn.json``.
 """
+
 import torch
 from bench_fps import f1_clouds, kernel_of, timed
 
@@ -22,7 +23,7 @@ def torch_knn(query, refs, k, chunk):
     """``cdist`` + ``topk`` per query chunk: squared distances and indices (B, Nq, K)."""
     dists, idx = [], []
     for q0 in range(0, query.shape[1], chunk):
-        d = torch.cdist(query[:, q0:q0 + chunk], refs)
+        d = torch.cdist(query[:, q0 : q0 + chunk], refs)
         v, i = d.topk(k, dim=2, largest=False)
         dists.append(v * v)
         idx.append(i)
@@ -35,7 +36,9 @@ def cuda_part_rows(wl, pts, lengths, k, d, i, base, rep, notes):
     pairs = pts.shape[0] * pts.shape[1]
     out = []
     group = cuda_knn.default_group(pts.shape[1])
-    prep = bench(lambda: cuda_knn.prepare(pts, pts, lengths, lengths, group), warmup=3, rep=max(20, rep // 2), graph=True)
+    prep = bench(
+        lambda: cuda_knn.prepare(pts, pts, lengths, lengths, group), warmup=3, rep=max(20, rep // 2), graph=True
+    )
     out.append(row(wl, f"knn cuda prep only (Morton sort, group={group}, graph)", prep))
     prepared = cuda_knn.prepare(pts, pts, lengths, lengths, group)
     dists, idx = torch.empty_like(d), torch.empty_like(i)
@@ -47,8 +50,17 @@ def cuda_part_rows(wl, pts, lengths, k, d, i, base, rep, notes):
         fn = lambda g=g: cuda_knn.knn(pts, pts, lengths, lengths, k, group=g)  # noqa: E731
         tv = bench(fn, warmup=3, rep=max(20, rep // 2), graph=True)
         d_v, i_v = fn()
-        out.append(row(wl, f"pcops knn cuda tile=32 group={g} (graph)", tv, items=pairs, unit="queries/s",
-                       baseline=base, identical_to_auto=bool(torch.equal(i_v, i) and torch.equal(d_v, d))))
+        out.append(
+            row(
+                wl,
+                f"pcops knn cuda tile=32 group={g} (graph)",
+                tv,
+                items=pairs,
+                unit="queries/s",
+                baseline=base,
+                identical_to_auto=bool(torch.equal(i_v, i) and torch.equal(d_v, d)),
+            )
+        )
     return out
 
 
@@ -59,8 +71,11 @@ def main():
     xyz = scan[:, :3].contiguous().cuda()
     clouds = f1_clouds(scan[:, :3]).cuda()
     rows, notes = [], {"scan": source, "scan_points": xyz.shape[0]}
-    for wl, pts, k, chunk in (("K1 8x16384 K=16", clouds, 16, 4096), ("K1 8x16384 K=32", clouds, 32, 4096),
-                              ("K2 120268 K=16", xyz[None], 16, 8192)):
+    for wl, pts, k, chunk in (
+        ("K1 8x16384 K=16", clouds, 16, 4096),
+        ("K1 8x16384 K=32", clouds, 32, 4096),
+        ("K2 120268 K=16", xyz[None], 16, 8192),
+    ):
         base, (d_base, i_base) = timed(lambda: torch_knn(pts, pts, k, chunk), rep, args.quick)
         pairs = pts.shape[0] * pts.shape[1]
         rows.append(row(wl, "torch cdist+topk (chunked)", base, items=pairs, unit="queries/s", baseline=base))
@@ -69,8 +84,18 @@ def main():
         dist_err = float((d - d_base).abs().max())  # cdist's |a|²+|b|²-2ab loses precision near 0
         impl = "cuda" if cuda_knn.supported(pts, k) else "triton"
         notes[f"{wl} kernel"] = kernel_of(lambda: pcops.knn(pts, pts, k))
-        rows.append(row(wl, f"pcops knn ({impl})", t, items=pairs, unit="queries/s", baseline=base,
-                        idx_agree_with_cdist=agree, max_abs_dist_diff_vs_cdist=dist_err))
+        rows.append(
+            row(
+                wl,
+                f"pcops knn ({impl})",
+                t,
+                items=pairs,
+                unit="queries/s",
+                baseline=base,
+                idx_agree_with_cdist=agree,
+                max_abs_dist_diff_vs_cdist=dist_err,
+            )
+        )
         # Morton sort (a few small launches) + one search kernel: the graph replay shows the kernels alone
         tg = bench(lambda: pcops.knn(pts, pts, k), warmup=3, rep=max(20, rep // 2), graph=True)
         rows.append(row(wl, f"pcops knn ({impl}, graph)", tg, items=pairs, unit="queries/s", baseline=base))
@@ -79,7 +104,9 @@ def main():
         tt, (d_t, i_t) = timed(tri_knn, rep, args.quick)
         ttg = bench(tri_knn, warmup=3, rep=max(20, rep // 2), graph=True)
         same = bool(torch.equal(i_t, i) and torch.equal(d_t, d))
-        rows.append(row(wl, "pcops knn triton", tt, items=pairs, unit="queries/s", baseline=base, identical_to_auto=same))
+        rows.append(
+            row(wl, "pcops knn triton", tt, items=pairs, unit="queries/s", baseline=base, identical_to_auto=same)
+        )
         rows.append(row(wl, "pcops knn triton (graph)", ttg, items=pairs, unit="queries/s", baseline=base))
         del d_t, i_t
         if impl == "cuda":
@@ -92,12 +119,16 @@ def main():
             before = torch.cuda.memory_allocated()
             pcops.knn(pts, pts, k)
             torch.cuda.synchronize()
-            notes["K2 peak extra memory MB (pcops, outputs included)"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+            notes["K2 peak extra memory MB (pcops, outputs included)"] = (
+                torch.cuda.max_memory_allocated() - before
+            ) / 2**20
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
             torch_knn(pts, pts, k, chunk)
             torch.cuda.synchronize()
-            notes["K2 peak extra memory MB (cdist+topk, chunk 8192)"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+            notes["K2 peak extra memory MB (cdist+topk, chunk 8192)"] = (
+                torch.cuda.max_memory_allocated() - before
+            ) / 2**20
     if not args.quick:  # Triton tile shapes (queries per program, references per tile, tiles per superblock)
         for bq, br, sb in ((32, 32, 16), (64, 64, 8), (16, 32, 16)):
             for wl, pts in (("K1 K=16 tuning", clouds), ("K2 tuning", xyz[None])):

@@ -15,19 +15,37 @@ kernel's own time (its [graph] row is mostly replay overhead). The autotuned for
 the autotuner's graph timings of each config are printed and in the notes. Eager, [graph] and
 [graph xK steady] rows: see ``_fused_bench.py``.
 """
+
 import time
 
 import torch
 import torch.nn.functional as F
 
 from common import parse_args, report
-from _fused_bench import (BANDWIDTH, STEADY_L2_FACTOR, STEADY_MAX_K, STEADY_MIN_K, STEADY_REP, count_launches,
-                          grad_step, graph_row, l2_bytes, steady_k, steady_plan, steady_rows, timed_pair)
+from _fused_bench import (
+    BANDWIDTH,
+    STEADY_L2_FACTOR,
+    STEADY_MAX_K,
+    STEADY_MIN_K,
+    STEADY_REP,
+    count_launches,
+    grad_step,
+    graph_row,
+    l2_bytes,
+    steady_k,
+    steady_plan,
+    steady_rows,
+    timed_pair,
+)
 
 import pcops
 from pcops.triton import layer_norm_gelu as tri
 
-LN_WORKLOADS = [("L1", 4096, 768, torch.float32), ("L2", 131072, 256, torch.bfloat16), ("L3", 131072, 64, torch.float32)]
+LN_WORKLOADS = [
+    ("L1", 4096, 768, torch.float32),
+    ("L2", 131072, 256, torch.bfloat16),
+    ("L3", 131072, 64, torch.float32),
+]
 
 
 def torch_ln_gelu(x, w, b):
@@ -54,8 +72,17 @@ def bench_ln_steady(rows, wl, x, w, b, dy, impls, fwd_floor, fb_floor, notes):
     xs.clear()  # free the copies (the lambdas ran inside steady_rows)
     leaves = [tuple(t.clone().requires_grad_(True) for t in (x, w, b)) for _ in range(k)]
     dys = [dy.clone() for _ in range(k)]
-    steady_rows(rows, wl, "(fwd+bwd)", k, impls,
-                lambda f: [grad_step(lambda lv=lv: f(*lv), lv, d) for lv, d in zip(leaves, dys)], fb_floor, m, info)
+    steady_rows(
+        rows,
+        wl,
+        "(fwd+bwd)",
+        k,
+        impls,
+        lambda f: [grad_step(lambda lv=lv: f(*lv), lv, d) for lv, d in zip(leaves, dys)],
+        fb_floor,
+        m,
+        info,
+    )
     notes[wl] = info
 
 
@@ -95,8 +122,16 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, steady=None):
         for impl, fn in fb.items():
             t = timed_pair(rows, wl, impl + " (fwd+bwd)", fn, rep, fb_floor, m, base)
             base = base or t
-        graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)", fwd_bwd(pcops_ln_gelu, accumulate=True), rep,
-                  fb_floor, m, (base or {}).get(True))
+        graph_row(
+            rows,
+            wl,
+            "pcops triton (fwd+bwd, accumulate)",
+            fwd_bwd(pcops_ln_gelu, accumulate=True),
+            rep,
+            fb_floor,
+            m,
+            (base or {}).get(True),
+        )
         if steady is not None:  # the same implementations (torch.compile: the function compiled above)
             impls = {"torch eager": torch_ln_gelu, "pcops triton": pcops_ln_gelu}
             if compiled is not None:
@@ -106,9 +141,16 @@ def bench_layer_norm(rows, rep, compile_baseline, launches, steady=None):
         print(f"{wl}: autotuned forward config {config}")
         launches[wl] = {"fwd_config": str(config)}
         if wl == "L2":  # the same launches for L1 and L3 (one profiler session each costs ~0.5 s)
-            launches[wl].update(count_launches(wl, {
-                "fwd": lambda: pcops_ln_gelu(x, w, b), "fwd+bwd": fwd_bwd(pcops_ln_gelu),
-                "fwd+bwd, accumulate": fwd_bwd(pcops_ln_gelu, accumulate=True)}))
+            launches[wl].update(
+                count_launches(
+                    wl,
+                    {
+                        "fwd": lambda: pcops_ln_gelu(x, w, b),
+                        "fwd+bwd": fwd_bwd(pcops_ln_gelu),
+                        "fwd+bwd, accumulate": fwd_bwd(pcops_ln_gelu, accumulate=True),
+                    },
+                )
+            )
         elif wl == "L1":  # the kernel's own time: the [graph] row of a ≈ 7 µs kernel is mostly replay overhead
             launches[wl].update(count_launches(wl, {"fwd": lambda: pcops_ln_gelu(x, w, b)}))
 
@@ -132,14 +174,14 @@ def main():
         "wall_s": {"L1-L3 (incl. autotune, torch.compile)": time.perf_counter() - t0},
         "timing": "eager rows include host launch cost; [graph] rows are CUDA-graph replays of the same call",
         "fwd+bwd": "leaves' .grad reset to None before each call (zero_grad(set_to_none=True)); "
-                   "'accumulate' rows keep them (autograd adds dx into x.grad)",
+        "'accumulate' rows keep them (autograd adds dx into x.grad)",
         "launches_per_call": launches,
         "steady_state": {
             "what": "'[graph xK steady]' rows: K calls back to back in ONE CUDA graph, each on its own copy of "
-                    "the inputs (x; dy and the leaves for fwd+bwd; weight/bias shared in fwd), K the smallest "
-                    "count >= %d (<= %d) whose K calls touch >= %dx the L2 (inputs + outputs); median/min/max "
-                    "are one replay / K; back_to_back_ms: %d replays queued between two events, per call"
-                    % (STEADY_MIN_K, STEADY_MAX_K, STEADY_L2_FACTOR, STEADY_REP),
+            "the inputs (x; dy and the leaves for fwd+bwd; weight/bias shared in fwd), K the smallest "
+            "count >= %d (<= %d) whose K calls touch >= %dx the L2 (inputs + outputs); median/min/max "
+            "are one replay / K; back_to_back_ms: %d replays queued between two events, per call"
+            % (STEADY_MIN_K, STEADY_MAX_K, STEADY_L2_FACTOR, STEADY_REP),
             **steady,
         },
     }

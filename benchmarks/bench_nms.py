@@ -32,6 +32,7 @@ wall-clock seconds spent per workload.
 The peers measured elsewhere on the H200 (issue 5): OpenPCDet ``nms_gpu`` 2.2-2.5 ms (N1) and
 28.6 ms (N2), mmcv ``nms_rotated`` 50.4 ms (N2); they are not installed here.
 """
+
 import math
 import os
 import time
@@ -52,8 +53,13 @@ BATCH = (8, 4096, 0.01, 4096, 500)  # scans, boxes per scan, threshold, pre, pos
 def make(n):
     rng = np.random.default_rng(0)
     cols = [
-        rng.uniform(0, 69.12, n), rng.uniform(-39.68, 39.68, n), rng.uniform(-2, 0, n),
-        rng.uniform(3.2, 4.7, n), rng.uniform(1.4, 2.0, n), rng.uniform(1.4, 1.7, n), rng.uniform(-math.pi, math.pi, n),
+        rng.uniform(0, 69.12, n),
+        rng.uniform(-39.68, 39.68, n),
+        rng.uniform(-2, 0, n),
+        rng.uniform(3.2, 4.7, n),
+        rng.uniform(1.4, 2.0, n),
+        rng.uniform(1.4, 1.7, n),
+        rng.uniform(-math.pi, math.pi, n),
     ]
     scores = rng.uniform(0, 1, n)
     boxes = torch.from_numpy(np.stack(cols, 1)).float().cuda()
@@ -94,10 +100,17 @@ def main():
         import torchvision
     except ImportError:
         torchvision = None
-    rows, notes = [], {"torchvision": getattr(torchvision, "__version__", "not installed"),
-                       "peers_not_installed": "OpenPCDet iou3d_nms, mmcv nms_rotated (issue 5 quotes their H200 figures)",
-                       "host_cpus": len(os.sched_getaffinity(0)), "torch_cpu_threads": torch.get_num_threads(),
-                       "wall_s": {}, "equal_outputs": {}}
+    rows, notes = (
+        [],
+        {
+            "torchvision": getattr(torchvision, "__version__", "not installed"),
+            "peers_not_installed": "OpenPCDet iou3d_nms, mmcv nms_rotated (issue 5 quotes their H200 figures)",
+            "host_cpus": len(os.sched_getaffinity(0)),
+            "torch_cpu_threads": torch.get_num_threads(),
+            "wall_s": {},
+            "equal_outputs": {},
+        },
+    )
     for wl, n, thr in WORKLOADS:
         t0 = time.perf_counter()
         boxes, scores = make(n)
@@ -116,18 +129,30 @@ def main():
         var = lambda: pcops.nms_bev(boxes, scores, thr)
         pad = lambda: pcops.nms_bev(boxes, scores, thr, post_max_size=n, padded=True)
         t = bench(var, warmup=warm, rep=rep)
-        rows.append(row(name, "pcops cuda (1 sync)", t, baseline=base, kept=got.numel(),
-                        agrees_with_baseline=got.tolist() == want.tolist(), **kw))
+        rows.append(
+            row(
+                name,
+                "pcops cuda (1 sync)",
+                t,
+                baseline=base,
+                kept=got.numel(),
+                agrees_with_baseline=got.tolist() == want.tolist(),
+                **kw,
+            )
+        )
         t = bench(pad, warmup=warm, rep=rep)
         rows.append(row(name, "pcops cuda padded", t, baseline=base, **kw))
         t = bench(pad, warmup=warm, rep=rep, graph=True)
-        rows.append(row(name, "pcops cuda padded, graph", t, baseline=base, gpu_activities=gpu_activities(pad, iters=5),
-                        **kw))
+        rows.append(
+            row(name, "pcops cuda padded, graph", t, baseline=base, gpu_activities=gpu_activities(pad, iters=5), **kw)
+        )
         order, sbox, sg = cuda_impl.rank_prepare(boxes[None], scores[None], None, n)
         mask, invalid = cuda_impl.mask_b(sbox, None, thr)
-        for stage, fn in (("rank sort", lambda: cuda_impl.rank_prepare(boxes[None], scores[None], None, n)),
-                          ("mask_b", lambda: cuda_impl.mask_b(sbox, None, thr)),
-                          ("pass_b", lambda: cuda_impl.pass_b(mask, invalid, order, n))):
+        for stage, fn in (
+            ("rank sort", lambda: cuda_impl.rank_prepare(boxes[None], scores[None], None, n)),
+            ("mask_b", lambda: cuda_impl.mask_b(sbox, None, thr)),
+            ("pass_b", lambda: cuda_impl.pass_b(mask, invalid, order, n)),
+        ):
             t = bench(fn, warmup=warm, rep=rep, graph=True)
             rows.append(row(name, f"  stage cuda: {stage} (graph)", t, **kw))
         for threads in (256, 512, 1024):  # the pass with other threads per block (default: pass_threads)
@@ -135,8 +160,15 @@ def main():
                 continue
             fn = lambda threads=threads: cuda_impl.pass_b(mask, invalid, order, n, threads=threads)
             t = bench(fn, warmup=warm, rep=rep, graph=True)
-            rows.append(row(name, f"  stage cuda: pass_b {threads} threads (graph)", t,
-                            equal=same(fn(), cuda_impl.pass_b(mask, invalid, order, n)), **kw))
+            rows.append(
+                row(
+                    name,
+                    f"  stage cuda: pass_b {threads} threads (graph)",
+                    t,
+                    equal=same(fn(), cuda_impl.pass_b(mask, invalid, order, n)),
+                    **kw,
+                )
+            )
 
         outs = {"new": pad()}
 
@@ -150,8 +182,9 @@ def main():
         rows.append(row(name, "pcops triton padded, graph", t, baseline=base, **kw))
         if not slow:
             t = bench(tpad, warmup=warm, rep=r)
-            rows.append(row(name, "pcops triton padded", t, baseline=base,
-                            gpu_activities=gpu_activities(tpad, iters=2), **kw))
+            rows.append(
+                row(name, "pcops triton padded", t, baseline=base, gpu_activities=gpu_activities(tpad, iters=2), **kw)
+            )
 
         if wl == "N1" and thr == 0.01:
             e1 = lambda: pcops.nms_bev(boxes, scores, thr, pre_max_size=4096, post_max_size=500, padded=True)
@@ -176,16 +209,26 @@ def main():
     name = f"B8 {bsz}x{n} thr={thr}"
     kw = dict(items=bsz * n, unit="boxes/s")
     batched = lambda: pcops.nms_bev(b8, s8, thr, pre_max_size=pre, post_max_size=post, padded=True)
-    loop_new = lambda: [pcops.nms_bev(b8[i], s8[i], thr, pre_max_size=pre, post_max_size=post, padded=True)
-                        for i in range(bsz)]
+    loop_new = lambda: [
+        pcops.nms_bev(b8[i], s8[i], thr, pre_max_size=pre, post_max_size=post, padded=True) for i in range(bsz)
+    ]
     got = batched()
     stack = lambda outs: (torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs]))
     notes["equal_outputs"][name] = same(got, stack(loop_new()))
     base = bench(loop_new, warmup=warm, rep=rep, graph=True)
     rows.append(row(name, "loop of 8, pcops cuda, graph", base, baseline=base, **kw))
     t = bench(batched, warmup=warm, rep=rep, graph=True)
-    rows.append(row(name, "pcops cuda batched (B, N, 7), graph", t, baseline=base, kept=got[1].tolist(),
-                    gpu_activities=gpu_activities(batched, iters=5), **kw))
+    rows.append(
+        row(
+            name,
+            "pcops cuda batched (B, N, 7), graph",
+            t,
+            baseline=base,
+            kept=got[1].tolist(),
+            gpu_activities=gpu_activities(batched, iters=5),
+            **kw,
+        )
+    )
     t = bench(batched, warmup=warm, rep=rep)
     rows.append(row(name, "pcops cuda batched (B, N, 7)", t, baseline=base, **kw))
     notes["wall_s"][name] = round(time.perf_counter() - t0, 2)

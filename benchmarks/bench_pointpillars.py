@@ -14,6 +14,7 @@ hands the 4,096 top-scoring anchors to the padded NMS, those under the score thr
 invalid with a NaN score; the reference path's detection count is in the notes).
 Goals (issue 8): E1 ≤ 1.5 ms fp32 and ≤ 1.0 ms fp16 graph-captured; E2 ≥ 2,000 scans/s fp16.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,7 +55,11 @@ PROFILED: set = set()
 def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=False):
     """Each stage of the captured pipeline in its own CUDA graph (inputs from the previous stage):
     the per-stage split of the graph-captured total, for one scan or a batch (a list of scans)."""
-    from pcops.models.graph import GraphedPointPillars, cudnn_benchmark_mode as _cudnn_benchmark, fixed_voxelize as _fixed_voxelize
+    from pcops.models.graph import (
+        GraphedPointPillars,
+        cudnn_benchmark_mode as _cudnn_benchmark,
+        fixed_voxelize as _fixed_voxelize,
+    )
     import torch.nn.functional as F
 
     scans_gpu = scans_gpu if isinstance(scans_gpu, (list, tuple)) else [scans_gpu]
@@ -91,8 +96,13 @@ def graph_stage_rows(model, scans_gpu, tag, rep, workload="E1", cudnn_benchmark=
             t = bench(fn, rep=rep, graph=True)
             total += t["median_ms"]
             rows.append(row(f"{workload} stage {name}", impl, t))
-    rows.append(row(f"{workload} stage total", impl.replace("(stage alone)", "(sum of stages)"),
-                    {"median_ms": total, "min_ms": total, "max_ms": total, "runs": rep}))
+    rows.append(
+        row(
+            f"{workload} stage total",
+            impl.replace("(stage alone)", "(sum of stages)"),
+            {"median_ms": total, "min_ms": total, "max_ms": total, "runs": rep},
+        )
+    )
     return rows
 
 

@@ -11,13 +11,27 @@ pick (``--csr-sub``, default 16). fwd+bwd rows reset the grads to None before ea
 ``launches per call``: GPU kernels of one eager fwd+bwd call (torch profiler). Eager, [graph]
 and [graph xK steady] rows: see ``_fused_bench.py``.
 """
+
 import time
 
 import torch
 
 from common import parse_args, report
-from _fused_bench import (BANDWIDTH, STEADY_L2_FACTOR, STEADY_MAX_K, STEADY_MIN_K, STEADY_REP, count_launches,
-                          grad_step, graph_row, l2_bytes, steady_k, steady_plan, steady_rows, timed_pair)
+from _fused_bench import (
+    BANDWIDTH,
+    STEADY_L2_FACTOR,
+    STEADY_MAX_K,
+    STEADY_MIN_K,
+    STEADY_REP,
+    count_launches,
+    grad_step,
+    graph_row,
+    l2_bytes,
+    steady_k,
+    steady_plan,
+    steady_rows,
+    timed_pair,
+)
 
 import pcops
 from pcops.triton import sparse_softmax as tri
@@ -52,13 +66,30 @@ def bench_q1_steady(rows, values, crow, row_ids, dy, fwd_floor, fb_floor, notes)
     }
     structure = [(crow.clone(), row_ids.clone()) for _ in range(k)]
     vs = [values.clone() for _ in range(k)]
-    steady_rows(rows, wl, "(fwd)", k, impls, lambda f: [lambda v=v, s=s: f(v, *s) for v, s in zip(vs, structure)],
-                fwd_floor, Q1_ROWS, info)
+    steady_rows(
+        rows,
+        wl,
+        "(fwd)",
+        k,
+        impls,
+        lambda f: [lambda v=v, s=s: f(v, *s) for v, s in zip(vs, structure)],
+        fwd_floor,
+        Q1_ROWS,
+        info,
+    )
     vrs = [values.clone().requires_grad_(True) for _ in range(k)]
     dys = [dy.clone() for _ in range(k)]
-    steady_rows(rows, wl, "(fwd+bwd)", k, impls,
-                lambda f: [grad_step(lambda v=v, s=s: f(v, *s), (v,), d) for v, s, d in zip(vrs, structure, dys)],
-                fb_floor, Q1_ROWS, info)
+    steady_rows(
+        rows,
+        wl,
+        "(fwd+bwd)",
+        k,
+        impls,
+        lambda f: [grad_step(lambda v=v, s=s: f(v, *s), (v,), d) for v, s, d in zip(vrs, structure, dys)],
+        fb_floor,
+        Q1_ROWS,
+        info,
+    )
     notes[wl] = info
 
 
@@ -72,11 +103,18 @@ def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,), steady=None):
     crow = crow.cuda()
     row_ids = torch.repeat_interleave(torch.arange(Q1_ROWS, device="cuda"), lengths.cuda())
     cols = torch.arange(nnz, device="cuda") - crow[row_ids]
-    coo = torch.sparse_coo_tensor(torch.stack([row_ids, cols]), values, (Q1_ROWS, 64), check_invariants=False).coalesce()
+    coo = torch.sparse_coo_tensor(
+        torch.stack([row_ids, cols]), values, (Q1_ROWS, 64), check_invariants=False
+    ).coalesce()
     fwd_floor = (2 * nnz * 4 + crow.numel() * 8) / BANDWIDTH * 1e3
     fb_floor = fwd_floor + (3 * nnz * 4 + crow.numel() * 8) / BANDWIDTH * 1e3
     for backend in ("triton", "cuda"):
-        err = (pcops.sparse_softmax(values, crow, backend=backend) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
+        err = (
+            (pcops.sparse_softmax(values, crow, backend=backend) - segment_softmax(values, row_ids, Q1_ROWS))
+            .abs()
+            .max()
+            .item()
+        )
         print(f"Q1 {backend}: max |pcops - segment softmax| = {err:.3g}")
     wl = "Q1"
     fwd = {
@@ -106,9 +144,16 @@ def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,), steady=None):
     for impl, fn in fb.items():
         t = timed_pair(rows, wl, impl + " (fwd+bwd)", fn, rep, fb_floor, Q1_ROWS, base)
         base = base or t
-    graph_row(rows, wl, "pcops triton (fwd+bwd, accumulate)",
-              fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton"), accumulate=True), rep, fb_floor,
-              Q1_ROWS, (base or {}).get(True))
+    graph_row(
+        rows,
+        wl,
+        "pcops triton (fwd+bwd, accumulate)",
+        fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend="triton"), accumulate=True),
+        rep,
+        fb_floor,
+        Q1_ROWS,
+        (base or {}).get(True),
+    )
     if steady is not None:
         bench_q1_steady(rows, values, crow, row_ids, dy, fwd_floor, fb_floor, steady)
     # Triton grouped rows with the group width the op does not pick (--csr-sub), then the CUDA C++
@@ -119,30 +164,69 @@ def bench_sparse_softmax(rows, rep, launches, csr_subs=(16,), steady=None):
         kw = dict(sub=sub, vpt=vpt)
         err = (tri.sparse_softmax(values, crow, **kw) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
         print(f"Q1 triton grouped sub={sub}: max |pcops - segment softmax| = {err:.3g}")
-        graph_row(rows, wl, f"pcops triton grouped sub={sub} (fwd)", lambda kw=kw: tri.sparse_softmax(values, crow, **kw),
-                  rep, fwd_floor, Q1_ROWS, fwd_base.get(True))
-        graph_row(rows, wl, f"pcops triton grouped sub={sub} (fwd+bwd kernels)",
-                  lambda kw=kw: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow, **kw), crow, **kw),
-                  rep, fb_floor, Q1_ROWS, (base or {}).get(True))
-    graph_row(rows, wl, f"pcops triton grouped sub={auto_sub} (default) (fwd+bwd kernels)",
-              lambda: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow), crow), rep, fb_floor, Q1_ROWS,
-              (base or {}).get(True))
+        graph_row(
+            rows,
+            wl,
+            f"pcops triton grouped sub={sub} (fwd)",
+            lambda kw=kw: tri.sparse_softmax(values, crow, **kw),
+            rep,
+            fwd_floor,
+            Q1_ROWS,
+            fwd_base.get(True),
+        )
+        graph_row(
+            rows,
+            wl,
+            f"pcops triton grouped sub={sub} (fwd+bwd kernels)",
+            lambda kw=kw: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow, **kw), crow, **kw),
+            rep,
+            fb_floor,
+            Q1_ROWS,
+            (base or {}).get(True),
+        )
+    graph_row(
+        rows,
+        wl,
+        f"pcops triton grouped sub={auto_sub} (default) (fwd+bwd kernels)",
+        lambda: tri.sparse_softmax_backward(dy, tri.sparse_softmax(values, crow), crow),
+        rep,
+        fb_floor,
+        Q1_ROWS,
+        (base or {}).get(True),
+    )
     from pcops.cuda import sparse_softmax as cu
 
     auto = cu.choose_variant(Q1_ROWS, nnz)
     for v in cu.VARIANTS:
         name = f"pcops cuda {v}{' (auto)' if v == auto else ''}"
-        err = (cu.sparse_softmax(values, crow, variant=v) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
+        err = (
+            (cu.sparse_softmax(values, crow, variant=v) - segment_softmax(values, row_ids, Q1_ROWS)).abs().max().item()
+        )
         print(f"Q1 cuda {v}: max |pcops - segment softmax| = {err:.3g}")
-        graph_row(rows, wl, f"{name} (fwd)", lambda v=v: cu.sparse_softmax(values, crow, variant=v), rep, fwd_floor,
-                  Q1_ROWS, fwd_base.get(True))
-        graph_row(rows, wl, f"{name} (fwd+bwd kernels)",
-                  lambda v=v: cu.sparse_softmax_backward(dy, cu.sparse_softmax(values, crow, variant=v), crow, variant=v),
-                  rep, fb_floor, Q1_ROWS, (base or {}).get(True))
+        graph_row(
+            rows,
+            wl,
+            f"{name} (fwd)",
+            lambda v=v: cu.sparse_softmax(values, crow, variant=v),
+            rep,
+            fwd_floor,
+            Q1_ROWS,
+            fwd_base.get(True),
+        )
+        graph_row(
+            rows,
+            wl,
+            f"{name} (fwd+bwd kernels)",
+            lambda v=v: cu.sparse_softmax_backward(dy, cu.sparse_softmax(values, crow, variant=v), crow, variant=v),
+            rep,
+            fb_floor,
+            Q1_ROWS,
+            (base or {}).get(True),
+        )
     for backend in ("triton", "cuda"):
-        launches[f"Q1 {backend}"] = count_launches(f"Q1 {backend}", {
-            "fwd+bwd": fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend=backend))})
-
+        launches[f"Q1 {backend}"] = count_launches(
+            f"Q1 {backend}", {"fwd+bwd": fwd_bwd(lambda: pcops.sparse_softmax(vr, crow, backend=backend))}
+        )
 
 
 def main():
@@ -150,9 +234,12 @@ def main():
     import sys
 
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--csr-sub", default="16",
-                       help="Triton grouped CSR softmax group widths to time besides the automatic one "
-                            "(comma-separated of 4, 8, 16, 32; '' for none)")
+    extra.add_argument(
+        "--csr-sub",
+        default="16",
+        help="Triton grouped CSR softmax group widths to time besides the automatic one "
+        "(comma-separated of 4, 8, 16, 32; '' for none)",
+    )
     known, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = parse_args(__doc__)
@@ -168,9 +255,9 @@ def main():
         "launches_per_call": launches,
         "steady_state": {
             "what": "'[graph xK steady]' rows: K calls back to back in ONE CUDA graph, each on its own copy of "
-                    "values + crow + row ids (and dy), K the smallest count >= %d (<= %d) whose K calls touch "
-                    ">= %dx the L2; median/min/max are one replay / K; back_to_back_ms: %d replays queued "
-                    "between two events, per call" % (STEADY_MIN_K, STEADY_MAX_K, STEADY_L2_FACTOR, STEADY_REP),
+            "values + crow + row ids (and dy), K the smallest count >= %d (<= %d) whose K calls touch "
+            ">= %dx the L2; median/min/max are one replay / K; back_to_back_ms: %d replays queued "
+            "between two events, per call" % (STEADY_MIN_K, STEADY_MAX_K, STEADY_L2_FACTOR, STEADY_REP),
             **steady,
         },
     }

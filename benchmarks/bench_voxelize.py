@@ -25,6 +25,7 @@ parameters (``HARD_VARIANTS`` below: main kernel points per program and warps, r
 the CSR segments reversed so every chunk merges), the launcher called directly; each row says
 whether its output equals the default's exactly (``same_as_default``).
 """
+
 import sys
 
 import torch
@@ -33,10 +34,15 @@ from common import bench, bench_cpu, gpu_activities, load_scan, parse_args, repo
 
 import pcops
 
-V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
-          max_points_per_voxel=32, max_voxels=40000)
-V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1),
-          max_points_per_voxel=5, max_voxels=40000)
+V1 = dict(
+    voxel_size=(0.16, 0.16, 4.0),
+    point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
+    max_points_per_voxel=32,
+    max_voxels=40000,
+)
+V3 = dict(
+    voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5, max_voxels=40000
+)
 
 
 def make_big(scan):
@@ -132,8 +138,12 @@ def main():
     scan, source = load_scan()
     if not torch.cuda.is_available():  # a CPU-only machine: the CPU rows alone
         rows = cpu_rows(scan, args.quick)
-        report(rows, "voxelize_cpu", args.out, notes={"scan": source, "goals_ms": {"V1 CPU": 5.0},
-                                                      "cpu_self_us_per_call": cpu_profile(scan)})
+        report(
+            rows,
+            "voxelize_cpu",
+            args.out,
+            notes={"scan": source, "goals_ms": {"V1 CPU": 5.0}, "cpu_self_us_per_call": cpu_profile(scan)},
+        )
         return
     big = make_big(scan)
     rows = []
@@ -144,8 +154,12 @@ def main():
         out = pcops.voxelize(pts, **cfg)
         check = pcops.voxelize(pts_cpu, **cfg)
         exact = all(torch.equal(a.cpu(), b) for a, b in zip(out, check))
-        extra = dict(voxels=out.voxels.shape[0], dropped_points=int(out.num_dropped_points.sum()),
-                     dropped_voxels=int(out.num_dropped_voxels.sum()), equal_to_cpu_reference=exact)
+        extra = dict(
+            voxels=out.voxels.shape[0],
+            dropped_points=int(out.num_dropped_points.sum()),
+            dropped_voxels=int(out.num_dropped_voxels.sum()),
+            equal_to_cpu_reference=exact,
+        )
         base = bench(lambda: pcops.voxelize(pts, **cfg, backend="reference"), rep=rep)
         rows.append(row(wl, "torch reference on GPU (sort)", base, items=n, baseline=base))
         t = bench(lambda: pcops.voxelize(pts, **cfg), rep=rep)
@@ -175,23 +189,32 @@ def main():
         "dynamic": gpu_activities(lambda: pcops.dynamic_voxelize(scan_gpu, V1["voxel_size"], V1["point_cloud_range"])),
         "V2 hard pad_to_max": gpu_activities(lambda: pcops.voxelize(big_gpu, **V1, pad_to_max=True)),
         "V2 dynamic pad_to_max": gpu_activities(
-            lambda: pcops.dynamic_voxelize(big_gpu, V1["voxel_size"], V1["point_cloud_range"], pad_to_max=True)),
+            lambda: pcops.dynamic_voxelize(big_gpu, V1["voxel_size"], V1["point_cloud_range"], pad_to_max=True)
+        ),
     }
     print("GPU µs per call:", {k: v.get("per_call_us", v) for k, v in launches.items()})
     rows += cpu_rows(scan, args.quick)
     cpu_ops = cpu_profile(scan)
-    report(rows, "voxelize", args.out, notes={
-        "scan": source, "big_points": big.shape[0],
-        "goals_ms": {"V1": 0.060, "V2": 0.250, "dynamic V1": 0.060, "V1 CPU": 5.0},
-        "launches": {"hard": "fill + main + cumsum + scatter + rows (mode csr, the default below 2,000,000 points "
-                              "per sample), else fill + 2 Triton "
-                              "(+1 host sync and its copy in the variable-size form)",
-                     "dynamic": "fill + 1 Triton + 1 subtraction (+1 host sync in the variable-size form)"},
-        "profiled_gpu_ops_per_call": launches,
-        "cpu_self_us_per_call": cpu_ops,
-        "peers_unavailable": ["mmcv", "spconv"],
-        "variants": {k: {"mode": m, **{a: str(v) for a, v in f.items()}} for k, (m, f) in HARD_VARIANTS.items()},
-    })
+    report(
+        rows,
+        "voxelize",
+        args.out,
+        notes={
+            "scan": source,
+            "big_points": big.shape[0],
+            "goals_ms": {"V1": 0.060, "V2": 0.250, "dynamic V1": 0.060, "V1 CPU": 5.0},
+            "launches": {
+                "hard": "fill + main + cumsum + scatter + rows (mode csr, the default below 2,000,000 points "
+                "per sample), else fill + 2 Triton "
+                "(+1 host sync and its copy in the variable-size form)",
+                "dynamic": "fill + 1 Triton + 1 subtraction (+1 host sync in the variable-size form)",
+            },
+            "profiled_gpu_ops_per_call": launches,
+            "cpu_self_us_per_call": cpu_ops,
+            "peers_unavailable": ["mmcv", "spconv"],
+            "variants": {k: {"mode": m, **{a: str(v) for a, v in f.items()}} for k, (m, f) in HARD_VARIANTS.items()},
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ equals the lists'. ``--out DIR`` writes ``voxelize_dense.json``.
 
 Measured figures: ``benchmarks/NOTES.md`` (``pcops.voxelize``'s docstring quotes them).
 """
+
 import torch
 
 from bench_voxelize import V1

@@ -4,6 +4,7 @@ Timing follows WORKLOADS.md: CUDA events after warm-up, median of ≥ 50 runs wi
 spread, everything the op needs included (allocation, all kernels, any host sync). Each
 figure is reported with a throughput and a ratio to the baseline measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -150,8 +151,15 @@ def bench_steady(fns, *, warmup: int = 5, rep: int = 50) -> dict:
     back_to_back = start.elapsed_time(end) / (rep * k)
     del outs
     median = statistics.median(times)
-    return {"median_ms": median / k, "min_ms": min(times) / k, "max_ms": max(times) / k, "runs": rep,
-            "calls_per_graph": k, "graph_ms_median": median, "back_to_back_ms": back_to_back}
+    return {
+        "median_ms": median / k,
+        "min_ms": min(times) / k,
+        "max_ms": max(times) / k,
+        "runs": rep,
+        "calls_per_graph": k,
+        "graph_ms_median": median,
+        "back_to_back_ms": back_to_back,
+    }
 
 
 def bench_cpu(fn, *, warmup: int = 2, rep: int = 10) -> dict:
@@ -170,7 +178,9 @@ def bench_cpu(fn, *, warmup: int = 2, rep: int = 10) -> dict:
 
 def environment() -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = ""
     try:
@@ -190,8 +200,16 @@ def environment() -> dict:
     }
 
 
-def row(workload: str, impl: str, timing: dict, *, items: float | None = None, unit: str = "points/s",
-        baseline: dict | None = None, **extra) -> dict:
+def row(
+    workload: str,
+    impl: str,
+    timing: dict,
+    *,
+    items: float | None = None,
+    unit: str = "points/s",
+    baseline: dict | None = None,
+    **extra,
+) -> dict:
     """One result row; ``items / median`` gives the throughput, ``baseline median / median`` the speed-up."""
     r = {"workload": workload, "impl": impl, **timing}
     if items is not None:
@@ -211,7 +229,9 @@ def report(rows: list[dict], name: str, out_dir: str | os.PathLike | None, notes
     for r in rows:
         tp = f"{r['throughput']:.3g}" if "throughput" in r else ""
         sp = f"{r['speedup_vs_baseline']:.2f}" if "speedup_vs_baseline" in r else ""
-        print(f"{r['workload']:<22}{r['impl']:<34}{r['median_ms']:>11.4f}{r['min_ms']:>9.4f}{r['max_ms']:>9.4f}{tp:>14}{sp:>8}")
+        print(
+            f"{r['workload']:<22}{r['impl']:<34}{r['median_ms']:>11.4f}{r['min_ms']:>9.4f}{r['max_ms']:>9.4f}{tp:>14}{sp:>8}"
+        )
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / f"{name}.json").write_text(json.dumps(result, indent=1))
@@ -248,7 +268,11 @@ def gpu_activities(fn, iters: int = 10) -> dict:
         for e in events:
             per[e.name[:80]] = per.get(e.name[:80], 0.0) + e.device_time / iters
         copies = sum(1 for e in events if e.name.lower().startswith(("memcpy", "memset"))) / iters
-        return {"kernels": len(events) / iters - copies, "copies": copies,
-                "per_call_us": dict(sorted(per.items(), key=lambda kv: -kv[1])), "gpu_us": sum(per.values())}
+        return {
+            "kernels": len(events) / iters - copies,
+            "copies": copies,
+            "per_call_us": dict(sorted(per.items(), key=lambda kv: -kv[1])),
+            "gpu_us": sum(per.values()),
+        }
     except Exception as e:  # noqa: BLE001 - informative only
         return {"error": repr(e)}

@@ -7,6 +7,7 @@ the best BEV IoU with a detection of any class and that detection's class and sc
 detected = BEV IoU >= 0.5 with score >= 0.3; plus the detections with score >= 0.5 inside the
 camera's field of view that overlap no labelled object (false positives by issue 22's rule).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,29 +60,52 @@ def main() -> int:
         for i, name in enumerate(names):
             j = int(iou[i].argmax()) if n else -1
             best = float(iou[i, j]) if n else 0.0
-            rows.append({"frame": frame, "class": name, "distance_m": round(float(torch.linalg.norm(boxes[i, :2])), 1),
-                         "points_in_box": int(npts[i]), "best_bev_iou": round(best, 3),
-                         "det_class": cfg.class_names[int(dl[j]) - 1] if n and best > 0 else None,
-                         "det_score": round(float(ds[j]), 3) if n and best > 0 else None,
-                         "detected": bool(best >= 0.5 and n and float(ds[j]) >= 0.3)})
+            rows.append(
+                {
+                    "frame": frame,
+                    "class": name,
+                    "distance_m": round(float(torch.linalg.norm(boxes[i, :2])), 1),
+                    "points_in_box": int(npts[i]),
+                    "best_bev_iou": round(best, 3),
+                    "det_class": cfg.class_names[int(dl[j]) - 1] if n and best > 0 else None,
+                    "det_score": round(float(ds[j]), 3) if n and best > 0 else None,
+                    "detected": bool(best >= 0.5 and n and float(ds[j]) >= 0.3),
+                }
+            )
         r = cfg.point_cloud_range
         strong = (ds >= 0.5).numpy()
         fov = in_fov(db.cpu(), calib) if n else np.zeros(0, bool)
         overlap = (iou.max(dim=0).values > 0).numpy() if len(boxes) and n else np.zeros(n, bool)
         for j in np.nonzero(strong & fov & ~overlap)[0]:
-            fps.append({"frame": frame, "class": cfg.class_names[int(dl[j]) - 1], "score": round(float(ds[j]), 3),
-                        "x": round(float(db[j, 0]), 1), "y": round(float(db[j, 1]), 1)})
+            fps.append(
+                {
+                    "frame": frame,
+                    "class": cfg.class_names[int(dl[j]) - 1],
+                    "score": round(float(ds[j]), 3),
+                    "x": round(float(db[j, 0]), 1),
+                    "y": round(float(db[j, 1]), 1),
+                }
+            )
         print(f"{frame}: {len(names)} labelled, {n} detections, {int(strong.sum())} with score >= 0.5")
     for row in rows:
         print(row)
     print("false positives (score >= 0.5, camera view, no overlap):", fps)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+        ).stdout.strip()
     except OSError:
         commit = None
-    rec = {"weights": "models/weights/pointpillars_sim.pt", "device": "cpu (" + platform.processor() + ")",
-           "torch": torch.__version__, "commit": commit, "objects": rows, "false_positives": fps,
-           "range": list(r), "rule": "detected: BEV IoU >= 0.5 with any detection of score >= 0.3"}
+    rec = {
+        "weights": "models/weights/pointpillars_sim.pt",
+        "device": "cpu (" + platform.processor() + ")",
+        "torch": torch.__version__,
+        "commit": commit,
+        "objects": rows,
+        "false_positives": fps,
+        "range": list(r),
+        "rule": "detected: BEV IoU >= 0.5 with any detection of score >= 0.3",
+    }
     Path(args.out).write_text(json.dumps(rec, indent=1))
     return 0
 

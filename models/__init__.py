@@ -4,6 +4,7 @@
 checkpoints, with a plain-torch reference path, a fused fast path and a CUDA-graph mode.
 ``python -m pcops.models.demo`` runs it on the sample scans and draws the detections.
 """
+
 from .config import AnchorConfig, PointPillarsConfig
 from .pointpillars import DenseOutputs, Detections, GraphedPointPillars, PointPillars
 

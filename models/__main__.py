@@ -2,6 +2,7 @@
 
 Also installed as the ``pcops-models`` console script. ``python -m pcops.models.demo`` runs the demo.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,12 @@ def main(argv=None) -> int:
     t.add_argument("--eval-split", default="val", help="split evaluated at the end ('' for none)")
     t.add_argument("--export", default=None, help="also write shipped-format weights (fp16) here")
     t.add_argument("--deterministic", action="store_true", help="deterministic cuDNN (slower)")
-    t.add_argument("--time-budget", type=float, default=None,
-                   help="seconds of training: the one-cycle schedule is fitted to it after 40 steps")
+    t.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds of training: the one-cycle schedule is fitted to it after 40 steps",
+    )
     _common(t)
     e = sub.add_parser("evaluate", help="AP|R40 of weights on a split")
     e.add_argument("--data", required=True)
@@ -62,11 +67,23 @@ def main(argv=None) -> int:
     if args.command == "train":
         from .train import TrainConfig, export_weights, train
 
-        cfg = TrainConfig(data=args.data, out=args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                          amp=args.amp, workers=workers, seed=args.seed, device=device, max_steps=args.max_steps,
-                          resume=args.resume, eval_split=args.eval_split or None, deterministic=args.deterministic,
-                          time_budget=args.time_budget,
-                          progress=not args.no_progress)
+        cfg = TrainConfig(
+            data=args.data,
+            out=args.out,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            amp=args.amp,
+            workers=workers,
+            seed=args.seed,
+            device=device,
+            max_steps=args.max_steps,
+            resume=args.resume,
+            eval_split=args.eval_split or None,
+            deterministic=args.deterministic,
+            time_budget=args.time_budget,
+            progress=not args.no_progress,
+        )
         from .pointpillars import PointPillars
 
         model = PointPillars()
@@ -80,8 +97,9 @@ def main(argv=None) -> int:
         from .train import evaluate_dataset
 
         model = PointPillars.pretrained(args.weights).to(device)
-        res = evaluate_dataset(model, args.data, args.split, args.batch_size, workers, not args.no_progress,
-                               max_scans=args.max_scans)
+        res = evaluate_dataset(
+            model, args.data, args.split, args.batch_size, workers, not args.no_progress, max_scans=args.max_scans
+        )
         print(json.dumps(res, indent=1))
         return 0
     return 2

@@ -3,6 +3,7 @@
 Thin adapters over ``pcops.reference``: the same computations as the public ops' CPU path,
 called directly so that they also run on CUDA tensors (the oracle and the benchmark baseline).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -3,6 +3,7 @@
 Boxes are 7-vectors ``(x, y, z, dx, dy, dz, heading)`` in the LiDAR frame (metres, radians),
 ``z`` at the box centre: OpenPCDet's convention.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,13 +83,22 @@ def encode_boxes(boxes: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
     dxg, dyg, dzg = dxg.clamp(min=1e-5), dyg.clamp(min=1e-5), dzg.clamp(min=1e-5)
     diagonal = torch.sqrt(dxa**2 + dya**2)
     return torch.stack(
-        ((xg - xa) / diagonal, (yg - ya) / diagonal, (zg - za) / dza,
-         torch.log(dxg / dxa), torch.log(dyg / dya), torch.log(dzg / dza), rg - ra),
+        (
+            (xg - xa) / diagonal,
+            (yg - ya) / diagonal,
+            (zg - za) / dza,
+            torch.log(dxg / dxa),
+            torch.log(dyg / dya),
+            torch.log(dzg / dza),
+            rg - ra,
+        ),
         dim=-1,
     )
 
 
-def direction_target(anchors: torch.Tensor, reg_targets: torch.Tensor, dir_offset: float, num_bins: int) -> torch.Tensor:
+def direction_target(
+    anchors: torch.Tensor, reg_targets: torch.Tensor, dir_offset: float, num_bins: int
+) -> torch.Tensor:
     """OpenPCDet's ``get_direction_target`` (``one_hot=False``): the direction bin of each target's
     heading, ``floor(limit_period(r - dir_offset, 0, 2π) / (2π / num_bins))`` clamped to the bins;
     ``r = r_t + r_a``. Returns int64 of the leading shape."""

@@ -8,6 +8,7 @@ constructor; no module reads a global or a dictionary at run time.
 Deliberate OpenPCDet match: the anchor rotations are ``(0, 1.57)`` as written in the YAML,
 not ``(0, π/2)``; the 0.0008 rad difference enters the decoded headings (``r = r_t + r_a``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,20 +81,31 @@ class PointPillarsConfig:
         need(self.num_point_features >= 4, "num_point_features", "an int >= 4 (x, y, z, intensity, ...)")
         need(len(self.vfe_filters) >= 1, "vfe_filters", "at least one PFN layer")
         n = len(self.layer_nums)
-        need(len(self.layer_strides) == n and len(self.num_filters) == n, "layer_strides",
-             "as many entries as layer_nums (and num_filters)")
-        need(len(self.upsample_strides) == n and len(self.num_upsample_filters) == n, "upsample_strides",
-             "one integer stride >= 1 per level (fractional strides are not supported)")
+        need(
+            len(self.layer_strides) == n and len(self.num_filters) == n,
+            "layer_strides",
+            "as many entries as layer_nums (and num_filters)",
+        )
+        need(
+            len(self.upsample_strides) == n and len(self.num_upsample_filters) == n,
+            "upsample_strides",
+            "one integer stride >= 1 per level (fractional strides are not supported)",
+        )
         need(all(int(s) == s and s >= 1 for s in self.upsample_strides), "upsample_strides", "integers >= 1")
         need(len(self.anchors) >= 1, "anchors", "at least one class")
-        need(len({a.feature_map_stride for a in self.anchors}) == 1, "anchors", "one feature_map_stride for all classes")
+        need(
+            len({a.feature_map_stride for a in self.anchors}) == 1, "anchors", "one feature_map_stride for all classes"
+        )
         need(self.num_dir_bins >= 1, "num_dir_bins", "an int >= 1")
         need(0.0 <= self.score_thresh <= 1.0, "score_thresh", "a value in [0, 1]")
         need(self.nms_pre_max_size >= 1 and self.nms_post_max_size >= 1, "nms_pre_max_size", "positive sizes")
         for i, (lo, hi, v) in enumerate(zip(self.point_cloud_range[:3], self.point_cloud_range[3:], self.voxel_size)):
             n_cells = (hi - lo) / v
-            need(hi > lo and abs(n_cells - round(n_cells)) < 1e-4, "point_cloud_range",
-                 f"an extent divisible by voxel_size on axis {i}")
+            need(
+                hi > lo and abs(n_cells - round(n_cells)) < 1e-4,
+                "point_cloud_range",
+                f"an extent divisible by voxel_size on axis {i}",
+            )
 
     # --- derived sizes -------------------------------------------------------------------------
     @property

@@ -30,6 +30,7 @@ Augmentations (OpenPCDet ``pointpillar.yaml``), split by where they are cheap:
 Classes outside ``config.class_names`` (Van, Truck, Misc, DontCare, ...) are not trained on;
 they are kept as ``ignore`` boxes for the evaluation (KITTI ignores a Car detection on a Van).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,17 @@ import torch
 
 from .config import PointPillarsConfig
 
-__all__ = ["KittiDataset", "Batch", "collate", "augment_batch", "generate_split", "build_gt_database",
-           "EpochSampler", "write_kitti_label", "points_in_boxes_mask"]
+__all__ = [
+    "KittiDataset",
+    "Batch",
+    "collate",
+    "augment_batch",
+    "generate_split",
+    "build_gt_database",
+    "EpochSampler",
+    "write_kitti_label",
+    "points_in_boxes_mask",
+]
 
 log = logging.getLogger("pcops.models")
 
@@ -75,7 +85,9 @@ def box_corners_bev(boxes: np.ndarray) -> np.ndarray:
     """``(M, 7)`` boxes → ``(M, 4, 2)`` BEV corners."""
     c, s = np.cos(boxes[:, 6]), np.sin(boxes[:, 6])
     hx, hy = boxes[:, 3] / 2, boxes[:, 4] / 2
-    local = np.stack([np.stack([hx, hy], 1), np.stack([-hx, hy], 1), np.stack([-hx, -hy], 1), np.stack([hx, -hy], 1)], 1)
+    local = np.stack(
+        [np.stack([hx, hy], 1), np.stack([-hx, hy], 1), np.stack([-hx, -hy], 1), np.stack([hx, -hy], 1)], 1
+    )
     rot = np.stack([np.stack([c, -s], 1), np.stack([s, c], 1)], 1)  # (M, 2, 2)
     return np.einsum("mij,mkj->mki", rot, local) + boxes[:, None, :2]
 
@@ -115,8 +127,10 @@ def write_kitti_label(path, boxes: np.ndarray, names, calib_text: str = SIM_CALI
         ry = -b[6] - math.pi / 2
         ry = (ry + math.pi) % (2 * math.pi) - math.pi
         alpha = ry - math.atan2(x, z)
-        lines.append(f"{name} 0.00 0 {alpha:.4f} 0.00 0.00 0.00 0.00 {b[5]:.4f} {b[4]:.4f} {b[3]:.4f} "
-                     f"{x:.4f} {y:.4f} {z:.4f} {ry:.4f}")
+        lines.append(
+            f"{name} 0.00 0 {alpha:.4f} 0.00 0.00 0.00 0.00 {b[5]:.4f} {b[4]:.4f} {b[3]:.4f} "
+            f"{x:.4f} {y:.4f} {z:.4f} {ry:.4f}"
+        )
     Path(path).write_text("".join(line + "\n" for line in lines))
 
 
@@ -138,9 +152,14 @@ def _generate_one(args) -> dict:
     (train / "calib" / f"{frame}.txt").write_text(SIM_CALIB)
     out = {"frame": frame, "names": names, "num_points": scan.num_points_in_box.numpy()}
     if with_db:
-        keep = [i for i, n in enumerate(names)
-                if n in GT_SAMPLE_GROUPS and int(scan.num_points_in_box[i]) >= GT_MIN_POINTS
-                and pcr[0] <= boxes[i, 0] < pcr[3] and pcr[1] <= boxes[i, 1] < pcr[4]]
+        keep = [
+            i
+            for i, n in enumerate(names)
+            if n in GT_SAMPLE_GROUPS
+            and int(scan.num_points_in_box[i]) >= GT_MIN_POINTS
+            and pcr[0] <= boxes[i, 0] < pcr[3]
+            and pcr[1] <= boxes[i, 1] < pcr[4]
+        ]
         masks = points_in_boxes_mask(pts, boxes[keep]) if keep else np.zeros((0, len(pts)), bool)
         out["db"] = [(names[i], boxes[i], pts[m]) for i, m in zip(keep, masks)]
     return out
@@ -150,17 +169,25 @@ def _progress(iterable, total: int, desc: str, enabled: bool = True):
     try:
         from tqdm import tqdm
     except ImportError:  # tqdm is in the 'train' extra; without it, log every 10 %
+
         def plain():
             for i, x in enumerate(iterable, start=1):
                 if enabled and (i == total or i % max(total // 10, 1) == 0):
                     log.info("%s: %d / %d", desc, i, total)
                 yield x
+
         return plain()
     return tqdm(iterable, total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=2.0)
 
 
-def generate_split(root, n_train: int = 3712, n_val: int = 1000, workers: int | None = None,
-                   config: PointPillarsConfig | None = None, progress: bool = True) -> dict:
+def generate_split(
+    root,
+    n_train: int = 3712,
+    n_val: int = 1000,
+    workers: int | None = None,
+    config: PointPillarsConfig | None = None,
+    progress: bool = True,
+) -> dict:
     """Write a simulated split in the KITTI layout (see the module docstring) and its ground-truth
     database. Frame ``i`` of train is ``pcops.sim.simulate_scan(1_000_000 + i)``, of val
     ``simulate_scan(2_000_000 + i)``: disjoint seeds, the same files on every machine.
@@ -191,9 +218,15 @@ def generate_split(root, n_train: int = 3712, n_val: int = 1000, workers: int | 
                 db_boxes.append(box)
                 db_points.append(pts)
     _save_db(root / "gt_database.npz", db_names, db_boxes, db_points)
-    summary = {"n_train": n_train, "n_val": n_val, "train_seeds": [TRAIN_SEED_BASE, TRAIN_SEED_BASE + n_train],
-               "val_seeds": [VAL_SEED_BASE, VAL_SEED_BASE + n_val], "objects": class_counts,
-               "gt_database": {c: db_names.count(c) for c in GT_SAMPLE_GROUPS}, "fov_only": False}
+    summary = {
+        "n_train": n_train,
+        "n_val": n_val,
+        "train_seeds": [TRAIN_SEED_BASE, TRAIN_SEED_BASE + n_train],
+        "val_seeds": [VAL_SEED_BASE, VAL_SEED_BASE + n_val],
+        "objects": class_counts,
+        "gt_database": {c: db_names.count(c) for c in GT_SAMPLE_GROUPS},
+        "fov_only": False,
+    }
     (root / "pcops_sim.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -201,9 +234,13 @@ def generate_split(root, n_train: int = 3712, n_val: int = 1000, workers: int | 
 def _save_db(path, names, boxes, points) -> None:
     offsets = np.zeros(len(points) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(p) for p in points])
-    np.savez(path, names=np.array(names, dtype="U16"), boxes=np.array(boxes, np.float32).reshape(-1, 7),
-             points=np.concatenate(points).astype(np.float32) if points else np.zeros((0, 4), np.float32),
-             offsets=offsets)
+    np.savez(
+        path,
+        names=np.array(names, dtype="U16"),
+        boxes=np.array(boxes, np.float32).reshape(-1, 7),
+        points=np.concatenate(points).astype(np.float32) if points else np.zeros((0, 4), np.float32),
+        offsets=offsets,
+    )
 
 
 def build_gt_database(root, config: PointPillarsConfig | None = None, split: str = "train") -> Path:
@@ -215,8 +252,11 @@ def build_gt_database(root, config: PointPillarsConfig | None = None, split: str
     pcr = cfg.point_cloud_range
     for i in range(len(ds)):
         pts, bx, nm, _, _ = ds.load(i)
-        keep = [j for j, n in enumerate(nm) if n in GT_SAMPLE_GROUPS
-                and pcr[0] <= bx[j, 0] < pcr[3] and pcr[1] <= bx[j, 1] < pcr[4]]
+        keep = [
+            j
+            for j, n in enumerate(nm)
+            if n in GT_SAMPLE_GROUPS and pcr[0] <= bx[j, 0] < pcr[3] and pcr[1] <= bx[j, 1] < pcr[4]
+        ]
         for j, m in zip(keep, points_in_boxes_mask(pts, bx[keep]) if keep else []):
             if m.sum() >= GT_MIN_POINTS:
                 names.append(nm[j])
@@ -270,8 +310,15 @@ class KittiDataset(torch.utils.data.Dataset):
     :attr:`class_counts`.
     """
 
-    def __init__(self, root, split: str, config: PointPillarsConfig | None = None, augment: bool = False,
-                 seed: int = 0, fov_only: bool | None = None):
+    def __init__(
+        self,
+        root,
+        split: str,
+        config: PointPillarsConfig | None = None,
+        augment: bool = False,
+        seed: int = 0,
+        fov_only: bool | None = None,
+    ):
         self.root = Path(root)
         self.config = config or PointPillarsConfig()
         self.augment = augment
@@ -281,12 +328,16 @@ class KittiDataset(torch.utils.data.Dataset):
             raise FileNotFoundError(f"root: no split file {ids_file} (expected a KITTI-format folder)")
         self.frames = [s.strip() for s in ids_file.read_text().split() if s.strip()]
         self.base = self.root / "training"
-        missing = [f"{sub}/{f}{ext}" for f in self.frames
-                   for sub, ext in (("velodyne", ".bin"), ("label_2", ".txt"), ("calib", ".txt"))
-                   if not (self.base / sub / f"{f}{ext}").is_file()]
+        missing = [
+            f"{sub}/{f}{ext}"
+            for f in self.frames
+            for sub, ext in (("velodyne", ".bin"), ("label_2", ".txt"), ("calib", ".txt"))
+            if not (self.base / sub / f"{f}{ext}").is_file()
+        ]
         if missing:
-            raise FileNotFoundError(f"root: {len(missing)} files of split {split!r} are missing, e.g. "
-                                    f"{missing[:5]} under {self.base}")
+            raise FileNotFoundError(
+                f"root: {len(missing)} files of split {split!r} are missing, e.g. {missing[:5]} under {self.base}"
+            )
         self.simulated = (self.root / "pcops_sim.json").is_file()
         self.fov_only = (not self.simulated) if fov_only is None else fov_only
         self.class_names = self.config.class_names
@@ -346,7 +397,9 @@ class KittiDataset(torch.utils.data.Dataset):
             for j, k in enumerate(pick):
                 ok = True
                 for a, b in zip(lo, hi):
-                    if np.any((clo[j, 0] < b[:, 0]) & (chi[j, 0] > a[:, 0]) & (clo[j, 1] < b[:, 1]) & (chi[j, 1] > a[:, 1])):
+                    if np.any(
+                        (clo[j, 0] < b[:, 0]) & (chi[j, 0] > a[:, 0]) & (clo[j, 1] < b[:, 1]) & (chi[j, 1] > a[:, 1])
+                    ):
                         ok = False
                         break
                 if not ok:
@@ -407,7 +460,9 @@ def _can_enter_range(boxes: np.ndarray, pcr, margin: float = 1.0) -> np.ndarray:
         for sy in (1.0, -1.0):
             xr = s * (x * np.cos(ang) - sy * y * np.sin(ang))
             yr = s * (x * np.sin(ang) + sy * y * np.cos(ang))
-            ok |= ((xr >= pcr[0] - margin) & (xr < pcr[3] + margin) & (yr >= pcr[1] - margin) & (yr < pcr[4] + margin)).any(1)
+            ok |= (
+                (xr >= pcr[0] - margin) & (xr < pcr[3] + margin) & (yr >= pcr[1] - margin) & (yr < pcr[4] + margin)
+            ).any(1)
     return ok
 
 
@@ -481,7 +536,9 @@ def _inside(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
     lx = c * d[..., 0] + s * d[..., 1]
     ly = -s * d[..., 0] + c * d[..., 1]
-    return ((lx.abs() <= boxes[:, 3] / 2) & (ly.abs() <= boxes[:, 4] / 2) & (d[..., 2].abs() <= boxes[:, 5] / 2)).any(dim=1)
+    return ((lx.abs() <= boxes[:, 3] / 2) & (ly.abs() <= boxes[:, 4] / 2) & (d[..., 2].abs() <= boxes[:, 5] / 2)).any(
+        dim=1
+    )
 
 
 def augment_batch(batch: Batch, config: PointPillarsConfig, generator: torch.Generator | None = None) -> Batch:
@@ -519,8 +576,18 @@ def augment_batch(batch: Batch, config: PointPillarsConfig, generator: torch.Gen
     scl = scale[:, None]
     heading = bh + rot[:, None]
     heading = heading - torch.floor(heading / (2 * math.pi) + 0.5) * (2 * math.pi)
-    boxes = torch.stack([bx2 * scl, by2 * scl, boxes[..., 2] * scl, boxes[..., 3] * scl, boxes[..., 4] * scl,
-                         boxes[..., 5] * scl, heading], dim=-1)
+    boxes = torch.stack(
+        [
+            bx2 * scl,
+            by2 * scl,
+            boxes[..., 2] * scl,
+            boxes[..., 3] * scl,
+            boxes[..., 4] * scl,
+            boxes[..., 5] * scl,
+            heading,
+        ],
+        dim=-1,
+    )
     r = config.point_cloud_range
     in_range = (boxes[..., 0] >= r[0]) & (boxes[..., 0] < r[3]) & (boxes[..., 1] >= r[1]) & (boxes[..., 1] < r[4])
     labels = batch.gt_labels * in_range

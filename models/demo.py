@@ -18,6 +18,7 @@ seeded random weights (meaningless boxes, for timing only). The optional picture
 (``pip install 'pcops[viz]'``): the demo checks for it before computing anything. Without scan paths
 and without ``data/`` (an installed package), it uses the sample scans shipped in the wheel.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def default_scans() -> list[Path]:
     """The repository's ``data/`` scans (or the copy shipped in the wheel), else the real KITTI
     samples beside the repository."""
     shipped = Path(pcops.__file__).resolve().parent / "data"
-    for folder in (_REPO / "data", shipped, Path.cwd() / "data",
-                   _REPO.parent / "shared" / "data" / "kitti" / "training" / "velodyne"):
+    for folder in (
+        _REPO / "data",
+        shipped,
+        Path.cwd() / "data",
+        _REPO.parent / "shared" / "data" / "kitti" / "training" / "velodyne",
+    ):
         scans = sorted(p for p in folder.glob("*") if _is_scan(p)) if folder.is_dir() else []
         if scans:
             return scans
@@ -82,8 +87,11 @@ def _stem(p: Path) -> str:
 def find_labels(scan: Path):
     """Ground-truth ``(boxes (M, 7), names)`` for a scan, or ``None``."""
     stem = _stem(scan)
-    for cand in (scan.with_name(stem + ".txt"), scan.with_name(stem + ".labels.txt"),
-                 scan.parent / "labels" / f"{stem}.txt"):
+    for cand in (
+        scan.with_name(stem + ".txt"),
+        scan.with_name(stem + ".labels.txt"),
+        scan.parent / "labels" / f"{stem}.txt",
+    ):
         if cand.is_file():
             try:
                 lab = pcops.io.read_labels(cand)
@@ -104,28 +112,44 @@ def _draw(points, det, n, gt, path: Path, title: str, cfg, min_score: float) -> 
     labels = det.labels[0, :n].cpu()[keep].tolist()
     classes = [cfg.class_names[int(i) - 1] if 0 < int(i) <= cfg.num_classes else "?" for i in labels]
     gt_boxes, gt_names = gt if gt is not None else (None, None)
-    viz.draw_bev(points, det.boxes[0, :n].cpu()[keep], gt_boxes, str(path), labels=classes, classes=classes,
-                 scores=det.scores[0, :n].cpu()[keep], gt_labels=gt_names, title=title,
-                 detector_range=cfg.point_cloud_range)
+    viz.draw_bev(
+        points,
+        det.boxes[0, :n].cpu()[keep],
+        gt_boxes,
+        str(path),
+        labels=classes,
+        classes=classes,
+        scores=det.scores[0, :n].cpu()[keep],
+        gt_labels=gt_names,
+        title=title,
+        detector_range=cfg.point_cloud_range,
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pcops.models.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", help="scan files or folders (default: data/ or ../shared/data KITTI samples)")
-    p.add_argument("--weights", default=None,
-                   help="OpenPCDet PointPillars checkpoint (.pth) or pcops export; default: the shipped weights")
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="OpenPCDet PointPillars checkpoint (.pth) or pcops export; default: the shipped weights",
+    )
     p.add_argument("--random-weights", action="store_true", help="seeded random weights instead (timing only)")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda when available")
     p.add_argument("--out", default="out", help="folder for the BEV pictures (default: out/)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per scan (default: 20 on GPU, 3 on CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--max-scans", type=int, default=None, help="use only the first N scans")
-    p.add_argument("--impl", default="fast", choices=("fast", "reference"), help="pcops fast path or plain-torch reference")
+    p.add_argument(
+        "--impl", default="fast", choices=("fast", "reference"), help="pcops fast path or plain-torch reference"
+    )
     p.add_argument("--fp16", action="store_true", help="fast path: float16 backbone and head")
     p.add_argument("--graph", action="store_true", help="also time the CUDA-graph-captured pipeline (GPU only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--no-draw", action="store_true", help="skip the pictures")
-    p.add_argument("--min-score", type=float, default=0.3, help="draw detections with at least this score (default 0.3)")
+    p.add_argument(
+        "--min-score", type=float, default=0.3, help="draw detections with at least this score (default 0.3)"
+    )
     return p.parse_args(argv)
 
 
@@ -143,8 +167,9 @@ def main(argv=None) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise SystemExit("the demo draws with matplotlib, which is not installed: pip install 'pcops[viz]' "
-                             "(or pass --no-draw)") from None
+            raise SystemExit(
+                "the demo draws with matplotlib, which is not installed: pip install 'pcops[viz]' (or pass --no-draw)"
+            ) from None
     if args.weights and args.random_weights:
         raise SystemExit("--weights and --random-weights: give one of them")
     scans = expand(args.paths) if args.paths else default_scans()
@@ -159,8 +184,10 @@ def main(argv=None) -> int:
         calib_points = pcops.io.read_points(scans[0])
         randomize_(model, args.seed, calib_points)
         weights = f"random (seed {args.seed})"
-        print(f"weights: RANDOM (seed {args.seed}, BatchNorm statistics from {scans[0].name}): the detections "
-              "below are meaningless boxes (timing only)")
+        print(
+            f"weights: RANDOM (seed {args.seed}, BatchNorm statistics from {scans[0].name}): the detections "
+            "below are meaningless boxes (timing only)"
+        )
     elif args.weights:
         model = PointPillars.pretrained(args.weights, impl=args.impl, dtype=model.dtype)
         weights = Path(args.weights).name
@@ -168,14 +195,18 @@ def main(argv=None) -> int:
     else:
         model = PointPillars.pretrained(impl=args.impl, dtype=model.dtype)
         weights = "pcops sim-trained"
-        print("weights: pcops' shipped PointPillars weights, trained on simulated KITTI-like scans "
-              "(benchmarks/results/train_pointpillars.json); real-scan accuracy is not yet measured")
+        print(
+            "weights: pcops' shipped PointPillars weights, trained on simulated KITTI-like scans "
+            "(benchmarks/results/train_pointpillars.json); real-scan accuracy is not yet measured"
+        )
     model = model.to(device)
     out_dir = Path(args.out)
     if not args.no_draw:
         out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"device: {torch.cuda.get_device_name(device) if gpu else 'cpu'}; impl: {args.impl}"
-          f"{' fp16' if args.fp16 else ''}; {len(scans)} scan(s); median of {repeats} run(s) after {warmup} warm-up")
+    print(
+        f"device: {torch.cuda.get_device_name(device) if gpu else 'cpu'}; impl: {args.impl}"
+        f"{' fp16' if args.fp16 else ''}; {len(scans)} scan(s); median of {repeats} run(s) after {warmup} warm-up"
+    )
 
     for scan in scans:
         points = pcops.io.read_points(scan)[:, : cfg.num_point_features].contiguous()
@@ -220,14 +251,18 @@ def main(argv=None) -> int:
                     e.synchronize()
                     g_ms.append(s.elapsed_time(e))
                 g_ms.sort()
-                print(f"  {'graph':<12} {g_ms[len(g_ms) // 2]:9.3f} ms   (one CUDA graph replay, points to padded boxes)")
+                print(
+                    f"  {'graph':<12} {g_ms[len(g_ms) // 2]:9.3f} ms   (one CUDA graph replay, points to padded boxes)"
+                )
         if not args.no_draw:
             gt = find_labels(scan)
             png = out_dir / f"{_stem(scan)}_bev.png"
             total = stats.get("total", {}).get("median_ms", wall[len(wall) // 2])
-            title = (f"{scan.name}: PointPillars ({args.impl}{', fp16' if args.fp16 else ''}), weights: {weights}; "
-                     f"{n} detections ({int((det.scores[0, :n] >= args.min_score).sum())} drawn, score >= "
-                     f"{args.min_score}), {total:.1f} ms on {'GPU' if gpu else 'CPU'}")
+            title = (
+                f"{scan.name}: PointPillars ({args.impl}{', fp16' if args.fp16 else ''}), weights: {weights}; "
+                f"{n} detections ({int((det.scores[0, :n] >= args.min_score).sum())} drawn, score >= "
+                f"{args.min_score}), {total:.1f} ms on {'GPU' if gpu else 'CPU'}"
+            )
             _draw(points, det, n, gt, png, title, cfg, args.min_score)
             if png.exists():
                 print(f"  picture: {png}")

@@ -21,6 +21,7 @@ do not exist):
   bin is ignored rather than counted as a false positive. Bins: 0-30, 30-50, 50+ m.
 * A class with no valid ground truth has AP ``nan`` (reported as ``null``).
 """
+
 from __future__ import annotations
 
 import math
@@ -107,9 +108,14 @@ def _match(iv: np.ndarray, ii: np.ndarray, thr: float, det_out_of_bin: np.ndarra
     return out
 
 
-def evaluate(scenes: Sequence[SceneResult], class_names: Sequence[str] = ("Car", "Pedestrian", "Cyclist"),
-             min_points: int = 5, ranges: dict | None = None, iou_thresholds: dict | None = None,
-             point_cloud_range: Sequence[float] | None = None) -> dict:
+def evaluate(
+    scenes: Sequence[SceneResult],
+    class_names: Sequence[str] = ("Car", "Pedestrian", "Cyclist"),
+    min_points: int = 5,
+    ranges: dict | None = None,
+    iou_thresholds: dict | None = None,
+    point_cloud_range: Sequence[float] | None = None,
+) -> dict:
     """AP|R40 of every class, BEV and 3-D, overall and per range bin (see the module docstring).
 
     Returns ``{class: {"3d": AP, "bev": AP, "num_gt": n, "ranges": {bin: {"3d", "bev", "num_gt"}}}}``.
@@ -127,8 +133,11 @@ def evaluate(scenes: Sequence[SceneResult], class_names: Sequence[str] = ("Car",
         gt_dist = torch.linalg.norm(sc.gt_boxes[:, :2], dim=1).cpu().numpy() if len(names_g) else np.zeros(0)
         gxy = sc.gt_boxes[:, :2].cpu().numpy()
         # objects outside the detector's range are not labelled for it (as KITTI's outside the camera)
-        gt_in_pcr = np.ones(len(names_g), bool) if pcr is None else (
-            (gxy[:, 0] >= pcr[0]) & (gxy[:, 0] < pcr[3]) & (gxy[:, 1] >= pcr[1]) & (gxy[:, 1] < pcr[4]))
+        gt_in_pcr = (
+            np.ones(len(names_g), bool)
+            if pcr is None
+            else ((gxy[:, 0] >= pcr[0]) & (gxy[:, 0] < pcr[3]) & (gxy[:, 1] >= pcr[1]) & (gxy[:, 1] < pcr[4]))
+        )
         all_scores = sc.det_scores.cpu().numpy()
         det_dist = torch.linalg.norm(sc.det_boxes[:, :2], dim=1).cpu().numpy()
         gboxes = sc.gt_boxes.to(sc.det_boxes.device)
@@ -184,6 +193,14 @@ def detections_to_scenes(det, class_names, gt: list) -> list:
     for b, n in enumerate(counts):
         labels = det.labels[b, :n].tolist()
         boxes, names, npts = gt[b]
-        out.append(SceneResult(det.boxes[b, :n].clone(), det.scores[b, :n].clone(),
-                               [class_names[i - 1] for i in labels], boxes, names, npts))
+        out.append(
+            SceneResult(
+                det.boxes[b, :n].clone(),
+                det.scores[b, :n].clone(),
+                [class_names[i - 1] for i in labels],
+                boxes,
+                names,
+                npts,
+            )
+        )
     return out

@@ -1,5 +1,6 @@
 """The fast inference path of PointPillars: BatchNorm folded into the convolutions, the fused
 pillar feature net, the folded backbone with a fused bias + ReLU epilogue, one fused head conv."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -70,7 +71,6 @@ class FastParams(NamedTuple):
     channels_last: bool
 
 
-
 class FastPathMixin:
     """The fast-path pieces of :class:`~pcops.models.pointpillars.PointPillars`."""
 
@@ -81,7 +81,13 @@ class FastPathMixin:
     def _fast_params(self, device: torch.device) -> FastParams:
         channels_last = self.channels_last if self.channels_last is not None else device.type == "cuda"
         tensors = [*self.parameters(), *self.buffers()]
-        key = (device, self.dtype, channels_last, tuple(t._version for t in tensors), tuple(t.data_ptr() for t in tensors))
+        key = (
+            device,
+            self.dtype,
+            channels_last,
+            tuple(t._version for t in tensors),
+            tuple(t.data_ptr() for t in tensors),
+        )
         if self._fast is not None and self._fast[0] == key:
             return self._fast[1]
         dt = self.dtype
@@ -97,8 +103,14 @@ class FastPathMixin:
         single = len(self.vfe.pfn_layers) == 1 and self.config.use_absolute_xyz and not self.config.with_distance
         layer = self.vfe.pfn_layers[0]
         if single and self.config.num_pfn_inputs == 10:
-            w, b = fold_batchnorm(layer.linear.weight.detach(), layer.norm.weight.detach(), layer.norm.bias.detach(),
-                                  layer.norm.running_mean, layer.norm.running_var, layer.norm.eps)
+            w, b = fold_batchnorm(
+                layer.linear.weight.detach(),
+                layer.norm.weight.detach(),
+                layer.norm.bias.detach(),
+                layer.norm.running_mean,
+                layer.norm.running_var,
+                layer.norm.eps,
+            )
         else:
             w = b = None
         head = self.dense_head
@@ -137,8 +149,17 @@ class FastPathMixin:
             from pcops.triton.pfn import pfn_scatter
 
             cfg = self.config
-            return pfn_scatter(voxels, num_points, coords, fp.pfn_weight, fp.pfn_bias, canvas,
-                               cfg.voxel_size, cfg.point_cloud_range[:3], count=count)
+            return pfn_scatter(
+                voxels,
+                num_points,
+                coords,
+                fp.pfn_weight,
+                fp.pfn_bias,
+                canvas,
+                cfg.voxel_size,
+                cfg.point_cloud_range[:3],
+                count=count,
+            )
         # CPU: the same folded arithmetic in torch (decorate, x @ W' + b', ReLU, max), then scatter
         feats = self.vfe.decorate(voxels, num_points, coords)
         pillars = torch.relu(feats @ fp.pfn_weight + fp.pfn_bias).amax(dim=1)
@@ -174,7 +195,9 @@ class FastPathMixin:
         for blk, de in zip(fp.blocks, fp.deblocks):
             for c in blk:
                 if mode == "cudnn":
-                    x = torch.ops.aten.cudnn_convolution_relu(x, c.weight, c.bias, [c.stride] * 2, [c.padding] * 2, [1, 1], 1)
+                    x = torch.ops.aten.cudnn_convolution_relu(
+                        x, c.weight, c.bias, [c.stride] * 2, [c.padding] * 2, [1, 1], 1
+                    )
                 else:
                     x = bias_relu(F.conv2d(x, c.weight, None, stride=c.stride, padding=c.padding), c.bias)
             up = F.conv_transpose2d(x, de.weight, None, stride=de.stride)
@@ -182,7 +205,9 @@ class FastPathMixin:
                 total = sum(d.bias.shape[0] for d in fp.deblocks)
                 shape = (up.shape[0], total, up.shape[2], up.shape[3])
                 if fp.channels_last:
-                    out = torch.empty((shape[0], shape[2], shape[3], shape[1]), device=up.device, dtype=up.dtype).permute(0, 3, 1, 2)
+                    out = torch.empty(
+                        (shape[0], shape[2], shape[3], shape[1]), device=up.device, dtype=up.dtype
+                    ).permute(0, 3, 1, 2)
                 else:
                     out = torch.empty(shape, device=up.device, dtype=up.dtype)
             bias_relu(up, de.bias, out, channel_offset=offset)

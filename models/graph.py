@@ -1,4 +1,5 @@
 """CUDA-graph capture of the PointPillars fast path (points on the GPU → padded detections)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,14 @@ class GraphedPointPillars:
 
     PAD_VALUE = -1.0e4
 
-    def __init__(self, model, example_points: torch.Tensor, example_lengths=None,
-                 max_points: int | None = None, cudnn_benchmark: bool = False):
+    def __init__(
+        self,
+        model,
+        example_points: torch.Tensor,
+        example_lengths=None,
+        max_points: int | None = None,
+        cudnn_benchmark: bool = False,
+    ):
         from .pointpillars import PointPillars
 
         if not isinstance(model, PointPillars):
@@ -103,19 +110,25 @@ class GraphedPointPillars:
         else:
             if isinstance(lengths, torch.Tensor):
                 if lengths.device.type != "cpu":
-                    raise ValueError("lengths: give the per-scan counts on the CPU (a list or CPU tensor): "
-                                     "copying into the graph's buffer needs them on the host")
+                    raise ValueError(
+                        "lengths: give the per-scan counts on the CPU (a list or CPU tensor): "
+                        "copying into the graph's buffer needs them on the host"
+                    )
                 lengths = lengths.tolist()
             segments = [int(v) for v in lengths]
         if len(segments) != self.batch_size:
-            raise ValueError(f"lengths: expected {self.batch_size} scans (the captured batch size), got {len(segments)}")
+            raise ValueError(
+                f"lengths: expected {self.batch_size} scans (the captured batch size), got {len(segments)}"
+            )
         if sum(segments) != points.shape[0]:
             raise ValueError(f"lengths: expected counts summing to {points.shape[0]}, got {sum(segments)}")
         start = 0
         for b, n in enumerate(segments):
             if n > self.max_points:
-                raise ValueError(f"points: scan {b} has {n} points, more than the captured capacity "
-                                 f"max_points={self.max_points}; capture again with a larger max_points")
+                raise ValueError(
+                    f"points: scan {b} has {n} points, more than the captured capacity "
+                    f"max_points={self.max_points}; capture again with a larger max_points"
+                )
             dst = self.static_points[b * self.max_points : (b + 1) * self.max_points]
             dst[:n].copy_(points[start : start + n, :c])
             dst[n:].fill_(self.PAD_VALUE)
@@ -144,7 +157,14 @@ class _FixedVoxels(NamedTuple):
 
 def fixed_voxelize(points: torch.Tensor, cfg: PointPillarsConfig, lengths: torch.Tensor) -> _FixedVoxels:
     """Fixed-capacity voxelization (``B * max_voxels_test`` rows, padding rows last; no host sync)."""
-    out = pcops.voxelize(points, cfg.voxel_size, cfg.point_cloud_range, cfg.max_points_per_voxel,
-                         cfg.max_voxels_test, lengths=lengths, pad_to_max=True)
+    out = pcops.voxelize(
+        points,
+        cfg.voxel_size,
+        cfg.point_cloud_range,
+        cfg.max_points_per_voxel,
+        cfg.max_voxels_test,
+        lengths=lengths,
+        pad_to_max=True,
+    )
     count = out.num_voxels.sum().to(torch.int32).reshape(1)
     return _FixedVoxels(out.voxels, out.coords, out.num_points, count, out.num_dropped_voxels)

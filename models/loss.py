@@ -8,6 +8,7 @@
 * every weight divided by the scan's positive count (at least 1), each sum divided by the batch
   size, and the three combined with weights cls 1.0, loc 2.0, dir 0.2.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -33,7 +34,9 @@ class Losses(NamedTuple):
     num_positives: torch.Tensor  # (B,) positives per scan
 
 
-def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
+def sigmoid_focal_loss(
+    logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0
+) -> torch.Tensor:
     """Element-wise ``−α_t (1 − p_t)^γ log p_t`` (OpenPCDet's ``SigmoidFocalClassificationLoss``)."""
     p = torch.sigmoid(logits)
     alpha_w = targets * alpha + (1 - targets) * (1 - alpha)
@@ -48,7 +51,9 @@ def smooth_l1(diff: torch.Tensor, beta: float = 1.0 / 9.0) -> torch.Tensor:
     return torch.where(n < beta, 0.5 * n**2 / beta, n - 0.5 * beta)
 
 
-def pointpillars_loss(config: PointPillarsConfig, preds: DenseOutputs, targets: Targets, anchors: torch.Tensor) -> Losses:
+def pointpillars_loss(
+    config: PointPillarsConfig, preds: DenseOutputs, targets: Targets, anchors: torch.Tensor
+) -> Losses:
     """The combined loss of a batch (see the module docstring).
 
     Args:

@@ -3,6 +3,7 @@
 ``PillarVFE`` → ``PointPillarScatter`` → ``BaseBEVBackbone`` → ``AnchorHeadSingle``; see
 ``models/pointpillars.py`` for the matches with OpenPCDet checked against its source.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,8 +80,9 @@ class PillarVFE(nn.Module):
             features = pfn(features)
         return features.squeeze(1)  # OpenPCDet's .squeeze() without the P == 1 pitfall
 
-    def forward_train(self, voxels: torch.Tensor, num_points: torch.Tensor, coords: torch.Tensor,
-                      valid: torch.Tensor) -> torch.Tensor:
+    def forward_train(
+        self, voxels: torch.Tensor, num_points: torch.Tensor, coords: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
         """Training forward on fixed-capacity pillars: ``(P, T, F)`` → ``(P, C)`` float32.
 
         BatchNorm uses the statistics of the ``valid (P,)`` rows only (padding rows excluded; within a
@@ -196,4 +198,3 @@ class PointPillarScatter(nn.Module):
 
             return ref.pillar_scatter(features, coords.to(torch.int32), batch_size, *self.grid_hw)[0]
         return pcops.pillar_scatter(features, coords, batch_size, self.grid_hw)
-

@@ -1,4 +1,5 @@
 """Output types of the detectors."""
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -62,6 +62,7 @@ int64 (1-based, 0 for padding), ``count (B,)`` int64, with ``K = nms_post_max_si
 ``>= count[b]`` are zero. The fast path and the reference differ only in float rounding (the BN
 folding) and, for exactly tied scores, in the order of ties.
 """
+
 from __future__ import annotations
 
 import os
@@ -234,7 +235,7 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         if "model_state" in state:
             state = state["model_state"]
         if state and all(k.startswith("module.") for k in state):
-            state = {k[len("module."):]: v for k, v in state.items()}
+            state = {k[len("module.") :]: v for k, v in state.items()}
         own = self.state_dict()
         optional = {"global_step"}
         missing = sorted(set(own) - set(state) - optional)
@@ -251,7 +252,9 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             if missing:
                 msg.append(f"missing keys ({len(missing)}): {missing[:20]}{' ...' if len(missing) > 20 else ''}")
             if unexpected:
-                msg.append(f"unexpected keys ({len(unexpected)}): {unexpected[:20]}{' ...' if len(unexpected) > 20 else ''}")
+                msg.append(
+                    f"unexpected keys ({len(unexpected)}): {unexpected[:20]}{' ...' if len(unexpected) > 20 else ''}"
+                )
             raise KeyError("path_or_state_dict: not a PointPillars checkpoint for this config: " + "; ".join(msg))
         with torch.no_grad():
             for k, v in state.items():
@@ -306,7 +309,10 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         if self.warn_on_dropped_voxels and bool((vox.num_dropped_voxels > 0).any()):
             warnings.warn(
                 f"voxelize: {vox.num_dropped_voxels.tolist()} occupied pillars per scan beyond max_voxels="
-                f"{self.config.max_voxels_test} were dropped (OpenPCDet drops them too)", RuntimeWarning, stacklevel=3)
+                f"{self.config.max_voxels_test} were dropped (OpenPCDet drops them too)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if reference:
             with timer("pfn"):
                 pillars = self.vfe(vox.voxels, vox.num_points, vox.coords)
@@ -353,12 +359,18 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             :class:`Detections` with ``K = config.nms_post_max_size`` rows per scan.
         """
         if self.training:
-            raise RuntimeError("forward: detections need eval mode (call model.eval()); in training mode use "
-                               "forward_train (pcops.models.train runs the training recipe)")
+            raise RuntimeError(
+                "forward: detections need eval mode (call model.eval()); in training mode use "
+                "forward_train (pcops.models.train runs the training recipe)"
+            )
         if self.weights_source is None and not self._warned_untrained:
             self._warned_untrained = True
-            warnings.warn("PointPillars: the weights are untrained (random): detections are meaningless; use "
-                          "PointPillars.pretrained() or load_openpcdet(path)", UserWarning, stacklevel=2)
+            warnings.warn(
+                "PointPillars: the weights are untrained (random): detections are meaningless; use "
+                "PointPillars.pretrained() or load_openpcdet(path)",
+                UserWarning,
+                stacklevel=2,
+            )
         timer = self.stage_timer
         with torch.no_grad():
             dense = self._dense(points, lengths, timer)
@@ -379,8 +391,15 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         """
         cfg = self.config
         batch_size = self._check_points(points, lengths)
-        vox = pcops.voxelize(points[:, : cfg.num_point_features], cfg.voxel_size, cfg.point_cloud_range,
-                             cfg.max_points_per_voxel, cfg.max_voxels_train, lengths=lengths, pad_to_max=True)
+        vox = pcops.voxelize(
+            points[:, : cfg.num_point_features],
+            cfg.voxel_size,
+            cfg.point_cloud_range,
+            cfg.max_points_per_voxel,
+            cfg.max_voxels_train,
+            lengths=lengths,
+            pad_to_max=True,
+        )
         self.last_dropped_voxels = vox.num_dropped_voxels
         valid = vox.num_points > 0
         coords = vox.coords
@@ -409,11 +428,17 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
 
     # ----- fast path pieces
     # ----- CUDA graph
-    def capture(self, example_points: torch.Tensor, example_lengths=None, max_points: int | None = None,
-                cudnn_benchmark: bool = False) -> "GraphedPointPillars":
+    def capture(
+        self,
+        example_points: torch.Tensor,
+        example_lengths=None,
+        max_points: int | None = None,
+        cudnn_benchmark: bool = False,
+    ) -> "GraphedPointPillars":
         """Capture the fast path in one CUDA graph; see :class:`GraphedPointPillars`."""
-        return GraphedPointPillars(self, example_points, example_lengths, max_points=max_points,
-                                   cudnn_benchmark=cudnn_benchmark)
+        return GraphedPointPillars(
+            self, example_points, example_lengths, max_points=max_points, cudnn_benchmark=cudnn_benchmark
+        )
 
 
 # how the fast backbone runs bias + ReLU + concat on CUDA ("torch", "triton", "cudnn"); see

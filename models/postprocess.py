@@ -1,4 +1,5 @@
 """Post-processing of PointPillars: OpenPCDet's reference path (host syncs) and the sync-free fast path."""
+
 from __future__ import annotations
 
 import torch
@@ -69,8 +70,9 @@ class PostProcessMixin:
         out = []
         for b in range(boxes.shape[0]):
             n_valid = int(above[b].sum())
-            idx, _ = pcops.nms_bev(boxes[b, :n_valid], nms_scores[b, :n_valid], cfg.nms_thresh, post_max_size=kmax,
-                                   padded=True)
+            idx, _ = pcops.nms_bev(
+                boxes[b, :n_valid], nms_scores[b, :n_valid], cfg.nms_thresh, post_max_size=kmax, padded=True
+            )
             out.append(idx)
         return torch.stack(out)
 
@@ -85,8 +87,9 @@ class PostProcessMixin:
         batch_cls = cls_preds.reshape(bsz, n, -1).float()
         batch_box = box_coder.decode_boxes(box_preds.reshape(bsz, n, -1), anchors)
         dir_logits = dir_preds.reshape(bsz, n, -1)
-        heading = box_coder.apply_direction(batch_box[..., 6], dir_logits, cfg.dir_offset, cfg.dir_limit_offset,
-                                            cfg.num_dir_bins)
+        heading = box_coder.apply_direction(
+            batch_box[..., 6], dir_logits, cfg.dir_offset, cfg.dir_limit_offset, cfg.num_dir_bins
+        )
         batch_box = torch.cat([batch_box[..., :6], heading.unsqueeze(-1)], dim=-1)
         kmax = cfg.nms_post_max_size
         boxes = torch.zeros(bsz, kmax, 7, device=cls_preds.device)
@@ -109,4 +112,3 @@ class PostProcessMixin:
             labels[b, :m] = label[selected]
             count[b] = m
         return Detections(boxes, scores, labels, count)
-

@@ -1,5 +1,6 @@
 """Reproducible random PointPillars weights that produce a spread of scores: a stand-in for trained
 weights in tests and benchmarks (``--random-weights`` in the demo)."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,13 @@ __all__ = ["randomize_"]
 
 
 @torch.no_grad()
-def randomize_(model, seed: int = 0, points: torch.Tensor | None = None, score_fraction: float = 0.0005,
-               lengths: torch.Tensor | None = None) -> PointPillars:
+def randomize_(
+    model,
+    seed: int = 0,
+    points: torch.Tensor | None = None,
+    score_fraction: float = 0.0005,
+    lengths: torch.Tensor | None = None,
+) -> PointPillars:
     """Reproducible random weights that produce a spread of scores (a stand-in for trained ones).
 
     Re-initialises every layer from ``torch.Generator().manual_seed(seed)`` (PyTorch's default
@@ -57,6 +63,7 @@ def randomize_(model, seed: int = 0, points: torch.Tensor | None = None, score_f
     model._fast = None
     model.weights_source = "random"
     return model
+
 
 def _calibrate_batchnorm(model, points: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """Set each BatchNorm's running statistics to those of its input on ``points``; returns the

@@ -17,6 +17,7 @@ Batched with fixed shapes: ground truth is padded to ``G`` boxes per scan (``gt_
 padding). Everything is a tensor expression over ``(B, H, W, R, G)`` (the anchor grid's overlaps are separable
 into rows and columns): no host synchronisation.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -59,8 +60,14 @@ def nearest_bev_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / (area_a + area_b - inter).clamp(min=1e-6)
 
 
-def assign_targets(config: PointPillarsConfig, anchors: torch.Tensor, gt_boxes: torch.Tensor,
-                   gt_labels: torch.Tensor, thresholds: dict | None = None, class_slices=None) -> Targets:
+def assign_targets(
+    config: PointPillarsConfig,
+    anchors: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    thresholds: dict | None = None,
+    class_slices=None,
+) -> Targets:
     """Targets of every anchor for a batch.
 
     Args:

@@ -1,4 +1,5 @@
 """Per-stage timing of the PointPillars pipeline (CUDA events on the GPU, perf_counter on the CPU)."""
+
 from __future__ import annotations
 
 import contextlib

@@ -14,6 +14,7 @@ CPU a run is bit-reproducible; on CUDA cuDNN's convolution backward and the scat
 pillars are not bit-reproducible unless ``deterministic=True`` (``torch.backends.cudnn.deterministic``,
 slower), so two GPU runs agree to float rounding only.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,20 +72,39 @@ class TrainConfig:
 
 def _loader(ds, batch_size: int, sampler, workers: int, device: str, drop_last: bool):
     return torch.utils.data.DataLoader(
-        ds, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
-        pin_memory=device.startswith("cuda"), drop_last=drop_last, persistent_workers=workers > 0,
+        ds,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=device.startswith("cuda"),
+        drop_last=drop_last,
+        persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
     )
 
 
 def _build_optimizer(model, cfg: TrainConfig, total_steps: int):
     fused = cfg.device.startswith("cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr / cfg.div_factor, betas=(cfg.moms[0], 0.99),
-                            weight_decay=cfg.weight_decay, fused=fused)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr / cfg.div_factor,
+        betas=(cfg.moms[0], 0.99),
+        weight_decay=cfg.weight_decay,
+        fused=fused,
+    )
     sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=cfg.lr, total_steps=total_steps + 1, pct_start=cfg.pct_start, anneal_strategy="cos",
-        cycle_momentum=True, base_momentum=cfg.moms[1], max_momentum=cfg.moms[0], div_factor=cfg.div_factor,
-        final_div_factor=1e4)
+        opt,
+        max_lr=cfg.lr,
+        total_steps=total_steps + 1,
+        pct_start=cfg.pct_start,
+        anneal_strategy="cos",
+        cycle_momentum=True,
+        base_momentum=cfg.moms[1],
+        max_momentum=cfg.moms[0],
+        div_factor=cfg.div_factor,
+        final_div_factor=1e4,
+    )
     return opt, sched
 
 
@@ -98,16 +118,32 @@ def _mark(times, name, device):
 def _refit_schedule(model, opt, cfg: TrainConfig, total_steps: int, step: int):
     """A one-cycle schedule over ``total_steps`` advanced to ``step`` (the optimizer state is kept)."""
     sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=cfg.lr, total_steps=total_steps + 1, pct_start=cfg.pct_start, anneal_strategy="cos",
-        cycle_momentum=True, base_momentum=cfg.moms[1], max_momentum=cfg.moms[0], div_factor=cfg.div_factor,
-        final_div_factor=1e4)
+        opt,
+        max_lr=cfg.lr,
+        total_steps=total_steps + 1,
+        pct_start=cfg.pct_start,
+        anneal_strategy="cos",
+        cycle_momentum=True,
+        base_momentum=cfg.moms[1],
+        max_momentum=cfg.moms[0],
+        div_factor=cfg.div_factor,
+        final_div_factor=1e4,
+    )
     for _ in range(step):
         sched.step()
     return opt, sched
 
 
-def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, scaler=None, step: int = 0,
-               times: list | None = None):
+def train_step(
+    model: PointPillars,
+    batch: Batch,
+    opt,
+    sched,
+    cfg: TrainConfig,
+    scaler=None,
+    step: int = 0,
+    times: list | None = None,
+):
     """One optimisation step on a batch already on the device; returns the (device) losses.
     ``times``: a list to receive ``(stage, perf_counter)`` marks (synchronising: profiling only)."""
     device = batch.points.device
@@ -119,8 +155,9 @@ def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, 
     with torch.autocast(device.type, dtype=dtype, enabled=amp):
         preds = model.forward_train(batch.points, batch.lengths)
     anchors = model.anchors(device)
-    targets = assign_targets(model.config, anchors, batch.gt_boxes, batch.gt_labels,
-                             class_slices=batch.class_slices or None)
+    targets = assign_targets(
+        model.config, anchors, batch.gt_boxes, batch.gt_labels, class_slices=batch.class_slices or None
+    )
     losses = pointpillars_loss(model.config, preds, targets, anchors)
     _mark(times, "augment+forward+targets+loss", device)
     opt.zero_grad(set_to_none=True)
@@ -143,9 +180,18 @@ def train_step(model: PointPillars, batch: Batch, opt, sched, cfg: TrainConfig, 
 
 def _save(path: Path, model, opt, sched, epoch: int, step: int, cfg: TrainConfig, scaler=None) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"model_state": model.state_dict(), "optimizer_state": opt.state_dict(),
-                "scheduler_state": sched.state_dict(), "scaler_state": None if scaler is None else scaler.state_dict(),
-                "epoch": epoch, "step": step, "train_config": dataclasses.asdict(cfg)}, tmp)
+    torch.save(
+        {
+            "model_state": model.state_dict(),
+            "optimizer_state": opt.state_dict(),
+            "scheduler_state": sched.state_dict(),
+            "scaler_state": None if scaler is None else scaler.state_dict(),
+            "epoch": epoch,
+            "step": step,
+            "train_config": dataclasses.asdict(cfg),
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
@@ -225,11 +271,17 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
             step += 1
             if step % cfg.log_every == 0 or step == stop_at:
                 vals = {k: float(getattr(losses, k).detach()) for k in ("total", "cls", "loc", "dir")}  # one sync
-                vals.update(step=step, epoch=epoch, lr=sched.get_last_lr()[0],
-                            scans_per_s=cfg.batch_size * step / max(time.perf_counter() - t_start, 1e-9))
+                vals.update(
+                    step=step,
+                    epoch=epoch,
+                    lr=sched.get_last_lr()[0],
+                    scans_per_s=cfg.batch_size * step / max(time.perf_counter() - t_start, 1e-9),
+                )
                 history.append(vals)
                 if hasattr(bar, "set_postfix"):
-                    bar.set_postfix(loss=f"{vals['total']:.3f}", lr=f"{vals['lr']:.2e}", scans_s=f"{vals['scans_per_s']:.0f}")
+                    bar.set_postfix(
+                        loss=f"{vals['total']:.3f}", lr=f"{vals['lr']:.2e}", scans_s=f"{vals['scans_per_s']:.0f}"
+                    )
                 if not math.isfinite(vals["total"]):
                     raise FloatingPointError(f"loss is {vals['total']} at step {step}")
             timing["steps"] += 1
@@ -243,8 +295,13 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                     total_steps = max(fit, 41)
                     stop_at = min(stop_at, total_steps)
                     opt, sched = _refit_schedule(model, opt, cfg, total_steps, step)
-                    log.info("time budget %.0f s: %.1f ms per step, schedule fitted to %d steps (%.1f epochs)",
-                             cfg.time_budget, 1000 * per_step, total_steps, total_steps / steps_per_epoch)
+                    log.info(
+                        "time budget %.0f s: %.1f ms per step, schedule fitted to %d steps (%.1f epochs)",
+                        cfg.time_budget,
+                        1000 * per_step,
+                        total_steps,
+                        total_steps / steps_per_epoch,
+                    )
             t_data = time.perf_counter()
             if step >= stop_at:
                 done = True
@@ -260,13 +317,23 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     train_s = time.perf_counter() - t_start
     model.eval()
     model.weights_source = f"trained: {cfg.data}, {step} steps"
-    record = {"train_config": dataclasses.asdict(cfg), "steps": step, "epochs_done": round(step / steps_per_epoch, 2), "train_seconds": round(train_s, 1),
-              "scans_per_s": round(cfg.batch_size * max(step - (0 if not cfg.resume else 0), 1) / max(train_s, 1e-9), 1),
-              "history": history[-50:], "data_wait_s": round(timing["data_wait_s"], 2),
-              "step_ms_profiled": {k: round(1000 * v / max(profile.get("steps", 1), 1), 2) for k, v in profile.items() if k != "steps"}}
+    record = {
+        "train_config": dataclasses.asdict(cfg),
+        "steps": step,
+        "epochs_done": round(step / steps_per_epoch, 2),
+        "train_seconds": round(train_s, 1),
+        "scans_per_s": round(cfg.batch_size * max(step - (0 if not cfg.resume else 0), 1) / max(train_s, 1e-9), 1),
+        "history": history[-50:],
+        "data_wait_s": round(timing["data_wait_s"], 2),
+        "step_ms_profiled": {
+            k: round(1000 * v / max(profile.get("steps", 1), 1), 2) for k, v in profile.items() if k != "steps"
+        },
+    }
     if cfg.eval_split:
         t_eval = time.perf_counter()
-        record["eval"] = evaluate_dataset(model, cfg.data, cfg.eval_split, cfg.eval_batch_size, cfg.workers, cfg.progress)
+        record["eval"] = evaluate_dataset(
+            model, cfg.data, cfg.eval_split, cfg.eval_batch_size, cfg.workers, cfg.progress
+        )
         record["eval_seconds"] = round(time.perf_counter() - t_eval, 1)
         record["time_to_accuracy_s"] = round(time.perf_counter() - t_start, 1)
     (out / "train_result.json").write_text(json.dumps(record, indent=1))
@@ -301,8 +368,15 @@ def recalibrate_batchnorm(model: PointPillars, loader, sampler, epoch: int, n_ba
 
 
 @torch.no_grad()
-def evaluate_dataset(model: PointPillars, data: str, split: str = "val", batch_size: int = 16, workers: int = 4,
-                     progress: bool = True, max_scans: int | None = None) -> dict:
+def evaluate_dataset(
+    model: PointPillars,
+    data: str,
+    split: str = "val",
+    batch_size: int = 16,
+    workers: int = 4,
+    progress: bool = True,
+    max_scans: int | None = None,
+) -> dict:
     """Detect on every scan of a KITTI-format split and compute :func:`pcops.models.evaluate.evaluate`."""
     model.eval()
     device = next(model.parameters()).device

@@ -16,6 +16,7 @@ Every public op takes ``backend: str = "auto"`` with the same vocabulary:
 :func:`resolve` turns the argument into the implementation that runs, in one place, and
 :func:`log_kernel` reports at ``logging.DEBUG`` (logger ``"pcops"``) which kernel ran.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,8 +46,9 @@ def check(backend, op: str, supported: tuple[str, ...] = BACKENDS) -> str:
     return backend
 
 
-def resolve(backend: str, op: str, *tensors: torch.Tensor, auto_cuda: str = "triton",
-            supported: tuple[str, ...] = BACKENDS) -> str:
+def resolve(
+    backend: str, op: str, *tensors: torch.Tensor, auto_cuda: str = "triton", supported: tuple[str, ...] = BACKENDS
+) -> str:
     """The implementation that runs: ``"reference"``, ``"cpu"``, ``"triton"`` or ``"cuda"``.
 
     ``tensors`` are the op's float inputs (their device decides; float64 sends ``"auto"`` to the
@@ -64,8 +66,10 @@ def resolve(backend: str, op: str, *tensors: torch.Tensor, auto_cuda: str = "tri
         return auto_cuda if on_cuda else "cpu"
     if not on_cuda:
         device = tensors[0].device if tensors else "cpu"
-        raise ValueError(f"backend: {backend!r} runs on CUDA tensors only, got tensors on {device}; "
-                         "use backend='auto' or 'reference'")
+        raise ValueError(
+            f"backend: {backend!r} runs on CUDA tensors only, got tensors on {device}; "
+            "use backend='auto' or 'reference'"
+        )
     return backend
 
 
@@ -73,8 +77,10 @@ def refuse_float64(chosen: str, tensor: torch.Tensor, name: str) -> None:
     """An explicitly requested GPU kernel computes in float32: float64 input raises ``TypeError``
     (``"auto"`` sends float64 to the reference instead)."""
     if chosen in ("triton", "cuda") and tensor.dtype == torch.float64:
-        raise TypeError(f"{name}: backend={chosen!r} computes in float32 and takes float32/float16/bfloat16, got "
-                        "torch.float64; use backend='auto' or 'reference'")
+        raise TypeError(
+            f"{name}: backend={chosen!r} computes in float32 and takes float32/float16/bfloat16, got "
+            "torch.float64; use backend='auto' or 'reference'"
+        )
 
 
 @functools.lru_cache(maxsize=None)

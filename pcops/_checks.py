@@ -6,6 +6,7 @@ once which input is wrong and what was expected. These run in the public Python
 function, before ``torch.ops.pcops.*``; the fake (meta) functions repeat the shape
 parts with ``torch._check`` so ``torch.compile`` sees the same contract.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -44,9 +45,7 @@ def check_tensor(
     if last_dim is not None and (t.dim() == 0 or t.shape[-1] != last_dim):
         raise ValueError(f"{name}: expected last dimension {last_dim}, got shape {tuple(t.shape)}")
     if min_last_dim is not None and (t.dim() == 0 or t.shape[-1] < min_last_dim):
-        raise ValueError(
-            f"{name}: expected last dimension >= {min_last_dim}, got shape {tuple(t.shape)}"
-        )
+        raise ValueError(f"{name}: expected last dimension >= {min_last_dim}, got shape {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device} (like the other inputs), got {t.device}")
     return t
@@ -60,9 +59,7 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
     first_name, first = items[0]
     for k, v in items[1:]:
         if v.device != first.device:
-            raise ValueError(
-                f"{k}: expected a tensor on {first.device} (the device of {first_name}), got {v.device}"
-            )
+            raise ValueError(f"{k}: expected a tensor on {first.device} (the device of {first_name}), got {v.device}")
 
 
 def check_int(name: str, v, *, min_value: int | None = None) -> int:

@@ -4,6 +4,7 @@ One batching convention, as PyTorch3D: clouds are padded to ``(B, N, 3)`` with `
 valid counts (``None``: every cloud has ``N`` points); an unbatched ``(N, 3)`` cloud is accepted
 and returned without the batch dimension.
 """
+
 from __future__ import annotations
 
 import torch

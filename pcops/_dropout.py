@@ -10,6 +10,7 @@ every replay gets a fresh seed; a CPU generator is not graph-safe (a host draw c
 replayed). The reference draws its mask from a CPU generator seeded with the same seed, so CPU
 and GPU masks differ; each is reproducible.
 """
+
 from __future__ import annotations
 
 import torch

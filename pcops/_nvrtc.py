@@ -13,6 +13,7 @@ NVRTC needs no GPU, so CI compiles every ``csrc/*.cu`` for sm_90 (``compile_all`
 Kernel conventions: sources are self-contained (NVRTC has no standard headers), entry points
 are ``extern "C" __global__``; arguments are passed as ctypes scalars or tensors (device pointer).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -24,6 +25,7 @@ import threading
 from pathlib import Path
 
 import torch
+
 
 def _csrc_dir() -> Path:
     """``csrc/`` of a source checkout (or editable install), else the copy a wheel ships in ``pcops/csrc``."""
@@ -127,9 +129,7 @@ def compile_file(file: str, arch: str = "sm_90", options=()) -> bytes:
     """Compile ``csrc/<file>`` (cached on disk by source hash, options and NVRTC version)."""
     path = CSRC_DIR / file
     source = path.read_text()
-    key = hashlib.sha256(
-        "\0".join([source, arch, *options, repr(nvrtc_version())]).encode()
-    ).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([source, arch, *options, repr(nvrtc_version())]).encode()).hexdigest()[:24]
     cache_dir = Path(os.environ.get("PCOPS_CACHE_DIR", Path.home() / ".cache" / "pcops"))
     cached = cache_dir / f"{path.stem}-{arch}-{key}.cubin"
     if cached.exists():
@@ -186,8 +186,13 @@ class CudaKernel:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         _cu_check(
             _cuda().cuLaunchKernel(
-                self._func, *[ctypes.c_uint(g) for g in grid], *[ctypes.c_uint(b) for b in block],
-                ctypes.c_uint(shared_mem), stream, params, None,
+                self._func,
+                *[ctypes.c_uint(g) for g in grid],
+                *[ctypes.c_uint(b) for b in block],
+                ctypes.c_uint(shared_mem),
+                stream,
+                params,
+                None,
             ),
             f"cuLaunchKernel({self.name})",
         )
@@ -223,6 +228,8 @@ def get_kernel(file: str, name: str, device: torch.device | None = None) -> Cuda
                 _cu_check(_cuda().cuModuleLoadData(ctypes.byref(module), cubin), f"cuModuleLoadData({file})")
                 _modules[mkey] = module
             func = ctypes.c_void_p()
-            _cu_check(_cuda().cuModuleGetFunction(ctypes.byref(func), module, name.encode()), f"cuModuleGetFunction({name})")
+            _cu_check(
+                _cuda().cuModuleGetFunction(ctypes.byref(func), module, name.encode()), f"cuModuleGetFunction({name})"
+            )
         kernel = _functions[fkey] = CudaKernel(func, name)
         return kernel

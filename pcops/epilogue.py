@@ -10,6 +10,7 @@ Contract: :func:`bias_relu` (checks) → ``torch.ops.pcops.bias_relu`` (writes `
 the implementation ``backend`` resolves to (``pcops._backend``: the reference on the CPU, Triton on
 CUDA) → kernel; plus a fake function. Inference only (no backward).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -67,8 +68,10 @@ def bias_relu(
         _checks.check_tensor("out", out, dtypes=_DTYPES, ndim=4)
     bsz, channels, height, width = y.shape
     if out.shape[0] != bsz or out.shape[2:] != y.shape[2:] or out.shape[1] < channel_offset + channels:
-        raise ValueError(f"out: expected shape ({bsz}, >= {channel_offset + channels}, {height}, {width}) "
-                         f"(channel_offset + C channels, like y), got {tuple(out.shape)}")
+        raise ValueError(
+            f"out: expected shape ({bsz}, >= {channel_offset + channels}, {height}, {width}) "
+            f"(channel_offset + C channels, like y), got {tuple(out.shape)}"
+        )
     _checks.check_same_device(y=y, bias=bias, out=out)
     _backend.resolve(backend, "bias_relu", y, supported=_BACKENDS)
     torch.ops.pcops.bias_relu(y, bias, out, channel_offset, backend)

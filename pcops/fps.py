@@ -4,6 +4,7 @@ Distances are squared Euclidean distances from coordinate differences, ``dx*dx +
 in that order and without fused multiply-adds, on every device: the reference
 (``pcops.reference.fps``) and the GPU kernels return identical indices, ties included.
 """
+
 from __future__ import annotations
 
 import torch
@@ -75,7 +76,9 @@ def farthest_point_sample(
     if isinstance(start_idx, torch.Tensor) and start_idx.dim() == 1:
         _checks.check_tensor("start_idx", start_idx, dtypes=_checks.INT_DTYPES)
         if start_idx.device != points.device:
-            raise ValueError(f"start_idx: expected a tensor on {points.device} (like the points), got {start_idx.device}")
+            raise ValueError(
+                f"start_idx: expected a tensor on {points.device} (like the points), got {start_idx.device}"
+            )
         if start_idx.shape[0] != batch:
             raise ValueError(f"start_idx: expected {batch} values (one per cloud), got {start_idx.shape[0]}")
         start = start_idx.to(torch.int64).contiguous()
@@ -96,7 +99,9 @@ def farthest_point_sample(
 
 
 @torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), device_types="cpu")
-def _fps(points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int, backend: str) -> torch.Tensor:
+def _fps(
+    points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int, backend: str
+) -> torch.Tensor:
     _backend.resolve(backend, _OP, points)  # "triton" / "cuda" on CPU tensors raise
     _backend.log_kernel(_OP, "reference")
     return _ref.farthest_point_sample(points, lengths, start_idx, num_samples)

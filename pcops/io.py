@@ -45,6 +45,7 @@ pcops labels (LiDAR frame)
     (it may be left out when reading). Lines starting with ``#`` and blank lines are
     ignored.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,9 +98,7 @@ def _import_open3d(path: Path):
     try:
         import open3d  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            f"reading or writing {path.suffix} files ({path}) needs open3d; {_OPEN3D_HINT}"
-        ) from e
+        raise ImportError(f"reading or writing {path.suffix} files ({path}) needs open3d; {_OPEN3D_HINT}") from e
     return open3d
 
 
@@ -170,9 +169,7 @@ def read_points(path, num_features: int | None = None) -> torch.Tensor:
         if _has_attribute(pc.point, "intensity"):
             cols.append(pc.point.intensity.numpy().reshape(-1, 1).astype(np.float32))
         return torch.from_numpy(np.ascontiguousarray(np.concatenate(cols, axis=1)))
-    raise ValueError(
-        f"{p}: unknown point-cloud suffix {suf!r}; expected .bin, .pcd.bin, .npy, .pcd or .ply"
-    )
+    raise ValueError(f"{p}: unknown point-cloud suffix {suf!r}; expected .bin, .pcd.bin, .npy, .pcd or .ply")
 
 
 def write_points(path, points) -> None:
@@ -216,9 +213,7 @@ def write_points(path, points) -> None:
         if not o3d.t.io.write_point_cloud(str(p), pc):
             raise OSError(f"{p}: open3d could not write the file")
     else:
-        raise ValueError(
-            f"path: unknown point-cloud suffix {suf!r} ({p}); expected .bin, .pcd.bin, .npy, .pcd or .ply"
-        )
+        raise ValueError(f"path: unknown point-cloud suffix {suf!r} ({p}); expected .bin, .pcd.bin, .npy, .pcd or .ply")
 
 
 # --------------------------------------------------------------------------- KITTI calibration
@@ -335,8 +330,14 @@ def read_kitti_objects(label_path) -> list[KittiObject]:
             raise ValueError(f"{p}:{lineno}: non-numeric field in {line.strip()!r}") from None
         objs.append(
             KittiObject(
-                type=f[0], truncated=v[0], occluded=int(v[1]), alpha=v[2], bbox=tuple(v[3:7]),
-                dimensions=tuple(v[7:10]), location=tuple(v[10:13]), rotation_y=v[13],
+                type=f[0],
+                truncated=v[0],
+                occluded=int(v[1]),
+                alpha=v[2],
+                bbox=tuple(v[3:7]),
+                dimensions=tuple(v[7:10]),
+                location=tuple(v[10:13]),
+                rotation_y=v[13],
                 score=v[14] if len(v) == 15 else None,
             )
         )

@@ -10,6 +10,7 @@ Call path: ``sparse_conv_kernel_map`` (checks, shapes) → ``torch.ops.pcops.spa
 → the implementation ``backend`` resolves to (``pcops._backend``: the reference, sort +
 searchsorted, on the CPU; Triton, a GPU hash table, on CUDA).
 """
+
 from __future__ import annotations
 
 import functools
@@ -213,8 +214,15 @@ def sparse_conv_kernel_map(
     if type(subm) is not bool or type(transposed) is not bool or type(pad_pairs) is not bool:
         key = None
     else:
-        key = (_plain(spatial_shape), _plain(kernel_size), _plain(stride), _plain(padding), _plain(dilation),
-               subm, transposed)
+        key = (
+            _plain(spatial_shape),
+            _plain(kernel_size),
+            _plain(stride),
+            _plain(padding),
+            _plain(dilation),
+            subm,
+            transposed,
+        )
     if key is None or None in key or torch.compiler.is_compiling():  # (dynamo traces past lru_cache)
         op_args = _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
     else:  # plain ints: the checks run once per configuration (host time is most of the budget)
@@ -225,8 +233,10 @@ def sparse_conv_kernel_map(
         raise TypeError(f"static_shapes: expected a bool, got {type(static_shapes).__name__}")
     if static_shapes and not subm:
         if batch_size is None:
-            raise ValueError("batch_size: static_shapes=True needs the number of samples for a regular or "
-                             "transposed map (the size of the output bitmap)")
+            raise ValueError(
+                "batch_size: static_shapes=True needs the number of samples for a regular or "
+                "transposed map (the size of the output bitmap)"
+            )
         batch_size = _checks.check_int("batch_size", batch_size, min_value=1)
     else:
         batch_size = 0
@@ -331,8 +341,12 @@ def sparse_conv3d(
         _checks.check_tensor("bias", bias, dtypes=(features.dtype,), ndim=1)
         if bias.shape[0] != weight.shape[2]:
             raise ValueError(f"bias: expected shape ({weight.shape[2]},), got {tuple(bias.shape)}")
-    if (out_in.device.type == "cpu" and not torch.compiler.is_compiling() and out_in.numel()
-            and int(out_in.max()) >= features.shape[0]):
+    if (
+        out_in.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and out_in.numel()
+        and int(out_in.max()) >= features.shape[0]
+    ):
         raise ValueError(
             f"features: the kernel map refers to input row {int(out_in.max())}, but features has "
             f"{features.shape[0]} rows"
@@ -371,14 +385,37 @@ def _kernel_map(
     else:
         from .triton import kernel_map as impl
     return impl.sparse_conv_kernel_map(
-        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
-        static_shapes, batch_size,
+        coords,
+        in_shape,
+        out_shape,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        subm,
+        transposed,
+        pad_pairs,
+        static_shapes,
+        batch_size,
     )
 
 
 @_kernel_map.register_fake
-def _kernel_map_fake(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, subm, transposed,
-                     pad_pairs=False, static_shapes=False, batch_size=0, backend="auto"):
+def _kernel_map_fake(
+    coords,
+    in_shape,
+    out_shape,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    subm,
+    transposed,
+    pad_pairs=False,
+    static_shapes=False,
+    batch_size=0,
+    backend="auto",
+):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
     torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
     ctx = torch.library.get_ctx()

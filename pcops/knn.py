@@ -7,6 +7,7 @@ Clouds are padded ``(B, N, 3)`` with ``lengths (B,)`` (``None``: all points), or
 reference (``pcops.reference.knn``) and the GPU kernels agree bit for bit, so ties resolve
 identically (always to the lowest index).
 """
+
 from __future__ import annotations
 
 import torch
@@ -79,13 +80,15 @@ def knn(
 def _check_gpu_dtype(backend: str, op: str, t: torch.Tensor) -> None:
     # the GPU kernels compute in float32; float64 keeps the exact reference (under "auto" only)
     if t.dtype == torch.float64:
-        raise ValueError(f"backend: {backend!r} {op} computes in float32, got float64 inputs; "
-                         "use backend='auto' or 'reference'")
+        raise ValueError(
+            f"backend: {backend!r} {op} computes in float32, got float64 inputs; use backend='auto' or 'reference'"
+        )
 
 
 @torch.library.custom_op("pcops::knn", mutates_args=(), device_types="cpu")
-def _knn(query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int,
-         backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _knn(
+    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     _backend.resolve(backend, "knn", query)  # "triton" / "cuda" on CPU tensors raise
     _backend.log_kernel("knn", "reference")
     return _ref.knn(query, ref, query_lengths, ref_lengths, k)
@@ -118,7 +121,9 @@ def _knn_fake(query, ref, query_lengths, ref_lengths, k, backend):
 
 
 @torch.library.custom_op("pcops::knn_backward", mutates_args=(), device_types=("cpu", "cuda"))
-def _knn_backward(grad_dists: torch.Tensor, query: torch.Tensor, ref: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _knn_backward(
+    grad_dists: torch.Tensor, query: torch.Tensor, ref: torch.Tensor, idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _ref.knn_backward(grad_dists, query, ref, idx)
 
 
@@ -196,8 +201,15 @@ def ball_query(
 
 
 @torch.library.custom_op("pcops::ball_query", mutates_args=(), device_types="cpu")
-def _ball_query(query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor,
-                radius: float, k: int, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _ball_query(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_lengths: torch.Tensor,
+    ref_lengths: torch.Tensor,
+    radius: float,
+    k: int,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     _backend.resolve(backend, "ball_query", query, supported=_BALL_BACKENDS)
     _backend.log_kernel("ball_query", "reference")
     return _ref.ball_query(query, ref, query_lengths, ref_lengths, radius, k)

@@ -5,6 +5,7 @@ CPU, Triton on CUDA (``pcops/triton/layer_norm_gelu.py``); a fake function for `
 a backward that is itself a custom op (``pcops/triton/layer_norm_gelu_backward.py``). Dropout
 seeds: ``pcops._dropout``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -110,8 +111,14 @@ def _reference(x, weight, bias, eps, approximate, dropout_p, seed):
 
 @torch.library.custom_op("pcops::layer_norm_gelu", mutates_args=(), device_types="cpu")
 def _layer_norm_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str,
-    dropout_p: float, seed: torch.Tensor | None, backend: str = "auto",
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    approximate: str,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _resolve(backend, x)  # "triton" on CPU tensors raises
     return _reference(x, weight, bias, eps, approximate, dropout_p, seed)
@@ -147,8 +154,16 @@ def _reference_backward(grad_y, x, weight, bias, mean, rstd, approximate, dropou
 
 @torch.library.custom_op("pcops::layer_norm_gelu_backward", mutates_args=(), device_types="cpu")
 def _layer_norm_gelu_backward(
-    grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
-    rstd: torch.Tensor, approximate: str, dropout_p: float, seed: torch.Tensor | None, backend: str = "auto",
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    approximate: str,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _resolve(backend, x)
     return _reference_backward(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed)

@@ -15,6 +15,7 @@ has IoU 0 with everything, itself included; in NMS it is never kept and never su
 another box, and neither is a box with a NaN score. Negative sizes raise ``ValueError`` for CPU
 tensors; on the GPU they cannot be checked without a host sync and follow the rule above.
 """
+
 from __future__ import annotations
 
 
@@ -342,8 +343,10 @@ def _nms_impl(backend: str, boxes: torch.Tensor, scores: torch.Tensor, m: int) -
     if backend == "auto":
         return "cuda" if fits and _nvrtc_available() else "triton"
     if not fits:
-        raise ValueError(f"backend: 'cuda' handles at most {64 * cuda_impl.MAX_WORDS} boxes per sample after "
-                         f"pre_max_size, got {m}; use backend='auto' or 'triton'")
+        raise ValueError(
+            f"backend: 'cuda' handles at most {64 * cuda_impl.MAX_WORDS} boxes per sample after "
+            f"pre_max_size, got {m}; use backend='auto' or 'triton'"
+        )
     return "cuda"
 
 
@@ -365,8 +368,9 @@ def _nms_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_si
     m = boxes.shape[0] if pre_max_size is None else min(boxes.shape[0], pre_max_size)
     out_len = post_max_size if padded else min(m, post_max_size or m)
     groups = idxs.unsqueeze(0) if idxs is not None else None
-    out, count = cuda_impl.nms_padded(boxes.unsqueeze(0), scores.unsqueeze(0), groups, iou_threshold,
-                                      pre_max_size, out_len, single=True)
+    out, count = cuda_impl.nms_padded(
+        boxes.unsqueeze(0), scores.unsqueeze(0), groups, iou_threshold, pre_max_size, out_len, single=True
+    )
     if padded:
         return out, count
     k = int(count)  # the one host sync of the variable-length form
@@ -408,8 +412,19 @@ def _nms_batched_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, pos
 
         return cuda_impl.nms_padded(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size)
     # the reference and Triton: one call per sample
-    outs = [_nms_run(impl, boxes[b], scores[b], idxs[b] if idxs is not None else None, iou_threshold,
-                     pre_max_size, post_max_size, True) for b in range(boxes.shape[0])]
+    outs = [
+        _nms_run(
+            impl,
+            boxes[b],
+            scores[b],
+            idxs[b] if idxs is not None else None,
+            iou_threshold,
+            pre_max_size,
+            post_max_size,
+            True,
+        )
+        for b in range(boxes.shape[0])
+    ]
     if not outs:
         return boxes.new_empty((0, post_max_size), dtype=torch.int64), boxes.new_empty((0,), dtype=torch.int64)
     return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
@@ -434,8 +449,9 @@ def _nms_bev_batched(
 @_nms_bev_batched.register_fake
 def _nms_bev_batched_fake(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, backend):
     torch._check(boxes.dim() == 3, lambda: "boxes: expected a 3-D tensor")
-    torch._check(scores.dim() == 2 and scores.shape[0] == boxes.shape[0] and scores.shape[1] == boxes.shape[1],
-                 lambda: "scores: one per box")
+    torch._check(
+        scores.dim() == 2 and scores.shape[0] == boxes.shape[0] and scores.shape[1] == boxes.shape[1],
+        lambda: "scores: one per box",
+    )
     bsz = boxes.shape[0]
-    return (boxes.new_empty((bsz, post_max_size), dtype=torch.int64),
-            boxes.new_empty((bsz,), dtype=torch.int64))
+    return (boxes.new_empty((bsz, post_max_size), dtype=torch.int64), boxes.new_empty((bsz,), dtype=torch.int64))

@@ -1,4 +1,5 @@
 """``torch.nn`` modules built on pcops' fused ops."""
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,16 @@ class LayerNormGELU(nn.Module):
         device, dtype: of the parameters.
     """
 
-    def __init__(self, normalized_shape: int, eps: float = 1e-5, approximate: str = "tanh",
-                 dropout_p: float = 0.0, *, device=None, dtype=None):
+    def __init__(
+        self,
+        normalized_shape: int,
+        eps: float = 1e-5,
+        approximate: str = "tanh",
+        dropout_p: float = 0.0,
+        *,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if isinstance(normalized_shape, (tuple, list)):
             if len(normalized_shape) != 1:

@@ -5,6 +5,7 @@ place) → the implementation ``backend`` resolves to (``pcops._backend``: the r
 Triton on CUDA) → kernel; plus a fake function. Inference only (no backward: the folded BatchNorm
 is an eval-mode network). :func:`fold_batchnorm` prepares the weights.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -105,7 +106,9 @@ def pfn_scatter(
     """
     _checks.check_tensor("voxels", voxels, dtypes=_checks.FLOAT_DTYPES, ndim=3)
     if voxels.shape[2] < 4:
-        raise ValueError(f"voxels: expected at least 4 features per point (x, y, z, r), got shape {tuple(voxels.shape)}")
+        raise ValueError(
+            f"voxels: expected at least 4 features per point (x, y, z, r), got shape {tuple(voxels.shape)}"
+        )
     rows = voxels.shape[0]
     _checks.check_tensor("num_points", num_points, dtypes=_checks.INT_DTYPES, ndim=1)
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
@@ -114,23 +117,37 @@ def pfn_scatter(
     _checks.check_tensor("weight", weight, dtypes=(torch.float32,), ndim=2)
     _checks.check_tensor("bias", bias, dtypes=(torch.float32,), ndim=1)
     if num_points.shape[0] != rows or coords.shape[0] != rows:
-        raise ValueError(f"num_points, coords: expected {rows} rows (one per pillar of voxels), "
-                         f"got {num_points.shape[0]} and {coords.shape[0]}")
+        raise ValueError(
+            f"num_points, coords: expected {rows} rows (one per pillar of voxels), "
+            f"got {num_points.shape[0]} and {coords.shape[0]}"
+        )
     if tuple(weight.shape) != (NUM_DECORATED, channels) or tuple(bias.shape) != (channels,):
-        raise ValueError(f"weight: expected ({NUM_DECORATED}, {channels}) and bias ({channels},) for a canvas of "
-                         f"{channels} channels, got {tuple(weight.shape)} and {tuple(bias.shape)}")
+        raise ValueError(
+            f"weight: expected ({NUM_DECORATED}, {channels}) and bias ({channels},) for a canvas of "
+            f"{channels} channels, got {tuple(weight.shape)} and {tuple(bias.shape)}"
+        )
     if count is not None:
         _checks.check_tensor("count", count, dtypes=_checks.INT_DTYPES)
         if count.numel() != 1:
             raise ValueError(f"count: expected one value, got shape {tuple(count.shape)}")
-    _checks.check_same_device(voxels=voxels, num_points=num_points, coords=coords, weight=weight, bias=bias,
-                              canvas=canvas, count=count)
+    _checks.check_same_device(
+        voxels=voxels, num_points=num_points, coords=coords, weight=weight, bias=bias, canvas=canvas, count=count
+    )
     voxel_size = list(_checks.check_floats("voxel_size", voxel_size, 3, positive=True))
     range_min = list(_checks.check_floats("range_min", range_min, 3))
     _backend.resolve(backend, "pfn_scatter", voxels, supported=_BACKENDS)
-    torch.ops.pcops.pfn_scatter(voxels.contiguous(), num_points.to(torch.int32).contiguous(),
-                                coords.to(torch.int32).contiguous(), weight.contiguous(), bias.contiguous(), canvas,
-                                voxel_size, range_min, count, backend)
+    torch.ops.pcops.pfn_scatter(
+        voxels.contiguous(),
+        num_points.to(torch.int32).contiguous(),
+        coords.to(torch.int32).contiguous(),
+        weight.contiguous(),
+        bias.contiguous(),
+        canvas,
+        voxel_size,
+        range_min,
+        count,
+        backend,
+    )
     return canvas
 
 
@@ -164,7 +181,9 @@ def _pfn_scatter(
 @_pfn_scatter.register_fake
 def _pfn_scatter_fake(voxels, num_points, coords, weight, bias, canvas, voxel_size, range_min, count, backend):
     torch._check(voxels.dim() == 3 and voxels.shape[2] >= 4, lambda: "voxels: expected shape (M, T, >= 4)")
-    torch._check(num_points.shape[0] == voxels.shape[0] and coords.shape[0] == voxels.shape[0],
-                 lambda: "num_points, coords: expected one row per pillar")
+    torch._check(
+        num_points.shape[0] == voxels.shape[0] and coords.shape[0] == voxels.shape[0],
+        lambda: "num_points, coords: expected one row per pillar",
+    )
     torch._check(canvas.dim() == 4 and weight.shape[1] == canvas.shape[1], lambda: "weight: expected (10, C)")
     return None

@@ -5,6 +5,7 @@ public function (docstring + argument checks) → ``torch.ops.pcops.pillar_scatt
 the implementation ``backend`` resolves to (``pcops._backend``: the reference on the CPU, Triton
 or CUDA C++ on CUDA) → kernel; plus a fake (shape) function and a registered backward.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -69,9 +70,7 @@ def pillar_scatter(
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
     _checks.check_same_device(features=features, coords=coords)
     if coords.shape[0] != features.shape[0]:
-        raise ValueError(
-            f"coords: expected {features.shape[0]} rows (one per row of features), got {coords.shape[0]}"
-        )
+        raise ValueError(f"coords: expected {features.shape[0]} rows (one per row of features), got {coords.shape[0]}")
     batch_size = _checks.check_int("batch_size", batch_size, min_value=1)
     if isinstance(grid_hw, (str, bytes)) or not hasattr(grid_hw, "__len__") or len(grid_hw) != 2:
         raise TypeError(f"grid_hw: expected a pair (H, W), got {grid_hw!r}")

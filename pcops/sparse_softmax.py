@@ -5,6 +5,7 @@ CPU; on CUDA the Triton kernels (``pcops/triton/sparse_softmax.py``) or CUDA C++
 (``csrc/sparse_softmax.cu``, ``backend="cuda"``); a fake function for ``torch.compile``; a
 backward that is itself a custom op with the same split.
 """
+
 from __future__ import annotations
 
 import torch
@@ -127,7 +128,9 @@ def _sparse_softmax_fake(values, crow_indices, backend):
 
 
 @torch.library.custom_op("pcops::sparse_softmax_backward", mutates_args=(), device_types="cpu")
-def _sparse_softmax_backward(grad: torch.Tensor, out: torch.Tensor, crow_indices: torch.Tensor, backend: str) -> torch.Tensor:
+def _sparse_softmax_backward(
+    grad: torch.Tensor, out: torch.Tensor, crow_indices: torch.Tensor, backend: str
+) -> torch.Tensor:
     return _impl(backend, out).sparse_softmax_backward(grad, out, crow_indices)
 
 

@@ -4,6 +4,7 @@ Public function → ``torch.ops.pcops.swish_dropout_residual`` → the reference
 on CUDA (``pcops/triton/swish_dropout_residual.py``); a fake function; a backward custom op with
 the same split. Dropout seeds: ``pcops._dropout``.
 """
+
 from __future__ import annotations
 
 import torch

@@ -12,6 +12,7 @@ scatter kernel lay them out, the rows kernel sorts each segment) or per-voxel li
 ``pcops.triton.voxelize``). Output is bit-identical to the CPU reference
 (``pcops/reference/voxelize.py``) and run to run.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -78,8 +79,10 @@ def _resolve(backend, points: torch.Tensor, op: str = "voxelize") -> str:
         return "reference"
     on_cuda = points.device.type == "cuda"
     if backend == "triton" and not on_cuda:
-        raise ValueError(f"backend: 'triton' runs on CUDA tensors only, got points on {points.device}; "
-                         "use backend='auto' or 'reference'")
+        raise ValueError(
+            f"backend: 'triton' runs on CUDA tensors only, got points on {points.device}; "
+            "use backend='auto' or 'reference'"
+        )
     return "triton" if on_cuda else "reference"
 
 
@@ -191,8 +194,15 @@ def voxelize(
         raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
     _resolve(backend, points)  # early, named errors (the registered kernels resolve again)
     out = torch.ops.pcops.voxelize(
-        points.detach().contiguous(), lengths, list(vs), list(pcr), max_points_per_voxel, max_voxels, pad_to_max,
-        backend, mode,
+        points.detach().contiguous(),
+        lengths,
+        list(vs),
+        list(pcr),
+        max_points_per_voxel,
+        max_voxels,
+        pad_to_max,
+        backend,
+        mode,
     )
     return Voxels(*out)
 
@@ -228,12 +238,18 @@ def dynamic_voxelize(
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
     _resolve(backend, points, "dynamic_voxelize")
-    out = torch.ops.pcops.dynamic_voxelize(points.detach().contiguous(), lengths, list(vs), list(pcr), pad_to_max, backend)
+    out = torch.ops.pcops.dynamic_voxelize(
+        points.detach().contiguous(), lengths, list(vs), list(pcr), pad_to_max, backend
+    )
     return DynamicVoxels(*out)
 
 
 def voxel_reduce(
-    features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str = "mean", *,
+    features: torch.Tensor,
+    point_to_voxel: torch.Tensor,
+    num_voxels: int,
+    reduce: str = "mean",
+    *,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Reduce point features per voxel (dynamic voxel feature encoders, e.g. DV-SECOND / MVF).
@@ -302,21 +318,25 @@ def _voxelize(
 
 
 @_voxelize.register_kernel("cuda")
-def _voxelize_cuda(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
-                   backend, mode="auto"):
+def _voxelize_cuda(
+    points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max, backend, mode="auto"
+):
     if _resolve(backend, points) == "reference":
         _backend.log_kernel("voxelize", "reference")
-        return _ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels,
-                             pad_to_max)
+        return _ref.voxelize(
+            points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max
+        )
     from .triton import voxelize as impl
 
-    return impl.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
-                         mode)
+    return impl.voxelize(
+        points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max, mode
+    )
 
 
 @_voxelize.register_fake
-def _voxelize_fake(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
-                   backend, mode="auto"):
+def _voxelize_fake(
+    points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max, backend, mode="auto"
+):
     torch._check(points.dim() == 2 and points.shape[1] >= 3, lambda: "points: expected shape (N, C >= 3)")
     torch._check(len(voxel_size) == 3, lambda: "voxel_size: expected 3 values")
     torch._check(len(point_cloud_range) == 6, lambda: "point_cloud_range: expected 6 values")
@@ -380,8 +400,10 @@ def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_t
 def _voxel_reduce(
     features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if point_to_voxel.device.type == "cpu" and point_to_voxel.numel() and bool(
-        ((point_to_voxel >= num_voxels) | (point_to_voxel < -1)).any()
+    if (
+        point_to_voxel.device.type == "cpu"
+        and point_to_voxel.numel()
+        and bool(((point_to_voxel >= num_voxels) | (point_to_voxel < -1)).any())
     ):
         raise ValueError(f"point_to_voxel: entries must be in [0, num_voxels={num_voxels}) or -1")
     return _ref.voxel_reduce(features, point_to_voxel, num_voxels, reduce)
@@ -423,9 +445,7 @@ def _reduce_setup_context(ctx, inputs, output):
 
 def _reduce_backward(ctx, grad_out, _grad_arg):
     point_to_voxel, arg = ctx.saved_tensors
-    grad = torch.ops.pcops.voxel_reduce_backward(
-        grad_out.contiguous(), point_to_voxel, arg, ctx.num_points, ctx.reduce
-    )
+    grad = torch.ops.pcops.voxel_reduce_backward(grad_out.contiguous(), point_to_voxel, arg, ctx.num_points, ctx.reduce)
     return grad, None, None, None
 
 

@@ -7,6 +7,7 @@ Writes ``OUT_DIR/pytest_<file>.log``, ``OUT_DIR/bench_<name>.log``, ``OUT_DIR/<b
 again as one archive ``OUT_DIR.tgz`` beside the folder. Meant for a short rented GPU slot: run it
 from the repository root on the GPU machine (``PYTHONPATH=.`` or an editable install).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,26 @@ def main() -> int:
             while pending and len(running) < a.jobs:
                 f = pending.pop(0)
                 log = open(out / f"pytest_{f.stem}.log", "w")
-                cmd = [sys.executable, "-m", "pytest", str(f), "-q", "-rfEs", "-p", "no:cacheprovider", "--durations=8", *extra]
-                running.append((f, log, time.time(), subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)))
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    str(f),
+                    "-q",
+                    "-rfEs",
+                    "-p",
+                    "no:cacheprovider",
+                    "--durations=8",
+                    *extra,
+                ]
+                running.append(
+                    (
+                        f,
+                        log,
+                        time.time(),
+                        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+                    )
+                )
             time.sleep(0.5)
             for item in list(running):
                 f, log, started, proc = item
@@ -73,20 +92,32 @@ def main() -> int:
                     log.close()
                     running.remove(item)
                     lines = (out / f"pytest_{f.stem}.log").read_text().splitlines()
-                    results[f.stem] = {"returncode": proc.returncode, "seconds": round(time.time() - started, 1),
-                                       "last": lines[-1] if lines else ""}
-                    print(f"--- {f.stem}: rc={proc.returncode} {results[f.stem]['seconds']} s: {results[f.stem]['last']}")
+                    results[f.stem] = {
+                        "returncode": proc.returncode,
+                        "seconds": round(time.time() - started, 1),
+                        "last": lines[-1] if lines else "",
+                    }
+                    print(
+                        f"--- {f.stem}: rc={proc.returncode} {results[f.stem]['seconds']} s: {results[f.stem]['last']}"
+                    )
         summary["tests"] = {"seconds": round(time.time() - t0, 1), "files": results}
     if not a.skip_bench:
-        names = a.bench or sorted(p.stem[len("bench_"):] for p in (ROOT / "benchmarks").glob("bench_*.py"))
+        names = a.bench or sorted(p.stem[len("bench_") :] for p in (ROOT / "benchmarks").glob("bench_*.py"))
         for name in names:
             t0 = time.time()
-            cmd = [sys.executable, str(ROOT / "benchmarks" / f"bench_{name}.py"), "--out", str(out)] + (["--quick"] if a.quick else [])
+            cmd = [sys.executable, str(ROOT / "benchmarks" / f"bench_{name}.py"), "--out", str(out)] + (
+                ["--quick"] if a.quick else []
+            )
             try:
-                r = subprocess.run(cmd, cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=a.bench_timeout)
+                r = subprocess.run(
+                    cmd, cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=a.bench_timeout
+                )
                 rc, text = r.returncode, r.stdout + r.stderr
             except subprocess.TimeoutExpired as e:
-                rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                rc, text = (
+                    "timeout",
+                    (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""),
+                )
             summary["benchmarks"][name] = {"returncode": rc, "seconds": round(time.time() - t0, 1)}
             (out / f"bench_{name}.log").write_text(text)
             print(f"--- bench_{name}: rc={rc} ({time.time() - t0:.1f} s)")

@@ -7,6 +7,7 @@ arguments: ``.bin`` is the KITTI velodyne layout (float32 x, y, z, reflectance),
 labels in pcops' LiDAR-frame format (``pcops.io.write_labels``). The same seeds always give
 byte-identical ``.bin`` and ``.txt`` files (tests/test_sim.py checks it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,17 +42,28 @@ def make_samples(out_dir, seeds=SEEDS, preview: bool = True, verbose: bool = Fal
         written += [stem.with_suffix(".bin"), stem.with_suffix(".txt")]
         if verbose:
             visible = int((scan.num_points_in_box >= 5).sum())
-            print(f"{stem.name}: {len(scan.points)} points, {len(scan.names)} objects "
-                  f"({visible} with >= 5 points), simulated in {dt:.2f} s")
+            print(
+                f"{stem.name}: {len(scan.points)} points, {len(scan.names)} objects "
+                f"({visible} with >= 5 points), simulated in {dt:.2f} s"
+            )
         if preview and seed == PREVIEW_SEED:
             from pcops.viz import draw_bev
 
             keep = scan.num_points_in_box >= 5
             png = out / f"sample_{seed:03d}_bev.png"
-            draw_bev(scan.points, gt_boxes=scan.boxes[keep], path=png, x_range=(-30.0, 50.0),
-                     y_range=(-25.0, 25.0), color_by="height", point_size=0.8, inches=8.0, dpi=100,
-                     title=f"pcops.sim.simulate_scan(seed={seed}): {len(scan.points)} points, "
-                           f"ground truth with >= 5 points in green")
+            draw_bev(
+                scan.points,
+                gt_boxes=scan.boxes[keep],
+                path=png,
+                x_range=(-30.0, 50.0),
+                y_range=(-25.0, 25.0),
+                color_by="height",
+                point_size=0.8,
+                inches=8.0,
+                dpi=100,
+                title=f"pcops.sim.simulate_scan(seed={seed}): {len(scan.points)} points, "
+                f"ground truth with >= 5 points in green",
+            )
             written.append(png)
     return written
 

@@ -60,7 +60,8 @@ except ImportError:
 if missing("matplotlib"):
     need.append("matplotlib>=3.8")
 if purpose == "test":
-    for mod, req in (("pytest", "pytest>=8"), ("pytest_timeout", "pytest-timeout>=2.3"), ("tqdm", "tqdm>=4.60")):
+    for mod, req in (("pytest", "pytest>=8"), ("pytest_timeout", "pytest-timeout>=2.3"), ("tqdm", "tqdm>=4.60"),
+                     ("numba", "numba>=0.60"), ("scipy", "scipy>=1.10")):
         if missing(mod):
             need.append(req)
     if not cuda:

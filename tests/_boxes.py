@@ -1,4 +1,5 @@
 """Boxes and oracles shared by tests/test_boxes_iou.py and tests/test_nms.py."""
+
 import math
 import shutil
 import subprocess
@@ -26,10 +27,18 @@ def make_boxes(n, seed, span=(69.12, 79.36), dtype=torch.float32, device="cpu"):
     """OpenPCDet-like car boxes (WORKLOADS.md ranges) in an area ``span`` metres wide, and scores."""
     g = generator(seed)
     u = lambda lo, hi: lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float64)
-    boxes = torch.stack([
-        u(0, span[0]), u(-span[1] / 2, span[1] / 2), u(-2, 0),
-        u(3.2, 4.7), u(1.4, 2.0), u(1.4, 1.7), u(-math.pi, math.pi),
-    ], 1)
+    boxes = torch.stack(
+        [
+            u(0, span[0]),
+            u(-span[1] / 2, span[1] / 2),
+            u(-2, 0),
+            u(3.2, 4.7),
+            u(1.4, 2.0),
+            u(1.4, 1.7),
+            u(-math.pi, math.pi),
+        ],
+        1,
+    )
     scores = torch.rand(n, generator=g, dtype=torch.float64)
     return boxes.to(dtype).to(device), scores.float().to(device)
 
@@ -66,8 +75,7 @@ def hard_cases():
 
 def pair_iou(fn, a, b, chunk=64):
     """Row-aligned IoU through a matrix function (diagonals of chunk × chunk blocks)."""
-    return torch.cat([fn(a[i:i + chunk], b[i:i + chunk]).diagonal() for i in range(0, a.shape[0], chunk)]).double()
-
+    return torch.cat([fn(a[i : i + chunk], b[i : i + chunk]).diagonal() for i in range(0, a.shape[0], chunk)]).double()
 
 
 # --- an independent oracle: textbook Sutherland–Hodgman with Python floats ------------------
@@ -79,8 +87,10 @@ def sh_iou(a, b):
 
     def corners(x, y, dx, dy, h):
         c, s = math.cos(h), math.sin(h)
-        return [(x - ox + c * u - s * v, y - oy + s * u + c * v)
-                for u, v in ((dx / 2, dy / 2), (-dx / 2, dy / 2), (-dx / 2, -dy / 2), (dx / 2, -dy / 2))]
+        return [
+            (x - ox + c * u - s * v, y - oy + s * u + c * v)
+            for u, v in ((dx / 2, dy / 2), (-dx / 2, dy / 2), (-dx / 2, -dy / 2), (dx / 2, -dy / 2))
+        ]
 
     poly, clip = corners(*a), corners(*b)
     for k in range(4):

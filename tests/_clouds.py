@@ -1,4 +1,5 @@
 """Point-cloud inputs shared by tests/test_fps.py and tests/test_knn.py (seeded, uneven batches)."""
+
 import os
 from pathlib import Path
 
@@ -14,7 +15,7 @@ def make_clouds(batch, n, seed, dtype=torch.float32, device="cpu", scale=1.0, fu
     g = generator(seed)
     pts = torch.randn(batch, n, 3, generator=g) * scale
     if duplicates and n > 1:  # every point repeated: all distances tie pairwise
-        pts[:, 1::2] = pts[:, 0:n - 1:2]
+        pts[:, 1::2] = pts[:, 0 : n - 1 : 2]
     lengths = torch.randint(0, n + 1, (batch,), generator=g)
     if full_first and batch:
         lengths[0] = n

@@ -4,6 +4,7 @@ Tolerances: float32 1e-5 (forward) / 1e-4 (gradients; weight and bias gradients 
 rows, so their absolute tolerance grows with the row count); float16 and bfloat16 one rounding
 of the output (atol/rtol 2e-3 and 1.6e-2).
 """
+
 import logging
 import math
 
@@ -51,7 +52,7 @@ def make_csr(lengths, seed, dtype=torch.float32, index_dtype=torch.int64, neg_in
     values = torch.randn(nnz, generator=g) * 3
     values[torch.rand(nnz, generator=g) < 0.05] = -math.inf
     for r in neg_inf_rows:
-        values[crow[r]:crow[r + 1]] = -math.inf
+        values[crow[r] : crow[r + 1]] = -math.inf
     return values.to(dtype).to(device), crow.to(index_dtype).to(device)
 
 
@@ -76,8 +77,11 @@ def check_dropout_stats(kept: torch.Tensor, p: float):
 
 def kernels_run(caplog, op: str) -> list[str]:
     """The kernels ``pcops._backend.log_kernel`` reported for ``op`` (caplog at DEBUG on "pcops")."""
-    return [r.getMessage().split(": ", 1)[1] for r in caplog.records
-            if r.name == "pcops" and r.getMessage().startswith(op + ": ")]
+    return [
+        r.getMessage().split(": ", 1)[1]
+        for r in caplog.records
+        if r.name == "pcops" and r.getMessage().startswith(op + ": ")
+    ]
 
 
 def watch_kernels(caplog):

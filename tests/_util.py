@@ -1,4 +1,5 @@
 """Small helpers shared by the tests (markers and seeded generators)."""
+
 import os
 
 import pytest
@@ -40,7 +41,9 @@ def run_compiler_script(script: str, *args: str, timeout: int = 600, extra_env: 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     env.update(extra_env or {})
-    res = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("no ptxas for Triton's CUDA backend")
     assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-4000:]

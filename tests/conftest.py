@@ -10,6 +10,7 @@ Tiers: ``pytest -m "not slow"`` (the README's test command, ≤ 5 min on 2 cores
 contains ``_for_sm90`` (Triton or NVRTC compiling kernels for sm_90 without a GPU: 2-30 s each
 on a 2-core machine) is in the slow tier.
 """
+
 import os
 from pathlib import Path
 

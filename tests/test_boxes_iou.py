@@ -1,6 +1,7 @@
 """pcops.boxes_iou_bev / boxes_iou_3d: the reference vs an independent oracle, exact values, hard
 cases, layouts and dtypes, the backend contract, Triton (interpreter) and CUDA paths, and csrc/nms.cu's
 geometry compiled for the host."""
+
 import functools
 import logging
 import math
@@ -21,7 +22,7 @@ def test_reference_matches_textbook_clipping_on_hard_cases_and_random_pairs():
     a, b = hard_cases()
     ra, rb = make_boxes(300, seed=1, span=(8, 8))[0], make_boxes(300, seed=2, span=(8, 8))[0]
     a, b = torch.cat([a, ra]).double(), torch.cat([b, rb]).double()
-    got = torch.stack([ref.boxes_iou_bev(a[i:i + 1], b[i:i + 1])[0, 0] for i in range(a.shape[0])])
+    got = torch.stack([ref.boxes_iou_bev(a[i : i + 1], b[i : i + 1])[0, 0] for i in range(a.shape[0])])
     assert (ref.boxes_iou_bev_aligned(a, b) - got).abs().max() < 1e-12
     bev = lambda t: t[[0, 1, 3, 4, 6]].tolist()
     want = torch.tensor([sh_iou(bev(a[i]), bev(b[i])) for i in range(a.shape[0])], dtype=torch.float64)
@@ -60,7 +61,9 @@ def test_reference_3d():
     want = ref.boxes_iou_bev(boxes, boxes) * 0  # noqa: F841 (shape)
     got = pcops.boxes_iou_3d(boxes, boxes)
     assert torch.equal(got.diagonal(), torch.ones(40))
-    assert got.shape == (40, 40) and got.dtype == torch.float32 and (got <= pcops.boxes_iou_bev(boxes, boxes) + 1e-7).all()
+    assert (
+        got.shape == (40, 40) and got.dtype == torch.float32 and (got <= pcops.boxes_iou_bev(boxes, boxes) + 1e-7).all()
+    )
 
 
 def test_layouts_dtypes_and_invalid_boxes():
@@ -96,7 +99,7 @@ def test_iou_bad_input():
 
 @pytest.mark.parametrize("fn", [pcops.boxes_iou_bev, pcops.boxes_iou_3d])
 def test_iou_backend_contract_cpu(fn, caplog):
-    """"reference" and "auto" run the reference on CPU tensors; a GPU backend on CPU tensors and
+    """ "reference" and "auto" run the reference on CPU tensors; a GPU backend on CPU tensors and
     unknown names raise, naming the argument; the debug log says which implementation ran."""
     boxes, _ = make_boxes(20, seed=6, span=(10, 10))
     want = fn(boxes, boxes[:7])
@@ -195,7 +198,7 @@ def test_gpu_iou_matches_reference(backend, dtype):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_iou_backends_and_opcheck(caplog):
-    """"auto" runs Triton on float32 and the reference on float64 CUDA boxes; "reference" on CUDA
+    """ "auto" runs Triton on float32 and the reference on float64 CUDA boxes; "reference" on CUDA
     tensors equals the CPU reference; opcheck of both ops on CUDA."""
     x, y, want, want3 = _random_iou_oracle(torch.float32)
     xc, yc = x.cuda(), y.cuda()
@@ -226,14 +229,21 @@ def test_cuda_geometry_compiled_for_the_host(tmp_path):
     helpers = src[: src.index("// IoU matrix: one thread per pair.")]
     for f in ("fabsf", "fminf", "fmaxf", "floorf", "sqrtf"):
         helpers = helpers.replace(f, "std::" + f[:-1])
-    lib_path = build_host_cpp(tmp_path, "nms_geometry.cpp", {"nms_geometry.inc": helpers}, "libgeo.so",
-                              flags=["-O2", "-ffp-contract=fast", "-shared", "-fPIC"])
+    lib_path = build_host_cpp(
+        tmp_path,
+        "nms_geometry.cpp",
+        {"nms_geometry.inc": helpers},
+        "libgeo.so",
+        flags=["-O2", "-ffp-contract=fast", "-shared", "-fPIC"],
+    )
     lib = ctypes.CDLL(str(lib_path))
 
     def host_iou(a, b):
         a, b = a.float().contiguous(), b.float().contiguous()
         out = torch.empty(a.shape[0])
-        lib.iou_pairs(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()), a.shape[0], ctypes.c_void_p(out.data_ptr()))
+        lib.iou_pairs(
+            ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()), a.shape[0], ctypes.c_void_p(out.data_ptr())
+        )
         return out.double()
 
     a, b = hard_cases()

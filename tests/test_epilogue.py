@@ -1,5 +1,6 @@
 """pcops.bias_relu: the reference vs plain torch, the Triton kernel (interpreter) vs the reference
 (channels-last, channel slices, half types), the backend contract, registration, bad input."""
+
 import logging
 
 import pytest

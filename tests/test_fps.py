@@ -1,4 +1,5 @@
 """pcops.fps: farthest point sampling — reference vs Triton/CUDA, registration, backends, bad input."""
+
 import logging
 
 import numpy as np
@@ -117,20 +118,27 @@ def test_opcheck(device):
 P3 = torch.zeros(2, 5, 3)
 
 
-@pytest.mark.parametrize("call,exc,name", [
-    (lambda: pcops.farthest_point_sample(torch.zeros(2, 5, 2), 3), ValueError, "points"),
-    (lambda: pcops.farthest_point_sample(torch.zeros(2, 5, 3, dtype=torch.int32), 3), TypeError, "points"),
-    (lambda: pcops.farthest_point_sample(P3, 0), ValueError, "num_samples"),
-    (lambda: pcops.farthest_point_sample(P3, 2.0), TypeError, "num_samples"),
-    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([6, 1])), ValueError, "lengths"),
-    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5, -1])), ValueError, "lengths"),
-    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5])), ValueError, "lengths"),
-    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5.0, 1.0])), TypeError, "lengths"),
-    (lambda: pcops.farthest_point_sample(P3, 3, start_idx=5), ValueError, "start_idx"),
-    (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5, 2]), start_idx=torch.tensor([0, 2])), ValueError, "start_idx"),
-    (lambda: pcops.farthest_point_sample(P3, 3, backend="cpp"), ValueError, "backend"),
-    (lambda: pcops.farthest_point_sample(P3, 3, backend=None), TypeError, "backend"),
-])
+@pytest.mark.parametrize(
+    "call,exc,name",
+    [
+        (lambda: pcops.farthest_point_sample(torch.zeros(2, 5, 2), 3), ValueError, "points"),
+        (lambda: pcops.farthest_point_sample(torch.zeros(2, 5, 3, dtype=torch.int32), 3), TypeError, "points"),
+        (lambda: pcops.farthest_point_sample(P3, 0), ValueError, "num_samples"),
+        (lambda: pcops.farthest_point_sample(P3, 2.0), TypeError, "num_samples"),
+        (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([6, 1])), ValueError, "lengths"),
+        (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5, -1])), ValueError, "lengths"),
+        (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5])), ValueError, "lengths"),
+        (lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5.0, 1.0])), TypeError, "lengths"),
+        (lambda: pcops.farthest_point_sample(P3, 3, start_idx=5), ValueError, "start_idx"),
+        (
+            lambda: pcops.farthest_point_sample(P3, 3, torch.tensor([5, 2]), start_idx=torch.tensor([0, 2])),
+            ValueError,
+            "start_idx",
+        ),
+        (lambda: pcops.farthest_point_sample(P3, 3, backend="cpp"), ValueError, "backend"),
+        (lambda: pcops.farthest_point_sample(P3, 3, backend=None), TypeError, "backend"),
+    ],
+)
 def test_bad_input(call, exc, name):
     with pytest.raises(exc, match=name):
         call()
@@ -160,7 +168,9 @@ def test_triton_fps_interpreter(batch, n, m, stream):
     expected = ref.farthest_point_sample(pts, lengths, start, m)
     assert torch.equal(tri.farthest_point_sample(pts, lengths, start, m, **opts), expected)
     bad = torch.full((batch,), n + 3, dtype=torch.int64)  # invalid start: rows of -1 on both paths
-    assert torch.equal(tri.farthest_point_sample(pts, lengths, bad, m, **opts), ref.farthest_point_sample(pts, lengths, bad, m))
+    assert torch.equal(
+        tri.farthest_point_sample(pts, lengths, bad, m, **opts), ref.farthest_point_sample(pts, lengths, bad, m)
+    )
 
 
 # --- the CUDA C++ kernel: its plan and its source, no GPU needed ----------------------------
@@ -174,7 +184,11 @@ def test_cluster_size_and_kernel_names():
     assert cu.cluster_size(120268) == 8  # F2: 8 CTAs of 15,034 points
     assert cu.cluster_size(131072) == 8 and cu.cluster_size(131073) is None
     assert [cu.kernel_name(c) for c in cu.CLUSTERS] == [
-        "fps_tile_md_sk_u1_c1", "fps_tile_md_esk_u2_c2", "fps_tile_md_esk_u2_c4", "fps_tile_md_esk_u2_c8"]
+        "fps_tile_md_sk_u1_c1",
+        "fps_tile_md_esk_u2_c2",
+        "fps_tile_md_esk_u2_c4",
+        "fps_tile_md_esk_u2_c8",
+    ]
     # clouds the kernel cannot hold are refused before touching the device
     assert "131072" in cu.unsupported_reason(torch.zeros(1, 131073, 3))
     assert "65535" in cu.unsupported_reason(torch.zeros(65536, 1, 3))
@@ -199,12 +213,12 @@ def cubin_kernels(cubin: bytes) -> set:
     """Kernel names of an ELF CUBIN: its ``.text.<name>`` sections (one per entry point)."""
     import struct
 
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
     strtab = headers[shstrndx][4]
-    names = [cubin[strtab + h[0]:cubin.index(b"\0", strtab + h[0])].decode() for h in headers]
-    return {n[len(".text."):] for n in names if n.startswith(".text.")}
+    names = [cubin[strtab + h[0] : cubin.index(b"\0", strtab + h[0])].decode() for h in headers]
+    return {n[len(".text.") :] for n in names if n.startswith(".text.")}
 
 
 def morton_permutation(p):
@@ -310,7 +324,9 @@ def test_gpu_reference_matches_cpu_reference():
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda", "auto"])
-@pytest.mark.parametrize("batch,n,m", [(1, 1, 3), (3, 1000, 200), (2, 4099, 512), (8, 16384, 64), (1, 40000, 64), (1, 120268, 32)])
+@pytest.mark.parametrize(
+    "batch,n,m", [(1, 1, 3), (3, 1000, 200), (2, 4099, 512), (8, 16384, 64), (1, 40000, 64), (1, 120268, 32)]
+)
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_fps_matches_reference(backend, batch, n, m):
@@ -322,7 +338,7 @@ def test_gpu_fps_matches_reference(backend, batch, n, m):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_fps_backends_choose_and_refuse(caplog):
-    """"auto" runs the CUDA kernel up to 131,072 points and Triton beyond; "cuda" beyond raises."""
+    """ "auto" runs the CUDA kernel up to 131,072 points and Triton beyond; "cuda" beyond raises."""
     from pcops.cuda import fps as cu
 
     pts, lengths, start, expected = fps_case(2, 4099, 64)
@@ -366,8 +382,12 @@ def test_gpu_fps_kitti_matches_reference_and_invariant(backend):
         scan, clouds = scan_cpu.cuda(), f1_like_clouds(scan_cpu).cuda()
         full = lambda p: torch.full((p.shape[0],), p.shape[1], device="cuda")  # noqa: E731
         zero = lambda p: torch.zeros(p.shape[0], dtype=torch.int64, device="cuda")  # noqa: E731
-        return (scan, ref.farthest_point_sample(scan[None], full(scan[None]), zero(scan[None]), 256)[0],
-                clouds, ref.farthest_point_sample(clouds, full(clouds), zero(clouds), 512))
+        return (
+            scan,
+            ref.farthest_point_sample(scan[None], full(scan[None]), zero(scan[None]), 256)[0],
+            clouds,
+            ref.farthest_point_sample(clouds, full(clouds), zero(clouds), 512),
+        )
 
     scan, expected, clouds, expected_f1 = cached_reference("kitti", build)
     out = pcops.farthest_point_sample(scan, 1024, backend=backend)
@@ -420,8 +440,11 @@ def lattice_clouds(batch, shape, seed):
 def tile_md_lattice(large=False):
     """Two lattice clouds (ties at every level) and their cached reference: 32×32×16 with 16,384 and
     9,001 valid points, 1,500 samples; ``large``: 32×32×40 with 40,960 and 30,001, 600 samples."""
-    dims, seed, valid, starts, m = (((32, 32, 40), 12, [40960, 30001], [3, 30000], 600) if large
-                                    else ((32, 32, 16), 11, [16384, 9001], [0, 4321], 1500))
+    dims, seed, valid, starts, m = (
+        ((32, 32, 40), 12, [40960, 30001], [3, 30000], 600)
+        if large
+        else ((32, 32, 16), 11, [16384, 9001], [0, 4321], 1500)
+    )
 
     def build():
         pts = lattice_clouds(2, dims, seed=seed).cuda()
@@ -442,11 +465,17 @@ def test_gpu_fps_cuda_kernels(cluster, caplog):
     from pcops.cuda import fps as cu
 
     cases = [fps_case(3, 31, 40, duplicates=True), fps_case(1, 1, 3)] if cluster == 1 else []
-    cases += {1: [fps_case(3, 1000, 1000, duplicates=True), fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
-                  fps_case(8, 16384, 256), tile_md_lattice()],
-              2: [fps_case(2, 30000, 256)],
-              4: [fps_case(2, 40000, 256), tile_md_lattice(large=True)],
-              8: [fps_case(1, 120268, 128), fps_case(2, 131072, 64)]}[cluster]
+    cases += {
+        1: [
+            fps_case(3, 1000, 1000, duplicates=True),
+            fps_case(2, 4099, 2600, seed=1, scale=1.0, duplicates=True),
+            fps_case(8, 16384, 256),
+            tile_md_lattice(),
+        ],
+        2: [fps_case(2, 30000, 256)],
+        4: [fps_case(2, 40000, 256), tile_md_lattice(large=True)],
+        8: [fps_case(1, 120268, 128), fps_case(2, 131072, 64)],
+    }[cluster]
     for pts, lengths, start, expected in cases:
         assert cu.cluster_size(pts.shape[1]) == cluster
         caplog.clear()

@@ -1,4 +1,5 @@
 """pcops.io: point readers/writers, KITTI label and calibration parsing, pcops labels."""
+
 import math
 
 import numpy as np

@@ -1,4 +1,5 @@
 """pcops.sparse_conv_kernel_map / sparse_conv3d: dense-conv oracle, reference vs Triton, registration, bad input."""
+
 import logging
 import math
 
@@ -81,7 +82,9 @@ def test_matches_dense_conv(cfg):
     kernel, stride, padding, dilation, subm, transposed = cfg
     batch_size, shape, num, c_in, c_out = 2, (5, 6, 7), 50, 3, 2
     # the grid's opposite corners are active (border handling), in a random row order
-    corners = torch.tensor([[0, 0, 0, 0], [batch_size - 1, shape[0] - 1, shape[1] - 1, shape[2] - 1]], dtype=torch.int32)
+    corners = torch.tensor(
+        [[0, 0, 0, 0], [batch_size - 1, shape[0] - 1, shape[1] - 1, shape[2] - 1]], dtype=torch.int32
+    )
     coords = make_coords(batch_size, shape, num, seed=1)
     coords = coords[~(coords[:, None] == corners[None]).all(2).any(1)]
     coords = torch.cat([corners, coords])[torch.randperm(coords.shape[0] + 2, generator=generator(2))]
@@ -89,11 +92,15 @@ def test_matches_dense_conv(cfg):
     features = torch.randn(coords.shape[0], c_in, generator=g, dtype=torch.float64)
     weight = torch.randn(math.prod(kernel), c_in, c_out, generator=g, dtype=torch.float64)
     bias = torch.randn(c_out, generator=g, dtype=torch.float64)
-    km = pcops.sparse_conv_kernel_map(coords, shape, kernel, stride, padding, dilation, subm=subm, transposed=transposed)
+    km = pcops.sparse_conv_kernel_map(
+        coords, shape, kernel, stride, padding, dilation, subm=subm, transposed=transposed
+    )
     check_layouts(km)
     out = pcops.sparse_conv3d(features, km, weight, bias)
 
-    y = dense_conv(densify(features, coords, batch_size, shape), weight, kernel, stride, padding, dilation, subm, transposed)
+    y = dense_conv(
+        densify(features, coords, batch_size, shape), weight, kernel, stride, padding, dilation, subm, transposed
+    )
     assert tuple(y.shape[2:]) == km.out_spatial_shape
     oc = km.out_coords.long()
     torch.testing.assert_close(out, y[oc[:, 0], :, oc[:, 1], oc[:, 2], oc[:, 3]] + bias)
@@ -102,8 +109,16 @@ def test_matches_dense_conv(cfg):
     else:
         # the output set is exactly the support of the dense conv of the occupancy, sorted (b, z, y, x)
         ones = torch.ones(coords.shape[0], 1, dtype=torch.float64)
-        occ = dense_conv(densify(ones, coords, batch_size, shape), torch.ones(math.prod(kernel), 1, 1, dtype=torch.float64),
-                         kernel, stride, padding, dilation, subm, transposed)
+        occ = dense_conv(
+            densify(ones, coords, batch_size, shape),
+            torch.ones(math.prod(kernel), 1, 1, dtype=torch.float64),
+            kernel,
+            stride,
+            padding,
+            dilation,
+            subm,
+            transposed,
+        )
         assert torch.equal((occ[:, 0] > 0).nonzero(), oc)
 
 
@@ -173,8 +188,15 @@ def test_inverse_map_is_spconv_inverse_conv():
     g = generator(6)
     feats = torch.randn(down.out_coords.shape[0], 4, generator=g, dtype=torch.float64)
     weight = torch.randn(27, 4, 3, generator=g, dtype=torch.float64)
-    y = dense_conv(densify(feats, down.out_coords, batch_size, down.out_spatial_shape), weight, (3, 3, 3),
-                   (2, 2, 2), (1, 1, 1), (1, 1, 1), transposed=True)
+    y = dense_conv(
+        densify(feats, down.out_coords, batch_size, down.out_spatial_shape),
+        weight,
+        (3, 3, 3),
+        (2, 2, 2),
+        (1, 1, 1),
+        (1, 1, 1),
+        transposed=True,
+    )
     fc = fine.long()
     torch.testing.assert_close(pcops.sparse_conv3d(feats, inv, weight), y[fc[:, 0], :, fc[:, 1], fc[:, 2], fc[:, 3]])
 
@@ -232,9 +254,21 @@ def test_reference_chunking_is_exact():
 def test_opcheck():
     coords = make_coords(2, (5, 6, 7), 30, seed=12)
     for subm, stride, padding, transposed in ((True, 1, 1, False), (False, 2, 1, False), (False, 2, 1, True)):
-        args = (coords, [5, 6, 7], list(pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, stride, padding,
-                                                                  subm=subm, transposed=transposed).out_spatial_shape),
-                [3, 3, 3], [stride] * 3, [padding] * 3, [1, 1, 1], subm, transposed)
+        args = (
+            coords,
+            [5, 6, 7],
+            list(
+                pcops.sparse_conv_kernel_map(
+                    coords, (5, 6, 7), 3, stride, padding, subm=subm, transposed=transposed
+                ).out_spatial_shape
+            ),
+            [3, 3, 3],
+            [stride] * 3,
+            [padding] * 3,
+            [1, 1, 1],
+            subm,
+            transposed,
+        )
         torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
     km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True)
     torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in,))
@@ -243,21 +277,38 @@ def test_opcheck():
     b = torch.randn(4, dtype=torch.float64, requires_grad=True)
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in))
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, None, km.out_in))
-    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map,
-                          (coords, [5, 6, 7], [5, 6, 7], [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False, True,
-                           False, 0, "reference"))
+    torch.library.opcheck(
+        torch.ops.pcops.sparse_conv_kernel_map,
+        (
+            coords,
+            [5, 6, 7],
+            [5, 6, 7],
+            [3, 3, 3],
+            [1, 1, 1],
+            [1, 1, 1],
+            [1, 1, 1],
+            True,
+            False,
+            True,
+            False,
+            0,
+            "reference",
+        ),
+    )
     torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in, "reference"))
 
 
 def test_backend_contract_cpu(caplog):
-    """"reference" equals "auto" on CPU tensors (map, pairs of the inverse, conv); Triton on CPU
+    """ "reference" equals "auto" on CPU tensors (map, pairs of the inverse, conv); Triton on CPU
     tensors, the missing CUDA C++ implementation and unknown names raise, naming the argument."""
     coords = make_coords(2, (5, 6, 7), 30, seed=14)
     with caplog.at_level(logging.DEBUG, logger="pcops"):
         km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, stride=2, padding=1, backend="reference")
         inv = km.inverse(coords, (5, 6, 7), backend="reference")
-    assert [r.getMessage() for r in caplog.records] == ["sparse_conv_kernel_map: reference",
-                                                        "kernel_map_pairs: reference"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "sparse_conv_kernel_map: reference",
+        "kernel_map_pairs: reference",
+    ]
     want = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, stride=2, padding=1)
     for a, b in zip(km[:1] + km[2:], want[:1] + want[2:]):
         assert torch.equal(a, b)
@@ -305,29 +356,36 @@ def _bad(coords=None, **kw):
     return pcops.sparse_conv_kernel_map(c, **args)
 
 
-@pytest.mark.parametrize("bad,exc,name", [
-    (dict(coords=torch.zeros(2, 4)), TypeError, "coords"),
-    (dict(coords=torch.zeros(2, 3, dtype=torch.int32)), ValueError, "coords"),
-    (dict(coords=torch.zeros(4, dtype=torch.int32)), ValueError, "coords"),
-    (dict(coords=torch.tensor([[0, 4, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
-    (dict(coords=torch.tensor([[0, 0, 0, -1]], dtype=torch.int32)), ValueError, "coords"),
-    (dict(coords=torch.tensor([[-1, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
-    (dict(coords=torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2], [0, 1, 1, 1]], dtype=torch.int32)), ValueError, "duplicate"),
-    (dict(spatial_shape=(4, 4)), ValueError, "spatial_shape"),
-    (dict(spatial_shape=4), TypeError, "spatial_shape"),
-    (dict(spatial_shape=(4, 0, 4)), ValueError, "spatial_shape"),
-    (dict(kernel_size=0), ValueError, "kernel_size"),
-    (dict(kernel_size=(3, 3)), ValueError, "kernel_size"),
-    (dict(kernel_size=2.0), TypeError, "kernel_size"),
-    (dict(stride=0), ValueError, "stride"),
-    (dict(stride=(1, -1, 1)), ValueError, "stride"),
-    (dict(padding=-1), ValueError, "padding"),
-    (dict(dilation=0), ValueError, "dilation"),
-    (dict(subm=True, stride=2), ValueError, "stride"),
-    (dict(subm=True, transposed=True), ValueError, "transposed"),
-    (dict(subm=1), TypeError, "subm"),
-    (dict(kernel_size=5, dilation=2), ValueError, "spatial_shape"),
-])
+@pytest.mark.parametrize(
+    "bad,exc,name",
+    [
+        (dict(coords=torch.zeros(2, 4)), TypeError, "coords"),
+        (dict(coords=torch.zeros(2, 3, dtype=torch.int32)), ValueError, "coords"),
+        (dict(coords=torch.zeros(4, dtype=torch.int32)), ValueError, "coords"),
+        (dict(coords=torch.tensor([[0, 4, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
+        (dict(coords=torch.tensor([[0, 0, 0, -1]], dtype=torch.int32)), ValueError, "coords"),
+        (dict(coords=torch.tensor([[-1, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
+        (
+            dict(coords=torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2], [0, 1, 1, 1]], dtype=torch.int32)),
+            ValueError,
+            "duplicate",
+        ),
+        (dict(spatial_shape=(4, 4)), ValueError, "spatial_shape"),
+        (dict(spatial_shape=4), TypeError, "spatial_shape"),
+        (dict(spatial_shape=(4, 0, 4)), ValueError, "spatial_shape"),
+        (dict(kernel_size=0), ValueError, "kernel_size"),
+        (dict(kernel_size=(3, 3)), ValueError, "kernel_size"),
+        (dict(kernel_size=2.0), TypeError, "kernel_size"),
+        (dict(stride=0), ValueError, "stride"),
+        (dict(stride=(1, -1, 1)), ValueError, "stride"),
+        (dict(padding=-1), ValueError, "padding"),
+        (dict(dilation=0), ValueError, "dilation"),
+        (dict(subm=True, stride=2), ValueError, "stride"),
+        (dict(subm=True, transposed=True), ValueError, "transposed"),
+        (dict(subm=1), TypeError, "subm"),
+        (dict(kernel_size=5, dilation=2), ValueError, "spatial_shape"),
+    ],
+)
 def test_bad_input(bad, exc, name):
     with pytest.raises(exc, match=name):
         _bad(**bad)
@@ -368,8 +426,14 @@ def _launch(coords, shape, kernel, stride, padding, dilation, subm, transposed):
     return tri.sparse_conv_kernel_map(*args), args
 
 
-INTERP_CONFIGS = [CONFIGS[0], CONFIGS[3], CONFIGS[6], CONFIGS[7], CONFIGS[9],
-                  ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), False, False)]
+INTERP_CONFIGS = [
+    CONFIGS[0],
+    CONFIGS[3],
+    CONFIGS[6],
+    CONFIGS[7],
+    CONFIGS[9],
+    ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), False, False),
+]
 
 
 @pytest.mark.parametrize("cfg", INTERP_CONFIGS, ids=_cfg_id)
@@ -437,8 +501,12 @@ def test_static_shapes_public():
     """static_shapes: the default map's rows and pairs first, then −1, at sizes from N alone
     (J outputs per input: 8 for 3×3×3 stride 2, 27 transposed, 2·2·1 for the mixed case)."""
     coords = make_coords(2, (5, 6, 7), 40, seed=26)
-    cases = ((dict(subm=True), 27), (dict(stride=2, padding=1), 8), (dict(stride=2, transposed=True), 27),
-             (dict(kernel_size=(3, 2, 3), stride=(2, 1, 3), dilation=(1, 2, 2)), 2 * 2 * 1))
+    cases = (
+        (dict(subm=True), 27),
+        (dict(stride=2, padding=1), 8),
+        (dict(stride=2, transposed=True), 27),
+        (dict(kernel_size=(3, 2, 3), stride=(2, 1, 3), dilation=(1, 2, 2)), 2 * 2 * 1),
+    )
     for kwargs, per_input in cases:
         km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs)
         ks = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), **kwargs, static_shapes=True, batch_size=2)
@@ -543,12 +611,16 @@ def test_triton_interpreter_duplicates_and_out_of_grid():
     coords = make_coords(1, (5, 6, 7), 30, seed=21)
     extra = torch.cat([coords[[3, 7]], torch.tensor([[0, 9, 0, 0], [0, 0, 0, -1], [-1, 0, 0, 0]], dtype=torch.int32)])
     dirty = torch.cat([coords, extra])
-    (oc, pi, po, offs, out_in), args = _launch(dirty, (5, 6, 7), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), True, False)
+    (oc, pi, po, offs, out_in), args = _launch(
+        dirty, (5, 6, 7), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), True, False
+    )
     clean = ref.sparse_conv_kernel_map(coords, *args[1:])
     assert torch.equal(oc, dirty)
     assert torch.equal(out_in[:30], clean[4])
     assert torch.equal(out_in[30:32], clean[4][[3, 7]])
-    (oc, pi, po, offs, out_in), args = _launch(dirty, (5, 6, 7), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False)
+    (oc, pi, po, offs, out_in), args = _launch(
+        dirty, (5, 6, 7), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False
+    )
     clean = ref.sparse_conv_kernel_map(coords, *args[1:])
     for a, b in zip((oc, pi, po, offs, out_in), clean):
         assert torch.equal(a, b)
@@ -600,8 +672,12 @@ def test_max_outputs_per_input_bounds_the_reference():
     from pcops.triton.kernel_map import max_outputs_per_input
 
     coords = make_coords(1, (9, 9, 9), 1, seed=0)
-    for kernel, stride, dilation in (((3, 3, 3), (2, 2, 2), (1, 1, 1)), ((5, 4, 3), (2, 3, 4), (2, 3, 2)),
-                                     ((3, 3, 3), (1, 1, 1), (1, 1, 1)), ((4, 4, 4), (4, 2, 6), (2, 2, 3))):
+    for kernel, stride, dilation in (
+        ((3, 3, 3), (2, 2, 2), (1, 1, 1)),
+        ((5, 4, 3), (2, 3, 4), (2, 3, 2)),
+        ((3, 3, 3), (1, 1, 1), (1, 1, 1)),
+        ((4, 4, 4), (4, 2, 6), (2, 2, 3)),
+    ):
         bound = max_outputs_per_input(kernel, stride, dilation, False)
         for z in range(9):
             c = coords.clone()
@@ -690,7 +766,9 @@ GPU_CASES = [
 
 
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
-@pytest.mark.parametrize("num,batch_size,shape", [(0, 1, (8, 8, 8)), (1, 1, (3, 3, 3)), (997, 3, (17, 40, 33)), (20011, 2, (40, 160, 141))])
+@pytest.mark.parametrize(
+    "num,batch_size,shape", [(0, 1, (8, 8, 8)), (1, 1, (3, 3, 3)), (997, 3, (17, 40, 33)), (20011, 2, (40, 160, 141))]
+)
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_matches_reference(case, num, batch_size, shape):
@@ -756,10 +834,14 @@ def test_gpu_duplicates_out_of_grid_inverse_and_conv():
 @requires_cuda
 def test_gpu_opcheck():
     coords = make_coords(2, (5, 6, 7), 30, seed=33, device="cuda")
-    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map,
-                          (coords, [5, 6, 7], [5, 6, 7], [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False))
-    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map,
-                          (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False))
+    torch.library.opcheck(
+        torch.ops.pcops.sparse_conv_kernel_map,
+        (coords, [5, 6, 7], [5, 6, 7], [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False),
+    )
+    torch.library.opcheck(
+        torch.ops.pcops.sparse_conv_kernel_map,
+        (coords, [5, 6, 7], [3, 3, 4], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False),
+    )
     km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), subm=True)
     torch.library.opcheck(torch.ops.pcops.kernel_map_pairs, (km.out_in,))
     # "reference" on CUDA tensors: the same map as the Triton default
@@ -838,11 +920,23 @@ def test_gpu_host_sync_count():
 
     shape = (17, 40, 33)
     coords = make_coords(3, shape, 997, seed=36, device="cuda")
-    cases = [(dict(subm=True), False, 1), (dict(subm=True), True, 0), (dict(stride=2, padding=1), False, 1),
-             (dict(stride=2, padding=1), True, 1), (dict(stride=2, transposed=True), False, 1)]
+    cases = [
+        (dict(subm=True), False, 1),
+        (dict(subm=True), True, 0),
+        (dict(stride=2, padding=1), False, 1),
+        (dict(stride=2, padding=1), True, 1),
+        (dict(stride=2, transposed=True), False, 1),
+    ]
     for kwargs, pad, expected in cases:
-        args = _op_args(shape, 3, kwargs.get("stride", 1), kwargs.get("padding", 0), 1, kwargs.get("subm", False),
-                        kwargs.get("transposed", False))
+        args = _op_args(
+            shape,
+            3,
+            kwargs.get("stride", 1),
+            kwargs.get("padding", 0),
+            1,
+            kwargs.get("subm", False),
+            kwargs.get("transposed", False),
+        )
         subm, transposed = kwargs.get("subm", False), kwargs.get("transposed", False)
         syncs = count(lambda: tri.sparse_conv_kernel_map(coords, *args, subm, transposed, pad))
         if subm and not pad:
@@ -853,5 +947,7 @@ def test_gpu_host_sync_count():
             assert syncs == expected, (kwargs, pad, syncs)
     assert count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, subm=True, pad_pairs=True)) == 0
     for kwargs in (dict(stride=2, padding=1), dict(stride=2, transposed=True)):
-        assert count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True,
-                                                          batch_size=3)) == 0
+        assert (
+            count(lambda: pcops.sparse_conv_kernel_map(coords, shape, 3, **kwargs, static_shapes=True, batch_size=3))
+            == 0
+        )

@@ -1,4 +1,5 @@
 """pcops.knn: KNN, ball query, gather — reference vs Triton/CUDA, gradients, registration, backends, bad input."""
+
 import logging
 
 import numpy as np
@@ -102,7 +103,9 @@ def ball_oracle(q, r, radius, k, ql, rl):
     return idx, counts
 
 
-@pytest.mark.parametrize("batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 13, 29, 5, 0.9), (3, 7, 31, 40, 1.5), (1, 4, 0, 3, 1.0)])
+@pytest.mark.parametrize(
+    "batch,nq,nr,k,radius", [(1, 1, 1, 1, 0.5), (2, 13, 29, 5, 0.9), (3, 7, 31, 40, 1.5), (1, 4, 0, 3, 1.0)]
+)
 def test_ball_query_matches_oracle(batch, nq, nr, k, radius):
     q, ql = make_clouds(batch, nq, seed=nq + 1)
     r, rl = make_clouds(batch, nr, seed=nr + 2)
@@ -167,7 +170,9 @@ def test_opcheck(device):
     for backend in ("auto", "reference") + gpu:
         torch.library.opcheck(torch.ops.pcops.knn, (q, r, ql, rl, 3, backend))
     for backend in ("auto", "reference"):
-        torch.library.opcheck(torch.ops.pcops.knn, (q.double().requires_grad_(), r.double().requires_grad_(), ql, rl, 3, backend))
+        torch.library.opcheck(
+            torch.ops.pcops.knn, (q.double().requires_grad_(), r.double().requires_grad_(), ql, rl, 3, backend)
+        )
     for backend in ("auto", "reference") + gpu[:1]:
         torch.library.opcheck(torch.ops.pcops.ball_query, (q, r, ql, rl, 0.7, 4, backend))
     idx = torch.tensor([[0, -1, 3], [2, 2, 1]], device=device)
@@ -202,23 +207,26 @@ def test_torch_compile_fullgraph():
 P3 = torch.zeros(2, 5, 3)
 
 
-@pytest.mark.parametrize("call,exc,name", [
-    (lambda: pcops.knn(P3, P3, 0), ValueError, "k"),
-    (lambda: pcops.knn(P3, torch.zeros(3, 5, 3), 2), ValueError, "ref"),
-    (lambda: pcops.knn(P3, torch.zeros(5, 3), 2), ValueError, "ref"),
-    (lambda: pcops.knn(P3, torch.zeros(2, 5, 4), 2), ValueError, "ref"),
-    (lambda: pcops.knn(P3, P3, 2, query_lengths=torch.tensor([1, 9])), ValueError, "query_lengths"),
-    (lambda: pcops.knn(P3, P3, 2, ref_lengths=torch.tensor([1, 2, 3])), ValueError, "ref_lengths"),
-    (lambda: pcops.knn(P3, P3, 2, backend="torch"), ValueError, "backend"),
-    (lambda: pcops.ball_query(P3, P3, 0.0, 2), ValueError, "radius"),
-    (lambda: pcops.ball_query(P3, P3, -1.0, 2), ValueError, "radius"),
-    (lambda: pcops.ball_query(P3, P3, 1.0, 0), ValueError, "k"),
-    (lambda: pcops.ball_query(P3, P3, 1.0, 2, backend="cuda"), ValueError, "backend"),
-    (lambda: pcops.gather_points(P3, torch.tensor([[0, 5], [0, 0]])), ValueError, "idx"),
-    (lambda: pcops.gather_points(P3, torch.tensor([[0, 1]])), ValueError, "idx"),
-    (lambda: pcops.gather_points(P3, torch.tensor([[0.0, 1.0]])), TypeError, "idx"),
-    (lambda: pcops.gather_points(P3, torch.tensor([[0], [1]]), backend="triton"), ValueError, "backend"),
-])
+@pytest.mark.parametrize(
+    "call,exc,name",
+    [
+        (lambda: pcops.knn(P3, P3, 0), ValueError, "k"),
+        (lambda: pcops.knn(P3, torch.zeros(3, 5, 3), 2), ValueError, "ref"),
+        (lambda: pcops.knn(P3, torch.zeros(5, 3), 2), ValueError, "ref"),
+        (lambda: pcops.knn(P3, torch.zeros(2, 5, 4), 2), ValueError, "ref"),
+        (lambda: pcops.knn(P3, P3, 2, query_lengths=torch.tensor([1, 9])), ValueError, "query_lengths"),
+        (lambda: pcops.knn(P3, P3, 2, ref_lengths=torch.tensor([1, 2, 3])), ValueError, "ref_lengths"),
+        (lambda: pcops.knn(P3, P3, 2, backend="torch"), ValueError, "backend"),
+        (lambda: pcops.ball_query(P3, P3, 0.0, 2), ValueError, "radius"),
+        (lambda: pcops.ball_query(P3, P3, -1.0, 2), ValueError, "radius"),
+        (lambda: pcops.ball_query(P3, P3, 1.0, 0), ValueError, "k"),
+        (lambda: pcops.ball_query(P3, P3, 1.0, 2, backend="cuda"), ValueError, "backend"),
+        (lambda: pcops.gather_points(P3, torch.tensor([[0, 5], [0, 0]])), ValueError, "idx"),
+        (lambda: pcops.gather_points(P3, torch.tensor([[0, 1]])), ValueError, "idx"),
+        (lambda: pcops.gather_points(P3, torch.tensor([[0.0, 1.0]])), TypeError, "idx"),
+        (lambda: pcops.gather_points(P3, torch.tensor([[0], [1]]), backend="triton"), ValueError, "backend"),
+    ],
+)
 def test_bad_input(call, exc, name):
     with pytest.raises(exc, match=name):
         call()
@@ -340,7 +348,10 @@ def knn_case(batch, nq, nr, k):
     return cached_reference(("knn", batch, nq, nr, k), build)
 
 
-@pytest.mark.parametrize("batch,nq,nr,k", [(1, 1, 1, 1), (2, 1000, 777, 16), (3, 513, 2049, 32), (4, 2048, 4096, 16), (1, 100, 5, 8), (2, 300, 300, 64)])
+@pytest.mark.parametrize(
+    "batch,nq,nr,k",
+    [(1, 1, 1, 1), (2, 1000, 777, 16), (3, 513, 2049, 32), (4, 2048, 4096, 16), (1, 100, 5, 8), (2, 300, 300, 64)],
+)
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_knn_matches_reference(batch, nq, nr, k):
@@ -439,7 +450,9 @@ def test_gpu_knn_kitti_k1_shape():
 
     scan = load_scan_xyz().cuda()
     g = generator(0)
-    clouds = torch.stack([scan[torch.randperm(scan.shape[0], generator=g)[:16384].cuda()] for _ in range(8)]).contiguous()
+    clouds = torch.stack(
+        [scan[torch.randperm(scan.shape[0], generator=g)[:16384].cuda()] for _ in range(8)]
+    ).contiguous()
     lengths = torch.full((8,), 16384, device="cuda")
     lengths[3] = 9001  # one uneven cloud
     for k in (16, 32):
@@ -454,8 +467,14 @@ def test_gpu_knn_kitti_and_backward():
     scan = load_scan_xyz().cuda()
     d, i = pcops.knn(scan, scan, 16)
     sub = torch.randperm(scan.shape[0], generator=generator(3))[:2000].cuda()
-    d_ref, i_ref = ref.knn(scan[None, sub], scan[None], torch.tensor([2000], device="cuda"),
-                           torch.tensor([scan.shape[0]], device="cuda"), 16, chunk=500)
+    d_ref, i_ref = ref.knn(
+        scan[None, sub],
+        scan[None],
+        torch.tensor([2000], device="cuda"),
+        torch.tensor([scan.shape[0]], device="cuda"),
+        16,
+        chunk=500,
+    )
     assert torch.equal(i[sub], i_ref[0]) and torch.equal(d[sub], d_ref[0])
     q, ql = make_clouds(2, 300, seed=2, device="cuda", dtype=torch.float32)
     q.requires_grad_(True)
@@ -491,7 +510,10 @@ def test_gpu_ball_query_and_gather(batch, nq, nr, k, radius):
 @requires_cuda
 def test_gpu_cuda_graph_capture():
     pts, lengths = make_clouds(2, 5000, seed=3, device="cuda")
-    for fn in (lambda: pcops.knn(pts, pts, 8, lengths, lengths)[1], lambda: pcops.ball_query(pts, pts, 0.5, 8, lengths, lengths)[0]):
+    for fn in (
+        lambda: pcops.knn(pts, pts, 8, lengths, lengths)[1],
+        lambda: pcops.ball_query(pts, pts, 0.5, 8, lengths, lengths)[0],
+    ):
         fn()  # compile outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

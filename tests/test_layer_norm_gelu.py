@@ -5,6 +5,7 @@ reference is checked with float64 ``gradcheck``. Dropout: the kernels' Philox ma
 with ``pcops.triton._fused_common.dropout_keep_mask`` and given to the reference; statistics are
 checked within 3σ. Tolerances: ``tests/_fused_util.py``.
 """
+
 import math
 
 import pytest
@@ -13,8 +14,16 @@ import torch
 import pcops
 import pcops.nn
 from pcops.reference import layer_norm_gelu as ref
-from _fused_util import (GRAD_TOL, TOL, _fixed_triton_configs, check_dropout_stats, watch_kernels,  # noqa: F401
-                         kernels_run, make_ln, torch_ln_gelu)
+from _fused_util import (
+    GRAD_TOL,
+    TOL,
+    _fixed_triton_configs,  # noqa: F401  (a fixture)
+    check_dropout_stats,
+    watch_kernels,  # noqa: F401
+    kernels_run,
+    make_ln,
+    torch_ln_gelu,
+)
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
 WIDTHS = (1, 3, 127, 768, 1025, 4097)
@@ -145,10 +154,13 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.pcops.layer_norm_gelu, (x, w, b, 1e-5, "tanh", p, s))
         torch.library.opcheck(torch.ops.pcops.layer_norm_gelu, (x, w, b, 1e-5, "tanh", p, s, "reference"))
         torch.library.opcheck(
-            torch.ops.pcops.layer_norm_gelu, (x.double().requires_grad_(), w.double().requires_grad_(), b.double(), 1e-5, "none", p, s)
+            torch.ops.pcops.layer_norm_gelu,
+            (x.double().requires_grad_(), w.double().requires_grad_(), b.double(), 1e-5, "none", p, s),
         )
         _, mean, rstd = ref.layer_norm_gelu(x, w, b, 1e-5, "tanh")
-        torch.library.opcheck(torch.ops.pcops.layer_norm_gelu_backward, (torch.randn_like(x), x, w, b, mean, rstd, "tanh", p, s))
+        torch.library.opcheck(
+            torch.ops.pcops.layer_norm_gelu_backward, (torch.randn_like(x), x, w, b, mean, rstd, "tanh", p, s)
+        )
 
 
 def test_torch_compile_fullgraph():
@@ -168,30 +180,35 @@ def test_torch_compile_fullgraph():
 def test_torch_compile_training_dropout():
     x, w, b = make_ln(64, 32, seed=36)
     compiled = torch.compile(
-        lambda x: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.5, training=True), fullgraph=True, backend="aot_eager"
+        lambda x: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.5, training=True),
+        fullgraph=True,
+        backend="aot_eager",
     )
     first, second = compiled(x), compiled(x)
     check_dropout_stats(first != 0, 0.5)
     assert not torch.equal(first != 0, second != 0)  # a fresh seed per call, not one baked into the graph
 
 
-@pytest.mark.parametrize("call,exc,name", [
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x.int(), w, b), TypeError, "x"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x[:, :0], w, b), ValueError, "x"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w[:-1], b), ValueError, "weight"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b[None]), ValueError, "bias"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w.int(), b), TypeError, "weight"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, eps=0.0), ValueError, "eps"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, approximate="erf"), ValueError, "approximate"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=1.0), ValueError, "dropout_p"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=-0.1), ValueError, "dropout_p"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, training=1), TypeError, "training"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.1, True, 3), TypeError, "generator"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend="cuda"), ValueError, "backend.*no 'cuda'"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend="triton"), ValueError, "backend.*CUDA"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend="fast"), ValueError, "backend"),
-    (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend=1), TypeError, "backend"),
-])
+@pytest.mark.parametrize(
+    "call,exc,name",
+    [
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x.int(), w, b), TypeError, "x"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x[:, :0], w, b), ValueError, "x"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w[:-1], b), ValueError, "weight"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b[None]), ValueError, "bias"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w.int(), b), TypeError, "weight"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, eps=0.0), ValueError, "eps"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, approximate="erf"), ValueError, "approximate"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=1.0), ValueError, "dropout_p"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, dropout_p=-0.1), ValueError, "dropout_p"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, training=1), TypeError, "training"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.1, True, 3), TypeError, "generator"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend="cuda"), ValueError, "backend.*no 'cuda'"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend="triton"), ValueError, "backend.*CUDA"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend="fast"), ValueError, "backend"),
+        (lambda x, w, b: pcops.fused_layer_norm_gelu(x, w, b, backend=1), TypeError, "backend"),
+    ],
+)
 def test_bad_input(call, exc, name):
     x, w, b = make_ln(3, 8, seed=23)
     with pytest.raises(exc, match=name):
@@ -209,7 +226,9 @@ def test_reference_logged(caplog):
 # --- Triton kernels under the CPU interpreter (tiny shapes) ---------------------------------
 
 
-@pytest.mark.parametrize("rows,width,max_block_n", [(3, 1, None), (8, 3, None), (5, 127, None), (4, 130, 32), (2, 127, 64)])
+@pytest.mark.parametrize(
+    "rows,width,max_block_n", [(3, 1, None), (8, 3, None), (5, 127, None), (4, 130, 32), (2, 127, 64)]
+)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @interpret
@@ -250,9 +269,12 @@ def test_forward_search_space():
     fwd, _ = _tri()
 
     def space(block_n, one_tile=True, m_rows=131072):
-        return {(c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["TILES"])
-                for c in fwd._prune_fwd(fwd._FWD_CONFIGS, {"M": m_rows}, BLOCK_N=block_n, ONE_TILE=one_tile,
-                                        M_CLASS=fwd._m_class(m_rows))}
+        return {
+            (c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["TILES"])
+            for c in fwd._prune_fwd(
+                fwd._FWD_CONFIGS, {"M": m_rows}, BLOCK_N=block_n, ONE_TILE=one_tile, M_CLASS=fwd._m_class(m_rows)
+            )
+        }
 
     # L1 (4,096 rows): one tile per program only (4 tiles left too few programs on the H200)
     assert all(t == 1 for _, _, t in space(1024, m_rows=4096)) and space(1024, m_rows=4096)
@@ -275,12 +297,19 @@ def test_forward_pinned_config(monkeypatch):
     named = {"M": 4096, "x_ptr": torch.empty(4096, 768)}
 
     def space(**kw):
-        return {(c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps)
-                for c in fwd._prune_fwd(fwd._FWD_CONFIGS, named, BLOCK_N=1024, ONE_TILE=True, **kw)}
+        return {
+            (c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps)
+            for c in fwd._prune_fwd(fwd._FWD_CONFIGS, named, BLOCK_N=1024, ONE_TILE=True, **kw)
+        }
 
     assert space(M_CLASS=0) == {(2, 1, 4)}  # L1's class, pinned from the H200's graph-timed tuning
-    l2 = fwd._prune_fwd(fwd._FWD_CONFIGS, {"M": 131072, "x_ptr": torch.empty(1, 256, dtype=torch.bfloat16)},
-                        BLOCK_N=256, ONE_TILE=True, M_CLASS=1)
+    l2 = fwd._prune_fwd(
+        fwd._FWD_CONFIGS,
+        {"M": 131072, "x_ptr": torch.empty(1, 256, dtype=torch.bfloat16)},
+        BLOCK_N=256,
+        ONE_TILE=True,
+        M_CLASS=1,
+    )
     assert [(c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps) for c in l2] == [(8, 4, 4)]  # L2's
     monkeypatch.setattr(fwd, "FWD_PINNED", {})
     full = space(M_CLASS=0)
@@ -354,9 +383,15 @@ def test_tiled_shape():
 # (rows, width, dtype, block_m): block_m 2 with 3 programs makes every program walk several
 # tiles (the prefetch crosses tiles, the last one runs past the rows); (8, 256, bf16): L2's tile
 # shape, where the launch passes the register cap
-TILED_CASES = [(1, 1, torch.float32, None), (13, 3, torch.float32, 2), (11, 127, torch.bfloat16, 2),
-               (9, 64, torch.float16, 4), (5, 300, torch.float32, 1), (0, 8, torch.float32, None),
-               (8, 256, torch.bfloat16, None)]
+TILED_CASES = [
+    (1, 1, torch.float32, None),
+    (13, 3, torch.float32, 2),
+    (11, 127, torch.bfloat16, 2),
+    (9, 64, torch.float16, 4),
+    (5, 300, torch.float32, 1),
+    (0, 8, torch.float32, None),
+    (8, 256, torch.bfloat16, None),
+]
 
 
 @pytest.mark.parametrize("rows,width,dtype,block_m", TILED_CASES)
@@ -369,7 +404,9 @@ def test_triton_bwd_tiled_interpreter(rows, width, dtype, block_m, caplog):
     for a, e in zip(got, exp):
         torch.testing.assert_close(a, e, **GRAD_TOL[dtype])
     ran = kernels_run(caplog, "layer_norm_gelu_backward")
-    assert ran == ([] if rows == 0 else [ran[0]]) and all(r.startswith("_layer_norm_gelu_bwd_tiled_kernel") for r in ran)
+    assert ran == ([] if rows == 0 else [ran[0]]) and all(
+        r.startswith("_layer_norm_gelu_bwd_tiled_kernel") for r in ran
+    )
 
 
 @interpret
@@ -519,8 +556,9 @@ def test_gpu_dropout(p):
     g = torch.randn(512, 768, device="cuda")
     y.backward(g)  # the backward regenerates the same mask
     _, mean, rstd = fwd.layer_norm_gelu(x, w, b, 1e-5, "tanh")
-    torch.testing.assert_close(xr.grad, ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, keep)[0],
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        xr.grad, ref.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh", p, keep)[0], atol=1e-4, rtol=1e-4
+    )
 
 
 @pytest.mark.gpu
@@ -549,8 +587,9 @@ def test_gpu_backends_and_float64(caplog):
         pcops.fused_layer_norm_gelu(x, w, b, backend="triton")
     x32 = x.float()
     y = pcops.fused_layer_norm_gelu(x32, w.float(), b.float())
-    torch.testing.assert_close(pcops.fused_layer_norm_gelu(x32, w.float(), b.float(), backend="reference"), y,
-                               **TOL[torch.float32])
+    torch.testing.assert_close(
+        pcops.fused_layer_norm_gelu(x32, w.float(), b.float(), backend="reference"), y, **TOL[torch.float32]
+    )
     ran = kernels_run(caplog, "layer_norm_gelu")
     assert ran[0] == "reference" and ran[1].startswith("_layer_norm_gelu_fwd_kernel") and ran[2] == "reference"
 
@@ -563,7 +602,9 @@ def test_gpu_opcheck():
     for s, p in ((None, 0.0), (seed, 0.3)):
         torch.library.opcheck(torch.ops.pcops.layer_norm_gelu, (x, w, b, 1e-5, "tanh", p, s))
         _, mean, rstd = torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", p, s)
-        torch.library.opcheck(torch.ops.pcops.layer_norm_gelu_backward, (torch.randn_like(x), x, w, b, mean, rstd, "tanh", p, s))
+        torch.library.opcheck(
+            torch.ops.pcops.layer_norm_gelu_backward, (torch.randn_like(x), x, w, b, mean, rstd, "tanh", p, s)
+        )
 
 
 @pytest.mark.gpu
@@ -607,8 +648,9 @@ def test_gpu_backward_through_autograd_and_cuda_graph():
 
     got = grads()
     _, mean, rstd = fwd.layer_norm_gelu(x, w, b, 1e-5, "tanh")
-    exp = ref.layer_norm_gelu_backward(dy.double(), x.double(), w.double(), b.double(), mean.double(), rstd.double(),
-                                       "tanh")
+    exp = ref.layer_norm_gelu_backward(
+        dy.double(), x.double(), w.double(), b.double(), mean.double(), rstd.double(), "tanh"
+    )
     for i, (a, e) in enumerate(zip(got, exp)):
         tol = {k: v * (45 if i else 1) for k, v in GRAD_TOL[torch.bfloat16].items()}
         torch.testing.assert_close(a.double(), e.to(a.dtype).double(), **tol)
@@ -656,7 +698,7 @@ def test_gpu_tanh_approx_error():
     rel = (err[big] / exact[big].abs()).max().item()
     near_one = err[exact.abs() > 0.99].max().item()
     print(f"tanh.approx.f32: max abs error {err.max().item():.3g}, max rel {rel:.3g}, |t| > 0.99: {near_one:.3g}")
-    assert rel < 2.0 ** -10
+    assert rel < 2.0**-10
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -672,7 +714,7 @@ def test_gpu_fast_tanh_forward_within_tolerance(dtype, caplog):
         x, w, b = make_ln(rows, width, seed=rows + width, dtype=dtype, device="cuda")
         exp = torch_ln_gelu(x.double(), w.double(), b.double()).to(dtype)
         y, _, _ = fwd.layer_norm_gelu(x, w, b, 1e-5, "tanh")
-        worst = ((y.double() - exp.double()).abs() / (TOL[dtype]["atol"] + TOL[dtype]["rtol"] * exp.double().abs()))
+        worst = (y.double() - exp.double()).abs() / (TOL[dtype]["atol"] + TOL[dtype]["rtol"] * exp.double().abs())
         print(f"{dtype} {rows}x{width}: worst error / tolerance = {worst.max().item():.3g}")
         torch.testing.assert_close(y, exp, **TOL[dtype])
     x, w, b = make_ln(64, 256, seed=9, device="cuda")  # float32: the exact form
@@ -692,8 +734,9 @@ def test_gpu_fast_tanh_backward_bf16(caplog):
     x, w, b = make_ln(rows, width, seed=13, dtype=torch.bfloat16, device="cuda")
     g = torch.randn(rows, width, generator=generator(14)).to(torch.bfloat16).cuda()
     _, mean, rstd = fwd.layer_norm_gelu(x, w, b, 1e-5, "tanh")
-    exp = ref.layer_norm_gelu_backward(g.double(), x.double(), w.double(), b.double(), mean.double(),
-                                       rstd.double(), "tanh")
+    exp = ref.layer_norm_gelu_backward(
+        g.double(), x.double(), w.double(), b.double(), mean.double(), rstd.double(), "tanh"
+    )
     got = bwd.layer_norm_gelu_backward(g, x, w, b, mean, rstd, "tanh")
     assert "FAST_TANH=True" in kernels_run(caplog, "layer_norm_gelu_backward")[-1]
     for i, (a, e) in enumerate(zip(got, exp)):
@@ -705,7 +748,7 @@ def test_gpu_fast_tanh_backward_bf16(caplog):
 
 # --- the Triton kernels compile for sm_90 (no GPU needed) -----------------------------------
 
-_AOT_SCRIPT = r'''
+_AOT_SCRIPT = r"""
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
@@ -738,18 +781,23 @@ comp(fb._layer_norm_gelu_bwd_tiled_kernel, dict(ln, num_programs="i32"),
 comp(fb._column_sum_kernel, dict(dw_part_ptr="*fp32", db_part_ptr="*fp32", dw_ptr=f"*{dt}", db_ptr=f"*{dt}", G="i32",
                                  N="i32"), dict(BLOCK_G=1024, BLOCK_N=4), 16)
 print("compiled")
-'''
+"""
 
 
-@pytest.mark.parametrize("dtype,approximate,dropout,one_tile", [
-    ("fp32", "tanh", "0", "1"), ("bf16", "none", "1", "0"), ("fp16", "tanh", "1", "1"),
-])
+@pytest.mark.parametrize(
+    "dtype,approximate,dropout,one_tile",
+    [
+        ("fp32", "tanh", "0", "1"),
+        ("bf16", "none", "1", "0"),
+        ("fp16", "tanh", "1", "1"),
+    ],
+)
 def test_triton_kernels_compile_for_sm90(dtype, approximate, dropout, one_tile):
     """Lowering to a CUBIN catches what the interpreter accepts but the compiler does not."""
     run_compiler_script(_AOT_SCRIPT, dtype, approximate, dropout, one_tile)
 
 
-_AOT_TILED_SCRIPT = r'''
+_AOT_TILED_SCRIPT = r"""
 import os, subprocess, tempfile
 import torch
 import triton
@@ -792,7 +840,7 @@ for dt, n in (("fp32", 768), ("bf16", 256), ("fp32", 64)):
         print(f"{dt} {n} dropout={drop} BLOCK_M={bm} warps={warps} regs={regs} stack={stack} vec={int(vec)} "
               f"cap={cap or 0}")
 print("compiled")
-'''
+"""
 
 
 def test_bwd_tiled_compiles_for_sm90_without_spills():

@@ -1,6 +1,7 @@
 """pcops.nms_bev / batched_nms_bev: the reference vs a textbook greedy loop, threshold-edge cases,
 ties, pre/post/padded/batched forms, the backend contract, Triton (interpreter) and CUDA paths
 (also csrc/nms.cu emulated on the host: tests/cpp), registration, bad input."""
+
 import functools
 import logging
 
@@ -21,7 +22,6 @@ def _greedy_oracle(iou, order, valid, thr):
         if valid[i] and all(iou[k, i] <= thr for k in keep):
             keep.append(i)
     return keep
-
 
 
 # --- NMS (CPU path = reference) ---------------------------------------------------------------
@@ -60,15 +60,21 @@ def test_nms_pre_post_padded_batched_invalid():
     assert pcops.nms_bev(boxes, scores, 0.2, post_max_size=5).tolist() == full[:5].tolist()
     idx, count = pcops.nms_bev(boxes, scores, 0.2, post_max_size=500, padded=True)
     assert idx.shape == (500,) and count.shape == () and count.dtype == torch.int64
-    assert int(count) == full.numel() and idx[:int(count)].tolist() == full.tolist() and (idx[int(count):] == -1).all()
+    assert (
+        int(count) == full.numel() and idx[: int(count)].tolist() == full.tolist() and (idx[int(count) :] == -1).all()
+    )
     order = torch.sort(scores, descending=True, stable=True).indices[:40]
     pre = pcops.nms_bev(boxes, scores, 0.2, pre_max_size=40)
     assert pre.tolist() == order[pcops.nms_bev(boxes[order], scores[order], 0.2)].tolist()
     # groups never suppress each other: equal to per-group NMS, merged by score
     groups = torch.randint(0, 3, (150,), generator=generator(1))
     got = pcops.batched_nms_bev(boxes, scores, groups, 0.2)
-    per = torch.cat([torch.nonzero(groups == g).view(-1)[pcops.nms_bev(boxes[groups == g], scores[groups == g], 0.2)]
-                     for g in range(3)])
+    per = torch.cat(
+        [
+            torch.nonzero(groups == g).view(-1)[pcops.nms_bev(boxes[groups == g], scores[groups == g], 0.2)]
+            for g in range(3)
+        ]
+    )
     per = per[torch.sort(scores[per], descending=True, stable=True).indices]
     assert got.tolist() == per.tolist()
     idx, count = pcops.batched_nms_bev(boxes, scores, groups, 0.2, post_max_size=7, padded=True)
@@ -86,24 +92,27 @@ def test_nms_pre_post_padded_batched_invalid():
     assert keep.tolist() == sub[pcops.nms_bev(boxes[sub], scores[sub], 0.2)].tolist()
 
 
-@pytest.mark.parametrize("bad,exc,name", [
-    (dict(boxes=torch.zeros(4, 6)), ValueError, "boxes"),
-    (dict(boxes=torch.zeros(4)), ValueError, "boxes"),
-    (dict(boxes=torch.zeros(4, 7, dtype=torch.int32)), TypeError, "boxes"),
-    (dict(boxes="boxes"), TypeError, "boxes"),
-    (dict(boxes=torch.tensor([[0.0, 0, 0, 1, -1, 1, 0]] * 4)), ValueError, "boxes"),
-    (dict(scores=torch.zeros(3)), ValueError, "scores"),
-    (dict(scores=torch.zeros(4, 1)), ValueError, "scores"),
-    (dict(iou_threshold=1.5), ValueError, "iou_threshold"),
-    (dict(iou_threshold=-0.1), ValueError, "iou_threshold"),
-    (dict(iou_threshold=float("nan")), ValueError, "iou_threshold"),
-    (dict(iou_threshold="0.5"), TypeError, "iou_threshold"),
-    (dict(pre_max_size=0), ValueError, "pre_max_size"),
-    (dict(post_max_size=0), ValueError, "post_max_size"),
-    (dict(padded=True), ValueError, "post_max_size"),
-    (dict(padded=1), TypeError, "padded"),
-    (dict(backend="cpp"), ValueError, "backend"),
-])
+@pytest.mark.parametrize(
+    "bad,exc,name",
+    [
+        (dict(boxes=torch.zeros(4, 6)), ValueError, "boxes"),
+        (dict(boxes=torch.zeros(4)), ValueError, "boxes"),
+        (dict(boxes=torch.zeros(4, 7, dtype=torch.int32)), TypeError, "boxes"),
+        (dict(boxes="boxes"), TypeError, "boxes"),
+        (dict(boxes=torch.tensor([[0.0, 0, 0, 1, -1, 1, 0]] * 4)), ValueError, "boxes"),
+        (dict(scores=torch.zeros(3)), ValueError, "scores"),
+        (dict(scores=torch.zeros(4, 1)), ValueError, "scores"),
+        (dict(iou_threshold=1.5), ValueError, "iou_threshold"),
+        (dict(iou_threshold=-0.1), ValueError, "iou_threshold"),
+        (dict(iou_threshold=float("nan")), ValueError, "iou_threshold"),
+        (dict(iou_threshold="0.5"), TypeError, "iou_threshold"),
+        (dict(pre_max_size=0), ValueError, "pre_max_size"),
+        (dict(post_max_size=0), ValueError, "post_max_size"),
+        (dict(padded=True), ValueError, "post_max_size"),
+        (dict(padded=1), TypeError, "padded"),
+        (dict(backend="cpp"), ValueError, "backend"),
+    ],
+)
 def test_nms_bad_input(bad, exc, name):
     args = dict(boxes=torch.ones(4, 7), scores=torch.zeros(4), iou_threshold=0.5)
     args.update(bad)
@@ -119,7 +128,7 @@ def test_batched_nms_bad_input():
 
 
 def test_nms_backend_contract_cpu(caplog):
-    """"reference" and "auto" are the reference on CPU tensors (both forms); a GPU backend on CPU
+    """ "reference" and "auto" are the reference on CPU tensors (both forms); a GPU backend on CPU
     tensors and unknown names raise, naming the argument; the debug log says what ran."""
     boxes, scores = make_boxes(80, seed=9, span=(12, 12))
     want = pcops.nms_bev(boxes, scores, 0.2)
@@ -127,14 +136,17 @@ def test_nms_backend_contract_cpu(caplog):
         assert pcops.nms_bev(boxes, scores, 0.2, backend="reference").tolist() == want.tolist()
     assert caplog.records[-1].getMessage() == "nms_bev: reference"
     b3, s3 = boxes.view(2, 40, 7), scores.view(2, 40)
-    assert torch.equal(pcops.nms_bev(b3, s3, 0.2, post_max_size=9, padded=True, backend="reference")[0],
-                       pcops.nms_bev(b3, s3, 0.2, post_max_size=9, padded=True)[0])
+    assert torch.equal(
+        pcops.nms_bev(b3, s3, 0.2, post_max_size=9, padded=True, backend="reference")[0],
+        pcops.nms_bev(b3, s3, 0.2, post_max_size=9, padded=True)[0],
+    )
     for backend in ("triton", "cuda"):
         with pytest.raises(ValueError, match="backend.*CUDA tensors"):
             pcops.nms_bev(boxes, scores, 0.2, backend=backend)
         with pytest.raises(ValueError, match="backend.*CUDA tensors"):
-            pcops.batched_nms_bev(b3, s3, torch.zeros(2, 40, dtype=torch.int64), 0.2, post_max_size=4, padded=True,
-                                  backend=backend)
+            pcops.batched_nms_bev(
+                b3, s3, torch.zeros(2, 40, dtype=torch.int64), 0.2, post_max_size=4, padded=True, backend=backend
+            )
     with pytest.raises(TypeError, match="backend"):
         pcops.nms_bev(boxes, scores, 0.2, backend=1)
 
@@ -144,8 +156,11 @@ def test_opcheck():
     groups = torch.arange(37) % 2
     torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 20, True, "auto"))
     torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, groups, 0.3, 30, 10, True, "reference"))
-    torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, None, False, "auto"),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.pcops.nms_bev,
+        (boxes, scores, None, 0.3, None, None, False, "auto"),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
 
 
 def test_torch_compile_fullgraph_padded():
@@ -177,7 +192,7 @@ def test_triton_interpreter_nms(n, thr):
     got, count = tri.nms_bev(boxes, scores, None, thr, None, None, False)
     assert got.tolist() == want.tolist() and int(count) == want.numel()
     idx, count = tri.nms_bev(boxes, scores, None, thr, None, 8, True)
-    assert idx[:int(count)].tolist() == want[:8].tolist() and (idx[int(count):] == -1).all() and idx.shape == (8,)
+    assert idx[: int(count)].tolist() == want[:8].tolist() and (idx[int(count) :] == -1).all() and idx.shape == (8,)
 
 
 @interpret
@@ -211,12 +226,12 @@ def test_triton_interpreter_nms_run_orchestration():
     groups = torch.arange(70) % 2
     idx, count = op._nms_run("triton", boxes, scores, groups, 0.2, 50, 12, True)
     want = ref.nms_bev(boxes, scores, 0.2, pre_max_size=50, post_max_size=12, idxs=groups)
-    assert idx[:int(count)].tolist() == want.tolist() and idx.shape == (12,)
+    assert idx[: int(count)].tolist() == want.tolist() and idx.shape == (12,)
     keep, count = op._nms_run("triton", boxes, scores, None, 0.2, None, None, False)
     assert keep.tolist() == ref.nms_bev(boxes, scores, 0.2).tolist() and int(count) == keep.numel()
 
 
-_AOT = r'''
+_AOT = r"""
 import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
@@ -234,7 +249,7 @@ k = comp(tri._nms_pass_kernel, {"mask_ptr": "*i64", "removed_ptr": "*i64", "boxe
      "order_ptr": "*i64", "out_ptr": "*i64", "count_ptr": "*i64", "m": "i32", "words": "i32", "post": "i32",
      "stride": "i32", "BEV5": "constexpr", "BLOCK_W": "constexpr"}, {"BEV5": False, "BLOCK_W": 32}, num_warps=2)
 print("compiled")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -273,8 +288,9 @@ _GPU, _SLOW_GPU = [pytest.mark.gpu], [pytest.mark.slow]
 
 
 def _backend_params(cuda_cases, triton_cases):
-    return ([pytest.param(*c, marks=_GPU) for c in cuda_cases]
-            + [pytest.param(*c, marks=_SLOW_GPU) for c in triton_cases])
+    return [pytest.param(*c, marks=_GPU) for c in cuda_cases] + [
+        pytest.param(*c, marks=_SLOW_GPU) for c in triton_cases
+    ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -285,13 +301,20 @@ def _nms_case(n, span, thr):
     scores[::3] = scores[:1].clone()
     pre = max(1, n - n // 4)
     groups = torch.randint(0, 4, (n,), generator=generator(n))
-    return (boxes, scores, groups, pre, ref_nms(boxes, scores, thr),
-            ref_nms(boxes, scores, thr, pre_max_size=pre, post_max_size=100),
-            ref_nms(boxes, scores, thr, idxs=groups))
+    return (
+        boxes,
+        scores,
+        groups,
+        pre,
+        ref_nms(boxes, scores, thr),
+        ref_nms(boxes, scores, thr, pre_max_size=pre, post_max_size=100),
+        ref_nms(boxes, scores, thr, idxs=groups),
+    )
 
 
-@pytest.mark.parametrize("backend,n", _backend_params([("cuda", n) for n in (1, 63, 64, 65, 1000, 4096)],
-                                                      [("triton", 65), ("triton", 300)]))
+@pytest.mark.parametrize(
+    "backend,n", _backend_params([("cuda", n) for n in (1, 63, 64, 65, 1000, 4096)], [("triton", 65), ("triton", 300)])
+)
 @requires_cuda
 def test_gpu_nms_matches_reference(backend, n):
     configs = [((69.12, 79.36), 0.01), ((69.12, 79.36), 0.5)]
@@ -301,10 +324,11 @@ def test_gpu_nms_matches_reference(backend, n):
         boxes, scores, groups, pre, want, want_pre, want_groups = _nms_case(n, span, thr)
         got = pcops.nms_bev(boxes.cuda(), scores.cuda(), thr, backend=backend).cpu()
         check_keep(got, want, boxes, scores, thr)
-        idx, count = pcops.nms_bev(boxes.cuda(), scores.cuda(), thr, pre_max_size=pre,
-                                   post_max_size=100, padded=True, backend=backend)
-        check_keep(idx[:int(count)].cpu(), want_pre, boxes, scores, thr)
-        assert (idx[int(count):] == -1).all()
+        idx, count = pcops.nms_bev(
+            boxes.cuda(), scores.cuda(), thr, pre_max_size=pre, post_max_size=100, padded=True, backend=backend
+        )
+        check_keep(idx[: int(count)].cpu(), want_pre, boxes, scores, thr)
+        assert (idx[int(count) :] == -1).all()
         if backend == "cuda":  # Triton: one more compilation (HAS_GROUPS); the interpreter tests cover it
             got = pcops.batched_nms_bev(boxes.cuda(), scores.cuda(), groups.cuda(), thr, backend=backend).cpu()
             check_keep(got, want_groups, boxes, scores, thr)
@@ -326,7 +350,7 @@ def _invalid_nms_oracle(dtype):
 def test_gpu_nms_edges_invalid_dtypes(backend):
     edge = torch.tensor([[70.0, -39.0, 0, 4.0, 1.0, 1, 0.0], [71.0, -39.0, 0, 4.0, 1.0, 1, 0.0]], device="cuda")
     s = torch.tensor([0.5, 0.9], device="cuda")
-    for e in ([edge, edge[:, [0, 1, 3, 4, 6]]] if backend == "cuda" else [edge]):
+    for e in [edge, edge[:, [0, 1, 3, 4, 6]]] if backend == "cuda" else [edge]:
         assert pcops.nms_bev(e, s, 0.6, backend=backend).tolist() == [1, 0]
         assert pcops.nms_bev(e, s, 0.5999, backend=backend).tolist() == [1]
     dtypes = (torch.float32, torch.float16, torch.bfloat16) if backend == "cuda" else (torch.float32,)
@@ -334,7 +358,9 @@ def test_gpu_nms_edges_invalid_dtypes(backend):
         b, sc, want = _invalid_nms_oracle(dtype)
         check_keep(pcops.nms_bev(b.cuda(), sc.cuda(), 0.1, backend=backend).cpu(), want, b, sc, 0.1)
     empty = torch.zeros(0, 7, device="cuda")
-    empty, count = pcops.nms_bev(empty, torch.zeros(0, device="cuda"), 0.5, post_max_size=3, padded=True, backend=backend)
+    empty, count = pcops.nms_bev(
+        empty, torch.zeros(0, device="cuda"), 0.5, post_max_size=3, padded=True, backend=backend
+    )
     assert empty.tolist() == [-1, -1, -1] and int(count) == 0
 
 
@@ -354,7 +380,7 @@ def test_gpu_nms_cuda_graph_capture(backend):
     static_b.copy_(b2)
     static_s.copy_(s2)
     graph.replay()
-    check_keep(idx[:int(count)].cpu(), _graph_oracle(n), b2, s2, 0.01)
+    check_keep(idx[: int(count)].cpu(), _graph_oracle(n), b2, s2, 0.01)
 
 
 @functools.lru_cache(maxsize=None)
@@ -398,7 +424,9 @@ def test_gpu_triton_nms_opcheck():
     torch.library.opcheck(torch.ops.pcops.nms_bev, (boxes, scores, None, 0.3, None, 60, True, "triton"))
     small, small_s, _ = _batched_case(2, 100, (12, 12), seed=36)
     small[:, 3, 3] = 1.0
-    torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), None, 0.3, None, 30, "triton"))
+    torch.library.opcheck(
+        torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), None, 0.3, None, 30, "triton")
+    )
 
 
 # --- the CUDA kernels, emulated on the host ---------------------------------------------------
@@ -419,8 +447,13 @@ def _nms_host_source() -> str:
 @functools.lru_cache(maxsize=None)
 def _simt_binary(tmp_dir):
     """The batched pipeline driver (tests/cpp/nms_pipeline_main.cpp), compiled for the host."""
-    exe = build_host_cpp(tmp_dir, "nms_pipeline_main.cpp", {"nms_host.inc": _nms_host_source()}, "nms_emu",
-                         flags=["-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread"])
+    exe = build_host_cpp(
+        tmp_dir,
+        "nms_pipeline_main.cpp",
+        {"nms_host.inc": _nms_host_source()},
+        "nms_emu",
+        flags=["-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread"],
+    )
     return str(exe)
 
 
@@ -475,18 +508,22 @@ def _batched_case(bsz, n, span, seed, groups=False, bev5=False):
     return boxes, scores, g
 
 
-@pytest.mark.parametrize("bsz,n,pre,post,span,thr,groups,use_rank,bev5,presorted", [
-    (2, 150, None, 200, (14, 14), 0.1, False, True, False, False),
-    (3, 70, 64, 10, (10, 10), 0.3, True, True, False, False),
-    (1, 1, None, 3, (10, 10), 0.5, False, True, False, False),
-    (2, 130, 129, 130, (12, 12), 0.01, True, False, True, False),
-    (1, 64, None, 64, (6, 6), 0.0, False, False, False, False),
-    (2, 100, 90, 50, (10, 10), 0.2, False, True, False, True),
-    (1, 300, None, 300, (12, 12), 0.1, True, True, False, True),
-    (2, 250, None, 100, (10, 10), 0.05, False, True, False, False),
-])
-def test_cuda_batched_pipeline_emulated_on_the_host(tmp_path_factory, bsz, n, pre, post, span, thr, groups,
-                                                    use_rank, bev5, presorted):
+@pytest.mark.parametrize(
+    "bsz,n,pre,post,span,thr,groups,use_rank,bev5,presorted",
+    [
+        (2, 150, None, 200, (14, 14), 0.1, False, True, False, False),
+        (3, 70, 64, 10, (10, 10), 0.3, True, True, False, False),
+        (1, 1, None, 3, (10, 10), 0.5, False, True, False, False),
+        (2, 130, 129, 130, (12, 12), 0.01, True, False, True, False),
+        (1, 64, None, 64, (6, 6), 0.0, False, False, False, False),
+        (2, 100, 90, 50, (10, 10), 0.2, False, True, False, True),
+        (1, 300, None, 300, (12, 12), 0.1, True, True, False, True),
+        (2, 250, None, 100, (10, 10), 0.05, False, True, False, False),
+    ],
+)
+def test_cuda_batched_pipeline_emulated_on_the_host(
+    tmp_path_factory, bsz, n, pre, post, span, thr, groups, use_rank, bev5, presorted
+):
     """nms_rank (or nms_gather) + nms_mask_b + nms_pass_b on the host: the stable order, the
     prepared records, the bitmask (vs the float64 reference IoU), the invalid words and the padded
     keep lists of every sample (vs the reference NMS). ``presorted``: scores already in descending
@@ -499,7 +536,7 @@ def test_cuda_batched_pipeline_emulated_on_the_host(tmp_path_factory, bsz, n, pr
     exe = _simt_binary(str(tmp_path_factory.mktemp("simt")))
     boxes, scores, g = _batched_case(bsz, n, span, seed=n + bsz, groups=groups, bev5=bev5)
     if presorted:  # and a NaN tail of whole tiles (the pass stops before them)
-        scores[:, n // 2:] = float("nan")
+        scores[:, n // 2 :] = float("nan")
         scores = torch.stack([s[ref.sort_order(s)] for s in scores])
     elif n >= 200:  # a whole tile of invalid boxes between valid ones (its mask words stay unwritten)
         for b in range(bsz):
@@ -572,9 +609,12 @@ def test_cuda_batched_pipeline_emulated_on_the_host(tmp_path_factory, bsz, n, pr
 
 def _loop_padded(boxes, scores, thr, pre, post, idxs=None, backend="auto"):
     """The per-sample loop the batched form replaces."""
-    outs = [pcops.nms_bev(boxes[b], scores[b], thr, pre, post, padded=True, backend=backend) if idxs is None else
-            pcops.batched_nms_bev(boxes[b], scores[b], idxs[b], thr, pre, post, padded=True, backend=backend)
-            for b in range(boxes.shape[0])]
+    outs = [
+        pcops.nms_bev(boxes[b], scores[b], thr, pre, post, padded=True, backend=backend)
+        if idxs is None
+        else pcops.batched_nms_bev(boxes[b], scores[b], idxs[b], thr, pre, post, padded=True, backend=backend)
+        for b in range(boxes.shape[0])
+    ]
     return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
 
 
@@ -588,31 +628,42 @@ def test_batched_form_equals_the_loop_cpu():
         assert idx.shape == (3, post) and count.shape == (3,) and idx.dtype == count.dtype == torch.int64
         assert torch.equal(idx, want_idx) and torch.equal(count, want_count)
     bev = boxes[..., [0, 1, 3, 4, 6]]
-    assert torch.equal(pcops.nms_bev(bev, scores, 0.2, post_max_size=9, padded=True)[0],
-                       pcops.nms_bev(boxes, scores, 0.2, post_max_size=9, padded=True)[0])
+    assert torch.equal(
+        pcops.nms_bev(bev, scores, 0.2, post_max_size=9, padded=True)[0],
+        pcops.nms_bev(boxes, scores, 0.2, post_max_size=9, padded=True)[0],
+    )
     idx, count = pcops.nms_bev(boxes[:0], scores[:0], 0.2, post_max_size=4, padded=True)
     assert idx.shape == (0, 4) and count.shape == (0,)
     idx, count = pcops.nms_bev(boxes[:, :0], scores[:, :0], 0.2, post_max_size=4, padded=True)
     assert idx.tolist() == [[-1] * 4] * 3 and count.tolist() == [0] * 3
 
 
-@pytest.mark.parametrize("bad,exc,name", [
-    (dict(padded=False), ValueError, "padded"),
-    (dict(post_max_size=None), ValueError, "post_max_size"),
-    (dict(scores=torch.zeros(2, 4)), ValueError, "scores"),
-    (dict(scores=torch.zeros(10)), ValueError, "scores"),
-    (dict(boxes=torch.ones(3, 5, 6)), ValueError, "boxes"),
-    (dict(boxes=torch.tensor([[[0.0, 0, 0, 1, -1, 1, 0]] * 5] * 3)), ValueError, "boxes"),
-    (dict(iou_threshold=2.0), ValueError, "iou_threshold"),
-])
+@pytest.mark.parametrize(
+    "bad,exc,name",
+    [
+        (dict(padded=False), ValueError, "padded"),
+        (dict(post_max_size=None), ValueError, "post_max_size"),
+        (dict(scores=torch.zeros(2, 4)), ValueError, "scores"),
+        (dict(scores=torch.zeros(10)), ValueError, "scores"),
+        (dict(boxes=torch.ones(3, 5, 6)), ValueError, "boxes"),
+        (dict(boxes=torch.tensor([[[0.0, 0, 0, 1, -1, 1, 0]] * 5] * 3)), ValueError, "boxes"),
+        (dict(iou_threshold=2.0), ValueError, "iou_threshold"),
+    ],
+)
 def test_batched_form_bad_input(bad, exc, name):
     args = dict(boxes=torch.ones(3, 5, 7), scores=torch.zeros(3, 5), iou_threshold=0.5, post_max_size=4, padded=True)
     args.update(bad)
     with pytest.raises(exc, match=name):
         pcops.nms_bev(**args)
     with pytest.raises(ValueError, match="idxs"):
-        pcops.batched_nms_bev(torch.ones(3, 5, 7), torch.zeros(3, 5), torch.zeros(3, 4, dtype=torch.int64), 0.5,
-                              post_max_size=4, padded=True)
+        pcops.batched_nms_bev(
+            torch.ones(3, 5, 7),
+            torch.zeros(3, 5),
+            torch.zeros(3, 4, dtype=torch.int64),
+            0.5,
+            post_max_size=4,
+            padded=True,
+        )
 
 
 def test_batched_form_opcheck_and_compile():
@@ -679,8 +730,9 @@ def test_gpu_sort_fallbacks():
         for thr, post in [(0.01, 500), (0.5, n)]:
             idx, count = pcops.nms_bev(b, s, thr, post_max_size=post, padded=True, backend="cuda")
             c = int(count)
-            check_keep(idx[:c].cpu(), ref_nms(boxes, scores.to(dtype), thr, post_max_size=post), boxes,
-                       scores.float(), thr)
+            check_keep(
+                idx[:c].cpu(), ref_nms(boxes, scores.to(dtype), thr, post_max_size=post), boxes, scores.float(), thr
+            )
             assert (idx[c:] == -1).all()
 
 
@@ -706,7 +758,9 @@ def test_gpu_batched_form_graph_capture_and_opcheck():
     small, small_s, g = _batched_case(2, 100, (12, 12), seed=36, groups=True)
     small[:, 3, 3] = 1.0
     torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), None, 0.3, None, 30, "cuda"))
-    torch.library.opcheck(torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), g.cuda(), 0.3, 64, 32, "cuda"))
+    torch.library.opcheck(
+        torch.ops.pcops.nms_bev_batched, (small.cuda(), small_s.cuda(), g.cuda(), 0.3, 64, 32, "cuda")
+    )
 
 
 # --- the Python launchers of pcops.cuda.nms, with the kernels emulated on the host ----------------
@@ -718,8 +772,13 @@ def _emu_library(tmp_dir):
     (tests/cpp/nms_emu_launch.cpp)."""
     import ctypes
 
-    lib = build_host_cpp(tmp_dir, "nms_emu_launch.cpp", {"nms_host.inc": _nms_host_source()}, "libnms_emu.so",
-                         flags=["-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC"])
+    lib = build_host_cpp(
+        tmp_dir,
+        "nms_emu_launch.cpp",
+        {"nms_host.inc": _nms_host_source()},
+        "libnms_emu.so",
+        flags=["-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC"],
+    )
     return ctypes.CDLL(str(lib))
 
 
@@ -763,7 +822,7 @@ def test_cuda_launchers_emulated_on_the_host(emulated_cuda):
             want = ref.nms_bev(boxes[b], scores[b], 0.1, pre, post, idxs)
             if padded:
                 assert got[0].shape == (post,) and got[1].shape == () and int(got[1]) == want.numel()
-                assert got[0][:want.numel()].tolist() == want.tolist() and (got[0][want.numel():] == -1).all()
+                assert got[0][: want.numel()].tolist() == want.tolist() and (got[0][want.numel() :] == -1).all()
             else:
                 assert got[0].tolist() == want.tolist() and int(got[1]) == want.numel()
     for idxs, pre, post, sc in [(None, None, 150, scores), (g, 90, 20, scores), (None, 120, 30, scores.double())]:

@@ -1,4 +1,5 @@
 """The CUDA C++ path: every csrc/*.cu compiles with NVRTC for sm_90 (no GPU needed)."""
+
 from pathlib import Path
 
 import pytest

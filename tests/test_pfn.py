@@ -1,6 +1,7 @@
 """pcops.pfn_scatter / fold_batchnorm: the reference vs an unfused PillarVFE oracle (Linear, then
 eval-mode BatchNorm), the Triton kernel (interpreter) vs the reference, the backend contract,
 registration, bad input."""
+
 import logging
 
 import pytest
@@ -35,8 +36,11 @@ def make_case(num, slots=8, channels=16, feats=4, seed=0, device="cpu"):
     pts = pts * (torch.arange(slots)[None, :] < n[:, None].long())[..., None]  # zero padding slots
     layer = dict(
         linear=torch.randn(channels, 10, generator=g) * 0.3,
-        gamma=torch.rand(channels, generator=g) + 0.5, beta=torch.randn(channels, generator=g),
-        mean=torch.randn(channels, generator=g) * 0.1, var=torch.rand(channels, generator=g) + 0.5, eps=1e-3,
+        gamma=torch.rand(channels, generator=g) + 0.5,
+        beta=torch.randn(channels, generator=g),
+        mean=torch.randn(channels, generator=g) * 0.1,
+        var=torch.rand(channels, generator=g) + 0.5,
+        eps=1e-3,
     )
     to = lambda t: t.to(device)
     return to(pts), to(n), to(coords), {k: (to(v) if isinstance(v, torch.Tensor) else v) for k, v in layer.items()}
@@ -49,11 +53,16 @@ def unfused_oracle(pts, n, coords, layer):
         xyz = pts[p, :, :3].double()
         cnt = max(int(n[p]), 1)
         mean = xyz.sum(0) / cnt
-        centre = torch.tensor([float(coords[p, 3]) * VOXEL[0] + VOXEL[0] / 2 + RANGE_MIN[0],
-                               float(coords[p, 2]) * VOXEL[1] + VOXEL[1] / 2 + RANGE_MIN[1],
-                               float(coords[p, 1]) * VOXEL[2] + VOXEL[2] / 2 + RANGE_MIN[2]], dtype=torch.float64)
+        centre = torch.tensor(
+            [
+                float(coords[p, 3]) * VOXEL[0] + VOXEL[0] / 2 + RANGE_MIN[0],
+                float(coords[p, 2]) * VOXEL[1] + VOXEL[1] / 2 + RANGE_MIN[1],
+                float(coords[p, 1]) * VOXEL[2] + VOXEL[2] / 2 + RANGE_MIN[2],
+            ],
+            dtype=torch.float64,
+        )
         f = torch.cat([pts[p, :, :4].double(), xyz - mean, xyz - centre], 1)
-        f[int(n[p]):] = 0
+        f[int(n[p]) :] = 0
         z = f @ layer["linear"].double().t()
         z = (z - layer["mean"].double()) / torch.sqrt(layer["var"].double() + layer["eps"]) * layer["gamma"].double()
         out.append(torch.relu(z + layer["beta"].double()).amax(0))
@@ -61,7 +70,9 @@ def unfused_oracle(pts, n, coords, layer):
 
 
 def folded(layer):
-    return pcops.fold_batchnorm(layer["linear"], layer["gamma"], layer["beta"], layer["mean"], layer["var"], layer["eps"])
+    return pcops.fold_batchnorm(
+        layer["linear"], layer["gamma"], layer["beta"], layer["mean"], layer["var"], layer["eps"]
+    )
 
 
 def live_rows(n, coords, count=None):
@@ -103,8 +114,19 @@ def test_count_channels_last_and_half_canvas():
 def test_backend_contract_and_bad_input(caplog):
     pts, n, coords, layer = make_case(6, seed=4)
     w, b = folded(layer)
-    args = lambda **kw: {**dict(voxels=pts, num_points=n, coords=coords, weight=w, bias=b,
-                                canvas=torch.zeros(B, 16, H, W), voxel_size=VOXEL, range_min=RANGE_MIN), **kw}
+    args = lambda **kw: {
+        **dict(
+            voxels=pts,
+            num_points=n,
+            coords=coords,
+            weight=w,
+            bias=b,
+            canvas=torch.zeros(B, 16, H, W),
+            voxel_size=VOXEL,
+            range_min=RANGE_MIN,
+        ),
+        **kw,
+    }
     with caplog.at_level(logging.DEBUG, logger="pcops"):
         got = pcops.pfn_scatter(**args(backend="reference"))
     assert caplog.records[-1].getMessage() == "pfn_scatter: reference"
@@ -137,8 +159,10 @@ def test_opcheck_and_compile():
     pts, n, coords, layer = make_case(9, seed=5)
     w, b = folded(layer)
     count = torch.tensor([7], dtype=torch.int32)
-    torch.library.opcheck(torch.ops.pcops.pfn_scatter,
-                          (pts, n, coords, w, b, torch.zeros(B, 16, H, W), list(VOXEL), list(RANGE_MIN), count, "auto"))
+    torch.library.opcheck(
+        torch.ops.pcops.pfn_scatter,
+        (pts, n, coords, w, b, torch.zeros(B, 16, H, W), list(VOXEL), list(RANGE_MIN), count, "auto"),
+    )
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def net(pts, n, coords):
@@ -202,6 +226,7 @@ def test_gpu_matches_reference(num, caplog):
         half = torch.zeros(B, H, W, 64, dtype=torch.float16, device="cuda").permute(0, 3, 1, 2)
         pcops.pfn_scatter(pts, n, coords, w, b, half, VOXEL, RANGE_MIN, count, backend="triton")
         torch.testing.assert_close(half.float(), want, atol=2e-2, rtol=1e-3)
-    torch.library.opcheck(torch.ops.pcops.pfn_scatter,
-                          (pts, n, coords, w, b, torch.zeros(B, 64, H, W, device="cuda"), list(VOXEL), list(RANGE_MIN),
-                           None, "triton"))
+    torch.library.opcheck(
+        torch.ops.pcops.pfn_scatter,
+        (pts, n, coords, w, b, torch.zeros(B, 64, H, W, device="cuda"), list(VOXEL), list(RANGE_MIN), None, "triton"),
+    )

@@ -1,5 +1,6 @@
 """pcops.pillar_scatter: reference vs Triton/CUDA, gradients, the backend contract, registration,
 bad input."""
+
 import logging
 
 import pytest
@@ -10,7 +11,9 @@ from pcops.reference import pillar_scatter as ref
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
 
-def make_pillars(num_pillars, channels, batch_size, grid_h, grid_w, seed, dtype=torch.float32, unique=True, device="cpu"):
+def make_pillars(
+    num_pillars, channels, batch_size, grid_h, grid_w, seed, dtype=torch.float32, unique=True, device="cpu"
+):
     g = generator(seed)
     cells = batch_size * grid_h * grid_w
     if unique:
@@ -32,9 +35,15 @@ def dense_oracle(features, coords, batch_size, grid_h, grid_w):
     return canvas
 
 
-@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [
-    (0, 4, 1, (3, 5)), (1, 1, 1, (1, 1)), (7, 3, 2, (5, 3)), (31, 64, 3, (13, 17)),
-])
+@pytest.mark.parametrize(
+    "num_pillars,channels,batch_size,hw",
+    [
+        (0, 4, 1, (3, 5)),
+        (1, 1, 1, (1, 1)),
+        (7, 3, 2, (5, 3)),
+        (31, 64, 3, (13, 17)),
+    ],
+)
 def test_reference_matches_sequential_assignment(num_pillars, channels, batch_size, hw):
     for unique in (True, False):
         f, c = make_pillars(num_pillars, channels, batch_size, *hw, seed=num_pillars, unique=unique)
@@ -75,7 +84,7 @@ def test_opcheck():
 
 
 def test_backend_contract_cpu(caplog):
-    """"reference" equals "auto" on CPU tensors (forward and backward); a GPU backend on CPU
+    """ "reference" equals "auto" on CPU tensors (forward and backward); a GPU backend on CPU
     tensors raises, naming the argument; the debug log says what ran."""
     f, c = make_pillars(9, 4, 2, 5, 6, seed=6, unique=False)
     fa, fr = f.clone().requires_grad_(True), f.clone().requires_grad_(True)
@@ -102,22 +111,33 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(net(f, c), pcops.pillar_scatter(f * 2, c, 2, (6, 5)).relu().sum(1))
 
 
-@pytest.mark.parametrize("bad,exc,name", [
-    (dict(features=torch.zeros(3, 2, dtype=torch.int32)), TypeError, "features"),
-    (dict(features=torch.zeros(3)), ValueError, "features"),
-    (dict(coords=torch.zeros(3, 4)), TypeError, "coords"),
-    (dict(coords=torch.zeros(3, 3, dtype=torch.int32)), ValueError, "coords"),
-    (dict(coords=torch.zeros(2, 4, dtype=torch.int32)), ValueError, "coords"),
-    (dict(batch_size=0), ValueError, "batch_size"),
-    (dict(batch_size=1.0), TypeError, "batch_size"),
-    (dict(grid_hw=(0, 4)), ValueError, "grid_hw"),
-    (dict(grid_hw=(-2, 4)), ValueError, "grid_hw"),
-    (dict(grid_hw=4), TypeError, "grid_hw"),
-    (dict(coords=torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
-    (dict(coords=torch.tensor([[0, 0, 4, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)), ValueError, "coords"),
-    (dict(backend="cpp"), ValueError, "backend"),
-    (dict(coords=torch.zeros(3, 4, dtype=torch.int32, device="meta")), ValueError, "coords"),
-])
+@pytest.mark.parametrize(
+    "bad,exc,name",
+    [
+        (dict(features=torch.zeros(3, 2, dtype=torch.int32)), TypeError, "features"),
+        (dict(features=torch.zeros(3)), ValueError, "features"),
+        (dict(coords=torch.zeros(3, 4)), TypeError, "coords"),
+        (dict(coords=torch.zeros(3, 3, dtype=torch.int32)), ValueError, "coords"),
+        (dict(coords=torch.zeros(2, 4, dtype=torch.int32)), ValueError, "coords"),
+        (dict(batch_size=0), ValueError, "batch_size"),
+        (dict(batch_size=1.0), TypeError, "batch_size"),
+        (dict(grid_hw=(0, 4)), ValueError, "grid_hw"),
+        (dict(grid_hw=(-2, 4)), ValueError, "grid_hw"),
+        (dict(grid_hw=4), TypeError, "grid_hw"),
+        (
+            dict(coords=torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)),
+            ValueError,
+            "coords",
+        ),
+        (
+            dict(coords=torch.tensor([[0, 0, 4, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)),
+            ValueError,
+            "coords",
+        ),
+        (dict(backend="cpp"), ValueError, "backend"),
+        (dict(coords=torch.zeros(3, 4, dtype=torch.int32, device="meta")), ValueError, "coords"),
+    ],
+)
 def test_bad_input(bad, exc, name):
     args = dict(features=torch.zeros(3, 2), coords=torch.zeros(3, 4, dtype=torch.int32), batch_size=1, grid_hw=(4, 4))
     args.update(bad)
@@ -128,7 +148,10 @@ def test_bad_input(bad, exc, name):
 # --- Triton kernels under the CPU interpreter ----------------------------------------------
 
 
-@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [(0, 3, 1, (2, 3)), (1, 1, 1, (1, 1)), (23, 5, 2, (7, 11)), (40, 17, 1, (9, 8))])
+@pytest.mark.parametrize(
+    "num_pillars,channels,batch_size,hw",
+    [(0, 3, 1, (2, 3)), (1, 1, 1, (1, 1)), (23, 5, 2, (7, 11)), (40, 17, 1, (9, 8))],
+)
 @pytest.mark.parametrize("unique", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @interpret
@@ -203,8 +226,16 @@ def _cuda_backward_applies(t):
 
 @pytest.mark.parametrize("backend", ["auto", "triton", "cuda"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("num_pillars,channels,batch_size,hw", [(0, 64, 1, (496, 432)), (1, 3, 1, (5, 7)), (16000, 64, 1, (496, 432)), (997, 13, 3, (37, 41)),
-                                                              (997, 20, 3, (37, 40))])
+@pytest.mark.parametrize(
+    "num_pillars,channels,batch_size,hw",
+    [
+        (0, 64, 1, (496, 432)),
+        (1, 3, 1, (5, 7)),
+        (16000, 64, 1, (496, 432)),
+        (997, 13, 3, (37, 41)),
+        (997, 20, 3, (37, 40)),
+    ],
+)
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_matches_reference(backend, dtype, num_pillars, channels, batch_size, hw):
@@ -235,8 +266,12 @@ def test_gpu_backward_kernels(backend):
     H*W odd, float16: "cuda" raises) and misaligned views (offset by one element)."""
     from pcops.triton import pillar_scatter as tri
 
-    cases = [(16000, 64, 1, (496, 432), torch.float32), (997, 20, 3, (37, 40), torch.float32),
-             (997, 13, 3, (37, 41), torch.float32), (500, 64, 2, (20, 30), torch.float16)]
+    cases = [
+        (16000, 64, 1, (496, 432), torch.float32),
+        (997, 20, 3, (37, 40), torch.float32),
+        (997, 13, 3, (37, 41), torch.float32),
+        (500, 64, 2, (20, 30), torch.float16),
+    ]
     for num_pillars, channels, batch_size, hw, dtype in cases:
         for misaligned in (False, True):
             f, c = make_pillars(num_pillars, channels, batch_size, *hw, seed=11, dtype=dtype, unique=False)
@@ -271,7 +306,9 @@ def test_gpu_out_of_grid_is_skipped_and_cuda_graph_capture():
         out = pcops.pillar_scatter(f, c_bad, 2, (20, 30), backend=backend)
         keep = torch.ones(500, dtype=torch.bool, device="cuda")
         keep[::7] = False
-        torch.testing.assert_close(out, pcops.pillar_scatter(f[keep], c[keep], 2, (20, 30), backend=backend), rtol=0, atol=0)
+        torch.testing.assert_close(
+            out, pcops.pillar_scatter(f[keep], c[keep], 2, (20, 30), backend=backend), rtol=0, atol=0
+        )
         static_f = f.clone()
         pcops.pillar_scatter(static_f, c, 2, (20, 30), backend=backend)  # warm-up / compile outside capture
         graph = torch.cuda.CUDAGraph()

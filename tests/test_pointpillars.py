@@ -4,6 +4,7 @@ the fused PFN Triton kernel, CUDA graph vs eager, and the demo.
 The CPU tests run one full-size forward per implementation (a few seconds each) through
 module-scoped fixtures; everything else uses tiny inputs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,8 +90,19 @@ def test_decode_residual_coder():
     anchors = torch.tensor([[1.0, 2.0, -1.0, 3.9, 1.6, 1.56, 1.57]])
     deltas = torch.tensor([[0.1, -0.2, 0.3, 0.05, -0.1, 0.2, 0.4]])
     d = math.hypot(3.9, 1.6)
-    expect = torch.tensor([[1 + 0.1 * d, 2 - 0.2 * d, -1 + 0.3 * 1.56, 3.9 * math.exp(0.05),
-                            1.6 * math.exp(-0.1), 1.56 * math.exp(0.2), 1.97]])
+    expect = torch.tensor(
+        [
+            [
+                1 + 0.1 * d,
+                2 - 0.2 * d,
+                -1 + 0.3 * 1.56,
+                3.9 * math.exp(0.05),
+                1.6 * math.exp(-0.1),
+                1.56 * math.exp(0.2),
+                1.97,
+            ]
+        ]
+    )
     torch.testing.assert_close(box_coder.decode_boxes(deltas, anchors), expect)
 
 
@@ -224,8 +236,14 @@ def _check_pfn_kernel(device, num, canvas_dtype=torch.float32, channels_last=Fal
     with torch.no_grad():
         ref = m.vfe(vox, n, coords)
     layer = m.vfe.pfn_layers[0]
-    w, b = fold_batchnorm(layer.linear.weight, layer.norm.weight, layer.norm.bias, layer.norm.running_mean,
-                          layer.norm.running_var, layer.norm.eps)
+    w, b = fold_batchnorm(
+        layer.linear.weight,
+        layer.norm.weight,
+        layer.norm.bias,
+        layer.norm.running_mean,
+        layer.norm.running_var,
+        layer.norm.eps,
+    )
     if channels_last:
         canvas = torch.zeros(2, 496, 432, 64, device=device, dtype=canvas_dtype).permute(0, 3, 1, 2)
     else:
@@ -239,8 +257,18 @@ def _check_pfn_kernel(device, num, canvas_dtype=torch.float32, channels_last=Fal
     # count: only the first rows are read
     canvas.zero_()
     k = max(1, num // 2)
-    pfn_scatter(vox, n, coords, w, b, canvas, CFG.voxel_size, CFG.point_cloud_range[:3],
-                count=torch.tensor([k], dtype=torch.int32, device=device), variant=variant)
+    pfn_scatter(
+        vox,
+        n,
+        coords,
+        w,
+        b,
+        canvas,
+        CFG.voxel_size,
+        CFG.point_cloud_range[:3],
+        count=torch.tensor([k], dtype=torch.int32, device=device),
+        variant=variant,
+    )
     got = canvas[bl, :, yl, xl].float()
     torch.testing.assert_close(got[:k], ref[:k], atol=atol, rtol=1e-3 if canvas_dtype != torch.float32 else 1e-5)
     assert float(got[k:].abs().sum()) == 0.0
@@ -463,8 +491,9 @@ def test_demo_cpu_one_scan(tmp_path, capsys):
     assert found and int(found.group(1)) > 0, text  # the shipped weights find objects in the sample scan
     pngs = list(tmp_path.glob("*_bev.png"))
     assert len(pngs) == 1 and pngs[0].stat().st_size > 1000
-    rc = demo.main(["--device", "cpu", "--max-scans", "1", "--repeats", "1", "--warmup", "0", "--no-draw",
-                    "--random-weights"])
+    rc = demo.main(
+        ["--device", "cpu", "--max-scans", "1", "--repeats", "1", "--warmup", "0", "--no-draw", "--random-weights"]
+    )
     assert rc == 0 and "RANDOM" in capsys.readouterr().out
 
 
@@ -478,7 +507,9 @@ def test_static_pipeline_equals_eager(model, scan, cpu_results):
     static[: scan.shape[0]] = scan
     model.impl = "fast"
     try:
-        det, dropped = model._forward_static(static, torch.tensor([cap], dtype=torch.int32), model._fast_params(scan.device))
+        det, dropped = model._forward_static(
+            static, torch.tensor([cap], dtype=torch.int32), model._fast_params(scan.device)
+        )
     finally:
         model.impl = "reference"
     assert dropped.tolist() == [0]
@@ -487,7 +518,7 @@ def test_static_pipeline_equals_eager(model, scan, cpu_results):
 
 # --- the PFN kernel compiles for sm_90 (no GPU needed) -----------------------------------------
 
-_AOT_PFN = r'''
+_AOT_PFN = r"""
 import os, sys
 os.environ.pop("TRITON_INTERPRET", None)
 import triton
@@ -510,7 +541,7 @@ full = {n: "constexpr" if n in consts else sig[n] for n in fn.arg_names}
 triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                options={"num_warps": 4 if sys.argv[2] == "dot" else 2})
 print("compiled")
-'''
+"""
 
 
 @pytest.mark.parametrize("variant", ["dot"])  # the rank-1 kernel was removed (issue 16)
@@ -528,8 +559,9 @@ def test_pfn_kernel_compiles_for_sm90(canvas_dtype, variant):
         pytest.skip("Triton's bundled ptxas not found")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", _AOT_PFN, canvas_dtype, variant], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _AOT_PFN, canvas_dtype, variant], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-4000:]
 
 

@@ -1,4 +1,5 @@
 """pcops.sim (the LiDAR simulator), the data/ samples it made, and pcops.viz."""
+
 import importlib.util
 import math
 import time
@@ -79,7 +80,7 @@ def test_objects_contain_their_points(scan0):
     assert (inst >= -1).all() and inst.max() < len(boxes)
     for k in range(len(boxes)):
         own = pts[inst == k]
-        assert sim.points_in_boxes_count(own, boxes[k:k + 1])[0] == len(own), k
+        assert sim.points_in_boxes_count(own, boxes[k : k + 1])[0] == len(own), k
     np.testing.assert_array_equal(s.num_points_in_box.numpy(), sim.points_in_boxes_count(pts, boxes))
     assert torch.equal(s.num_object_points, torch.bincount(s.instance[s.instance >= 0], minlength=len(boxes)))
     assert (s.num_points_in_box >= s.num_object_points).all()
@@ -203,7 +204,8 @@ def test_data_samples_regenerate_byte_identical(tmp_path):
             committed = DATA / name
             assert committed.exists(), f"{committed} missing: run python scripts/make_samples.py"
             assert (tmp_path / name).read_bytes() == committed.read_bytes(), (
-                f"{name}: regenerating with seed {seed} gives different bytes")
+                f"{name}: regenerating with seed {seed} gives different bytes"
+            )
     # and a second regeneration is identical to the first
     again = tmp_path / "again"
     mod.make_samples(again, seeds=(0,), preview=False)
@@ -239,8 +241,10 @@ def test_statistics_vs_kitti(kitti_dir):
     for seed in SAMPLE_SEEDS:
         n, g, h = _stats(sim.simulate_scan(seed).points.numpy())
         tv = 0.5 * np.abs(h - k_h).sum()
-        lines.append(f"sim seed {seed}: points {n} ({n / k_n - 1:+.1%}), ground fraction {g:.3f} "
-                     f"({g - k_g:+.3f}), range hist {np.round(h, 3).tolist()} (TV distance {tv:.3f})")
+        lines.append(
+            f"sim seed {seed}: points {n} ({n / k_n - 1:+.1%}), ground fraction {g:.3f} "
+            f"({g - k_g:+.3f}), range hist {np.round(h, 3).tolist()} (TV distance {tv:.3f})"
+        )
         ok &= abs(n / k_n - 1) <= 0.30 and abs(g - k_g) <= 0.15 and tv < 0.15
     print("\n" + "\n".join(lines))
     assert ok, "\n".join(lines)
@@ -256,8 +260,16 @@ def test_draw_bev(tmp_path, scan0):
     path = tmp_path / "bev.png"
     dets = s.boxes[:3].clone()
     dets[:, 0] += 0.3
-    out = viz.draw_bev(s.points, boxes=dets, gt_boxes=s.boxes, path=path, labels=["a", "b", "c"],
-                       color_by="reflectance", inches=3, dpi=60)
+    out = viz.draw_bev(
+        s.points,
+        boxes=dets,
+        gt_boxes=s.boxes,
+        path=path,
+        labels=["a", "b", "c"],
+        color_by="reflectance",
+        inches=3,
+        dpi=60,
+    )
     assert out is None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fig = viz.draw_bev(s.points[:100].numpy(), gt_boxes=np.zeros((0, 7)))
     assert fig is not None and len(fig.axes) == 1

@@ -4,6 +4,7 @@ Oracles: a per-row dense softmax in float64 and ``torch.sparse.softmax``; the ha
 backward of the reference is checked with float64 ``gradcheck``; the Triton kernels under the
 interpreter and every kernel on the GPU against the reference.
 """
+
 import math
 
 import pytest
@@ -11,8 +12,16 @@ import torch
 
 import pcops
 from pcops.reference import sparse_softmax as ref
-from _fused_util import (AWKWARD_LENGTHS, GRAD_TOL, TOL, _fixed_triton_configs, dense_softmax_oracle,  # noqa: F401
-                         watch_kernels, kernels_run, make_csr)
+from _fused_util import (
+    AWKWARD_LENGTHS,
+    GRAD_TOL,
+    TOL,
+    _fixed_triton_configs,  # noqa: F401  (a fixture)
+    dense_softmax_oracle,  # noqa: F401
+    watch_kernels,
+    kernels_run,
+    make_csr,
+)
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta", "ignore:Sparse invariant checks")
@@ -29,7 +38,7 @@ def test_sparse_softmax_reference(index_dtype, dtype):
     assert out.dtype == dtype and out.shape == values.shape
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out.double(), dense_softmax_oracle(values, crow), **TOL[dtype])
-    assert out[int(crow[12]):int(crow[13])].abs().sum() == 0  # an all −inf row → zeros
+    assert out[int(crow[12]) : int(crow[13])].abs().sum() == 0  # an all −inf row → zeros
     assert torch.equal(pcops.sparse_softmax(values, crow, backend="reference"), out)
 
 
@@ -73,10 +82,12 @@ def test_opcheck():
     values, crow = make_csr(AWKWARD_LENGTHS, seed=20)
     for backend in ("auto", "reference"):
         torch.library.opcheck(torch.ops.pcops.sparse_softmax, (values, crow, backend))
-        torch.library.opcheck(torch.ops.pcops.sparse_softmax, (values.clamp_min(-30).double().requires_grad_(), crow,
-                                                               backend))
-        torch.library.opcheck(torch.ops.pcops.sparse_softmax_backward, (torch.randn_like(values), values.softmax(0),
-                                                                        crow, backend))
+        torch.library.opcheck(
+            torch.ops.pcops.sparse_softmax, (values.clamp_min(-30).double().requires_grad_(), crow, backend)
+        )
+        torch.library.opcheck(
+            torch.ops.pcops.sparse_softmax_backward, (torch.randn_like(values), values.softmax(0), crow, backend)
+        )
 
 
 def test_torch_compile_fullgraph():
@@ -90,16 +101,19 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(a.grad, e.grad)
 
 
-@pytest.mark.parametrize("values,crow,exc,name", [
-    (torch.zeros(4, dtype=torch.int32), torch.tensor([0, 4]), TypeError, "values"),
-    (torch.zeros(2, 2), torch.tensor([0, 4]), ValueError, "values"),
-    (torch.zeros(4), torch.tensor([0.0, 4.0]), TypeError, "crow_indices"),
-    (torch.zeros(4), torch.tensor([0, 3]), ValueError, "crow_indices"),  # does not end at nnz
-    (torch.zeros(4), torch.tensor([0, 3, 2, 4]), ValueError, "crow_indices"),  # not monotone
-    (torch.zeros(4), torch.tensor([1, 4]), ValueError, "crow_indices"),  # does not start at 0
-    (torch.zeros(4), torch.zeros(0, dtype=torch.int64), ValueError, "crow_indices"),
-    (torch.zeros(4), None, TypeError, "crow_indices"),
-])
+@pytest.mark.parametrize(
+    "values,crow,exc,name",
+    [
+        (torch.zeros(4, dtype=torch.int32), torch.tensor([0, 4]), TypeError, "values"),
+        (torch.zeros(2, 2), torch.tensor([0, 4]), ValueError, "values"),
+        (torch.zeros(4), torch.tensor([0.0, 4.0]), TypeError, "crow_indices"),
+        (torch.zeros(4), torch.tensor([0, 3]), ValueError, "crow_indices"),  # does not end at nnz
+        (torch.zeros(4), torch.tensor([0, 3, 2, 4]), ValueError, "crow_indices"),  # not monotone
+        (torch.zeros(4), torch.tensor([1, 4]), ValueError, "crow_indices"),  # does not start at 0
+        (torch.zeros(4), torch.zeros(0, dtype=torch.int64), ValueError, "crow_indices"),
+        (torch.zeros(4), None, TypeError, "crow_indices"),
+    ],
+)
 def test_bad_input_sparse(values, crow, exc, name):
     with pytest.raises(exc, match=name):
         pcops.sparse_softmax(values, crow)
@@ -154,11 +168,13 @@ def test_triton_sparse_softmax_interpreter_chunks():
     rescales its first chunk's exponentials to the final max)."""
     from pcops.triton import sparse_softmax as tri
 
-    rows = [torch.cat([torch.full((8,), -math.inf), torch.randn(5, generator=generator(5))]),  # first chunk −inf
-            torch.cat([torch.full((16,), -math.inf), torch.randn(3, generator=generator(6))]),
-            torch.cat([torch.randn(9, generator=generator(7)), torch.tensor([80.0, -3.0])]),  # late max
-            torch.cat([torch.tensor([60.0]), torch.randn(20, generator=generator(8)) - 100]),  # early max
-            torch.full((12,), -math.inf)]
+    rows = [
+        torch.cat([torch.full((8,), -math.inf), torch.randn(5, generator=generator(5))]),  # first chunk −inf
+        torch.cat([torch.full((16,), -math.inf), torch.randn(3, generator=generator(6))]),
+        torch.cat([torch.randn(9, generator=generator(7)), torch.tensor([80.0, -3.0])]),  # late max
+        torch.cat([torch.tensor([60.0]), torch.randn(20, generator=generator(8)) - 100]),  # early max
+        torch.full((12,), -math.inf),
+    ]
     values = torch.cat(rows)
     crow = torch.tensor([0] + [len(r) for r in rows]).cumsum(0)
     y = tri.sparse_softmax(values, crow, sub=4, vpt=2)
@@ -231,16 +247,20 @@ def test_gpu_sparse_softmax(backend, dtype, index_dtype):
     torch.testing.assert_close(y.cpu(), expected, **TOL[dtype])
     gy = torch.randn(values.shape, generator=g).to(dtype)
     y.backward(gy.cuda())
-    torch.testing.assert_close(vc.grad.cpu(), ref.sparse_softmax_backward(gy, y.detach().cpu(), crow), **GRAD_TOL[dtype])
+    torch.testing.assert_close(
+        vc.grad.cpu(), ref.sparse_softmax_backward(gy, y.detach().cpu(), crow), **GRAD_TOL[dtype]
+    )
 
 
 # every CUDA C++ group shape and every Triton group shape (fixed configs) in float32 / int64;
 # the Q1 shape also in bfloat16 / int32
 F32, BF16 = (torch.float32, torch.int64), (torch.bfloat16, torch.int32)
-SOFTMAX_GPU_CASES = ([("cuda", dict(variant=v), F32) for v in ("g32x4", "g4x8", "g8x8", "g16x8")]
-                     + [("cuda", dict(variant="g8x8"), BF16)]
-                     + [("triton", dict(sub=s, vpt=v, num_warps=4), F32) for s, v in ((4, 8), (8, 8), (16, 8), (32, 4))]
-                     + [("triton", dict(sub=8, vpt=8, num_warps=4), BF16)])
+SOFTMAX_GPU_CASES = (
+    [("cuda", dict(variant=v), F32) for v in ("g32x4", "g4x8", "g8x8", "g16x8")]
+    + [("cuda", dict(variant="g8x8"), BF16)]
+    + [("triton", dict(sub=s, vpt=v, num_warps=4), F32) for s, v in ((4, 8), (8, 8), (16, 8), (32, 4))]
+    + [("triton", dict(sub=8, vpt=8, num_warps=4), BF16)]
+)
 
 
 @pytest.mark.parametrize("backend,config,types", SOFTMAX_GPU_CASES)
@@ -256,8 +276,11 @@ def test_gpu_softmax_groups(backend, config, types):
 
     dtype, index_dtype = types
     g = generator(36)
-    lengths = (AWKWARD_LENGTHS + [31, 32, 33, 63, 64, 65, 127, 128, 129, 257, 1000, 0, 5000]
-               + torch.randint(0, 70, (2000,), generator=g).tolist())
+    lengths = (
+        AWKWARD_LENGTHS
+        + [31, 32, 33, 63, 64, 65, 127, 128, 129, 257, 1000, 0, 5000]
+        + torch.randint(0, 70, (2000,), generator=g).tolist()
+    )
     values, crow = make_csr(lengths, seed=37, dtype=dtype, index_dtype=index_dtype, neg_inf_rows=(6, 12))
     vc, cc = values.cuda(), crow.cuda()
     y = impl.sparse_softmax(vc, cc, **config)
@@ -335,13 +358,14 @@ def test_gpu_autotuned_paths():
         out = pcops.sparse_softmax(vc, crow.cuda(), backend=backend)
         out.backward(gy.cuda())
         torch.testing.assert_close(out.detach().cpu(), ref.sparse_softmax(values, crow), **TOL[torch.float32])
-        torch.testing.assert_close(vc.grad.cpu(), ref.sparse_softmax_backward(gy, out.detach().cpu(), crow),
-                                   **GRAD_TOL[torch.float32])
+        torch.testing.assert_close(
+            vc.grad.cpu(), ref.sparse_softmax_backward(gy, out.detach().cpu(), crow), **GRAD_TOL[torch.float32]
+        )
 
 
 # --- the kernels compile for sm_90 (no GPU needed) ------------------------------------------
 
-_AOT_SCRIPT = r'''
+_AOT_SCRIPT = r"""
 import re
 import triton
 from triton.backends.compiler import GPUTarget
@@ -363,7 +387,7 @@ for fn in (f._sparse_softmax_grouped_kernel, f._sparse_softmax_grouped_bwd_kerne
             print(fn.__name__, sub, warps, "tpw=" + "|".join(t.replace(" ", "") for t in tpw),
                   "convert=%d" % ttgir.count("ttg.convert_layout"))
 print("compiled")
-'''
+"""
 
 
 def test_grouped_softmax_layout_for_sm90():

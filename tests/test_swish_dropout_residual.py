@@ -4,6 +4,7 @@ Oracles: ``F.silu`` plus the residual, autograd through it and float64 ``gradche
 masks regenerated with ``pcops.triton._fused_common.dropout_keep_mask`` (the kernels' Philox
 stream) and given to the reference; keep statistics within 3σ.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,9 @@ def test_swish_gradcheck_and_statistics():
     g = generator(14)
     x = torch.randn(2, 9, dtype=torch.float64, generator=g).requires_grad_(True)
     r = torch.randn(2, 9, dtype=torch.float64, generator=g).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x, r: pcops.fused_swish_dropout_residual(x, r, 0.25, generator=generator(1)), (x, r))
+    assert torch.autograd.gradcheck(
+        lambda x, r: pcops.fused_swish_dropout_residual(x, r, 0.25, generator=generator(1)), (x, r)
+    )
     big = torch.rand(20000, generator=g) + 0.5  # swish(x) > 0: dropped ⇔ output == residual (0)
     y = pcops.fused_swish_dropout_residual(big, torch.zeros_like(big), 0.3, generator=generator(2))
     check_dropout_stats(y != 0, 0.3)
@@ -66,17 +69,20 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(a.grad, e.grad)
 
 
-@pytest.mark.parametrize("call,exc,name", [
-    (lambda x: pcops.fused_swish_dropout_residual(x, x.double(), 0.1), TypeError, "residual"),
-    (lambda x: pcops.fused_swish_dropout_residual(x, x[:1], 0.1), ValueError, "residual"),
-    (lambda x: pcops.fused_swish_dropout_residual(x, x, 1.5), ValueError, "dropout_p"),
-    (lambda x: pcops.fused_swish_dropout_residual(x.long(), x.long(), 0.1), TypeError, "x"),
-    (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, training=1), TypeError, "training"),
-    (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, True, 3), TypeError, "generator"),
-    (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, backend="cuda"), ValueError, "backend.*no 'cuda'"),
-    (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, backend="triton"), ValueError, "backend.*CUDA"),
-    (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, backend="torch"), ValueError, "backend"),
-])
+@pytest.mark.parametrize(
+    "call,exc,name",
+    [
+        (lambda x: pcops.fused_swish_dropout_residual(x, x.double(), 0.1), TypeError, "residual"),
+        (lambda x: pcops.fused_swish_dropout_residual(x, x[:1], 0.1), ValueError, "residual"),
+        (lambda x: pcops.fused_swish_dropout_residual(x, x, 1.5), ValueError, "dropout_p"),
+        (lambda x: pcops.fused_swish_dropout_residual(x.long(), x.long(), 0.1), TypeError, "x"),
+        (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, training=1), TypeError, "training"),
+        (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, True, 3), TypeError, "generator"),
+        (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, backend="cuda"), ValueError, "backend.*no 'cuda'"),
+        (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, backend="triton"), ValueError, "backend.*CUDA"),
+        (lambda x: pcops.fused_swish_dropout_residual(x, x, 0.1, backend="torch"), ValueError, "backend"),
+    ],
+)
 def test_bad_input(call, exc, name):
     x = torch.randn(3, 8, generator=generator(23))
     with pytest.raises(exc, match=name):
@@ -156,7 +162,7 @@ def test_gpu_opcheck():
             torch.library.opcheck(torch.ops.pcops.swish_dropout_residual, (x, torch.randn_like(x), p, s, backend))
 
 
-_AOT_SCRIPT = r'''
+_AOT_SCRIPT = r"""
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
@@ -177,7 +183,7 @@ for drop in (False, True):
     comp(f._swish_dropout_bwd_kernel, ew, dict(HAS_DROPOUT=drop, BLOCK=1024))
 comp(c._dropout_keep_kernel, ew, dict(BLOCK=1024))
 print("compiled")
-'''
+"""
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

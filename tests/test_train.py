@@ -1,4 +1,5 @@
 """PointPillars training: box coder, target assignment, losses, data, evaluator, training steps, weights."""
+
 from __future__ import annotations
 
 import json
@@ -170,8 +171,11 @@ def test_pointpillars_loss_direct_formula():
     h, w = CFG.feature_map_hw
     anchors = box_coder.generate_anchors(CFG).view(-1, 7)
     n = anchors.shape[0]
-    preds = DenseOutputs(torch.randn(1, h, w, 18, generator=gen), 0.1 * torch.randn(1, h, w, 42, generator=gen),
-                         torch.randn(1, h, w, 12, generator=gen))
+    preds = DenseOutputs(
+        torch.randn(1, h, w, 18, generator=gen),
+        0.1 * torch.randn(1, h, w, 42, generator=gen),
+        torch.randn(1, h, w, 12, generator=gen),
+    )
     boxes, labels = _random_boxes(gen, 6)
     t = assign_targets(CFG, anchors, boxes.unsqueeze(0), labels.unsqueeze(0))
     got = pointpillars_loss(CFG, preds, t, anchors)
@@ -195,7 +199,9 @@ def test_pointpillars_loss_direct_formula():
 
 # --- evaluator ---------------------------------------------------------------------------------
 
-GT = torch.tensor([[10.0, 2, -1, 3.9, 1.6, 1.5, 0.3], [20, -5, -1, 0.8, 0.6, 1.7, 1.0], [35, 5, -1, 1.7, 0.6, 1.7, -2.0]])
+GT = torch.tensor(
+    [[10.0, 2, -1, 3.9, 1.6, 1.5, 0.3], [20, -5, -1, 0.8, 0.6, 1.7, 1.0], [35, 5, -1, 1.7, 0.6, 1.7, -2.0]]
+)
 NAMES = ["Car", "Pedestrian", "Cyclist"]
 
 
@@ -235,7 +241,9 @@ def test_evaluator_iou_threshold_edges():
 
 def test_evaluator_ignores_few_points_neighbours_and_out_of_range():
     # a car with 3 points and a van: detections on them are neither TP nor FP
-    gt = torch.cat([GT[:1], GT[:1] + torch.tensor([0.0, 10, 0, 0, 0, 0, 0]), GT[:1] + torch.tensor([0.0, -10, 0, 0, 0, 0, 0])])
+    gt = torch.cat(
+        [GT[:1], GT[:1] + torch.tensor([0.0, 10, 0, 0, 0, 0, 0]), GT[:1] + torch.tensor([0.0, -10, 0, 0, 0, 0, 0])]
+    )
     r = evaluate([_scene(gt.clone(), [0.9, 0.8, 0.7], ["Car"] * 3, gt, ["Car", "Car", "Van"], pts=[100, 3, 50])])
     assert r["Car"]["3d"] == 100.0 and r["Car"]["num_gt"] == 1
     behind = GT[:1] * torch.tensor([-1.0, 1, 1, 1, 1, 1, 1])
@@ -268,7 +276,9 @@ def test_generated_split_layout_and_labels(tiny_split):
     meta = json.loads((tiny_split / "pcops_sim.json").read_text())
     assert meta["n_train"] == 3 and meta["n_val"] == 2
     assert (tiny_split / "ImageSets" / "val.txt").read_text().split() == ["000003", "000004"]
-    boxes, names = read_kitti_label(tiny_split / "training/label_2/000000.txt", tiny_split / "training/calib/000000.txt")
+    boxes, names = read_kitti_label(
+        tiny_split / "training/label_2/000000.txt", tiny_split / "training/calib/000000.txt"
+    )
     scan = simulate_scan(TRAIN_SEED_BASE)
     assert names == scan.names
     d = boxes - scan.boxes
@@ -284,7 +294,9 @@ def test_dataset_augmentation_and_batch(tiny_split):
 
     ds = KittiDataset(tiny_split, "train", CFG, augment=True, seed=0)
     a, b = ds[(0, 0)], ds[(0, 0)]
-    assert torch.equal(a["points"], b["points"]) and torch.equal(a["aug"], b["aug"]), "deterministic per (seed, epoch, index)"
+    assert torch.equal(a["points"], b["points"]) and torch.equal(a["aug"], b["aug"]), (
+        "deterministic per (seed, epoch, index)"
+    )
     assert not torch.equal(ds[(0, 1)]["aug"], a["aug"]), "a new epoch draws new augmentations"
     assert len(a["sampled"]) > 0, "ground-truth sampling pastes objects"
     batch = collate([ds[(0, 0)], ds[(1, 0)]])
@@ -320,8 +332,10 @@ def test_dataset_bad_folders(tiny_split, tmp_path):
         KittiDataset(bad, "train")
     # unknown classes are kept as ignore boxes, NaN points are dropped and counted
     lab = bad / "training/label_2/000000.txt"
-    lab.write_text(lab.read_text() + "Van 0.00 0 0.0 0 0 0 0 2.0 1.9 5.0 1.0 1.7 20.0 0.0\n"
-                   "DontCare -1 -1 -10 0 0 0 0 -1 -1 -1 -1000 -1000 -1000 -10\n")
+    lab.write_text(
+        lab.read_text() + "Van 0.00 0 0.0 0 0 0 0 2.0 1.9 5.0 1.0 1.7 20.0 0.0\n"
+        "DontCare -1 -1 -10 0 0 0 0 -1 -1 -1 -1000 -1000 -1000 -10\n"
+    )
     pts = np.fromfile(bad / "training/velodyne/000000.bin", dtype=np.float32).reshape(-1, 4)
     pts[:7, 0] = np.nan
     pts.tofile(bad / "training/velodyne/000000.bin")
@@ -351,8 +365,17 @@ def test_cpu_training_steps_decrease_loss_and_resume_exactly(tiny_split, tmp_pat
     losses = [float(train_step(model, batch, opt, sched, cfg, step=0).total) for _ in range(3)]
     assert losses[-1] < losses[0], losses
     # resume: train 1 epoch and save, then the next step's loss from the checkpoint equals the straight run's
-    base = dict(data=str(tiny_split), device="cpu", batch_size=1, workers=0, epochs=2, eval_split=None,
-                progress=False, log_every=1, precise_bn_batches=0)
+    base = dict(
+        data=str(tiny_split),
+        device="cpu",
+        batch_size=1,
+        workers=0,
+        epochs=2,
+        eval_split=None,
+        progress=False,
+        log_every=1,
+        precise_bn_batches=0,
+    )
     torch.manual_seed(0)
     straight = train(TrainConfig(out=str(tmp_path / "a"), **base), PointPillars())
     ck = tmp_path / "b"
@@ -377,8 +400,14 @@ def test_pretrained_weights_load_and_detect():
     assert n > 0
     # the detections overlap the labelled cars in the range
     r = CFG.point_cloud_range
-    cars = [i for i, nm in enumerate(scan.names) if nm == "Car" and scan.num_points_in_box[i] >= 50
-            and r[0] <= scan.boxes[i, 0] < r[3] and r[1] <= scan.boxes[i, 1] < r[4]]
+    cars = [
+        i
+        for i, nm in enumerate(scan.names)
+        if nm == "Car"
+        and scan.num_points_in_box[i] >= 50
+        and r[0] <= scan.boxes[i, 0] < r[3]
+        and r[1] <= scan.boxes[i, 1] < r[4]
+    ]
     import pcops
 
     iou = pcops.boxes_iou_bev(scan.boxes[cars], det.boxes[0, :n])
@@ -416,8 +445,19 @@ def test_overfit_two_scans(tiny_split, tmp_path, device):
     shutil.copytree(tiny_split, root)
     (root / "ImageSets" / "train.txt").write_text("000000\n000001\n")
     (root / "ImageSets" / "val.txt").write_text("000000\n000001\n")
-    cfg = TrainConfig(data=str(root), out=str(tmp_path / "run"), epochs=OVERFIT_STEPS, batch_size=2, workers=0,
-                      lr=0.003, eval_split=None, progress=False, log_every=10, augment=False, device=device)
+    cfg = TrainConfig(
+        data=str(root),
+        out=str(tmp_path / "run"),
+        epochs=OVERFIT_STEPS,
+        batch_size=2,
+        workers=0,
+        lr=0.003,
+        eval_split=None,
+        progress=False,
+        log_every=10,
+        augment=False,
+        device=device,
+    )
     model = PointPillars(config=SMALL)
     rec = train(cfg, model)
     assert rec["history"][-1]["total"] < 0.25 * rec["history"][0]["total"], rec["history"]

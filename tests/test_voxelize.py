@@ -1,5 +1,6 @@
 """pcops.voxelize / dynamic_voxelize / voxel_reduce: FCFS oracle, reference vs Triton (interpreter, GPU),
 caps, batches, dtypes, registration, bad input."""
+
 import dataclasses
 
 import numpy as np
@@ -10,10 +11,15 @@ import pcops
 from pcops.reference import voxelize as ref
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
-V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
-          max_points_per_voxel=32, max_voxels=40000)
-V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1),
-          max_points_per_voxel=5, max_voxels=40000)
+V1 = dict(
+    voxel_size=(0.16, 0.16, 4.0),
+    point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
+    max_points_per_voxel=32,
+    max_voxels=40000,
+)
+V3 = dict(
+    voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5, max_voxels=40000
+)
 SMALL = dict(voxel_size=(0.7, 0.9, 0.6), point_cloud_range=(0, 0, 0, 4, 4.5, 1.8))
 
 
@@ -66,7 +72,9 @@ def oracle(points, voxel_size, point_cloud_range, max_points_per_voxel=None, max
 
 
 def assert_matches_oracle(out, points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths=None):
-    members, coords, p2v, nvox, ndp, ndv = oracle(points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths)
+    members, coords, p2v, nvox, ndp, ndv = oracle(
+        points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths
+    )
     m = len(members)
     assert out.voxels.shape[0] == m and out.voxels.dtype == points.dtype
     assert torch.equal(out.coords, coords)
@@ -109,7 +117,9 @@ def assert_same(a, b):
 # --- reference vs the sequential oracle ------------------------------------------------------
 
 
-@pytest.mark.parametrize("n,p,v", [(0, 3, 5), (1, 2, 3), (13, 1, 2), (97, 3, 7), (509, 1, 1000), (1009, 32, 40000), (1009, 4, 11)])
+@pytest.mark.parametrize(
+    "n,p,v", [(0, 3, 5), (1, 2, 3), (13, 1, 2), (97, 3, 7), (509, 1, 1000), (1009, 32, 40000), (1009, 4, 11)]
+)
 def test_reference_matches_oracle(n, p, v):
     pts = random_cloud(n, seed=n)
     out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], p, v)
@@ -129,16 +139,18 @@ def test_reference_batched_matches_oracle(lengths):
 def test_batched_equals_per_sample():
     lengths = [400, 0, 123, 350]
     pts = random_cloud(sum(lengths), seed=5)
-    out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 9, lengths=torch.tensor(lengths, dtype=torch.int32))
+    out = pcops.voxelize(
+        pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 9, lengths=torch.tensor(lengths, dtype=torch.int32)
+    )
     row = start = 0
     for b, length in enumerate(lengths):
-        one = pcops.voxelize(pts[start:start + length], SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 9)
+        one = pcops.voxelize(pts[start : start + length], SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 9)
         m = one.voxels.shape[0]
-        assert torch.equal(out.voxels[row:row + m], one.voxels)
-        assert torch.equal(out.coords[row:row + m, 1:], one.coords[:, 1:])
-        assert (out.coords[row:row + m, 0] == b).all()
-        assert torch.equal(out.num_points[row:row + m], one.num_points)
-        p2v = out.point_to_voxel[start:start + length]
+        assert torch.equal(out.voxels[row : row + m], one.voxels)
+        assert torch.equal(out.coords[row : row + m, 1:], one.coords[:, 1:])
+        assert (out.coords[row : row + m, 0] == b).all()
+        assert torch.equal(out.num_points[row : row + m], one.num_points)
+        p2v = out.point_to_voxel[start : start + length]
         assert torch.equal(p2v, torch.where(one.point_to_voxel >= 0, one.point_to_voxel + row, -1))
         assert out.num_voxels[b] == one.num_voxels[0] and out.num_dropped_points[b] == one.num_dropped_points[0]
         assert out.num_dropped_voxels[b] == one.num_dropped_voxels[0]
@@ -170,7 +182,7 @@ def test_caps_and_pad_to_max():
     d = pcops.dynamic_voxelize(pts, *args, lengths=lt, pad_to_max=True)
     dv = pcops.dynamic_voxelize(pts, *args, lengths=lt)
     assert d.coords.shape == (600, 4) and torch.equal(d.coords[: dv.coords.shape[0]], dv.coords)
-    assert (d.coords[dv.coords.shape[0]:] == -1).all() and torch.equal(d.point_to_voxel, dv.point_to_voxel)
+    assert (d.coords[dv.coords.shape[0] :] == -1).all() and torch.equal(d.point_to_voxel, dv.point_to_voxel)
 
 
 def test_empty_and_all_out_of_range():
@@ -186,8 +198,17 @@ def test_empty_and_all_out_of_range():
 
 def test_boundaries_nan_inf():
     # exactly on range_min is in, exactly on range_max is out; NaN/inf out
-    pts = torch.tensor([[0.0, 0.0, 0.0], [4.0, 1.0, 1.0], [3.99, 4.49, 1.79], [float("nan"), 1, 1],
-                        [1, float("inf"), 1], [1, 1, float("-inf")], [-1e-7, 1, 1]])
+    pts = torch.tensor(
+        [
+            [0.0, 0.0, 0.0],
+            [4.0, 1.0, 1.0],
+            [3.99, 4.49, 1.79],
+            [float("nan"), 1, 1],
+            [1, float("inf"), 1],
+            [1, 1, float("-inf")],
+            [-1e-7, 1, 1],
+        ]
+    )
     out = pcops.voxelize(pts, SMALL["voxel_size"], SMALL["point_cloud_range"], 2, 10)
     assert out.point_to_voxel.tolist() == [0, -1, 1, -1, -1, -1, -1]
     assert out.coords.tolist() == [[0, 0, 0, 0], [0, 2, 4, 5]]
@@ -211,9 +232,14 @@ def test_dynamic_matches_oracle():
 def test_kitti_reference_matches_oracle(kitti_dir, frame, cfg):
     pts = kitti_scan(kitti_dir, frame)
     out = pcops.voxelize(pts, **cfg)
-    assert_matches_oracle(out, pts, cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"], cfg["max_voxels"])
-    two = pcops.voxelize(torch.cat([pts, kitti_scan(kitti_dir, "000000")]), **{**cfg, "max_voxels": 3000},
-                         lengths=torch.tensor([pts.shape[0], kitti_scan(kitti_dir, "000000").shape[0]]))
+    assert_matches_oracle(
+        out, pts, cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"], cfg["max_voxels"]
+    )
+    two = pcops.voxelize(
+        torch.cat([pts, kitti_scan(kitti_dir, "000000")]),
+        **{**cfg, "max_voxels": 3000},
+        lengths=torch.tensor([pts.shape[0], kitti_scan(kitti_dir, "000000").shape[0]]),
+    )
     assert two.num_voxels.tolist() == [3000, 3000] and two.num_dropped_voxels.min() > 0
 
 
@@ -302,36 +328,44 @@ def test_torch_compile_fullgraph_dynamic_m():
 
 
 def _bad(**kw):
-    args = dict(points=torch.zeros(5, 4), voxel_size=(0.1, 0.1, 0.1), point_cloud_range=(0, 0, 0, 1, 1, 1),
-                max_points_per_voxel=4, max_voxels=10)
+    args = dict(
+        points=torch.zeros(5, 4),
+        voxel_size=(0.1, 0.1, 0.1),
+        point_cloud_range=(0, 0, 0, 1, 1, 1),
+        max_points_per_voxel=4,
+        max_voxels=10,
+    )
     args.update(kw)
     return args
 
 
-@pytest.mark.parametrize("bad,exc,name", [
-    (_bad(points=torch.zeros(5, 2)), ValueError, "points"),
-    (_bad(points=torch.zeros(5, 4, dtype=torch.int32)), TypeError, "points"),
-    (_bad(points=[[0.0, 0.0, 0.0]]), TypeError, "points"),
-    (_bad(voxel_size=(0.1, 0.0, 0.1)), ValueError, "voxel_size"),
-    (_bad(voxel_size=(0.1, -1, 0.1)), ValueError, "voxel_size"),
-    (_bad(voxel_size=(0.1, 0.1)), ValueError, "voxel_size"),
-    (_bad(point_cloud_range=(0, 0, 1, 1, 1, 1)), ValueError, "point_cloud_range"),
-    (_bad(point_cloud_range=(0, 2, 0, 1, 1, 1)), ValueError, "point_cloud_range"),
-    (_bad(point_cloud_range=(0, 0, 0, 1, 1)), ValueError, "point_cloud_range"),
-    (_bad(max_points_per_voxel=0), ValueError, "max_points_per_voxel"),
-    (_bad(max_voxels=0), ValueError, "max_voxels"),
-    (_bad(max_voxels=2.0), TypeError, "max_voxels"),
-    (_bad(lengths=torch.tensor([2, 2])), ValueError, "lengths"),
-    (_bad(lengths=torch.tensor([2.0, 3.0])), TypeError, "lengths"),
-    (_bad(lengths=torch.tensor([6, -1])), ValueError, "lengths"),
-    (_bad(lengths=torch.tensor([[5]])), ValueError, "lengths"),
-    (_bad(lengths=torch.zeros(0, dtype=torch.int64)), ValueError, "lengths"),
-    (_bad(pad_to_max=1), TypeError, "pad_to_max"),
-    (_bad(backend="cuda"), ValueError, "backend.*no 'cuda'"),  # no CUDA C++ voxelizer
-    (_bad(backend="triton"), ValueError, "backend.*CUDA"),  # CPU points: no silent fallback
-    (_bad(backend="fast"), ValueError, "backend"),
-    (_bad(mode="list"), ValueError, "mode"),
-])
+@pytest.mark.parametrize(
+    "bad,exc,name",
+    [
+        (_bad(points=torch.zeros(5, 2)), ValueError, "points"),
+        (_bad(points=torch.zeros(5, 4, dtype=torch.int32)), TypeError, "points"),
+        (_bad(points=[[0.0, 0.0, 0.0]]), TypeError, "points"),
+        (_bad(voxel_size=(0.1, 0.0, 0.1)), ValueError, "voxel_size"),
+        (_bad(voxel_size=(0.1, -1, 0.1)), ValueError, "voxel_size"),
+        (_bad(voxel_size=(0.1, 0.1)), ValueError, "voxel_size"),
+        (_bad(point_cloud_range=(0, 0, 1, 1, 1, 1)), ValueError, "point_cloud_range"),
+        (_bad(point_cloud_range=(0, 2, 0, 1, 1, 1)), ValueError, "point_cloud_range"),
+        (_bad(point_cloud_range=(0, 0, 0, 1, 1)), ValueError, "point_cloud_range"),
+        (_bad(max_points_per_voxel=0), ValueError, "max_points_per_voxel"),
+        (_bad(max_voxels=0), ValueError, "max_voxels"),
+        (_bad(max_voxels=2.0), TypeError, "max_voxels"),
+        (_bad(lengths=torch.tensor([2, 2])), ValueError, "lengths"),
+        (_bad(lengths=torch.tensor([2.0, 3.0])), TypeError, "lengths"),
+        (_bad(lengths=torch.tensor([6, -1])), ValueError, "lengths"),
+        (_bad(lengths=torch.tensor([[5]])), ValueError, "lengths"),
+        (_bad(lengths=torch.zeros(0, dtype=torch.int64)), ValueError, "lengths"),
+        (_bad(pad_to_max=1), TypeError, "pad_to_max"),
+        (_bad(backend="cuda"), ValueError, "backend.*no 'cuda'"),  # no CUDA C++ voxelizer
+        (_bad(backend="triton"), ValueError, "backend.*CUDA"),  # CPU points: no silent fallback
+        (_bad(backend="fast"), ValueError, "backend"),
+        (_bad(mode="list"), ValueError, "mode"),
+    ],
+)
 def test_bad_input(bad, exc, name):
     with pytest.raises(exc, match=name):
         pcops.voxelize(**bad)
@@ -348,8 +382,10 @@ def test_backends_and_modes_cpu():
     d = pcops.dynamic_voxelize(pts, *args[:2])
     assert_same(pcops.dynamic_voxelize(pts, *args[:2], backend="reference"), d)
     feats = torch.randn(300, 3, generator=generator(1))
-    torch.testing.assert_close(pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0], backend="reference"),
-                               pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0]))
+    torch.testing.assert_close(
+        pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0], backend="reference"),
+        pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0]),
+    )
     for backend in ("triton", "cuda"):
         with pytest.raises(ValueError, match="backend"):
             pcops.voxel_reduce(feats, d.point_to_voxel, d.coords.shape[0], backend=backend)
@@ -408,10 +444,17 @@ def small_blocks():
     return Launchers(tri.Tuning(hard_main=((32, 4), (32, 4)), dynamic_main=((32, 4), (32, 4)), lookback=2))
 
 
-@pytest.mark.parametrize("n,p,v,lengths", [
-    (1, 2, 3, None), (37, 1, 4, None), (211, 3, 9, None), (223, 2, 40, [100, 0, 23, 100]), (64, 5, 2, [0, 64]),
-    (200, 2, 3, [10, 0] * 10),  # more than 16 samples: the per-sample loop instead of one vector
-])
+@pytest.mark.parametrize(
+    "n,p,v,lengths",
+    [
+        (1, 2, 3, None),
+        (37, 1, 4, None),
+        (211, 3, 9, None),
+        (223, 2, 40, [100, 0, 23, 100]),
+        (64, 5, 2, [0, 64]),
+        (200, 2, 3, [10, 0] * 10),  # more than 16 samples: the per-sample loop instead of one vector
+    ],
+)
 @pytest.mark.parametrize("pad,inclusive", [(False, True), (True, True), (False, False)])
 @interpret
 def test_triton_interpreter(small_blocks, n, p, v, lengths, pad, inclusive):
@@ -436,10 +479,14 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
     for pts in (torch.zeros(0, 4), far):
         for lengths in (None, torch.tensor([pts.shape[0], 0])):
             for pad in (False, True):
-                assert_same(pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, 3, 5, pad)),
-                            pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, 3, 5, pad)))
-                assert_same(pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
-                            pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
+                assert_same(
+                    pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, 3, 5, pad)),
+                    pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, 3, 5, pad)),
+                )
+                assert_same(
+                    pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
+                    pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
+                )
 
 
 RANK_MODES = {  # mode and Tuning test hooks
@@ -495,10 +542,14 @@ def test_triton_interpreter_big_cloud_config(small_blocks):
     vs, pcr = (1.0, 1.0, 1.0), SMALL["point_cloud_range"]
     for lengths in (None, torch.tensor([100, 130])):
         for pad in (False, True):
-            assert_same(pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, 4, 6, pad)),
-                        pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, 4, 6, pad)))
-            assert_same(pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
-                        pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)))
+            assert_same(
+                pcops.Voxels(*tri.voxelize(pts, lengths, vs, pcr, 4, 6, pad)),
+                pcops.Voxels(*ref.voxelize(pts, lengths, vs, pcr, 4, 6, pad)),
+            )
+            assert_same(
+                pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
+                pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
+            )
 
 
 def test_mode_auto_threshold():
@@ -523,10 +574,14 @@ def test_triton_interpreter_low_precision_and_default_blocks(dtype):
 
     pts = random_cloud(300, seed=11, channels=5, dtype=dtype)
     vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
-    assert_same(pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 4, 25, False)),
-                pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 4, 25, False)))
-    assert_same(pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 4, 25, False, "lists")),
-                pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 4, 25, False)))
+    assert_same(
+        pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 4, 25, False)),
+        pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 4, 25, False)),
+    )
+    assert_same(
+        pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 4, 25, False, "lists")),
+        pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 4, 25, False)),
+    )
 
 
 @interpret
@@ -534,8 +589,10 @@ def test_triton_interpreter_kitti_subset(kitti_dir, small_blocks):
     tri = small_blocks
     pts = kitti_scan(kitti_dir)[::400].contiguous()  # ~300 points spread over the scan
     vs, pcr = (1.6, 1.6, 4.0), V1["point_cloud_range"]
-    assert_same(pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 2, 50, False)),
-                pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 2, 50, False)))
+    assert_same(
+        pcops.Voxels(*tri.voxelize(pts, None, vs, pcr, 2, 50, False)),
+        pcops.Voxels(*ref.voxelize(pts, None, vs, pcr, 2, 50, False)),
+    )
 
 
 # --- the GPU path -------------------------------------------------------------------------------
@@ -558,21 +615,40 @@ def _gpu_case(pts, cfg, lengths=None, pad=False, reference_backend=False, mode="
     if reference_backend:
         assert_same(pcops.voxelize(pts.cuda(), **cfg, lengths=lc, pad_to_max=pad, backend="reference"), expected)
     assert_same(run(), out)  # run to run
-    d = pcops.dynamic_voxelize(pts.cuda(), cfg["voxel_size"], cfg["point_cloud_range"],
-                               None if lengths is None else lengths.cuda(), pad_to_max=pad)
+    d = pcops.dynamic_voxelize(
+        pts.cuda(),
+        cfg["voxel_size"],
+        cfg["point_cloud_range"],
+        None if lengths is None else lengths.cuda(),
+        pad_to_max=pad,
+    )
     assert_same(d, pcops.dynamic_voxelize(pts, cfg["voxel_size"], cfg["point_cloud_range"], lengths, pad_to_max=pad))
 
 
-@pytest.mark.parametrize("n,dtype", [(0, torch.float32), (1, torch.float32), (7, torch.float32), (1009, torch.float32),
-                                     (65537, torch.float32), (1009, torch.float16), (65537, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "n,dtype",
+    [
+        (0, torch.float32),
+        (1, torch.float32),
+        (7, torch.float32),
+        (1009, torch.float32),
+        (65537, torch.float32),
+        (1009, torch.float16),
+        (65537, torch.bfloat16),
+    ],
+)
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_random(n, dtype):
     # (fp16/bf16 only at two sizes: every dtype, cap and size class is another compilation)
     pts = random_cloud(n, seed=n, dtype=dtype)
     for p, v in ((1, 3), (3, 20), (32, 40000)):
-        cfg = dict(voxel_size=(0.11, 0.13, 0.3), point_cloud_range=SMALL["point_cloud_range"],
-                   max_points_per_voxel=p, max_voxels=v)
+        cfg = dict(
+            voxel_size=(0.11, 0.13, 0.3),
+            point_cloud_range=SMALL["point_cloud_range"],
+            max_points_per_voxel=p,
+            max_voxels=v,
+        )
         _gpu_case(pts, cfg)
         _gpu_case(pts, cfg, pad=True)
     if n > 10:
@@ -589,8 +665,12 @@ def test_gpu_kitti(kitti_dir):
         _gpu_case(scan, cfg, reference_backend=True)
         _gpu_case(scan, cfg, pad=True)
     g = torch.Generator().manual_seed(0)
-    big = torch.cat([scan + torch.cat([torch.randn(scan.shape[0], 3, generator=g) * 0.05, torch.zeros(scan.shape[0], 1)], 1)
-                     for _ in range(10)])
+    big = torch.cat(
+        [
+            scan + torch.cat([torch.randn(scan.shape[0], 3, generator=g) * 0.05, torch.zeros(scan.shape[0], 1)], 1)
+            for _ in range(10)
+        ]
+    )
     _gpu_case(big, V1)
     two = torch.cat([scan, kitti_scan(kitti_dir, "000000")])
     lengths = torch.tensor([scan.shape[0], two.shape[0] - scan.shape[0]])
@@ -603,10 +683,19 @@ def _race_cases(**kw):
     grid = dict(point_cloud_range=SMALL["point_cloud_range"], max_voxels=100)
     _gpu_case(dense, dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=32), **kw)
     sparse = random_cloud(50021, seed=4)
-    _gpu_case(sparse, dict(grid, voxel_size=(0.05, 0.05, 0.3), max_points_per_voxel=5, max_voxels=40000),
-              torch.tensor([20000, 30021]), pad=True, **kw)
-    _gpu_case(torch.cat([sparse, dense]), dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=5),
-              torch.tensor([50021, 200003]), **kw)
+    _gpu_case(
+        sparse,
+        dict(grid, voxel_size=(0.05, 0.05, 0.3), max_points_per_voxel=5, max_voxels=40000),
+        torch.tensor([20000, 30021]),
+        pad=True,
+        **kw,
+    )
+    _gpu_case(
+        torch.cat([sparse, dense]),
+        dict(grid, voxel_size=(0.5, 0.5, 0.6), max_points_per_voxel=5),
+        torch.tensor([50021, 200003]),
+        **kw,
+    )
 
 
 @pytest.mark.gpu
@@ -656,8 +745,12 @@ def test_gpu_backends_logged(caplog):
     pcops.voxelize(pts, *args, backend="reference")
     pcops.voxelize(pts.double(), *args)  # float64: still the Triton kernels (coordinates compared in float32)
     ran = [r.getMessage() for r in caplog.records if r.name == "pcops" and r.getMessage().startswith("voxelize: ")]
-    assert ran == ["voxelize: _voxelize_kernel + scatter + rows (csr)", "voxelize: _voxelize_kernel + rows (lists)",
-                   "voxelize: reference", "voxelize: _voxelize_kernel + scatter + rows (csr)"], ran
+    assert ran == [
+        "voxelize: _voxelize_kernel + scatter + rows (csr)",
+        "voxelize: _voxelize_kernel + rows (lists)",
+        "voxelize: reference",
+        "voxelize: _voxelize_kernel + scatter + rows (csr)",
+    ], ran
     with pytest.raises(ValueError, match="backend"):
         pcops.voxelize(pts, *args, backend="cuda")
 
@@ -690,8 +783,9 @@ def test_gpu_opcheck_and_reduce():
     for pad in (False, True):
         for backend in ("auto", "triton", "reference"):
             torch.library.opcheck(torch.ops.pcops.voxelize, (pts, None, vs, pcr, 3, 20, pad, backend))
-            torch.library.opcheck(torch.ops.pcops.dynamic_voxelize,
-                                  (pts, torch.tensor([200, 300], device="cuda"), vs, pcr, pad, backend))
+            torch.library.opcheck(
+                torch.ops.pcops.dynamic_voxelize, (pts, torch.tensor([200, 300], device="cuda"), vs, pcr, pad, backend)
+            )
     d = pcops.dynamic_voxelize(pts, vs, pcr)
     m = d.coords.shape[0]
     feats = torch.randn(500, 6, device="cuda", requires_grad=True)

@@ -2,6 +2,7 @@
 reference (commit 9c83535, before the one-thread speed-up of issue #4): every output must stay
 bit-identical (voxels compared as bits, so NaN features count too), on random clouds (caps hit,
 batches, NaN/inf, fp16/bf16/fp64, C = 3..5, pad_to_max) and on the real KITTI scans."""
+
 from typing import Sequence
 
 import numpy as np
@@ -11,10 +12,15 @@ import torch
 from pcops.reference import voxelize as ref
 from _util import generator
 
-V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
-          max_points_per_voxel=32, max_voxels=40000)
-V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1),
-          max_points_per_voxel=5, max_voxels=40000)
+V1 = dict(
+    voxel_size=(0.16, 0.16, 4.0),
+    point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
+    max_points_per_voxel=32,
+    max_voxels=40000,
+)
+V3 = dict(
+    voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5, max_voxels=40000
+)
 
 
 # --- the previous reference, verbatim (sort + prefix count; gather through a slot table) ------
@@ -214,7 +220,11 @@ def dynamic_voxelize(
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]) if t.is_floating_point() else t
+    return (
+        t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+        if t.is_floating_point()
+        else t
+    )
 
 
 def assert_bit_identical(new, old):
@@ -231,9 +241,12 @@ def check(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, 
     for pad in (False, True):
         assert_bit_identical(
             ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad, **kw),
-            voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad))
-        assert_bit_identical(ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad, **kw),
-                             dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad))
+            voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad),
+        )
+        assert_bit_identical(
+            ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad, **kw),
+            dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad),
+        )
     assert torch.equal(_bits(points), _bits(before)), "points were modified"
 
 
@@ -280,8 +293,26 @@ def test_boundary_values_bit_identical(path):
     # on range_min / range_max, -0.0, negative denormals at range_min = 0 with voxels > 1 m (the
     # quotient underflows to -0.0), cell edges and the last cell, NaN / inf
     tiny = torch.finfo(torch.float32).smallest_normal
-    vals = [0.0, -0.0, -1e-45, -tiny, 1e-45, tiny, 2.0, 2.5, 3.0, 4.0 - 1e-6, 4.0, 4.5, 6.0 - 2e-6, 6.0, 1.0,
-            float("nan"), float("inf"), -float("inf")]
+    vals = [
+        0.0,
+        -0.0,
+        -1e-45,
+        -tiny,
+        1e-45,
+        tiny,
+        2.0,
+        2.5,
+        3.0,
+        4.0 - 1e-6,
+        4.0,
+        4.5,
+        6.0 - 2e-6,
+        6.0,
+        1.0,
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+    ]
     v = torch.tensor(vals)
     pts = torch.stack(torch.meshgrid(v, v, v, indexing="ij"), -1).reshape(-1, 3)
     pts = torch.cat([pts, torch.arange(len(pts), dtype=torch.float32)[:, None]], 1)
@@ -312,6 +343,10 @@ def test_kitti_bit_identical(kitti_dir, cfg, path):
     # by default V1 (214k cells) takes the table, V3 (90M cells) the sort
     one, zero = _scan(kitti_dir, "000001"), _scan(kitti_dir, "000000")
     args = (cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"])
-    for pts, lengths in ((one, None), (one.half(), None), (torch.cat([one, zero]), torch.tensor([len(one), len(zero)]))):
+    for pts, lengths in (
+        (one, None),
+        (one.half(), None),
+        (torch.cat([one, zero]), torch.tensor([len(one), len(zero)])),
+    ):
         for max_voxels in (cfg["max_voxels"], 3000):
             check(pts, lengths, *args, max_voxels, path)

@@ -6,6 +6,7 @@ along a Morton curve (``fps_morton_keys32`` / ``fps_morton_keys`` and one stable
 kernels and their design are described in ``csrc/fps.cu``; the measurements that chose them
 (and the variants removed) are in ``benchmarks/NOTES.md``.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -101,7 +102,8 @@ def order(points: torch.Tensor, lengths: torch.Tensor, keys32: bool | None = Non
             raise ValueError(f"keys32: {batch} clouds leave {bits} bits per axis, need {_KEYS32_MIN_BITS}")
         keys = torch.empty(batch * n, dtype=torch.int32, device=device)
         get_kernel("fps.cu", "fps_morton_keys32", device)(
-            (batch,), (1024,), [points, lengths, keys, ctypes.c_int(n), ctypes.c_int(bits)])
+            (batch,), (1024,), [points, lengths, keys, ctypes.c_int(n), ctypes.c_int(bits)]
+        )
     else:
         keys = torch.empty(batch * n, dtype=torch.int64, device=device)
         get_kernel("fps.cu", "fps_morton_keys", device)((batch,), (1024,), [points, lengths, keys, ctypes.c_int(n)])
@@ -143,8 +145,16 @@ def farthest_point_sample(
     kernel = _step_kernel(name, points.device)
     # floats per shared coordinate array: this CTA's share, rounded up to whole 32-point groups
     cap = min(_cdiv(_cdiv(n, cluster), 32) * 32, _SMEM_POINTS)
-    args = [points, order(points, lengths), lengths, start_idx, out, ctypes.c_int(n), ctypes.c_int(num_samples),
-            ctypes.c_int(cap)]
+    args = [
+        points,
+        order(points, lengths),
+        lengths,
+        start_idx,
+        out,
+        ctypes.c_int(n),
+        ctypes.c_int(num_samples),
+        ctypes.c_int(cap),
+    ]
     kernel((cluster, batch), (_THREADS,), args, shared_mem=16 * cap)
     _backend.log_kernel("farthest_point_sample", f"{name} (cluster {cluster}, {_cdiv(n, cluster)} points per CTA)")
     return out

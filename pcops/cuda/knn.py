@@ -6,6 +6,7 @@ Both clouds are Morton-sorted and boxed by csrc/knn.cu's prep kernels (``knn_pre
 power of two ≥ K slots). Larger ``K`` goes to the Triton kernel under ``backend="auto"``. The
 measurements that chose this shape (and the variants removed) are in ``benchmarks/NOTES.md``.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -60,7 +61,12 @@ def supported(query: torch.Tensor, k: int) -> bool:
 
 
 def knn(
-    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int, *,
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_lengths: torch.Tensor,
+    ref_lengths: torch.Tensor,
+    k: int,
+    *,
     group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``pcops.triton.knn.knn`` for ``K ≤ 32``; no host synchronisation.
@@ -104,7 +110,11 @@ def prepare(query, ref, query_lengths, ref_lengths, group: int) -> tuple:
     """The Morton sort of both sides (one for a self-KNN): ``(q_sorted, q_perm, r_sorted, r_perm,
     boxes, superboxes)``. Split from ``search`` so a benchmark can time each part."""
     r_sorted, r_perm, boxes, superboxes = morton_sort(ref, ref_lengths, group)
-    same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query_lengths.data_ptr() == ref_lengths.data_ptr()
+    same = (
+        query.data_ptr() == ref.data_ptr()
+        and query.shape == ref.shape
+        and query_lengths.data_ptr() == ref_lengths.data_ptr()
+    )
     if same:  # self-KNN: one sort serves both sides
         q_sorted, q_perm = r_sorted, r_perm
     else:
@@ -121,21 +131,36 @@ def morton_sort(points: torch.Tensor, lengths: torch.Tensor, group: int = 1):
     chunks = _cdiv(n, per)
     partial = torch.empty((batch, chunks, 6), dtype=torch.float32, device=points.device)
     get_kernel("knn.cu", "knn_prep_bounds", points.device)(
-        (chunks, batch), (threads,), [points, lengths, partial, ctypes.c_int(n), ctypes.c_int(per)])
+        (chunks, batch), (threads,), [points, lengths, partial, ctypes.c_int(n), ctypes.c_int(per)]
+    )
     code = torch.empty((batch, n), dtype=torch.int32, device=points.device)
     per_block = threads * _PREP_CODES_PER_THREAD
     get_kernel("knn.cu", "knn_prep_codes", points.device)(
-        (_cdiv(n, per_block), batch), (threads,),
-        [points, lengths, partial, code, ctypes.c_int(n), ctypes.c_int(chunks), ctypes.c_int(per_block)])
+        (_cdiv(n, per_block), batch),
+        (threads,),
+        [points, lengths, partial, code, ctypes.c_int(n), ctypes.c_int(chunks), ctypes.c_int(per_block)],
+    )
     perm = torch.sort(code, dim=1, stable=True).indices
     num_sb = _cdiv(_cdiv(n, TILE), group)
     ordered = torch.empty_like(points)
     boxes = torch.empty((batch, num_sb * group, 8), dtype=torch.float32, device=points.device)
     superboxes = torch.empty((batch, num_sb, 8), dtype=torch.float32, device=points.device)
     get_kernel("knn.cu", "knn_prep_gather", points.device)(
-        (num_sb, batch), (threads,),
-        [points, perm, lengths, ordered, boxes, superboxes, ctypes.c_int(n), ctypes.c_int(num_sb), ctypes.c_int(group),
-         ctypes.c_int(TILE)])
+        (num_sb, batch),
+        (threads,),
+        [
+            points,
+            perm,
+            lengths,
+            ordered,
+            boxes,
+            superboxes,
+            ctypes.c_int(n),
+            ctypes.c_int(num_sb),
+            ctypes.c_int(group),
+            ctypes.c_int(TILE),
+        ],
+    )
     return ordered, perm, boxes, superboxes
 
 
@@ -148,8 +173,24 @@ def search(prepared: tuple, query_lengths, ref_lengths, dists, idx, k: int, grou
     name = f"knn_netfu_q{TILE}_k{_next_pow2(k)}"
     kernel = get_kernel("knn.cu", name, q_sorted.device)
     kernel(
-        (_cdiv(nq, TILE), batch), (TILE,),
-        [q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, query_lengths, ref_lengths, dists, idx,
-         ctypes.c_int(nq), ctypes.c_int(nr), ctypes.c_int(superboxes.shape[1]), ctypes.c_int(group), ctypes.c_int(k)],
+        (_cdiv(nq, TILE), batch),
+        (TILE,),
+        [
+            q_sorted,
+            q_perm,
+            r_sorted,
+            r_perm,
+            boxes,
+            superboxes,
+            query_lengths,
+            ref_lengths,
+            dists,
+            idx,
+            ctypes.c_int(nq),
+            ctypes.c_int(nr),
+            ctypes.c_int(superboxes.shape[1]),
+            ctypes.c_int(group),
+            ctypes.c_int(k),
+        ],
     )
     _backend.log_kernel("knn", name)

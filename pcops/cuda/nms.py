@@ -1,5 +1,6 @@
 """Launchers for ``csrc/nms.cu`` (CUDA C++ compiled at run time with NVRTC): the IoU matrix and the
 batched three-kernel NMS pipeline (rank sort, tile mask, greedy pass)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -32,9 +33,19 @@ def boxes_iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> to
     if n and m:
         bx, by = _IOU_BLOCK
         get_kernel("nms.cu", "boxes_iou", a.device)(
-            ((m + bx - 1) // bx, (n + by - 1) // by), (bx, by),
-            [a, b, out, ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(a.shape[1]), ctypes.c_int(b.shape[1]),
-             ctypes.c_int(int(a.shape[1] == 5)), ctypes.c_int(int(three_d))],
+            ((m + bx - 1) // bx, (n + by - 1) // by),
+            (bx, by),
+            [
+                a,
+                b,
+                out,
+                ctypes.c_int(n),
+                ctypes.c_int(m),
+                ctypes.c_int(a.shape[1]),
+                ctypes.c_int(b.shape[1]),
+                ctypes.c_int(int(a.shape[1] == 5)),
+                ctypes.c_int(int(three_d)),
+            ],
         )
     return out.to(torch.float64) if boxes_a.dtype == torch.float64 else out
 
@@ -56,8 +67,16 @@ _MAX_GRID_Y = 65535
 _RANK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None, iou_threshold: float,
-               pre_max_size: int | None, out_len: int, *, single: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def nms_padded(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    groups: torch.Tensor | None,
+    iou_threshold: float,
+    pre_max_size: int | None,
+    out_len: int,
+    *,
+    single: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded rotated NMS of ``B`` independent samples in three launches, no host sync.
 
     ``nms_rank`` (stable descending rank of every score, NaN last; the first ``M`` boxes in score
@@ -82,12 +101,22 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     m = n if pre_max_size is None else min(n, pre_max_size)
     shape = ((out_len,), ()) if single else ((bsz, out_len), (bsz,))
     if bsz == 0 or m == 0:
-        return (torch.full(shape[0], -1, dtype=torch.int64, device=boxes.device),
-                torch.zeros(shape[1], dtype=torch.int64, device=boxes.device))
+        return (
+            torch.full(shape[0], -1, dtype=torch.int64, device=boxes.device),
+            torch.zeros(shape[1], dtype=torch.int64, device=boxes.device),
+        )
     if bsz > _MAX_GRID_Y:  # the sample index is the grid's y dimension in two of the kernels
-        parts = [nms_padded(boxes[s:s + _MAX_GRID_Y], scores[s:s + _MAX_GRID_Y],
-                            groups[s:s + _MAX_GRID_Y] if groups is not None else None, iou_threshold, pre_max_size,
-                            out_len) for s in range(0, bsz, _MAX_GRID_Y)]
+        parts = [
+            nms_padded(
+                boxes[s : s + _MAX_GRID_Y],
+                scores[s : s + _MAX_GRID_Y],
+                groups[s : s + _MAX_GRID_Y] if groups is not None else None,
+                iou_threshold,
+                pre_max_size,
+                out_len,
+            )
+            for s in range(0, bsz, _MAX_GRID_Y)
+        ]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     order, sbox, sgroups = rank_prepare(boxes, scores, groups, m)
     mask, invalid = mask_b(sbox, sgroups if groups is not None else None, iou_threshold)
@@ -96,8 +125,9 @@ def nms_padded(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor |
     return pass_b(mask, invalid, order, out_len, out=out, count=count)
 
 
-def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None,
-                 m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rank_prepare(
+    boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None, m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage 1 of :func:`nms_padded` (1 launch: ``nms_rank``; or torch.sort + ``nms_gather``).
 
     Returns:
@@ -115,18 +145,42 @@ def rank_prepare(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor
         order = torch.empty((bsz, m), dtype=torch.int64, device=dev)
         sgroups = torch.empty((bsz, m), dtype=torch.int64, device=dev) if groups is not None else order
         get_kernel("nms.cu", "nms_rank", dev)(
-            ((n + _RANK_BOXES - 1) // _RANK_BOXES, bsz), (_RANK_THREADS,),
-            [bx, _as_f32(scores), groups if groups is not None else order, has, ctypes.c_int(n), ctypes.c_int(m),
-             ctypes.c_int(stride), bev5, order, sbox, sgroups],
+            ((n + _RANK_BOXES - 1) // _RANK_BOXES, bsz),
+            (_RANK_THREADS,),
+            [
+                bx,
+                _as_f32(scores),
+                groups if groups is not None else order,
+                has,
+                ctypes.c_int(n),
+                ctypes.c_int(m),
+                ctypes.c_int(stride),
+                bev5,
+                order,
+                sbox,
+                sgroups,
+            ],
         )
     else:
         key = torch.nan_to_num(scores, nan=float("-inf"))
         order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :m].contiguous()
         sgroups = torch.empty((bsz, m), dtype=torch.int64, device=dev) if groups is not None else order
         get_kernel("nms.cu", "nms_gather", dev)(
-            ((m + _GATHER_THREADS - 1) // _GATHER_THREADS, bsz), (_GATHER_THREADS,),
-            [bx, _as_f32(scores), groups if groups is not None else order, has, ctypes.c_int(n), ctypes.c_int(m),
-             ctypes.c_int(stride), bev5, order, sbox, sgroups],
+            ((m + _GATHER_THREADS - 1) // _GATHER_THREADS, bsz),
+            (_GATHER_THREADS,),
+            [
+                bx,
+                _as_f32(scores),
+                groups if groups is not None else order,
+                has,
+                ctypes.c_int(n),
+                ctypes.c_int(m),
+                ctypes.c_int(stride),
+                bev5,
+                order,
+                sbox,
+                sgroups,
+            ],
         )
     return order, sbox, sgroups
 
@@ -140,9 +194,18 @@ def mask_b(sbox: torch.Tensor, sgroups: torch.Tensor | None, iou_threshold: floa
     mask = torch.empty((bsz, m, words), dtype=torch.int64, device=dev)
     invalid = torch.empty((bsz, words), dtype=torch.int64, device=dev)
     get_kernel("nms.cu", "nms_mask_b", dev)(
-        (words * (words + 1) // 2, bsz), (_MASKB_THREADS,),
-        [sbox, sgroups if sgroups is not None else sbox, ctypes.c_int(int(sgroups is not None)), ctypes.c_int(m),
-         ctypes.c_int(words), ctypes.c_float(iou_threshold), mask, invalid],
+        (words * (words + 1) // 2, bsz),
+        (_MASKB_THREADS,),
+        [
+            sbox,
+            sgroups if sgroups is not None else sbox,
+            ctypes.c_int(int(sgroups is not None)),
+            ctypes.c_int(m),
+            ctypes.c_int(words),
+            ctypes.c_float(iou_threshold),
+            mask,
+            invalid,
+        ],
     )
     return mask, invalid
 
@@ -153,9 +216,16 @@ def pass_threads(words: int) -> int:
     return 512 if words <= 128 else _PASS_THREADS
 
 
-def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_len: int, *,
-           threads: int | None = None, out: torch.Tensor | None = None,
-           count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pass_b(
+    mask: torch.Tensor,
+    invalid: torch.Tensor,
+    order: torch.Tensor,
+    out_len: int,
+    *,
+    threads: int | None = None,
+    out: torch.Tensor | None = None,
+    count: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 3 of :func:`nms_padded` (1 launch: ``nms_pass_b``, one block per sample):
     ``(indices (B, out_len) int64 −1 padded, count (B,) int64)``, written into ``out``/``count``
     when given (contiguous, ``B * out_len`` and ``B`` elements). ``threads``: threads per block, a
@@ -169,7 +239,8 @@ def pass_b(mask: torch.Tensor, invalid: torch.Tensor, order: torch.Tensor, out_l
     out = torch.empty((bsz, out_len), dtype=torch.int64, device=dev) if out is None else out
     count = torch.empty((bsz,), dtype=torch.int64, device=dev) if count is None else count
     get_kernel("nms.cu", "nms_pass_b", dev)(
-        (bsz,), (threads,),
+        (bsz,),
+        (threads,),
         [mask, invalid, order, ctypes.c_int(m), ctypes.c_int(words), ctypes.c_int(out_len), out, count],
         shared_mem=words * 8,
     )

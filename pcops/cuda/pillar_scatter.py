@@ -1,4 +1,5 @@
 """Launcher for ``csrc/pillar_scatter.cu`` (CUDA C++ compiled at run time with NVRTC)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -24,8 +25,13 @@ def _quad_grid(hw: int, batch_size: int, num_channels: int, vecs_per_slice: int)
 
 
 def pillar_scatter(
-    features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int,
-    *, vecs_per_slice: int = _VECS_PER_SLICE,
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    batch_size: int,
+    grid_h: int,
+    grid_w: int,
+    *,
+    vecs_per_slice: int = _VECS_PER_SLICE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``pcops.triton.pillar_scatter.pillar_scatter``; no host synchronisation.
 
@@ -45,20 +51,29 @@ def pillar_scatter(
     canvas = torch.empty((batch_size, num_channels, grid_h, grid_w), dtype=features.dtype, device=features.device)
     if num_pillars:
         get_kernel("pillar_scatter.cu", "pillar_winner", features.device)(
-            ((num_pillars + _THREADS - 1) // _THREADS,), (_THREADS,),
-            [coords, winner, ctypes.c_int(num_pillars), ctypes.c_int(batch_size),
-             ctypes.c_int(grid_h), ctypes.c_int(grid_w)],
+            ((num_pillars + _THREADS - 1) // _THREADS,),
+            (_THREADS,),
+            [
+                coords,
+                winner,
+                ctypes.c_int(num_pillars),
+                ctypes.c_int(batch_size),
+                ctypes.c_int(grid_h),
+                ctypes.c_int(grid_w),
+            ],
         )
     if canvas.numel():
         if _quads(features, num_channels, hw):
             get_kernel("pillar_scatter.cu", "pillar_canvas_b4x4", features.device)(
-                _quad_grid(hw, batch_size, num_channels, vecs_per_slice), (_THREADS,),
+                _quad_grid(hw, batch_size, num_channels, vecs_per_slice),
+                (_THREADS,),
                 [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(vecs_per_slice)],
             )
             return canvas, winner
         kernel = get_kernel("pillar_scatter.cu", f"pillar_canvas_b{features.element_size()}", features.device)
         kernel(
-            ((hw + _THREADS - 1) // _THREADS, batch_size), (_THREADS,),
+            ((hw + _THREADS - 1) // _THREADS, batch_size),
+            (_THREADS,),
             [features, winner, canvas, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(batch_size)],
         )
     return canvas, winner
@@ -85,7 +100,8 @@ def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tens
     out = torch.zeros((coords.shape[0], num_channels), dtype=canvas.dtype, device=canvas.device)
     if out.numel() and canvas.numel():
         get_kernel("pillar_scatter.cu", "pillar_gather_b4x4", canvas.device)(
-            _quad_grid(hw, batch_size, num_channels, _VECS_PER_SLICE), (_THREADS,),
+            _quad_grid(hw, batch_size, num_channels, _VECS_PER_SLICE),
+            (_THREADS,),
             [canvas, winner, out, ctypes.c_int(num_channels), ctypes.c_int(hw), ctypes.c_int(_VECS_PER_SLICE)],
         )
     return out

@@ -9,6 +9,7 @@ room for the sample mean's noise): Q1 (lengths 1..64, mean ≈ 32.5) → ``"g8x8
 ≤ 64 per warp (the shapes' Q1 times are in ``benchmarks/NOTES.md``). One entry point per
 direction and value type; the shape and the crow index type are run-time arguments.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -78,7 +79,8 @@ def sparse_softmax(values: torch.Tensor, crow: torch.Tensor, *, variant: str | N
     if rows > 0 and nnz > 0:
         variant, grid = _plan(rows, nnz, variant)
         _kernel("fwd", values, crow, variant)(
-            grid, (_THREADS,),
+            grid,
+            (_THREADS,),
             [values, crow, out, ctypes.c_longlong(rows), ctypes.c_longlong(nnz), *_shape_args(crow, variant)],
         )
     return out
@@ -93,7 +95,8 @@ def sparse_softmax_backward(
     if rows > 0 and nnz > 0:
         variant, grid = _plan(rows, nnz, variant)
         _kernel("bwd", y, crow, variant)(
-            grid, (_THREADS,),
+            grid,
+            (_THREADS,),
             [grad, y, crow, dx, ctypes.c_longlong(rows), ctypes.c_longlong(nnz), *_shape_args(crow, variant)],
         )
     return dx

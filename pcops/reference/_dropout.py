@@ -6,6 +6,7 @@ bool tensor: the tests pass the mask the Triton kernels draw) or draw it from a 
 ``torch.Generator`` seeded with ``seed`` (``dropout_keep_mask``), which the backward regenerates
 the same way. Same seed → same mask on one device; the CPU and GPU masks differ.
 """
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@
 summed in that order from coordinate differences (``pcops.reference.knn.sq_dist``), so the GPU
 kernels, which do the same arithmetic without fused multiply-adds, return the same indices.
 """
+
 from __future__ import annotations
 
 import torch

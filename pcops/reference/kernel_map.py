@@ -7,6 +7,7 @@ Regular and transposed output sets are the unique keys of all candidates (``torc
 sorts them). The pairs layout is read off the out-in table column by column, so within one
 offset the pairs are in ascending output order.
 """
+
 from __future__ import annotations
 
 import math
@@ -228,8 +229,9 @@ def sparse_conv3d(features, weight, bias, out_in, chunk_elems: int = 1 << 25):
     return out.to(features.dtype)
 
 
-def sparse_conv3d_backward(grad_out, features, weight, out_in, need_features: bool, need_weight: bool,
-                           chunk_elems: int = 1 << 25):
+def sparse_conv3d_backward(
+    grad_out, features, weight, out_in, need_features: bool, need_weight: bool, chunk_elems: int = 1 << 25
+):
     """Gradients of ``sparse_conv3d`` w.r.t. features and weight, both without atomics.
 
     ``grad_features[i] = sum_k grad_out[in_out[i, k]] @ weight[k]^T`` through the inverse

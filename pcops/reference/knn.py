@@ -5,6 +5,7 @@ Every cloud is padded ``(B, N, 3)`` with ``lengths (B,)``. Squared distances are
 ``|a|² + |b|² - 2ab`` expansion), so the GPU kernels, which do the same arithmetic without
 fused multiply-adds, reproduce these results bit for bit, ties included.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,11 @@ def sq_dist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def knn(
-    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int,
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_lengths: torch.Tensor,
+    ref_lengths: torch.Tensor,
+    k: int,
     chunk: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact K nearest neighbours by brute force.
@@ -36,12 +41,12 @@ def knn(
     dists, idxs = [], []
     take = min(k, nr)
     for q0 in range(0, nq, chunk):  # bounded memory: (B, chunk, Nr) distances at a time
-        d = sq_dist(query[:, q0:q0 + chunk, None, :], ref[:, None, :, :])
+        d = sq_dist(query[:, q0 : q0 + chunk, None, :], ref[:, None, :, :])
         d = d.masked_fill(~ref_valid[:, None, :], float("inf"))
         d_sorted, order = torch.sort(d, dim=2, stable=True)  # ties keep index order
         d_sorted, order = d_sorted[:, :, :take], order[:, :, :take]
         ok = torch.gather(ref_valid, 1, order.flatten(1)).view_as(order)
-        ok = ok & q_valid[:, q0:q0 + chunk, None]
+        ok = ok & q_valid[:, q0 : q0 + chunk, None]
         dists.append(d_sorted.masked_fill(~ok, float("inf")))
         idxs.append(order.masked_fill(~ok, -1))
     dist = torch.cat(dists, 1) if dists else query.new_empty((batch, 0, take))
@@ -68,8 +73,13 @@ def knn_backward(
 
 
 def ball_query(
-    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor,
-    radius: float, k: int, chunk: int = 4096,
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_lengths: torch.Tensor,
+    ref_lengths: torch.Tensor,
+    radius: float,
+    k: int,
+    chunk: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``k`` reference points (in index order) with ``|q - r|² < radius²``.
 

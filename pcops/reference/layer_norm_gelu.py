@@ -3,6 +3,7 @@
 The backward is written out by hand (so the formulas the GPU kernels use are themselves checked
 against autograd and ``gradcheck`` on the CPU). Dropout masks: see ``pcops.reference._dropout``.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,13 @@ def gelu_grad(z: torch.Tensor, approximate: str) -> torch.Tensor:
 
 
 def layer_norm_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str,
-    dropout_p: float = 0.0, keep: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    approximate: str,
+    dropout_p: float = 0.0,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``gelu(layer_norm(x)) · keep / (1 - p)`` over the last dim of ``x (M, N)``.
 
@@ -54,9 +60,15 @@ def layer_norm_gelu(
 
 
 def layer_norm_gelu_backward(
-    grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-    mean: torch.Tensor, rstd: torch.Tensor, approximate: str,
-    dropout_p: float = 0.0, keep: torch.Tensor | None = None,
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    approximate: str,
+    dropout_p: float = 0.0,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact gradients ``(dx, dweight, dbias)`` of ``layer_norm_gelu`` (all three derivatives).
 

@@ -20,6 +20,7 @@ Box validity: a box whose BEV values are not all finite, or with a negative size
 suppresses anything (a NaN score makes a box invalid too). The public functions raise on
 negative sizes for CPU tensors; GPU paths cannot check without a host sync and apply this rule.
 """
+
 from __future__ import annotations
 
 import torch
@@ -92,7 +93,12 @@ def _inside_all(px, py, rx, ry, tol):
     (``(P, 4)``) within ``tol`` (``(P, 1)``)."""
     inside = torch.ones(px.shape, dtype=torch.bool, device=px.device)
     for k in range(4):
-        ax, ay, bx, by = rx[:, k:k + 1], ry[:, k:k + 1], rx[:, (k + 1) % 4:(k + 1) % 4 + 1], ry[:, (k + 1) % 4:(k + 1) % 4 + 1]
+        ax, ay, bx, by = (
+            rx[:, k : k + 1],
+            ry[:, k : k + 1],
+            rx[:, (k + 1) % 4 : (k + 1) % 4 + 1],
+            ry[:, (k + 1) % 4 : (k + 1) % 4 + 1],
+        )
         nx, ny = _inward_normal(ax, ay, bx, by)
         inside &= (px - ax) * nx + (py - ay) * ny >= -tol
     return inside.all(1)
@@ -113,7 +119,7 @@ def intersection_area_pairs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     px, py = ax, ay
     for k in range(4):
         j = (k + 1) % 4
-        px, py = _clip(px, py, bx[:, k:k + 1], by[:, k:k + 1], bx[:, j:j + 1], by[:, j:j + 1], tol)
+        px, py = _clip(px, py, bx[:, k : k + 1], by[:, k : k + 1], bx[:, j : j + 1], by[:, j : j + 1], tol)
     qx, qy = px.roll(-1, dims=1), py.roll(-1, dims=1)
     area = 0.5 * (px * qy - py * qx).sum(-1)
     area = area.clamp(min=0)
@@ -147,7 +153,7 @@ def overlap_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
     ii, jj = cand.nonzero(as_tuple=True)
     chunk = _CHUNK if a.device.type == "cpu" else _CHUNK_GPU
     for s in range(0, ii.numel(), chunk):
-        i, j = ii[s:s + chunk], jj[s:s + chunk]
+        i, j = ii[s : s + chunk], jj[s : s + chunk]
         out[i, j] = intersection_area_pairs(a[i], b[j])
     return out
 
@@ -169,9 +175,16 @@ def boxes_iou_bev_aligned(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch
     va, vb = box_valid(a), box_valid(b)
     dummy = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64, device=a.device)
     ok = va & vb & (a[:, 2] > 0) & (a[:, 3] > 0) & (b[:, 2] > 0) & (b[:, 3] > 0)
-    inter = torch.cat([intersection_area_pairs(torch.where(ok[s:s + _CHUNK, None], a[s:s + _CHUNK], dummy),
-                                               torch.where(ok[s:s + _CHUNK, None], b[s:s + _CHUNK], dummy))
-                       for s in range(0, a.shape[0], _CHUNK)] or [a.new_zeros(0)])
+    inter = torch.cat(
+        [
+            intersection_area_pairs(
+                torch.where(ok[s : s + _CHUNK, None], a[s : s + _CHUNK], dummy),
+                torch.where(ok[s : s + _CHUNK, None], b[s : s + _CHUNK], dummy),
+            )
+            for s in range(0, a.shape[0], _CHUNK)
+        ]
+        or [a.new_zeros(0)]
+    )
     inter = torch.where(ok, inter, 0.0)
     union = torch.where(va, a[:, 2] * a[:, 3], 0.0) + torch.where(vb, b[:, 2] * b[:, 3], 0.0) - inter
     return torch.where(union > 0, inter / torch.where(union > 0, union, 1.0), 0.0)
@@ -188,7 +201,7 @@ def boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tensor:
     inter_bev = overlap_bev(a, b)
     top = torch.minimum(a[:, None, 2] + a[:, None, 5] / 2, b[None, :, 2] + b[None, :, 5] / 2)
     bottom = torch.maximum(a[:, None, 2] - a[:, None, 5] / 2, b[None, :, 2] - b[None, :, 5] / 2)
-    valid = (va[:, None] & vb[None, :])
+    valid = va[:, None] & vb[None, :]
     inter = torch.where(valid, inter_bev * (top - bottom).clamp(min=0), 0.0)
     vol_a = torch.where(va & box_valid(bev_columns(a)), a[:, 3] * a[:, 4] * a[:, 5], 0.0)
     vol_b = torch.where(vb & box_valid(bev_columns(b)), b[:, 3] * b[:, 4] * b[:, 5], 0.0)

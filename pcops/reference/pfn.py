@@ -4,6 +4,7 @@ OpenPCDet's ``PillarVFE`` with one PFN layer (``use_absolute_xyz``, no distance)
 BatchNorm folded into the linear layer, then PointPillars' scatter of each pillar's features into
 the BEV canvas. The same arithmetic as ``pcops.triton.pfn`` (float32 throughout).
 """
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ Duplicates are resolved by a winner map: each BEV cell takes the pillar with the
 index that lands on it (as if pillars were assigned in order, last write wins), so the
 result is deterministic and the GPU path can reproduce it exactly.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,7 @@ def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"coords: row {i} = {coords[i].tolist()} lies outside batch_size={batch_size}, "
-            f"grid_hw=({grid_h}, {grid_w})"
+            f"coords: row {i} = {coords[i].tolist()} lies outside batch_size={batch_size}, grid_hw=({grid_h}, {grid_w})"
         )
     lin = (b * grid_h + y) * grid_w + x
     winner = torch.full((batch_size * grid_h * grid_w,), -1, dtype=torch.int64, device=coords.device)
@@ -42,9 +42,7 @@ def pillar_scatter(
     return canvas.reshape(batch_size, num_channels, grid_h, grid_w).contiguous(), winner
 
 
-def pillar_gather(
-    canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor
-) -> torch.Tensor:
+def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor) -> torch.Tensor:
     """The adjoint of ``pillar_scatter``: ``(P, C)`` rows read from ``canvas (B, C, H, W)`` at each
     pillar's cell, zero for pillars that do not own their cell (duplicates that lost) or lie outside
     the grid."""

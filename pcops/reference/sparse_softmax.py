@@ -1,4 +1,5 @@
 """Softmax over the stored values of CSR rows in plain PyTorch: the CPU path and the test oracle."""
+
 from __future__ import annotations
 
 import math

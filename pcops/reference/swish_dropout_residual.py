@@ -1,4 +1,5 @@
 """Swish + dropout + residual in plain PyTorch: the CPU path and the test oracle (masks: ``pcops.reference._dropout``)."""
+
 from __future__ import annotations
 
 import torch

@@ -20,6 +20,7 @@ Written for one CPU thread too (the data-loader path): each step is one pass of 
 torch op over ``N`` (points), ``K`` (in-range points) or ``V`` (voxels) elements, and the
 choices below are measured on a KITTI scan (N = 120k, K = 62k, V = 15k), not style.
 """
+
 from __future__ import annotations
 
 from typing import Sequence

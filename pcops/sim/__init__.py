@@ -48,6 +48,7 @@ clipped at 3 sigma) lie inside its box; ``num_points_in_box`` counts all scan po
 the box (as OpenPCDet's ground-truth database does), which may include a few ground points
 at the box's bottom face; ``num_object_points`` counts only the object's own returns.
 """
+
 from __future__ import annotations
 
 import math
@@ -77,10 +78,25 @@ from .sensor import (
 )
 
 __all__ = [
-    "SimScan", "simulate_scan", "simulated_points", "hdl64_elevations", "points_in_boxes_count", "CLASS_SIZES",
+    "SimScan",
+    "simulate_scan",
+    "simulated_points",
+    "hdl64_elevations",
+    "points_in_boxes_count",
+    "CLASS_SIZES",
     # constants of the sensor and scene models (see sensor.py and scene.py)
-    "SENSOR_HEIGHT", "MAX_RANGE", "AZIMUTH_STEP_DEG", "DETECT_R0", "SPECKLE_SIGMA", "REFL_SPECKLE", "GLASS_PASS",
-    "FADE_START", "FADE_PER_M", "REFL_FLOOR", "PART_INSET", "MOUNT_POSTS",
+    "SENSOR_HEIGHT",
+    "MAX_RANGE",
+    "AZIMUTH_STEP_DEG",
+    "DETECT_R0",
+    "SPECKLE_SIGMA",
+    "REFL_SPECKLE",
+    "GLASS_PASS",
+    "FADE_START",
+    "FADE_PER_M",
+    "REFL_FLOOR",
+    "PART_INSET",
+    "MOUNT_POSTS",
 ]
 
 

@@ -1,6 +1,7 @@
 """Ray casting for :mod:`pcops.sim`: the scene's primitives (yawed box groups, vertical
 cylinders, ellipsoids, the ground with road, sidewalks and curbs), each with its vectorised
 ray intersection, and the first-hit cast of the sensor's rays into a scene."""
+
 from __future__ import annotations
 
 import math
@@ -37,10 +38,16 @@ class _BoxGroup:
 
     def bounds(self):
         """BEV bounding circle (cx, cy, radius) and z range of the whole group."""
-        corners_r = np.sqrt(np.maximum(self.lo[:, 0] ** 2, self.hi[:, 0] ** 2)
-                            + np.maximum(self.lo[:, 1] ** 2, self.hi[:, 1] ** 2))
-        return (self.centre[0], self.centre[1], float(corners_r.max()),
-                self.centre[2] + float(self.lo[:, 2].min()), self.centre[2] + float(self.hi[:, 2].max()))
+        corners_r = np.sqrt(
+            np.maximum(self.lo[:, 0] ** 2, self.hi[:, 0] ** 2) + np.maximum(self.lo[:, 1] ** 2, self.hi[:, 1] ** 2)
+        )
+        return (
+            self.centre[0],
+            self.centre[1],
+            float(corners_r.max()),
+            self.centre[2] + float(self.lo[:, 2].min()),
+            self.centre[2] + float(self.hi[:, 2].max()),
+        )
 
     def intersect(self, o, dx, dy, dz):
         c, s = math.cos(self.yaw), math.sin(self.yaw)
@@ -74,8 +81,13 @@ class _BoxGroup:
                 py = lo_[1] + tnear * ld[1]
                 zb = lo_[2] + tnear * ld[2] - self.lo[k, 2]
                 u = np.where(axis == 0, py, px)
-                win = (axis != 2) & (np.mod(zb, 3.2) > 1.0) & (np.mod(zb, 3.2) < 2.4) & (
-                    np.mod(u, 3.5) > 0.8) & (np.mod(u, 3.5) < 2.6)
+                win = (
+                    (axis != 2)
+                    & (np.mod(zb, 3.2) > 1.0)
+                    & (np.mod(zb, 3.2) < 2.4)
+                    & (np.mod(u, 3.5) > 0.8)
+                    & (np.mod(u, 3.5) < 2.6)
+                )
                 surf = np.where(win, self.window_surface, surf)
             best_t = np.where(hit, tnear, best_t)
             best_s = np.where(hit, surf, best_s)
@@ -124,8 +136,13 @@ class _Ellipsoid:
     surface: int
 
     def bounds(self):
-        return (self.centre[0], self.centre[1], float(max(self.semi[0], self.semi[1])),
-                self.centre[2] - self.semi[2], self.centre[2] + self.semi[2])
+        return (
+            self.centre[0],
+            self.centre[1],
+            float(max(self.semi[0], self.semi[1])),
+            self.centre[2] - self.semi[2],
+            self.centre[2] + self.semi[2],
+        )
 
     def intersect(self, o, dx, dy, dz):
         oc = (o - self.centre) / self.semi
@@ -183,7 +200,7 @@ class _Ground:
         return m
 
     def intersect(self, o, dx, dy, dz):
-        nz = math.sqrt(1 + self.sx ** 2 + self.sy ** 2)
+        nz = math.sqrt(1 + self.sx**2 + self.sy**2)
         den = dz - self.sx * dx - self.sy * dy
         den = np.where(np.abs(den) < 1e-12, -1e-12, den)
         cos_plane = np.abs(den) / nz

@@ -1,6 +1,7 @@
 """Scenes for :mod:`pcops.sim`: materials and the surface table, the parts of labelled
 objects, and the random street scene (ground, buildings, vegetation, clutter, labelled cars,
 pedestrians and cyclists) built from one ``numpy.random.Generator``."""
+
 from __future__ import annotations
 
 import math
@@ -71,8 +72,12 @@ class _Surfaces:
         return len(self.albedo) - 1
 
     def arrays(self):
-        return (np.array(self.albedo), np.array(self.drop), np.array(self.see_through),
-                np.array(self.instance, dtype=np.int64))
+        return (
+            np.array(self.albedo),
+            np.array(self.drop),
+            np.array(self.see_through),
+            np.array(self.instance, dtype=np.int64),
+        )
 
 
 # ----------------------------------------------------------------------------- scene
@@ -153,9 +158,17 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
         cw = float(rng.uniform(8, 14))
         cross = (xc - cw / 2, xc + cw / 2)
     ground = _Ground(
-        z0=-SENSOR_HEIGHT, sx=float(rng.uniform(-0.015, 0.015)), sy=float(rng.uniform(-0.005, 0.005)),
-        y_mid=y_mid, half=half, curb=float(rng.uniform(0.1, 0.18)), cross=cross,
-        road=surf.new("road"), lane=surf.new("lane"), sidewalk=surf.new("sidewalk"), curb_s=surf.new("curb"),
+        z0=-SENSOR_HEIGHT,
+        sx=float(rng.uniform(-0.015, 0.015)),
+        sy=float(rng.uniform(-0.005, 0.005)),
+        y_mid=y_mid,
+        half=half,
+        curb=float(rng.uniform(0.1, 0.18)),
+        cross=cross,
+        road=surf.new("road"),
+        lane=surf.new("lane"),
+        sidewalk=surf.new("sidewalk"),
+        curb_s=surf.new("curb"),
     )
     prims: list = []
     # BEV circles (x, y, radius) kept free: the ego car at every sweep position first
@@ -196,8 +209,13 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
                     prims.append(_Cylinder(x, y, r, zg - 0.1, zg + th + 0.5, surf.new("trunk")))
                     a = float(rng.uniform(1.3, 3.0))
                     c = float(rng.uniform(1.3, 2.6))
-                    prims.append(_Ellipsoid(np.array([x, y, zg + th + c * 0.9]), np.array([a, a * float(rng.uniform(0.8, 1.2)), c]),
-                                            surf.new("foliage")))
+                    prims.append(
+                        _Ellipsoid(
+                            np.array([x, y, zg + th + c * 0.9]),
+                            np.array([a, a * float(rng.uniform(0.8, 1.2)), c]),
+                            surf.new("foliage"),
+                        )
+                    )
                     occupied.append((x, y, r + 0.1))
             x += float(rng.uniform(9, 28))
         # small unlabelled clutter: bollards, bins, utility boxes, benches, parked bicycles, signs
@@ -217,9 +235,19 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
                 continue
             y = edge + side * float(rng.uniform(0.5, max(0.6, sw - 0.5)))
             if kind < 0.45:  # bin
-                l_, w_, h_, mat = float(rng.uniform(0.5, 0.7)), float(rng.uniform(0.5, 0.7)), float(rng.uniform(0.9, 1.2)), "wall"
+                l_, w_, h_, mat = (
+                    float(rng.uniform(0.5, 0.7)),
+                    float(rng.uniform(0.5, 0.7)),
+                    float(rng.uniform(0.9, 1.2)),
+                    "wall",
+                )
             elif kind < 0.6:  # utility box
-                l_, w_, h_, mat = float(rng.uniform(0.6, 1.0)), float(rng.uniform(0.4, 0.6)), float(rng.uniform(1.0, 1.5)), "pole"
+                l_, w_, h_, mat = (
+                    float(rng.uniform(0.6, 1.0)),
+                    float(rng.uniform(0.4, 0.6)),
+                    float(rng.uniform(1.0, 1.5)),
+                    "pole",
+                )
             elif kind < 0.75:  # bench
                 l_, w_, h_, mat = float(rng.uniform(1.5, 2.0)), 0.5, float(rng.uniform(0.45, 0.8)), "wall"
             elif kind < 0.9:  # parked bicycle
@@ -267,16 +295,29 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
                 lo = np.array([[-length / 2, -depth / 2, -1.0]])
                 hi = np.array([[length / 2, depth / 2, height]])
                 facade = surf.new("facade")
-                grp = _BoxGroup(np.array([xm, yc, zg]), float(rng.normal(0, 0.015)), lo, hi,
-                                np.array([facade]), np.array([surf.new("roof")]), np.array([True]), surf.new("window"))
+                grp = _BoxGroup(
+                    np.array([xm, yc, zg]),
+                    float(rng.normal(0, 0.015)),
+                    lo,
+                    hi,
+                    np.array([facade]),
+                    np.array([surf.new("roof")]),
+                    np.array([True]),
+                    surf.new("window"),
+                )
                 prims.append(grp)
                 if setback > 2.0 and rng.random() < 0.6:  # bushes in the front yard
                     for _ in range(int(rng.integers(1, 4))):
                         bx = float(rng.uniform(x0 + 1, x1 - 1))
                         by = back + side * float(rng.uniform(0.6, setback - 0.6))
                         s = float(rng.uniform(0.4, 1.0))
-                        prims.append(_Ellipsoid(np.array([bx, by, float(ground.height(bx, by)) + 0.2 * s]),
-                                                np.array([s * 1.3, s, s * float(rng.uniform(0.6, 1.0))]), surf.new("foliage")))
+                        prims.append(
+                            _Ellipsoid(
+                                np.array([bx, by, float(ground.height(bx, by)) + 0.2 * s]),
+                                np.array([s * 1.3, s, s * float(rng.uniform(0.6, 1.0))]),
+                                surf.new("foliage"),
+                            )
+                        )
             elif kind < 0.8:  # wall or fence
                 height = float(rng.uniform(0.8, 2.5))
                 yc = back + side * float(rng.uniform(0.2, 1.5))
@@ -296,9 +337,13 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
                     bx = float(rng.uniform(x0, x1))
                     by = back + side * float(rng.uniform(0.8, 12.0))
                     sz = float(rng.uniform(0.4, 1.3))
-                    prims.append(_Ellipsoid(np.array([bx, by, float(ground.height(bx, by)) + 0.2 * sz]),
-                                            np.array([sz * float(rng.uniform(0.8, 1.6)), sz, sz * float(rng.uniform(0.5, 1.0))]),
-                                            surf.new("foliage")))
+                    prims.append(
+                        _Ellipsoid(
+                            np.array([bx, by, float(ground.height(bx, by)) + 0.2 * sz]),
+                            np.array([sz * float(rng.uniform(0.8, 1.6)), sz, sz * float(rng.uniform(0.5, 1.0))]),
+                            surf.new("foliage"),
+                        )
+                    )
 
     # the street may end (a bend, a T-junction) in a row of buildings across it
     x_lim = [-MAX_RANGE, MAX_RANGE]
@@ -310,9 +355,18 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
             lo = np.array([[-depth / 2, -width / 2, -1.0]])
             hi = np.array([[depth / 2, width / 2, float(rng.uniform(6, 20))]])
             xc = xe + end * depth / 2
-            prims.append(_BoxGroup(np.array([xc, y_mid, float(ground.height(xe, y_mid))]), 0.0, lo, hi,
-                                   np.array([surf.new("facade")]), np.array([surf.new("roof")]), np.array([True]),
-                                   surf.new("window")))
+            prims.append(
+                _BoxGroup(
+                    np.array([xc, y_mid, float(ground.height(xe, y_mid))]),
+                    0.0,
+                    lo,
+                    hi,
+                    np.array([surf.new("facade")]),
+                    np.array([surf.new("roof")]),
+                    np.array([True]),
+                    surf.new("window"),
+                )
+            )
             x_lim[k] = xe - end * 3.0
 
     # labelled objects

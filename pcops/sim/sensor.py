@@ -1,6 +1,7 @@
 """The sensor of :mod:`pcops.sim`: the HDL-64E-like beam table, the ray grid (with the
 culling of rays against a primitive's bounds) and the measurement model that turns first hits
 into returns (detection, dropout, range noise, quantisation, reflectance)."""
+
 from __future__ import annotations
 
 import math
@@ -109,10 +110,13 @@ def _measure(rays: _Rays, origin, t, s, cosv, scene: _Scene, rng, max_range, ran
     refl = refl - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
     refl = np.round(np.clip(np.where(refl < REFL_FLOOR, 0.0, refl), 0.0, 1.0), 2)
     b_idx, c_idx, r, refl, s = b_idx[keep], c_idx[keep], r[keep], refl[keep], s[keep]
-    pts = np.stack([
-        origin[0] + r * rays.dx[b_idx, c_idx],
-        origin[1] + r * rays.dy[b_idx, c_idx],
-        origin[2] + r * rays.dz[b_idx, c_idx],
-        refl,
-    ], axis=1)
+    pts = np.stack(
+        [
+            origin[0] + r * rays.dx[b_idx, c_idx],
+            origin[1] + r * rays.dy[b_idx, c_idx],
+            origin[2] + r * rays.dz[b_idx, c_idx],
+            refl,
+        ],
+        axis=1,
+    )
     return pts, inst[s], b_idx

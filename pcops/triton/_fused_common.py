@@ -4,6 +4,7 @@ Dropout draws ``tl.rand(seed, i)`` (Philox-4x32-10) for the flat element index `
 output, so a backward regenerates the forward's mask from the seed instead of storing it; the
 seed is a 1-element int64 tensor read in the kernel (CUDA-graph friendly).
 """
+
 from __future__ import annotations
 
 import math

@@ -2,6 +2,7 @@
 channel slice of a concatenation buffer (the PointPillars backbone's convolution epilogue; see
 ``pcops.epilogue``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,14 @@ def _bias_relu_kernel(
     width,  # W
     channels,  # C
     channel_offset,  # first output channel of this slice
-    ys_b, ys_c, ys_h, ys_w,  # input strides in elements
-    os_b, os_c, os_h, os_w,  # output strides in elements
+    ys_b,
+    ys_c,
+    ys_h,
+    ys_w,  # input strides in elements
+    os_b,
+    os_c,
+    os_h,
+    os_w,  # output strides in elements
     BLOCK_P: tl.constexpr,  # pixels per program
     BLOCK_C: tl.constexpr,  # channels per program (power of two)
 ):
@@ -43,7 +50,9 @@ def _bias_relu_kernel(
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def bias_relu(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None, channel_offset: int = 0) -> torch.Tensor:
+def bias_relu(
+    y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None, channel_offset: int = 0
+) -> torch.Tensor:
     """``out[:, offset:offset + C] = relu(y + bias[:, None, None])`` in one pass (one launch, no sync).
 
     Args:
@@ -62,7 +71,12 @@ def bias_relu(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = No
         raise ValueError(f"y, bias: expected (B, C, H, W) and (C,), got {tuple(y.shape)} and {tuple(bias.shape)}")
     out = y if out is None else out
     bsz, channels, height, width = y.shape
-    if out.dim() != 4 or out.shape[0] != bsz or out.shape[2:] != y.shape[2:] or out.shape[1] < channel_offset + channels:
+    if (
+        out.dim() != 4
+        or out.shape[0] != bsz
+        or out.shape[2:] != y.shape[2:]
+        or out.shape[1] < channel_offset + channels
+    ):
         raise ValueError(f"out: expected (B, >= {channel_offset + channels}, H, W) like y, got {tuple(out.shape)}")
     num_pixels = bsz * height * width
     if num_pixels == 0 or channels == 0:
@@ -71,7 +85,18 @@ def bias_relu(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = No
     block_p = max(16, 4096 // block_c)
     grid = (triton.cdiv(num_pixels, block_p), triton.cdiv(channels, block_c))
     _bias_relu_kernel[grid](
-        y, bias, out, num_pixels, height * width, width, channels, channel_offset,
-        *y.stride(), *out.stride(), BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4,
+        y,
+        bias,
+        out,
+        num_pixels,
+        height * width,
+        width,
+        channels,
+        channel_offset,
+        *y.stride(),
+        *out.stride(),
+        BLOCK_P=block_p,
+        BLOCK_C=block_c,
+        num_warps=4,
     )
     return out

@@ -8,6 +8,7 @@ global memory (L2) in chunks each step: simple and correct, not fast; the CUDA C
 ``dx*dx + dy*dy + dz*dz`` in that order, launched with ``enable_fp_fusion=False`` (no FMA
 contraction), so the indices equal the plain-torch reference, ties included.
 """
+
 from __future__ import annotations
 
 import torch
@@ -115,8 +116,13 @@ def _fps_stream_kernel(
 
 
 def farthest_point_sample(
-    points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int, *,
-    reg_max: int = _FPS_REG_MAX, chunk: int = _FPS_CHUNK,
+    points: torch.Tensor,
+    lengths: torch.Tensor,
+    start_idx: torch.Tensor,
+    num_samples: int,
+    *,
+    reg_max: int = _FPS_REG_MAX,
+    chunk: int = _FPS_CHUNK,
 ) -> torch.Tensor:
     """Farthest point sampling on the GPU (or under the interpreter).
 
@@ -137,10 +143,14 @@ def farthest_point_sample(
     if n <= reg_max:
         block = max(16, triton.next_power_of_2(n))
         num_warps = min(32, max(4, block // 512))
-        _fps_kernel[(batch,)](points, lengths, start_idx, out, n, num_samples, BLOCK=block, num_warps=num_warps, **_NO_FMA)
+        _fps_kernel[(batch,)](
+            points, lengths, start_idx, out, n, num_samples, BLOCK=block, num_warps=num_warps, **_NO_FMA
+        )
         _backend.log_kernel("farthest_point_sample", f"triton _fps_kernel BLOCK={block}")
     else:
         scratch = torch.empty((batch, n), dtype=torch.float32, device=points.device)
-        _fps_stream_kernel[(batch,)](points, lengths, start_idx, scratch, out, n, num_samples, CHUNK=chunk, num_warps=16, **_NO_FMA)
+        _fps_stream_kernel[(batch,)](
+            points, lengths, start_idx, scratch, out, n, num_samples, CHUNK=chunk, num_warps=16, **_NO_FMA
+        )
         _backend.log_kernel("farthest_point_sample", f"triton _fps_stream_kernel CHUNK={chunk}")
     return out

@@ -2,6 +2,7 @@
 describes the hash tables, the lookup and the compaction): plans cached per configuration, one
 int64 workspace, the launches and the one host sync each output size needs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -101,8 +102,16 @@ def max_outputs_per_input(kernel_size, stride, dilation, transposed: bool) -> in
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, padding: tuple,
-          dilation: tuple, subm: bool, transposed: bool) -> dict:
+def _plan(
+    in_shape: tuple,
+    out_shape: tuple,
+    kernel_size: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    subm: bool,
+    transposed: bool,
+) -> dict:
     """Everything about a call that does not depend on N (cached: the host time is the budget)."""
     num_k = math.prod(kernel_size)
     block, kpad = _tile(num_k)
@@ -118,14 +127,41 @@ def _plan(in_shape: tuple, out_shape: tuple, kernel_size: tuple, stride: tuple, 
     for axis, (g, q, inv, _) in zip("zyx", axes):
         enum.update({"g" + axis: g, "q" + axis: q, "v" + axis: inv})
     return dict(
-        num_k=num_k, block=block, kpad=kpad, per_input=per_input, jpad=jpad, block_n=block_n,
+        num_k=num_k,
+        block=block,
+        kpad=kpad,
+        per_input=per_input,
+        jpad=jpad,
+        block_n=block_n,
         insert_warps=4,
-        sink=_SINK_COPIES * block_n * jpad, in_shape=in_shape, out_shape=out_shape,
-        insert_consts=dict(Kz=kernel_size[0], Ky=kernel_size[1], Kx=kernel_size[2], **geometry, **enum,
-                           Jy=axes[1][3], Jx=axes[2][3], J=max(per_input, 1), GEN=not subm,
-                           TRANSPOSED=transposed, COPY=subm, BLOCK_N=block_n, JPAD=jpad),
-        lookup_consts=dict(K=num_k, Ky=kernel_size[1], Kx=kernel_size[2], **geometry, FROM_KEYS=not subm,
-                           TRANSPOSED=transposed, BLOCK_M=block, KPAD=kpad),
+        sink=_SINK_COPIES * block_n * jpad,
+        in_shape=in_shape,
+        out_shape=out_shape,
+        insert_consts=dict(
+            Kz=kernel_size[0],
+            Ky=kernel_size[1],
+            Kx=kernel_size[2],
+            **geometry,
+            **enum,
+            Jy=axes[1][3],
+            Jx=axes[2][3],
+            J=max(per_input, 1),
+            GEN=not subm,
+            TRANSPOSED=transposed,
+            COPY=subm,
+            BLOCK_N=block_n,
+            JPAD=jpad,
+        ),
+        lookup_consts=dict(
+            K=num_k,
+            Ky=kernel_size[1],
+            Kx=kernel_size[2],
+            **geometry,
+            FROM_KEYS=not subm,
+            TRANSPOSED=transposed,
+            BLOCK_M=block,
+            KPAD=kpad,
+        ),
     )
 
 
@@ -133,8 +169,13 @@ def _empty_map(dev, num_out: int, num_k: int, out_coords=None):
     empty = torch.empty(0, dtype=torch.int32, device=dev)
     if out_coords is None:
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
-    return (out_coords, empty, empty.clone(), torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
-            torch.empty((num_out, num_k), dtype=torch.int32, device=dev))
+    return (
+        out_coords,
+        empty,
+        empty.clone(),
+        torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
+        torch.empty((num_out, num_k), dtype=torch.int32, device=dev),
+    )
 
 
 def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pairs, pad, m_off=None):
@@ -146,11 +187,26 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
     pair_out = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
     _kmap_compact_kernel[(num_groups,)](
-        out_in, counts, pair_in, pair_out, offsets, counts_off, num_out, num_k, sub, num_groups, cap_pairs,
+        out_in,
+        counts,
+        pair_in,
+        pair_out,
+        offsets,
+        counts_off,
+        num_out,
+        num_k,
+        sub,
+        num_groups,
+        cap_pairs,
         m_off or 0,
-        BLOCK_M=block_m, KPAD=kpad, CHUNK=max(2, min(_COUNT_CHUNK, _COMPACT_LANES // kpad)),
+        BLOCK_M=block_m,
+        KPAD=kpad,
+        CHUNK=max(2, min(_COUNT_CHUNK, _COMPACT_LANES // kpad)),
         ROWS=block_m * (1 if m_off is not None else min(sub & -sub, max(1, _COMPACT_LANES // (block_m * kpad)))),
-        PAD=pad, DEV_M=m_off is not None, TAIL=1024, num_warps=_NUM_WARPS,
+        PAD=pad,
+        DEV_M=m_off is not None,
+        TAIL=1024,
+        num_warps=_NUM_WARPS,
     )
     return pair_in, pair_out, offsets
 
@@ -224,8 +280,16 @@ def sparse_conv_kernel_map(
     """
     dev = coords.device
     n = coords.shape[0]
-    plan = _plan(tuple(in_shape), tuple(out_shape), tuple(kernel_size), tuple(stride), tuple(padding),
-                 tuple(dilation), bool(subm), bool(transposed))
+    plan = _plan(
+        tuple(in_shape),
+        tuple(out_shape),
+        tuple(kernel_size),
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        bool(subm),
+        bool(transposed),
+    )
     num_k, block, kpad = plan["num_k"], plan["block"], plan["kpad"]
     if n == 0:
         return _empty_map(dev, 0, num_k)
@@ -244,8 +308,10 @@ def sparse_conv_kernel_map(
         sub = num_groups
         cells = batch_size * math.prod(out_shape)
         if cells >= 2**31:
-            raise ValueError(f"batch_size: {batch_size} samples of the output grid {tuple(out_shape)} exceed the "
-                             f"static form's bitmap (2^31 cells); use static_shapes=False")
+            raise ValueError(
+                f"batch_size: {batch_size} samples of the output grid {tuple(out_shape)} exceed the "
+                f"static form's bitmap (2^31 cells); use static_shapes=False"
+            )
         words = _cdiv(cells, 32)
         chunks = _cdiv(words, _BITS_WORDS)
     else:
@@ -277,10 +343,29 @@ def sparse_conv_kernel_map(
         out_coords = coords  # unused (COPY is off)
     block_n = plan["block_n"]
     _kmap_insert_kernel[(_cdiv(n, block_n),)](  # launch 2
-        coords, ws, out_keys, out_keys32, out_coords, bits, n, batch_size, *plan["in_shape"], cap_in, log_in,
-        max(cap_out, 1), log_out, counters_off, sink_off, *plan["out_shape"],
-        **plan["insert_consts"], ROW_BASE=_ROW_BASE, SINK_COPIES=_SINK_COPIES, CSTRIDE=_COUNTER_STRIDE,
-        KEYS32=not (subm or static_out), BITMAP=static_out, num_warps=plan["insert_warps"],
+        coords,
+        ws,
+        out_keys,
+        out_keys32,
+        out_coords,
+        bits,
+        n,
+        batch_size,
+        *plan["in_shape"],
+        cap_in,
+        log_in,
+        max(cap_out, 1),
+        log_out,
+        counters_off,
+        sink_off,
+        *plan["out_shape"],
+        **plan["insert_consts"],
+        ROW_BASE=_ROW_BASE,
+        SINK_COPIES=_SINK_COPIES,
+        CSTRIDE=_COUNTER_STRIDE,
+        KEYS32=not (subm or static_out),
+        BITMAP=static_out,
+        num_warps=plan["insert_warps"],
     )
     if subm:
         num_out, keys = n, ws  # keys unused (FROM_KEYS is off)
@@ -289,8 +374,19 @@ def sparse_conv_kernel_map(
         sums = ws[sums_off:].view(torch.int32)
         _kmap_bits_count_kernel[(chunks,)](bits, sums, words, WORDS=_BITS_WORDS, num_warps=4)
         keys = ws[keys_off:bits_off]
-        _kmap_bits_emit_kernel[(chunks,)](bits, sums, keys, ws, counters_off, words, chunks, WORDS=_BITS_WORDS,
-                                          CELLS=_BITS_CELLS, SUMS=min(1024, _pow2(chunks)), num_warps=8)
+        _kmap_bits_emit_kernel[(chunks,)](
+            bits,
+            sums,
+            keys,
+            ws,
+            counters_off,
+            words,
+            chunks,
+            WORDS=_BITS_WORDS,
+            CELLS=_BITS_CELLS,
+            SUMS=min(1024, _pow2(chunks)),
+            num_warps=8,
+        )
         num_out = bound
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     else:
@@ -308,17 +404,35 @@ def sparse_conv_kernel_map(
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
     nb = _cdiv(num_out, block)
     _kmap_lookup_kernel[(nb,)](  # launch 3
-        coords, ws, keys, out_coords, out_in, num_out, counts_off, counters_off, sub, *plan["in_shape"], cap_in,
-        log_in, *plan["out_shape"], **plan["lookup_consts"], ROW_BASE=_ROW_BASE, DEV_M=static_out, TAIL=1024,
+        coords,
+        ws,
+        keys,
+        out_coords,
+        out_in,
+        num_out,
+        counts_off,
+        counters_off,
+        sub,
+        *plan["in_shape"],
+        cap_in,
+        log_in,
+        *plan["out_shape"],
+        **plan["lookup_consts"],
+        ROW_BASE=_ROW_BASE,
+        DEV_M=static_out,
+        TAIL=1024,
         num_warps=_NUM_WARPS,
     )
     if static_out:
         cap_pairs = bound  # one pair per valid (input, offset)
     else:
         cap_pairs = num_out * num_k if (subm or pad_pairs) else num_pairs
-    pair_in, pair_out, offsets = _compact(out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs,
-                                          pad_pairs, counters_off if static_out else None)  # launch 4
+    pair_in, pair_out, offsets = _compact(
+        out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs, pad_pairs, counters_off if static_out else None
+    )  # launch 4
     if subm and not pad_pairs:
-        num_pairs = int(offsets[num_k : num_k + 1].cpu()[0])  # host sync: the pair count is an output size (all work is queued)
+        num_pairs = int(
+            offsets[num_k : num_k + 1].cpu()[0]
+        )  # host sync: the pair count is an output size (all work is queued)
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
     return out_coords, pair_in, pair_out, offsets, out_in

@@ -48,6 +48,7 @@ Launches and host syncs (S1 workloads: 44k voxels):
   and the largest batch index in one read], ``torch.sort``, lookup, compact = 4 launches +
   the sort's; the one sync is the output size M.
 """
+
 from __future__ import annotations
 
 import triton
@@ -77,21 +78,43 @@ def _kmap_insert_kernel(
     bits_ptr,  # BITMAP: (words,) int32 output-cell bitmap, all ones = empty; a cleared bit = an output
     n,  # N
     nbatch,  # BITMAP: samples covered by the bitmap (inputs of later samples are never inputs)
-    D, H, W,  # input grid
-    cap_in, log_in,  # input table slots (power of two) and log2
-    cap_out, log_out,  # output table slots and log2 (GEN)
+    D,
+    H,
+    W,  # input grid
+    cap_in,
+    log_in,  # input table slots (power of two) and log2
+    cap_out,
+    log_out,  # output table slots and log2 (GEN)
     counters_off,  # workspace index of the counters M - 1, max batch, P - 1 (CSTRIDE apart)
     sink_off,  # workspace index of the sink
-    Do, Ho, Wo,  # output grid (GEN)
+    Do,
+    Ho,
+    Wo,  # output grid (GEN)
     # the geometry is compile-time: fewer launch arguments (host time) and divisions by constants
-    Kz: tl.constexpr, Ky: tl.constexpr, Kx: tl.constexpr,  # kernel sizes
-    sz: tl.constexpr, sy: tl.constexpr, sx: tl.constexpr,  # stride
-    pz: tl.constexpr, py: tl.constexpr, px: tl.constexpr,  # padding
-    dz: tl.constexpr, dy: tl.constexpr, dx: tl.constexpr,  # dilation
-    gz: tl.constexpr, gy: tl.constexpr, gx: tl.constexpr,  # per axis: gcd(d, s)
-    qz: tl.constexpr, qy: tl.constexpr, qx: tl.constexpr,  # s / g
-    vz: tl.constexpr, vy: tl.constexpr, vx: tl.constexpr,  # (d / g)^-1 mod (s / g)
-    Jy: tl.constexpr, Jx: tl.constexpr, J: tl.constexpr,  # candidate offsets enumerated per input: Jz * Jy * Jx = J
+    Kz: tl.constexpr,
+    Ky: tl.constexpr,
+    Kx: tl.constexpr,  # kernel sizes
+    sz: tl.constexpr,
+    sy: tl.constexpr,
+    sx: tl.constexpr,  # stride
+    pz: tl.constexpr,
+    py: tl.constexpr,
+    px: tl.constexpr,  # padding
+    dz: tl.constexpr,
+    dy: tl.constexpr,
+    dx: tl.constexpr,  # dilation
+    gz: tl.constexpr,
+    gy: tl.constexpr,
+    gx: tl.constexpr,  # per axis: gcd(d, s)
+    qz: tl.constexpr,
+    qy: tl.constexpr,
+    qx: tl.constexpr,  # s / g
+    vz: tl.constexpr,
+    vy: tl.constexpr,
+    vx: tl.constexpr,  # (d / g)^-1 mod (s / g)
+    Jy: tl.constexpr,
+    Jx: tl.constexpr,
+    J: tl.constexpr,  # candidate offsets enumerated per input: Jz * Jy * Jx = J
     ROW_BASE: tl.constexpr,
     GEN: tl.constexpr,  # generate candidate outputs (regular / transposed conv)
     TRANSPOSED: tl.constexpr,
@@ -234,7 +257,9 @@ def _kmap_bits_emit_kernel(
     sums_ptr,  # (chunks,) int32 outputs per chunk
     keys_ptr,  # (cap,) int64 out: the output keys in ascending order, at [0, M)
     ws_ptr,  # int64 workspace: the counter M - 1 is written at m_off (program 0)
-    m_off, words, chunks,
+    m_off,
+    words,
+    chunks,
     WORDS: tl.constexpr,  # words per program (as in the count pass)
     CELLS: tl.constexpr,  # cells ranked per step
     SUMS: tl.constexpr,  # chunk sums reduced per step
@@ -278,13 +303,26 @@ def _kmap_lookup_kernel(
     counts_off,  # workspace index of the (G, KPAD) group counts (start at -1)
     m_off,  # DEV_M: workspace index of the counter M - 1
     sub,  # blocks per count group
-    D, H, W,  # input grid
-    cap_in, log_in,
-    Do, Ho, Wo,  # output grid (FROM_KEYS decoding)
-    K: tl.constexpr, Ky: tl.constexpr, Kx: tl.constexpr,  # offsets, kernel sizes (y, x)
-    sz: tl.constexpr, sy: tl.constexpr, sx: tl.constexpr,  # stride
-    pz: tl.constexpr, py: tl.constexpr, px: tl.constexpr,  # padding
-    dz: tl.constexpr, dy: tl.constexpr, dx: tl.constexpr,  # dilation
+    D,
+    H,
+    W,  # input grid
+    cap_in,
+    log_in,
+    Do,
+    Ho,
+    Wo,  # output grid (FROM_KEYS decoding)
+    K: tl.constexpr,
+    Ky: tl.constexpr,
+    Kx: tl.constexpr,  # offsets, kernel sizes (y, x)
+    sz: tl.constexpr,
+    sy: tl.constexpr,
+    sx: tl.constexpr,  # stride
+    pz: tl.constexpr,
+    py: tl.constexpr,
+    px: tl.constexpr,  # padding
+    dz: tl.constexpr,
+    dy: tl.constexpr,
+    dx: tl.constexpr,  # dilation
     ROW_BASE: tl.constexpr,
     FROM_KEYS: tl.constexpr,  # outputs are sorted keys (regular/transposed) or coords (submanifold)
     TRANSPOSED: tl.constexpr,
@@ -397,7 +435,9 @@ def _kmap_lookup_kernel(
 def _kmap_count_kernel(
     out_in_ptr,  # (M, K) int32
     counts_ptr,  # (G, KPAD) int64 group counts, start at -1: entries >= 0 per offset added per group
-    m_total, sub, K,
+    m_total,
+    sub,
+    K,
     BLOCK_M: tl.constexpr,
     KPAD: tl.constexpr,
 ):
@@ -417,7 +457,9 @@ def _kmap_compact_kernel(
     pair_in_ptr,  # (cap_pairs,) int32 out
     pair_out_ptr,  # (cap_pairs,) int32 out
     offsets_ptr,  # (K + 1,) int32 out (program 0 writes it)
-    counts_off, m_total, K,
+    counts_off,
+    m_total,
+    K,
     sub,  # blocks of BLOCK_M rows per group (DEV_M: unused, from M on the device)
     num_groups,
     cap_pairs,  # length of the pair arrays (P, or M * K when padded)

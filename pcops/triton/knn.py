@@ -17,6 +17,7 @@ A tile that survives is merged smallest-candidate-first, one row-wide min per in
 Ball query: one program per block of queries scans the references in index order, placing hits
 with a running count (cumsum) until every row has K hits.
 """
+
 from __future__ import annotations
 
 import torch
@@ -210,8 +211,16 @@ def _knn_kernel(
                 lower = _box_lower(box_ptr + (b * num_sb * SB + tile) * 8, qx_lo, qy_lo, qz_lo, qx_hi, qy_hi, qz_hi)
                 if (tile < n_t) & (lower <= thresh):
                     topk, kth = _knn_tile(
-                        r_base, r_perm_ptr + b * nr, tile * BR + tl.arange(0, BR), r_len,
-                        qx, qy, qz, q_valid, topk, kth,
+                        r_base,
+                        r_perm_ptr + b * nr,
+                        tile * BR + tl.arange(0, BR),
+                        r_len,
+                        qx,
+                        qy,
+                        qz,
+                        q_valid,
+                        topk,
+                        kth,
                     )
                     thresh = tl.max(tl.where(q_valid, (kth >> 32).to(tl.int32), 0), axis=0)
 
@@ -274,8 +283,15 @@ def _morton_order(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def knn(
-    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int, *,
-    bq: int = _KNN_BQ, br: int = _KNN_BR, sb: int = _KNN_SB,
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_lengths: torch.Tensor,
+    ref_lengths: torch.Tensor,
+    k: int,
+    *,
+    bq: int = _KNN_BQ,
+    br: int = _KNN_BR,
+    sb: int = _KNN_SB,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact KNN with Morton-sorted tiles and two-level bounding-box pruning.
 
@@ -300,8 +316,10 @@ def knn(
         return dists.fill_(float("inf")), idx.fill_(-1)
     r_sorted, r_perm, boxes, superboxes = _morton_sort(ref, ref_lengths, br, sb)
     same = (
-        query.data_ptr() == ref.data_ptr() and query.shape == ref.shape
-        and query_lengths.data_ptr() == ref_lengths.data_ptr() and bq == br
+        query.data_ptr() == ref.data_ptr()
+        and query.shape == ref.shape
+        and query_lengths.data_ptr() == ref_lengths.data_ptr()
+        and bq == br
     )
     if same:  # self-KNN: one sort serves both sides
         q_sorted, q_perm = r_sorted, r_perm
@@ -310,9 +328,26 @@ def knn(
     kp = max(2, triton.next_power_of_2(k))
     grid = (triton.cdiv(nq, bq), batch)
     _knn_kernel[grid](
-        q_sorted, q_perm, r_sorted, r_perm, boxes, superboxes, query_lengths, ref_lengths, dists, idx,
-        nq, nr, superboxes.shape[1], k, BQ=bq, BR=br, SB=sb, KP=kp,
-        num_warps=_KNN_WARPS, **_NO_FMA,
+        q_sorted,
+        q_perm,
+        r_sorted,
+        r_perm,
+        boxes,
+        superboxes,
+        query_lengths,
+        ref_lengths,
+        dists,
+        idx,
+        nq,
+        nr,
+        superboxes.shape[1],
+        k,
+        BQ=bq,
+        BR=br,
+        SB=sb,
+        KP=kp,
+        num_warps=_KNN_WARPS,
+        **_NO_FMA,
     )
     _backend.log_kernel("knn", f"triton _knn_kernel KP={kp}")
     return dists, idx
@@ -370,8 +405,12 @@ def _ball_query_kernel(
 
 
 def ball_query(
-    query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor,
-    radius: float, k: int,
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_lengths: torch.Tensor,
+    ref_lengths: torch.Tensor,
+    radius: float,
+    k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ball query (first K hits in index order).
 
@@ -391,8 +430,20 @@ def ball_query(
     radius2 = float(torch.tensor(radius * radius, dtype=torch.float32))
     grid = (triton.cdiv(nq, _BALL_BQ), batch)
     _ball_query_kernel[grid](
-        query, ref, query_lengths, ref_lengths, idx, counts, nq, nr, radius2, k,
-        BQ=_BALL_BQ, BR=_BALL_BR, num_warps=4, **_NO_FMA,
+        query,
+        ref,
+        query_lengths,
+        ref_lengths,
+        idx,
+        counts,
+        nq,
+        nr,
+        radius2,
+        k,
+        BQ=_BALL_BQ,
+        BR=_BALL_BR,
+        num_warps=4,
+        **_NO_FMA,
     )
     _backend.log_kernel("ball_query", "triton _ball_query_kernel")
     return idx, counts

@@ -14,6 +14,7 @@ Tuning: ``triton.autotune`` keyed on the row length, timed with CUDA-graph repla
 ``block_m``/``num_warps``/``tiles``/``max_block_n`` to bypass autotuning, and does so by itself
 under ``TRITON_INTERPRET=1``. Design measurements: ``benchmarks/NOTES.md``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,8 +50,6 @@ def _m_class(m_rows: int) -> int:
     return 1 if m_rows >= _MULTI_TILE_MIN_ROWS else 0
 
 
-
-
 # --- autotuning search space ----------------------------------------------------------------
 # A program handles (BLOCK_M, BLOCK_N) tiles, BLOCK_N = next_pow2(N) fixed by the launcher; the
 # forward program walks TILES consecutive tiles, loading tile t + 1 before computing tile t.
@@ -71,7 +70,9 @@ _ROW_CONFIGS = [
 ]
 _FWD_CONFIGS = [
     triton.Config({"BLOCK_M": m, "TILES": t}, num_warps=w)
-    for m in (1, 2, 4, 8, 16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16) for t in (1, 4)
+    for m in (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    for w in (1, 2, 4, 8, 16)
+    for t in (1, 4)
 ]
 _FWD_SPACE = dict(tiles=(2048, 4096, 8192), warps=(4, 8, 16), per_thread=(4, 16))
 _FWD_MULTI_SPACE = dict(tiles=(1024, 2048), warps=(2, 4, 8), per_thread=(8, 16))
@@ -84,8 +85,10 @@ _MULTI_TILE_MIN_PROGRAMS = 2048
 def _row_space(configs, block_n, tiles, warps, per_thread, fallback=True):
     wanted = {min(256, max(1, t // block_n)) for t in tiles}
     keep = [
-        c for c in configs
-        if c.kwargs["BLOCK_M"] in wanted and c.num_warps in warps
+        c
+        for c in configs
+        if c.kwargs["BLOCK_M"] in wanted
+        and c.num_warps in warps
         and per_thread[0] <= c.kwargs["BLOCK_M"] * block_n / (32 * c.num_warps) <= per_thread[1]
     ]
     if not keep and fallback:  # very narrow or very wide rows: the largest tile, ~8-16 values per thread
@@ -119,8 +122,7 @@ def _prune_fwd(configs, named_args, **kwargs):
     x = named_args.get("x_ptr")
     pin = FWD_PINNED.get((block_n, getattr(x, "dtype", None), kwargs.get("M_CLASS", 1)))
     if pin is not None:
-        keep = [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps) == tuple(pin)]
+        keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["TILES"], c.num_warps) == tuple(pin)]
         if keep:
             return keep
     one = _row_space([c for c in configs if c.kwargs["TILES"] == 1], block_n, **_FWD_SPACE)
@@ -128,10 +130,10 @@ def _prune_fwd(configs, named_args, **kwargs):
         return one  # wide rows (the chunked path walks one tile per program) or few rows
     multi = _row_space([c for c in configs if c.kwargs["TILES"] > 1], block_n, **_FWD_MULTI_SPACE, fallback=False)
     m_rows = named_args.get("M", _MULTI_TILE_MIN_ROWS)
-    multi = [c for c in multi
-             if triton.cdiv(m_rows, c.kwargs["BLOCK_M"] * c.kwargs["TILES"]) >= _MULTI_TILE_MIN_PROGRAMS]
+    multi = [
+        c for c in multi if triton.cdiv(m_rows, c.kwargs["BLOCK_M"] * c.kwargs["TILES"]) >= _MULTI_TILE_MIN_PROGRAMS
+    ]
     return one + [c for c in multi if c not in one]
-
 
 
 def _graph_bench(kernel_call, quantiles):
@@ -171,8 +173,7 @@ def _tanh_approx(u):
     """The hardware tanh: ``tanh.approx.f32`` (one MUFU.TANH, sm_75+; relative error ≈ 2^-11, far
     below a bfloat16 rounding, 2^-8). Never traced under the interpreter (the launchers pass
     ``FAST_TANH=False`` there: no inline PTX on the CPU)."""
-    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True,
-                                     pack=1)
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -292,8 +293,10 @@ def _layer_norm_gelu_fwd_kernel(
 
 
 _layer_norm_gelu_fwd_tuned = triton.autotune(
-    configs=_FWD_CONFIGS, key=["N", "M_CLASS", "FAST_TANH"],
-    prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=_graph_bench,
+    configs=_FWD_CONFIGS,
+    key=["N", "M_CLASS", "FAST_TANH"],
+    prune_configs_by={"early_config_prune": _prune_fwd},
+    do_bench=_graph_bench,
 )(_layer_norm_gelu_fwd_kernel)
 
 
@@ -315,8 +318,14 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def _fast_tanh(dtype: torch.dtype, device: torch.device, approximate: str, dtypes,
-               interpreting: bool | None = None, capability: tuple[int, int] | None = None) -> bool:
+def _fast_tanh(
+    dtype: torch.dtype,
+    device: torch.device,
+    approximate: str,
+    dtypes,
+    interpreting: bool | None = None,
+    capability: tuple[int, int] | None = None,
+) -> bool:
     """The ``FAST_TANH`` flag of a launch on rows of ``dtype``: the tanh GELU, ``dtype in dtypes``
     and a CUDA device of sm_75 or newer, never under the interpreter (``interpreting`` and
     ``capability`` override the probes, for tests)."""
@@ -343,9 +352,17 @@ _FWD_TUNED: dict = {}
 
 
 def layer_norm_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str,
-    dropout_p: float = 0.0, seed: torch.Tensor | None = None, *,
-    block_m: int | None = None, num_warps: int | None = None, max_block_n: int | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    approximate: str,
+    dropout_p: float = 0.0,
+    seed: torch.Tensor | None = None,
+    *,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    max_block_n: int | None = None,
     tiles: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim, GELU, optional dropout, in one pass over ``x``.
@@ -372,26 +389,37 @@ def layer_norm_gelu(
         return y, mean, rstd
     block_n, one_tile = _row_block_n(n, max_block_n)
     args = (x, weight, bias, y, mean, rstd, seed_arg(seed, x), m_rows, n, float(eps), float(dropout_p))
-    meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile,
-                EVEN_N=n == block_n, BLOCK_N=block_n,
-                FAST_TANH=_fast_tanh(x.dtype, x.device, approximate, FAST_TANH_FWD_DTYPES))
+    meta = dict(
+        APPROX_TANH=approximate == "tanh",
+        HAS_DROPOUT=seed is not None,
+        ONE_TILE=one_tile,
+        EVEN_N=n == block_n,
+        BLOCK_N=block_n,
+        FAST_TANH=_fast_tanh(x.dtype, x.device, approximate, FAST_TANH_FWD_DTYPES),
+    )
     if block_m is None and tiles is None and max_block_n is None and _common.autotuning():
         m_class = _m_class(m_rows)
         key = (n, m_class, x.dtype, weight.dtype, bias.dtype, seed is None, *meta.values())
         cfg = _FWD_TUNED.get(key)
         if cfg is None:  # first call of this shape class: the autotuner times its configs (or finds its cache)
             _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](
-                *args, **meta, M_CLASS=m_class)
+                *args, **meta, M_CLASS=m_class
+            )
             _FWD_TUNED[key] = _layer_norm_gelu_fwd_tuned.best_config
         else:  # its choice, launched without the autotuner's per-call work (≈ 40 µs of host time)
             _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"]),)](
-                *args, **meta, M_CLASS=m_class, **cfg.all_kwargs())
+                *args, **meta, M_CLASS=m_class, **cfg.all_kwargs()
+            )
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), triton.next_power_of_2(m_rows))
         t = (tiles or 1) if one_tile else 1
         # M_CLASS as the autotuner passes it: a fixed config it has timed reuses its compiled kernel
         _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, bm * t),)](
-            *args, **meta, BLOCK_M=bm, TILES=t, num_warps=num_warps or _default_warps(bm, block_n),
+            *args,
+            **meta,
+            BLOCK_M=bm,
+            TILES=t,
+            num_warps=num_warps or _default_warps(bm, block_n),
             M_CLASS=_m_class(m_rows),
         )
     _backend.log_kernel("layer_norm_gelu", f"_layer_norm_gelu_fwd_kernel FAST_TANH={meta['FAST_TANH']}")

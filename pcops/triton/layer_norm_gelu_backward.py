@@ -10,6 +10,7 @@ are summed over rows in two fixed-order stages (per-program partial rows, then
 - Wider rows: ``_layer_norm_gelu_bwd_kernel``, ``G`` = 8 per SM contiguous row ranges, autotuned
   (rows wider than the forward's ``_MAX_BLOCK_N`` in two passes of chunks).
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,9 +22,24 @@ import triton.language as tl
 from .. import _backend
 from . import _fused_common as _common
 from ._fused_common import dropout, dropout_params, quick_bench, seed_arg
+from .layer_norm_gelu_column_sum import _column_sum, _column_sum_kernel  # noqa: F401
 from .layer_norm_gelu import (
-    _BWD_SPACE, _C, _CK, _GELU_A0, _GELU_A1, _INV_SQRT_2, _K, _ROW_CONFIGS, FAST_TANH_BWD_DTYPES, _default_block_m,
-    _default_warps, _fast_div, _fast_tanh, _prune_rows, _row_block_n, _tanh_approx,
+    _BWD_SPACE,
+    _C,
+    _CK,
+    _GELU_A0,
+    _GELU_A1,
+    _INV_SQRT_2,
+    _K,
+    _ROW_CONFIGS,
+    FAST_TANH_BWD_DTYPES,
+    _default_block_m,
+    _default_warps,
+    _fast_div,
+    _fast_tanh,
+    _prune_rows,
+    _row_block_n,
+    _tanh_approx,
 )
 
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
@@ -31,10 +47,6 @@ _GELU_B0 = tl.constexpr(2.0 * _C)  # 2u' = B0 + B1·z²
 _GELU_B1 = tl.constexpr(6.0 * _C * _K)
 _CK3 = tl.constexpr(3.0 * _C * _K)  # the hardware-tanh form: u' = c + 3·c·k·z²
 
-# column-sum kernel (``_column_sum``): BLOCK_G = next_pow2(G) ≤ 4096 partial rows × BLOCK_N =
-# 4096 / BLOCK_G columns per program (at most 8): the G ≈ 5-10·SMs partial rows in one step
-_SUM_MAX_BLOCK_G = 4096
-_SUM_ELEMENTS = 4096
 # backward programs per SM: each walks a contiguous range of rows, so G is bounded and the
 # partial sums stay small (G·N·8 bytes, ≈ 2 MB for N = 256 on 132 SMs, 1 % of L2's traffic);
 # 8 per SM lets low-register configs keep all programs resident (no tail wave) while
@@ -69,9 +81,22 @@ def _gelu_grad(z, APPROX_TANH: tl.constexpr, LEAN: tl.constexpr = False, FAST_TA
 
 
 @triton.jit
-def _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
-              HAS_DROPOUT: tl.constexpr, APPROX_TANH: tl.constexpr, LEAN: tl.constexpr = False,
-              FAST_TANH: tl.constexpr = False):
+def _bwd_tile(
+    x,
+    g,
+    offs,
+    mean,
+    rstd,
+    w,
+    b,
+    seed,
+    dropout_p,
+    keep_scale,
+    HAS_DROPOUT: tl.constexpr,
+    APPROX_TANH: tl.constexpr,
+    LEAN: tl.constexpr = False,
+    FAST_TANH: tl.constexpr = False,
+):
     """One backward tile (float32 ``x``, ``g``): ``(x̂, dz)`` with x̂ recomputed from the saved
     statistics and ``dz = g·gelu'(z)`` at the recomputed pre-activation ``z = x̂·w + b``
     (``g`` first goes back through the dropout mask). Masked-off elements (loaded as ``x = g =
@@ -145,8 +170,7 @@ def _layer_norm_gelu_bwd_kernel(
             rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            xhat, dz = _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
-                                 HAS_DROPOUT, APPROX_TANH)
+            xhat, dz = _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale, HAS_DROPOUT, APPROX_TANH)
             dw_acc += tl.sum(dz * xhat, axis=0)
             db_acc += tl.sum(dz, axis=0)
             # the normalisation derivative: dx = rstd · (dx̂ - mean(dx̂) - x̂ · mean(dx̂ · x̂))
@@ -179,8 +203,9 @@ def _layer_norm_gelu_bwd_kernel(
                 b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                xhat, dz = _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
-                                     HAS_DROPOUT, APPROX_TANH)
+                xhat, dz = _bwd_tile(
+                    x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale, HAS_DROPOUT, APPROX_TANH
+                )
                 dxhat = dz * w[None, :]
                 s1 += dxhat * xhat
                 s2 += dxhat
@@ -196,8 +221,9 @@ def _layer_norm_gelu_bwd_kernel(
                 b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                xhat, dz = _bwd_tile(x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale,
-                                     HAS_DROPOUT, APPROX_TANH)
+                xhat, dz = _bwd_tile(
+                    x, g, offs, mean, rstd, w, b, seed, dropout_p, keep_scale, HAS_DROPOUT, APPROX_TANH
+                )
                 dxhat = dz * w[None, :]
                 dx = (dxhat - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
                 tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -207,34 +233,10 @@ def _layer_norm_gelu_bwd_kernel(
                 tl.store(db_part_ptr + part_off + cols, pb + tl.sum(dz, axis=0), mask=col_ok)
 
 
-@triton.jit
-def _column_sum_kernel(
-    dw_part_ptr,  # (G, N) float32 partial sums
-    db_part_ptr,  # (G, N) float32 partial sums
-    dw_ptr,  # (N,) output, dtype of weight
-    db_ptr,  # (N,) output, dtype of bias
-    G,  # partial rows
-    N,  # columns
-    BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    acc_w = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
-    # a fixed summation order: the result does not depend on scheduling
-    for g0 in range(0, G, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        mask = (g < G)[:, None] & col_ok[None, :]
-        offs = g.to(tl.int64)[:, None] * N + cols[None, :]
-        acc_w += tl.load(dw_part_ptr + offs, mask=mask, other=0.0)
-        acc_b += tl.load(db_part_ptr + offs, mask=mask, other=0.0)
-    tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
-    tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
-
-
 _layer_norm_gelu_bwd_tuned = triton.autotune(
-    configs=_ROW_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_rows(**_BWD_SPACE)},
+    configs=_ROW_CONFIGS,
+    key=["N"],
+    prune_configs_by={"early_config_prune": _prune_rows(**_BWD_SPACE)},
     do_bench=quick_bench,
 )(_layer_norm_gelu_bwd_kernel)
 
@@ -272,8 +274,6 @@ def _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs, rows, col_ok, M):
     mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
     rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
     return x, g, mean, rstd
-
-
 
 
 @triton.jit(do_not_specialize=["num_programs"])
@@ -318,11 +318,26 @@ def _layer_norm_gelu_bwd_tiled_kernel(
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         x_raw, g_raw, mean, rstd = x_a, g_a, mean_a, rstd_a
-        x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs + stride, rows + step,
-                                                   col_ok, M)
+        x_a, g_a, mean_a, rstd_a = _bwd_tiled_load(
+            x_ptr, dy_ptr, mean_ptr, rstd_ptr, offs + stride, rows + step, col_ok, M
+        )
         # the row-range kernel's maths: dz = g · gelu'(z), dx = rstd · (dx̂ - x̂ · mean(dx̂ · x̂) - mean(dx̂))
-        xhat, dz = _bwd_tile(x_raw.to(tl.float32), g_raw.to(tl.float32), offs, mean, rstd, w, b, seed,
-                             dropout_p, keep_scale, HAS_DROPOUT, APPROX_TANH, True, FAST_TANH)
+        xhat, dz = _bwd_tile(
+            x_raw.to(tl.float32),
+            g_raw.to(tl.float32),
+            offs,
+            mean,
+            rstd,
+            w,
+            b,
+            seed,
+            dropout_p,
+            keep_scale,
+            HAS_DROPOUT,
+            APPROX_TANH,
+            True,
+            FAST_TANH,
+        )
         dw_acc += dz * xhat
         db_acc += dz
         dx = _bwd_dx(dz, xhat, w, rstd, N, inv_n, True)
@@ -348,10 +363,19 @@ def _num_sms(device: torch.device) -> int:
 
 
 def layer_norm_gelu_backward(
-    grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-    mean: torch.Tensor, rstd: torch.Tensor, approximate: str,
-    dropout_p: float = 0.0, seed: torch.Tensor | None = None, *,
-    block_m: int | None = None, num_warps: int | None = None, max_block_n: int | None = None,
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    approximate: str,
+    dropout_p: float = 0.0,
+    seed: torch.Tensor | None = None,
+    *,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    max_block_n: int | None = None,
     num_programs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact gradients of ``layer_norm_gelu`` w.r.t. ``x``, ``weight`` and ``bias``.
@@ -373,8 +397,24 @@ def layer_norm_gelu_backward(
     dbias = torch.empty_like(bias)
     block_n, one_tile = _row_block_n(n, max_block_n)
     if one_tile and block_n <= _TILED_MAX_N:
-        return _backward_tiled(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed, dx, dweight, dbias,
-                               block_n, block_m, num_warps, num_programs)
+        return _backward_tiled(
+            grad_y,
+            x,
+            weight,
+            bias,
+            mean,
+            rstd,
+            approximate,
+            dropout_p,
+            seed,
+            dx,
+            dweight,
+            dbias,
+            block_n,
+            block_m,
+            num_warps,
+            num_programs,
+        )
     if num_programs is None:
         num_programs = _num_sms(x.device) * (_BWD_PROGRAMS_PER_SM if x.device.type == "cuda" else 3)
     rows_per_program = triton.cdiv(max(m_rows, 1), max(1, min(num_programs, m_rows)))
@@ -382,35 +422,35 @@ def layer_norm_gelu_backward(
     dw_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     if g:
-        args = (grad_y, x, weight, bias, mean, rstd, seed_arg(seed, x), dx, dw_part, db_part,
-                m_rows, n, rows_per_program, float(dropout_p))
+        args = (
+            grad_y,
+            x,
+            weight,
+            bias,
+            mean,
+            rstd,
+            seed_arg(seed, x),
+            dx,
+            dw_part,
+            db_part,
+            m_rows,
+            n,
+            rows_per_program,
+            float(dropout_p),
+        )
         meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, ONE_TILE=one_tile, BLOCK_N=block_n)
         if block_m is None and max_block_n is None and _common.autotuning():
             _layer_norm_gelu_bwd_tuned[(g,)](*args, **meta)
         else:
-            bm = block_m or min(_default_block_m(block_n, _BWD_SPACE["tiles"][1]), triton.next_power_of_2(rows_per_program))
-            _layer_norm_gelu_bwd_kernel[(g,)](*args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n))
+            bm = block_m or min(
+                _default_block_m(block_n, _BWD_SPACE["tiles"][1]), triton.next_power_of_2(rows_per_program)
+            )
+            _layer_norm_gelu_bwd_kernel[(g,)](
+                *args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n)
+            )
         _backend.log_kernel("layer_norm_gelu_backward", f"_layer_norm_gelu_bwd_kernel ONE_TILE={one_tile} G={g}")
     _column_sum(dw_part, db_part, dweight, dbias, g, n)
     return dx, dweight, dbias
-
-
-def _column_sum(dw_part, db_part, dweight, dbias, g: int, n: int) -> None:
-    """``dweight = Σ_g dw_part[g]``, ``dbias = Σ_g db_part[g]`` (fixed order), cast on store.
-
-    One launch. Each program owns ``BLOCK_N`` columns and reads all ``G`` partial rows in one
-    step when ``G ≤ 4096`` (``BLOCK_G = next_pow2(G)``, 8 values per thread: every load
-    independent, one L2 round trip; narrow column blocks give ``N / BLOCK_N`` programs).
-    The partials were just written, so the reads hit L2 and the partly used sectors cost little.
-    """
-    if not n:
-        return
-    block_g = min(_SUM_MAX_BLOCK_G, triton.next_power_of_2(max(g, 16)))
-    block_n = max(1, min(8, _SUM_ELEMENTS // block_g))
-    warps = max(1, min(16, block_g * block_n // (32 * 8)))
-    _column_sum_kernel[(triton.cdiv(n, block_n),)](
-        dw_part, db_part, dweight, dbias, g, n, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps
-    )
 
 
 _TILED_PER_SM: dict = {}  # compiled-kernel key → programs per SM (occupancy from its registers)
@@ -425,8 +465,15 @@ def _tiled_programs_per_sm(args, meta, device: torch.device) -> int:
     when the kernel cannot be inspected.
     """
     kernel = _layer_norm_gelu_bwd_tiled_kernel
-    key = (kernel.__name__, device.index, args[0].dtype, args[1].dtype, args[2].dtype, args[3].dtype,
-           tuple(sorted(meta.items())))
+    key = (
+        kernel.__name__,
+        device.index,
+        args[0].dtype,
+        args[1].dtype,
+        args[2].dtype,
+        args[3].dtype,
+        tuple(sorted(meta.items())),
+    )
     if key not in _TILED_PER_SM:
         try:
             k = kernel.warmup(*args, grid=(1,), **meta)
@@ -435,8 +482,7 @@ def _tiled_programs_per_sm(args, meta, device: torch.device) -> int:
             k._init_handles()
             warps = meta["num_warps"]
             regs_per_warp = -(-max(1, k.n_regs) * 32 // 256) * 256
-            fit = min(65536 // (regs_per_warp * warps), 64 // warps, 32,
-                      (228 * 1024) // (k.metadata.shared + 1024))
+            fit = min(65536 // (regs_per_warp * warps), 64 // warps, 32, (228 * 1024) // (k.metadata.shared + 1024))
             _TILED_PER_SM[key] = max(1, fit)
         except Exception:  # noqa: BLE001 - an inspection failure only costs occupancy
             _TILED_PER_SM[key] = 4
@@ -459,8 +505,24 @@ def _tiled_shape(block_n: int) -> tuple[int, int]:
     return max(1, per_thread * 32 * warps // block_n), warps
 
 
-def _backward_tiled(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed, dx, dweight, dbias,
-                    block_n, block_m, num_warps, num_programs):
+def _backward_tiled(
+    grad_y,
+    x,
+    weight,
+    bias,
+    mean,
+    rstd,
+    approximate,
+    dropout_p,
+    seed,
+    dx,
+    dweight,
+    dbias,
+    block_n,
+    block_m,
+    num_warps,
+    num_programs,
+):
     """``layer_norm_gelu_backward`` with ``_layer_norm_gelu_bwd_tiled_kernel``."""
     m_rows, n = x.shape
     bm, warps = _tiled_shape(block_n)
@@ -468,14 +530,36 @@ def _backward_tiled(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p,
     warps = num_warps or warps
     tiles = triton.cdiv(m_rows, bm)
     fast = _fast_tanh(x.dtype, x.device, approximate, FAST_TANH_BWD_DTYPES)
-    meta = dict(APPROX_TANH=approximate == "tanh", HAS_DROPOUT=seed is not None, BLOCK_N=block_n, BLOCK_M=bm,
-                FAST_TANH=fast, num_warps=warps, num_stages=1)
+    meta = dict(
+        APPROX_TANH=approximate == "tanh",
+        HAS_DROPOUT=seed is not None,
+        BLOCK_N=block_n,
+        BLOCK_M=bm,
+        FAST_TANH=fast,
+        num_warps=warps,
+        num_stages=1,
+    )
     cap = _tiled_maxnreg(x.dtype, seed is not None, block_n, bm, warps)
     if cap is not None:
         meta["maxnreg"] = cap
     if num_programs is None and tiles:
         if x.device.type == "cuda" and not _common.interpreting():
-            probe = (grad_y, x, weight, bias, mean, rstd, seed_arg(seed, x), dx, mean, mean, m_rows, n, 2, float(dropout_p))
+            probe = (
+                grad_y,
+                x,
+                weight,
+                bias,
+                mean,
+                rstd,
+                seed_arg(seed, x),
+                dx,
+                mean,
+                mean,
+                m_rows,
+                n,
+                2,
+                float(dropout_p),
+            )
             num_programs = _num_sms(x.device) * _tiled_programs_per_sm(probe, meta, x.device)
         else:
             num_programs = 3  # the interpreter: a few programs, several tiles each
@@ -484,10 +568,25 @@ def _backward_tiled(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p,
     db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     if g:
         _layer_norm_gelu_bwd_tiled_kernel[(g,)](
-            grad_y, x, weight, bias, mean, rstd, seed_arg(seed, x), dx, dw_part, db_part,
-            m_rows, n, g, float(dropout_p), **meta,
+            grad_y,
+            x,
+            weight,
+            bias,
+            mean,
+            rstd,
+            seed_arg(seed, x),
+            dx,
+            dw_part,
+            db_part,
+            m_rows,
+            n,
+            g,
+            float(dropout_p),
+            **meta,
         )
-        _backend.log_kernel("layer_norm_gelu_backward",
-                            f"_layer_norm_gelu_bwd_tiled_kernel BLOCK_M={bm} warps={warps} G={g} FAST_TANH={fast}")
+        _backend.log_kernel(
+            "layer_norm_gelu_backward",
+            f"_layer_norm_gelu_bwd_tiled_kernel BLOCK_M={bm} warps={warps} G={g} FAST_TANH={fast}",
+        )
     _column_sum(dw_part, db_part, dweight, dbias, g, n)
     return dx, dweight, dbias

@@ -29,6 +29,7 @@ a tile sequentially from its diagonal word block, then ORs the kept boxes' rows 
 words of the later tiles. Triton cannot skip single pairs inside a tile, so its mask kernel clips
 every pair of a tile with at least one candidate; ``csrc/nms.cu`` compacts the candidates first.
 """
+
 from __future__ import annotations
 
 import torch
@@ -226,8 +227,24 @@ def _boxes_iou_kernel(
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     xa, ya, za, dxa, dya, dza, ha, oka = _load_box(a_ptr, rows, rows < n, stride_a, BEV5)
     xb, yb, zb, dxb, dyb, dzb, hb, okb = _load_box(b_ptr, cols, cols < m, stride_b, BEV5)
-    xa, ya, za, dxa, dya, dza, ha = xa[:, None], ya[:, None], za[:, None], dxa[:, None], dya[:, None], dza[:, None], ha[:, None]
-    xb, yb, zb, dxb, dyb, dzb, hb = xb[None, :], yb[None, :], zb[None, :], dxb[None, :], dyb[None, :], dzb[None, :], hb[None, :]
+    xa, ya, za, dxa, dya, dza, ha = (
+        xa[:, None],
+        ya[:, None],
+        za[:, None],
+        dxa[:, None],
+        dya[:, None],
+        dza[:, None],
+        ha[:, None],
+    )
+    xb, yb, zb, dxb, dyb, dzb, hb = (
+        xb[None, :],
+        yb[None, :],
+        zb[None, :],
+        dxb[None, :],
+        dyb[None, :],
+        dzb[None, :],
+        hb[None, :],
+    )
     ok = oka[:, None] & okb[None, :] & _touch(xa, ya, dxa, dya, xb, yb, dxb, dyb)
     inter = tl.where(ok, _pair_inter(xa, ya, dxa, dya, ha, xb, yb, dxb, dyb, hb), 0.0)
     if THREE_D:
@@ -341,8 +358,11 @@ def _nms_pass_kernel(
             for w0 in range(t + 1, words, BLOCK_W):
                 ws = w0 + tl.arange(0, BLOCK_W)
                 lw = ws < words
-                blk = tl.load(mask_ptr + rows[:, None].to(tl.int64) * words + ws[None, :],
-                              mask=keep_lane[:, None] & lw[None, :], other=0)
+                blk = tl.load(
+                    mask_ptr + rows[:, None].to(tl.int64) * words + ws[None, :],
+                    mask=keep_lane[:, None] & lw[None, :],
+                    other=0,
+                )
                 acc = tl.reduce(blk, 0, _or)
                 old = tl.load(removed_ptr + ws, mask=lw, other=0)
                 tl.store(removed_ptr + ws, old | acc, mask=lw)
@@ -385,7 +405,9 @@ def sort_order(scores: torch.Tensor, pre_max_size: int | None) -> torch.Tensor:
     return order if pre_max_size is None else order[:pre_max_size]
 
 
-def nms_mask(boxes: torch.Tensor, order: torch.Tensor, groups: torch.Tensor | None, iou_threshold: float) -> torch.Tensor:
+def nms_mask(
+    boxes: torch.Tensor, order: torch.Tensor, groups: torch.Tensor | None, iou_threshold: float
+) -> torch.Tensor:
     """Upper-triangular suppression bitmask ``(M, ceil(M/64))`` int64 in sorted order (lower words unset).
 
     Args:
@@ -399,8 +421,16 @@ def nms_mask(boxes: torch.Tensor, order: torch.Tensor, groups: torch.Tensor | No
     if m:
         g = groups if groups is not None else order
         _nms_mask_kernel[(words, words)](
-            boxes, order, g, mask, m, words, boxes.shape[1], iou_threshold,
-            BEV5=boxes.shape[1] == 5, HAS_GROUPS=groups is not None,
+            boxes,
+            order,
+            g,
+            mask,
+            m,
+            words,
+            boxes.shape[1],
+            iou_threshold,
+            BEV5=boxes.shape[1] == 5,
+            HAS_GROUPS=groups is not None,
         )
     return mask
 
@@ -412,8 +442,20 @@ def nms_pass(mask, boxes, scores, order, out_len: int) -> tuple[torch.Tensor, to
     count = torch.empty((), dtype=torch.int64, device=boxes.device)
     removed = torch.zeros((max(words, 1),), dtype=torch.int64, device=boxes.device)
     _nms_pass_kernel[(1,)](
-        mask, removed, boxes, scores, order, out, count, m, words, out_len, boxes.shape[1],
-        BEV5=boxes.shape[1] == 5, BLOCK_W=_PASS_BLOCK_W, num_warps=2,
+        mask,
+        removed,
+        boxes,
+        scores,
+        order,
+        out,
+        count,
+        m,
+        words,
+        out_len,
+        boxes.shape[1],
+        BEV5=boxes.shape[1] == 5,
+        BLOCK_W=_PASS_BLOCK_W,
+        num_warps=2,
     )
     return out, count
 

@@ -14,6 +14,7 @@ Padding slots count in the max, as in OpenPCDet: their features are zero, so the
 ``relu(b')``. The canvas may be contiguous ``(B, C, H, W)`` or channels-last (its strides are
 passed), float32 or float16/bfloat16 (the store rounds).
 """
+
 from __future__ import annotations
 
 import torch
@@ -116,7 +117,9 @@ def _pfn_scatter_dot_kernel(
     c = tl.arange(0, BLOCK_C)
     in_c = c < num_channels
     kk = tl.arange(0, 16)
-    w = tl.load(weight_ptr + kk[:, None] * num_channels + c[None, :], mask=(kk[:, None] < 10) & in_c[None, :], other=0.0)
+    w = tl.load(
+        weight_ptr + kk[:, None] * num_channels + c[None, :], mask=(kk[:, None] < 10) & in_c[None, :], other=0.0
+    )
     acc = tl.dot(x, w, input_precision="ieee")  # (P*T, C) float32
     acc = tl.maximum(acc + tl.load(bias_ptr + c, mask=in_c, other=0.0)[None, :], 0.0)
     acc = tl.reshape(acc, (BLOCK_P, BLOCK_T, BLOCK_C))
@@ -181,10 +184,33 @@ def pfn_scatter(
     sb, sc, sy, sx = canvas.stride()
     if variant not in (None, "dot"):
         raise ValueError(f"variant: expected None or 'dot' (the one kernel), got {variant!r}")
-    args = (voxels, num_points.to(torch.int32).contiguous(), coords.to(torch.int32).contiguous(),
-            count.to(torch.int32), weight.contiguous(), bias.contiguous(), canvas)
-    geometry = (num_slots, num_feats, num_channels, canvas.shape[0], canvas.shape[2], canvas.shape[3],
-                sb, sc, sy, sx, vx, vy, vz, vx / 2 + x0, vy / 2 + y0, vz / 2 + z0)
+    args = (
+        voxels,
+        num_points.to(torch.int32).contiguous(),
+        coords.to(torch.int32).contiguous(),
+        count.to(torch.int32),
+        weight.contiguous(),
+        bias.contiguous(),
+        canvas,
+    )
+    geometry = (
+        num_slots,
+        num_feats,
+        num_channels,
+        canvas.shape[0],
+        canvas.shape[2],
+        canvas.shape[3],
+        sb,
+        sc,
+        sy,
+        sx,
+        vx,
+        vy,
+        vz,
+        vx / 2 + x0,
+        vy / 2 + y0,
+        vz / 2 + z0,
+    )
     block_t, block_c = triton.next_power_of_2(num_slots), triton.next_power_of_2(num_channels)
     _pfn_scatter_dot_kernel[(triton.cdiv(num_rows, _DOT_PILLARS),)](
         *args, num_rows, *geometry, BLOCK_P=_DOT_PILLARS, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4

@@ -7,6 +7,7 @@ separate memset. The canvas write (B·C·H·W elements) is the memory floor; the
 (B·H·W int32) is 1/C of it. The adjoint streams the canvas gradient in cell order (sequential
 HBM pages) into each owner's row.
 """
+
 from __future__ import annotations
 
 import torch
@@ -133,8 +134,15 @@ def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w
 
 
 def pillar_scatter(
-    features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int,
-    *, block_hw: int = _CANVAS_BLOCK_HW, block_c: int = _CANVAS_BLOCK_C, num_warps: int = 4,
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    batch_size: int,
+    grid_h: int,
+    grid_w: int,
+    *,
+    block_hw: int = _CANVAS_BLOCK_HW,
+    block_c: int = _CANVAS_BLOCK_C,
+    num_warps: int = 4,
     c_per_program: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scatter pillar features into a BEV canvas.
@@ -151,23 +159,29 @@ def pillar_scatter(
     """
     num_channels = features.shape[1]
     winner = pillar_winner_map(coords, batch_size, grid_h, grid_w)
-    canvas = torch.empty(
-        (batch_size, num_channels, grid_h, grid_w), dtype=features.dtype, device=features.device
-    )
+    canvas = torch.empty((batch_size, num_channels, grid_h, grid_w), dtype=features.dtype, device=features.device)
     hw = grid_h * grid_w
     if canvas.numel():
         per = c_per_program or _CANVAS_C_PER_PROGRAM
         per = triton.cdiv(per, block_c) * block_c
         grid = (triton.cdiv(hw, block_hw), batch_size, triton.cdiv(num_channels, per))
         _pillar_canvas_kernel[grid](
-            features, winner, canvas, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw, C_PER_PROGRAM=per,
+            features,
+            winner,
+            canvas,
+            num_channels,
+            hw,
+            BLOCK_C=block_c,
+            BLOCK_HW=block_hw,
+            C_PER_PROGRAM=per,
             num_warps=num_warps,
         )
     return canvas, winner
 
 
-def pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor, *,
-                  block_hw: int = 256, block_c: int = 16) -> torch.Tensor:
+def pillar_gather(
+    canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor, *, block_hw: int = 256, block_c: int = 16
+) -> torch.Tensor:
     """Adjoint of ``pillar_scatter``: ``(P, C)`` rows read at each pillar's cell (0 where it does not own it).
 
     Args:

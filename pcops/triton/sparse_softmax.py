@@ -16,6 +16,7 @@ configs, keyed on the mean length and ``SUB``): one or two rows per thread keep 
 thread per tensor, and the warps per program trade the crow loads' reuse against more, smaller
 programs in flight.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,11 @@ _GROUPED_WARPS = (4, 8)
 
 def _prune_grouped(configs, named_args, **kwargs):
     per_warp = 32 // kwargs["SUB"]
-    keep = [c for c in configs if c.num_warps in _GROUPED_WARPS
-            and c.kwargs["BLOCK_R"] in (per_warp * c.num_warps, 2 * per_warp * c.num_warps)]
+    keep = [
+        c
+        for c in configs
+        if c.num_warps in _GROUPED_WARPS and c.kwargs["BLOCK_R"] in (per_warp * c.num_warps, 2 * per_warp * c.num_warps)
+    ]
     return keep or configs[:1]
 
 
@@ -159,11 +163,15 @@ def _sparse_softmax_grouped_bwd_kernel(
 
 
 _sparse_softmax_grouped_tuned = triton.autotune(
-    configs=_GROUPED_CONFIGS, key=["AVG_LEN", "SUB"], prune_configs_by={"early_config_prune": _prune_grouped},
+    configs=_GROUPED_CONFIGS,
+    key=["AVG_LEN", "SUB"],
+    prune_configs_by={"early_config_prune": _prune_grouped},
     do_bench=quick_bench,
 )(_sparse_softmax_grouped_kernel)
 _sparse_softmax_grouped_bwd_tuned = triton.autotune(
-    configs=_GROUPED_CONFIGS, key=["AVG_LEN", "SUB"], prune_configs_by={"early_config_prune": _prune_grouped},
+    configs=_GROUPED_CONFIGS,
+    key=["AVG_LEN", "SUB"],
+    prune_configs_by={"early_config_prune": _prune_grouped},
     do_bench=quick_bench,
 )(_sparse_softmax_grouped_bwd_kernel)
 
@@ -185,8 +193,13 @@ def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps,
 
 
 def sparse_softmax(
-    values: torch.Tensor, crow: torch.Tensor, *, block_r: int | None = None, num_warps: int | None = None,
-    sub: int | None = None, vpt: int | None = None,
+    values: torch.Tensor,
+    crow: torch.Tensor,
+    *,
+    block_r: int | None = None,
+    num_warps: int | None = None,
+    sub: int | None = None,
+    vpt: int | None = None,
 ) -> torch.Tensor:
     """Softmax of each CSR row's stored values.
 
@@ -204,21 +217,47 @@ def sparse_softmax(
     out = torch.empty_like(values)
     rows, nnz = crow.numel() - 1, values.numel()
     if rows > 0 and nnz > 0:
-        _grouped_launch(_sparse_softmax_grouped_tuned, _sparse_softmax_grouped_kernel, (values, crow, out, rows, nnz),
-                        rows, nnz, _avg_len(nnz, rows), block_r, num_warps, sub, vpt)
+        _grouped_launch(
+            _sparse_softmax_grouped_tuned,
+            _sparse_softmax_grouped_kernel,
+            (values, crow, out, rows, nnz),
+            rows,
+            nnz,
+            _avg_len(nnz, rows),
+            block_r,
+            num_warps,
+            sub,
+            vpt,
+        )
     return out
 
 
 def sparse_softmax_backward(
-    grad: torch.Tensor, y: torch.Tensor, crow: torch.Tensor, *, block_r: int | None = None,
-    num_warps: int | None = None, sub: int | None = None, vpt: int | None = None,
+    grad: torch.Tensor,
+    y: torch.Tensor,
+    crow: torch.Tensor,
+    *,
+    block_r: int | None = None,
+    num_warps: int | None = None,
+    sub: int | None = None,
+    vpt: int | None = None,
 ) -> torch.Tensor:
     """``dx = y·(g - Σ_row g·y)`` per CSR row; arguments as ``sparse_softmax`` (grad, y: ``(nnz,)``)."""
     dx = torch.empty_like(y)
     rows, nnz = crow.numel() - 1, y.numel()
     if rows > 0 and nnz > 0:
-        _grouped_launch(_sparse_softmax_grouped_bwd_tuned, _sparse_softmax_grouped_bwd_kernel,
-                        (grad, y, dx, crow, rows, nnz), rows, nnz, _avg_len(nnz, rows), block_r, num_warps, sub, vpt)
+        _grouped_launch(
+            _sparse_softmax_grouped_bwd_tuned,
+            _sparse_softmax_grouped_bwd_kernel,
+            (grad, y, dx, crow, rows, nnz),
+            rows,
+            nnz,
+            _avg_len(nnz, rows),
+            block_r,
+            num_warps,
+            sub,
+            vpt,
+        )
     return dx
 
 

@@ -3,6 +3,7 @@
 Elementwise and memory-bound: each kernel reads its inputs once and writes its output once, in
 float32 registers; dropout draws Philox on the flat element index (``_fused_common``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -72,8 +73,15 @@ def swish_dropout_residual(
     numel = x.numel()
     if numel:
         _swish_dropout_residual_kernel[(triton.cdiv(numel, ELEMENTWISE_BLOCK),)](
-            x, residual, y, seed_arg(seed, x), numel, float(dropout_p),
-            HAS_DROPOUT=seed is not None, BLOCK=ELEMENTWISE_BLOCK, num_warps=4,
+            x,
+            residual,
+            y,
+            seed_arg(seed, x),
+            numel,
+            float(dropout_p),
+            HAS_DROPOUT=seed is not None,
+            BLOCK=ELEMENTWISE_BLOCK,
+            num_warps=4,
         )
     return y
 
@@ -86,7 +94,14 @@ def swish_dropout_backward(
     numel = x.numel()
     if numel:
         _swish_dropout_bwd_kernel[(triton.cdiv(numel, ELEMENTWISE_BLOCK),)](
-            grad, x, dx, seed_arg(seed, x), numel, float(dropout_p),
-            HAS_DROPOUT=seed is not None, BLOCK=ELEMENTWISE_BLOCK, num_warps=4,
+            grad,
+            x,
+            dx,
+            seed_arg(seed, x),
+            numel,
+            float(dropout_p),
+            HAS_DROPOUT=seed is not None,
+            BLOCK=ELEMENTWISE_BLOCK,
+            num_warps=4,
         )
     return dx

@@ -23,9 +23,8 @@ cap). Hard voxelization then keeps each voxel's ``max_points_per_voxel`` lowest 
 writes ``coords``, ``num_points``, ``point_to_voxel`` and the per-sample counts. The variable-size
 form reads the voxel counts on the host once; ``pad_to_max`` never syncs.
 """
-from __future__ import annotations
 
-from dataclasses import dataclass
+from __future__ import annotations
 
 import torch
 import triton
@@ -33,43 +32,7 @@ import triton.language as tl
 
 from .. import _backend
 from .voxelize_rows import _voxel_rows_kernel, _voxel_scatter_kernel
-
-# Hard voxelization of samples below this many points on average takes the CSR mode (``mode=
-# "auto"``): scan-sized clouds (V1-V3, a batch of 8 scans) are faster that way; bigger ones keep
-# the ranked lists, whose rows kernel has no merge loop for dense voxels (benchmarks/NOTES.md)
-CSR_MAX_POINTS_PER_SAMPLE = 2_000_000
-MODES = ("auto", "csr", "lists")
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """Launch parameters and test hooks of the launchers; the defaults are the product's.
-
-    Tests pass tiny blocks (so a few hundred points span many blocks) and the hooks, which force
-    paths that the interpreter's in-order blocks never take; ``benchmarks/bench_voxelize.py``
-    sweeps the launch parameters. None of them changes the output.
-    """
-
-    # main kernel (points per program = the scan granularity, warps), below / from ``big_n``
-    # points; (1024, 16) measured fastest hard and dynamic on V1 and V2 (benchmarks/NOTES.md)
-    hard_main: tuple = ((1024, 16), (1024, 16))
-    dynamic_main: tuple = ((1024, 16), (1024, 16))
-    big_n: int = 400_000
-    lookback: int = 128  # descriptors read per look-back / wait step
-    scatter_block: int = 1024  # CSR scatter kernel: points per program
-    rows: tuple = (16, 4)  # rows kernel: (output rows per program, warps)
-    # tests only: lay the CSR segments out in reverse arrival order (every chunk of the rows kernel merges)
-    reverse_segments: bool = False
-    seen: bool = True  # tests only: False makes the lists ignore earlier blocks' entries (every collision cascades)
-    key64: bool = False  # tests only: sort int64 keys in the lists mode even where int32 ones fit
-    publish_inclusive: bool = True  # tests only: False makes blocks publish aggregates only (look-backs walk further)
-
-    def main(self, n: int, hard: bool) -> tuple[int, int]:
-        small, big = self.hard_main if hard else self.dynamic_main
-        return big if n >= self.big_n else small
-
-
-DEFAULT = Tuning()
+from .voxelize_tuning import CSR_MAX_POINTS_PER_SAMPLE, DEFAULT, MODES, Tuning
 
 
 @triton.jit
@@ -110,11 +73,25 @@ def _voxelize_kernel(
     cnt_ptr,  # (B * S,) int32 points per list row minus one, starts at -1 (CSR only)
     lrb_ptr,  # (N,) int32 list row of each kept-voxel point, -1 none (CSR only)
     posb_ptr,  # (N,) int32 arrival position of the point in its list row (CSR only)
-    num_points, num_channels, batch_size, cap,
-    x_lo, y_lo, z_lo, x_hi, y_hi, z_hi,  # point_cloud_range, float32
-    vx, vy, vz,  # voxel_size, float32
-    gx, gy, gz,  # grid cells per axis (int)
-    max_points, max_voxels, list_stride,  # caps; S = rows per sample in lists (HARD only)
+    num_points,
+    num_channels,
+    batch_size,
+    cap,
+    x_lo,
+    y_lo,
+    z_lo,
+    x_hi,
+    y_hi,
+    z_hi,  # point_cloud_range, float32
+    vx,
+    vy,
+    vz,  # voxel_size, float32
+    gx,
+    gy,
+    gz,  # grid cells per axis (int)
+    max_points,
+    max_voxels,
+    list_stride,  # caps; S = rows per sample in lists (HARD only)
     HAS_LENGTHS: tl.constexpr,
     HARD: tl.constexpr,
     SEGMENTED: tl.constexpr,
@@ -378,8 +355,18 @@ def _use_csr(mode: str, n: int, batch: int) -> bool:
     return mode == "csr" or (mode == "auto" and n < CSR_MAX_POINTS_PER_SAMPLE * batch)
 
 
-def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, max_voxels, pad_to_max=False,
-              mode="auto", tuning: Tuning = DEFAULT):
+def _run_main(
+    points,
+    lengths,
+    voxel_size,
+    point_cloud_range,
+    hard,
+    max_points,
+    max_voxels,
+    pad_to_max=False,
+    mode="auto",
+    tuning: Tuning = DEFAULT,
+):
     """Fill + main kernel. Returns the work views needed by the rows kernel / the caller."""
     n, num_channels = points.shape
     device = points.device
@@ -408,21 +395,72 @@ def _run_main(points, lengths, voxel_size, point_cloud_range, hard, max_points, 
         coords = torch.empty((n, 4), dtype=torch.int32, device=device)  # rows < M all written
     segmented = hard and lengths is not None
     _voxelize_kernel[(num_blocks,)](
-        points, lengths if lengths is not None else ticket, keys, first, row, ticket, flags, desc, stats, drop,
-        lists, p2v, coords, cnt, lrb, posb, n, num_channels, batch, cap,
-        *(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size), gx, gy, gz,
-        max_points, max_voxels, list_stride,
-        HAS_LENGTHS=lengths is not None, HARD=hard, SEGMENTED=segmented, PB=pb, BLOCK=block,
-        LOOKBACK=tuning.lookback, PUBLISH_INCLUSIVE=tuning.publish_inclusive, SNAP=min(pb, 8), BMAX=_bmax(batch),
-        KEY64=tuning.key64 or (batch * list_stride + 1) * 2 * block >= 2**31, SEEN=tuning.seen, CSR=csr,
+        points,
+        lengths if lengths is not None else ticket,
+        keys,
+        first,
+        row,
+        ticket,
+        flags,
+        desc,
+        stats,
+        drop,
+        lists,
+        p2v,
+        coords,
+        cnt,
+        lrb,
+        posb,
+        n,
+        num_channels,
+        batch,
+        cap,
+        *(float(v) for v in point_cloud_range),
+        *(float(v) for v in voxel_size),
+        gx,
+        gy,
+        gz,
+        max_points,
+        max_voxels,
+        list_stride,
+        HAS_LENGTHS=lengths is not None,
+        HARD=hard,
+        SEGMENTED=segmented,
+        PB=pb,
+        BLOCK=block,
+        LOOKBACK=tuning.lookback,
+        PUBLISH_INCLUSIVE=tuning.publish_inclusive,
+        SNAP=min(pb, 8),
+        BMAX=_bmax(batch),
+        KEY64=tuning.key64 or (batch * list_stride + 1) * 2 * block >= 2**31,
+        SEEN=tuning.seen,
+        CSR=csr,
         num_warps=num_warps,
     )
-    return dict(stats=stats, drop=drop, lists=lists, p2v=p2v, coords=None if hard else coords.view(n, 4), pb=pb,
-                list_stride=list_stride, batch=batch, csr=(cnt, lrb, posb) if csr else None)
+    return dict(
+        stats=stats,
+        drop=drop,
+        lists=lists,
+        p2v=p2v,
+        coords=None if hard else coords.view(n, 4),
+        pb=pb,
+        list_stride=list_stride,
+        batch=batch,
+        csr=(cnt, lrb, posb) if csr else None,
+    )
 
 
-def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max,
-             mode: str = "auto", tuning: Tuning = DEFAULT):
+def voxelize(
+    points,
+    lengths,
+    voxel_size,
+    point_cloud_range,
+    max_points_per_voxel,
+    max_voxels,
+    pad_to_max,
+    mode: str = "auto",
+    tuning: Tuning = DEFAULT,
+):
     """Hard FCFS voxelization on the GPU (or under the Triton interpreter).
 
     Args:
@@ -443,12 +481,18 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
     if n == 0:
         rows = batch * max_voxels if pad_to_max else 0
         zeros = torch.zeros(batch, dtype=torch.int64, device=device)
-        return (points.new_zeros((rows, max_points_per_voxel, num_channels)),
-                torch.full((rows, 4), -1, dtype=torch.int32, device=device),
-                torch.zeros(rows, dtype=torch.int32, device=device),
-                torch.empty(0, dtype=torch.int64, device=device), zeros, zeros.clone(), zeros.clone())
-    w = _run_main(points, lengths, voxel_size, point_cloud_range, True, max_points_per_voxel, max_voxels,
-                  mode=mode, tuning=tuning)
+        return (
+            points.new_zeros((rows, max_points_per_voxel, num_channels)),
+            torch.full((rows, 4), -1, dtype=torch.int32, device=device),
+            torch.zeros(rows, dtype=torch.int32, device=device),
+            torch.empty(0, dtype=torch.int64, device=device),
+            zeros,
+            zeros.clone(),
+            zeros.clone(),
+        )
+    w = _run_main(
+        points, lengths, voxel_size, point_cloud_range, True, max_points_per_voxel, max_voxels, mode=mode, tuning=tuning
+    )
     if pad_to_max:
         rows = batch * max_voxels
     else:
@@ -463,18 +507,44 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
         csum = torch.cumsum(cnt, 0, dtype=torch.int32)
         seg = torch.empty(n, dtype=torch.int32, device=device)
         _voxel_scatter_kernel[(triton.cdiv(n, tuning.scatter_block),)](
-            lrb, posb, cnt, csum, seg, n, BLOCK=tuning.scatter_block, REVERSE=tuning.reverse_segments)
+            lrb, posb, cnt, csum, seg, n, BLOCK=tuning.scatter_block, REVERSE=tuning.reverse_segments
+        )
     else:
         cnt = csum = seg = w["lists"]  # unused
     rows_per_program, rows_warps = tuning.rows
-    _backend.log_kernel("voxelize", "_voxelize_kernel + " + ("scatter + rows (csr)" if w["csr"] is not None else "rows (lists)"))
+    _backend.log_kernel(
+        "voxelize", "_voxelize_kernel + " + ("scatter + rows (csr)" if w["csr"] is not None else "rows (lists)")
+    )
     _voxel_rows_kernel[(max(triton.cdiv(rows, rows_per_program), 1),)](
-        points, w["stats"], w["drop"], w["lists"], cnt, csum, seg, voxels, coords, npts, w["p2v"], *counts,
-        n, num_channels, batch, rows,
-        *(float(v) for v in point_cloud_range[:3]), *(float(v) for v in voxel_size),
-        max_points_per_voxel, max_voxels, w["list_stride"],
-        PB=w["pb"], CB=triton.next_power_of_2(num_channels), ROWS=rows_per_program, SB=128, BMAX=_bmax(batch),
-        C_EXACT=num_channels == triton.next_power_of_2(num_channels), CSR=w["csr"] is not None, num_warps=rows_warps,
+        points,
+        w["stats"],
+        w["drop"],
+        w["lists"],
+        cnt,
+        csum,
+        seg,
+        voxels,
+        coords,
+        npts,
+        w["p2v"],
+        *counts,
+        n,
+        num_channels,
+        batch,
+        rows,
+        *(float(v) for v in point_cloud_range[:3]),
+        *(float(v) for v in voxel_size),
+        max_points_per_voxel,
+        max_voxels,
+        w["list_stride"],
+        PB=w["pb"],
+        CB=triton.next_power_of_2(num_channels),
+        ROWS=rows_per_program,
+        SB=128,
+        BMAX=_bmax(batch),
+        C_EXACT=num_channels == triton.next_power_of_2(num_channels),
+        CSR=w["csr"] is not None,
+        num_warps=rows_warps,
     )
     return voxels, coords, npts, w["p2v"], counts[0], counts[1], counts[2]
 
@@ -492,9 +562,11 @@ def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max,
     device = points.device
     batch = 1 if lengths is None else lengths.numel()
     if n == 0:
-        return (torch.empty(0, dtype=torch.int64, device=device),
-                torch.empty((0, 4), dtype=torch.int32, device=device),
-                torch.zeros(batch, dtype=torch.int64, device=device))
+        return (
+            torch.empty(0, dtype=torch.int64, device=device),
+            torch.empty((0, 4), dtype=torch.int32, device=device),
+            torch.zeros(batch, dtype=torch.int64, device=device),
+        )
     w = _run_main(points, lengths, voxel_size, point_cloud_range, False, 1, 2**31 - 1, pad_to_max, tuning=tuning)
     stats = w["stats"].view(2, batch)
     num_voxels = torch.sub(stats[1], stats[0], out=torch.empty(batch, dtype=torch.int64, device=device))  # 1 launch

@@ -6,6 +6,7 @@ the voxel's ``max_points_per_voxel`` lowest point indices (a sort of the CSR seg
 ranked list of the lists mode), gathers the points into ``voxels`` with the zero padding in the
 same pass, and writes ``coords``, ``num_points``, ``point_to_voxel`` and the per-sample counts.
 """
+
 from __future__ import annotations
 
 import triton
@@ -54,9 +55,19 @@ def _voxel_rows_kernel(
     nvox_ptr,  # (B,) int64 output: num_voxels
     ndp_ptr,  # (B,) int64 output: num_dropped_points
     ndv_ptr,  # (B,) int64 output: num_dropped_voxels
-    num_points, num_channels, batch_size, num_rows,
-    x_lo, y_lo, z_lo, vx, vy, vz,
-    max_points, max_voxels, list_stride,
+    num_points,
+    num_channels,
+    batch_size,
+    num_rows,
+    x_lo,
+    y_lo,
+    z_lo,
+    vx,
+    vy,
+    vz,
+    max_points,
+    max_voxels,
+    list_stride,
     PB: tl.constexpr,
     CB: tl.constexpr,
     ROWS: tl.constexpr,
@@ -122,8 +133,9 @@ def _voxel_rows_kernel(
         pidx = best.to(tl.int64)
         e = tl.where(has, num_points - 1 - best, -1)  # the lists' encoding, for the first point below
     else:
-        e = tl.load(lists_ptr + lrow[:, None] * PB + jj[None, :], mask=real[:, None] & (jj < max_points)[None, :],
-                    other=-1)
+        e = tl.load(
+            lists_ptr + lrow[:, None] * PB + jj[None, :], mask=real[:, None] & (jj < max_points)[None, :], other=-1
+        )
         has = e >= 0
         pidx = (num_points - 1 - e).to(tl.int64)
     npts = tl.sum(has.to(tl.int32), axis=1)
