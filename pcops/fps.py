@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _clouds
+from . import _backend, _checks, _clouds, cpu
 from .reference import fps as _ref
 
 __all__ = ["farthest_point_sample"]
@@ -39,7 +39,8 @@ def farthest_point_sample(
             Points past a cloud's length are never chosen.
         start_idx: the first sample, an int or a ``(B,)`` integer tensor, in ``[0, length)``.
         backend: ``"auto"`` (CUDA tensors: the CUDA C++ kernel where it runs (sm_90+ with NVRTC,
-            N ≤ 131,072, B ≤ 65,535), else Triton; CPU tensors: the reference), ``"cuda"``,
+            N ≤ 131,072, B ≤ 65,535), else Triton; CPU tensors: the bucket FPS of
+            ``pcops.cpu.fps`` where numba is installed, else the reference), ``"cuda"``,
             ``"triton"`` (CUDA tensors only; ``"cuda"`` raises where its kernel cannot run) or
             ``"reference"`` (the plain-torch oracle, any device).
 
@@ -68,6 +69,8 @@ def farthest_point_sample(
         the warps exchange one record each (a ``__syncthreads``, or asynchronous stores into
         every CTA's shared memory across a cluster). Triton: one program per cloud, in registers
         up to 16,384 points, beyond that streaming the cloud from L2 every step (correct, slow).
+        CPU (``pcops.cpu.fps``, numba): bucket FPS over a KD-tree (QuickFPS), a step visits only
+        the buckets its new sample can move; the clouds of a batch run in parallel.
     """
     points, unbatched = _clouds.check_cloud("points", points)
     batch, n, _ = points.shape
@@ -102,7 +105,12 @@ def farthest_point_sample(
 def _fps(
     points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int, backend: str
 ) -> torch.Tensor:
-    _backend.resolve(backend, _OP, points)  # "triton" / "cuda" on CPU tensors raise
+    impl = _backend.resolve(backend, _OP, points)  # "triton" / "cuda" on CPU tensors raise
+    if impl == "cpu" and cpu.numba_available():
+        from .cpu import fps as cpu_fps
+
+        _backend.log_kernel(_OP, "cpu bucket FPS (numba)")
+        return cpu_fps.farthest_point_sample(points, lengths, start_idx, num_samples)
     _backend.log_kernel(_OP, "reference")
     return _ref.farthest_point_sample(points, lengths, start_idx, num_samples)
 

@@ -9,7 +9,7 @@ import torch
 import pcops
 from pcops.reference import fps as ref
 
-from _clouds import cached_reference, load_scan_xyz, make_clouds
+from _clouds import cached_reference, load_scan_xyz, make_clouds, tie_grid_clouds
 from _util import generator, interpret, requires_cuda, run_compiler_script
 
 
@@ -100,9 +100,16 @@ def test_reference_backend_and_direct_op_backends():
 
 
 def test_fps_logs_the_kernel(caplog):
+    from pcops.cpu import numba_available
+
     pts, lengths = make_clouds(1, 20, seed=14)
     with caplog.at_level(logging.DEBUG, logger="pcops"):
         pcops.farthest_point_sample(pts, 4, lengths)
+    expected = "cpu bucket FPS (numba)" if numba_available() else "reference"
+    assert f"farthest_point_sample: {expected}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        pcops.farthest_point_sample(pts, 4, lengths, backend="reference")
     assert "farthest_point_sample: reference" in caplog.text
 
 
@@ -149,6 +156,85 @@ def test_bad_input(call, exc, name):
 def test_wrong_devices():
     with pytest.raises(ValueError, match="lengths"):
         pcops.farthest_point_sample(P3.cuda(), 2, torch.tensor([5, 5]))
+
+
+# --- the CPU bucket FPS (pcops.cpu.fps, numba) against the reference ------------------------
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def cpu_threads(request):
+    """Run the test at one and at two threads (the results must not depend on the count)."""
+    pytest.importorskip("numba")
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def cpu_fps_cases():
+    """(points, lengths, start, M): uneven batches, ties (duplicates, lattices, a coarse grid),
+    M > N, empty clouds, N = 0, starts anywhere in each cloud; big enough for several tree levels."""
+    g = generator(20)
+    cases = []
+    for batch, n, m, kw in [
+        (1, 1, 3, {}),
+        (3, 31, 40, dict(duplicates=True)),
+        (4, 700, 300, {}),
+        (3, 2049, 2049, dict(duplicates=True)),
+        (5, 1500, 900, dict(scale=50.0)),
+        (2, 0, 4, {}),
+    ]:
+        pts, lengths = make_clouds(batch, n, seed=n + m, **kw)
+        if batch > 2:
+            lengths[1] = 0  # an empty cloud inside a batch
+        start = torch.randint(0, max(n, 1), (batch,), generator=g) % lengths.clamp_min(1)
+        cases.append((pts, lengths, start, m))
+    pts, lengths = tie_grid_clouds(3, 1200, seed=4, device="cpu")  # 343 distinct points, many ties
+    cases.append((pts, lengths, torch.tensor([0, 5, 17]) % lengths, 500))
+    pts = lattice_clouds(2, (12, 10, 9), seed=5)  # equal distances at every level of the tree
+    cases.append((pts, torch.tensor([1080, 777]), torch.tensor([3, 700]), 1080))
+    return cases
+
+
+def test_cpu_fps_matches_reference(cpu_threads):
+    from pcops.cpu import fps as cpu_fps
+
+    for pts, lengths, start, m in cpu_fps_cases():
+        expected = ref.farthest_point_sample(pts, lengths, start, m)
+        assert torch.equal(cpu_fps.farthest_point_sample(pts, lengths, start, m), expected), (pts.shape, m)
+        assert torch.equal(pcops.farthest_point_sample(pts, m, lengths, start), expected)
+
+
+def test_cpu_fps_invalid_start_and_non_finite(cpu_threads):
+    """Through the op itself (the public function refuses these): a start outside the cloud gives a
+    row of −1; NaN/inf coordinates (padding included) give what the reference gives."""
+    pts, lengths = make_clouds(5, 300, seed=21)
+    lengths[:] = torch.tensor([300, 148, 200, 187, 300])
+    start = torch.tensor([0, 5, 0, 250, -1])  # clouds 3 and 4: outside [0, length)
+    pts[0, 17, 1] = float("nan")  # once chosen, every distance is NaN: repeats and padding follow
+    pts[1, 5, 0] = float("inf")
+    pts[1, 9, 0] = float("inf")  # inf - inf: NaN distances from the start on
+    pts[2, 250, 2] = float("nan")  # in the padding: the reference still reaches it
+    for p, l_, s in [(pts, lengths, start), (pts[1:2], lengths[1:2], torch.tensor([9]))]:
+        expected = ref.farthest_point_sample(p, l_, s, 220)
+        assert torch.equal(torch.ops.pcops.farthest_point_sample(p, l_, s, 220, "auto"), expected)
+    pts[:, :, :] = torch.nan_to_num(pts)
+    pts[3, 40] = float("-inf")  # a finite-only tree elsewhere, brute force here
+    start[3:] = 40
+    expected = ref.farthest_point_sample(pts, lengths, start, 300)
+    assert torch.equal(torch.ops.pcops.farthest_point_sample(pts, lengths, start, 300, "auto"), expected)
+
+
+def test_cpu_fps_kitti_subset(cpu_threads):
+    """One F1-like cloud (16,384 points of the KITTI scan), 1,024 samples: identical to the reference."""
+    start = torch.tensor([0, 8191])
+
+    def build():
+        clouds = f1_like_clouds(load_scan_xyz(), batch=2)
+        return clouds, ref.farthest_point_sample(clouds, torch.full((2,), clouds.shape[1]), start, 1024)
+
+    clouds, expected = cached_reference(("cpu kitti", 1024), build)
+    assert torch.equal(pcops.farthest_point_sample(clouds, 1024, start_idx=start), expected)
 
 
 # --- Triton kernels under the CPU interpreter (tiny inputs) -----------------------------------
