@@ -155,14 +155,17 @@ class _FixedVoxels(NamedTuple):
     dropped_voxels: torch.Tensor | None
 
 
-def fixed_voxelize(points: torch.Tensor, cfg: PointPillarsConfig, lengths: torch.Tensor) -> _FixedVoxels:
-    """Fixed-capacity voxelization (``B * max_voxels_test`` rows, padding rows last; no host sync)."""
+def fixed_voxelize(
+    points: torch.Tensor, cfg: PointPillarsConfig, lengths: torch.Tensor, max_voxels: int | None = None
+) -> _FixedVoxels:
+    """Fixed-capacity voxelization (``B * max_voxels`` rows, default ``max_voxels_test``, padding rows
+    last; no host sync)."""
     out = pcops.voxelize(
         points,
         cfg.voxel_size,
         cfg.point_cloud_range,
         cfg.max_points_per_voxel,
-        cfg.max_voxels_test,
+        cfg.max_voxels_test if max_voxels is None else max_voxels,
         lengths=lengths,
         pad_to_max=True,
     )

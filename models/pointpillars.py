@@ -391,16 +391,10 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         """
         cfg = self.config
         batch_size = self._check_points(points, lengths)
-        vox = pcops.voxelize(
-            points[:, : cfg.num_point_features],
-            cfg.voxel_size,
-            cfg.point_cloud_range,
-            cfg.max_points_per_voxel,
-            cfg.max_voxels_train,
-            lengths=lengths,
-            pad_to_max=True,
-        )
-        self.last_dropped_voxels = vox.num_dropped_voxels
+        if lengths is None:
+            lengths = torch.full((1,), points.shape[0], dtype=torch.int64, device=points.device)
+        vox = fixed_voxelize(points[:, : cfg.num_point_features], cfg, lengths, cfg.max_voxels_train)
+        self.last_dropped_voxels = vox.dropped_voxels
         valid = vox.num_points > 0
         coords = vox.coords
         if self.training:

@@ -84,16 +84,10 @@ def _loader(ds, batch_size: int, sampler, workers: int, device: str, drop_last: 
     )
 
 
-def _build_optimizer(model, cfg: TrainConfig, total_steps: int):
-    fused = cfg.device.startswith("cuda")
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.lr / cfg.div_factor,
-        betas=(cfg.moms[0], 0.99),
-        weight_decay=cfg.weight_decay,
-        fused=fused,
-    )
-    sched = torch.optim.lr_scheduler.OneCycleLR(
+def _one_cycle(opt, cfg: TrainConfig, total_steps: int):
+    """OpenPCDet's one-cycle: cosine warm-up from lr/div to lr over pct_start, then down to lr/div/1e4;
+    β₁ cycled the other way. One spare step so that the last training step stays inside the schedule."""
+    return torch.optim.lr_scheduler.OneCycleLR(
         opt,
         max_lr=cfg.lr,
         total_steps=total_steps + 1,
@@ -105,6 +99,18 @@ def _build_optimizer(model, cfg: TrainConfig, total_steps: int):
         div_factor=cfg.div_factor,
         final_div_factor=1e4,
     )
+
+
+def _build_optimizer(model, cfg: TrainConfig, total_steps: int):
+    fused = cfg.device.startswith("cuda")
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr / cfg.div_factor,
+        betas=(cfg.moms[0], 0.99),
+        weight_decay=cfg.weight_decay,
+        fused=fused,
+    )
+    sched = _one_cycle(opt, cfg, total_steps)
     return opt, sched
 
 
@@ -117,18 +123,7 @@ def _mark(times, name, device):
 
 def _refit_schedule(model, opt, cfg: TrainConfig, total_steps: int, step: int):
     """A one-cycle schedule over ``total_steps`` advanced to ``step`` (the optimizer state is kept)."""
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt,
-        max_lr=cfg.lr,
-        total_steps=total_steps + 1,
-        pct_start=cfg.pct_start,
-        anneal_strategy="cos",
-        cycle_momentum=True,
-        base_momentum=cfg.moms[1],
-        max_momentum=cfg.moms[0],
-        div_factor=cfg.div_factor,
-        final_div_factor=1e4,
-    )
+    sched = _one_cycle(opt, cfg, total_steps)
     for _ in range(step):
         sched.step()
     return opt, sched
