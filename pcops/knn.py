@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _backend, _checks, _clouds
+from . import cpu as _cpu
 from .reference import knn as _ref
 
 __all__ = ["knn", "ball_query", "gather_points"]
@@ -38,7 +39,8 @@ def knn(
         k: ``K`` ≥ 1 neighbours; ``K`` may exceed the number of reference points.
         query_lengths, ref_lengths: ``(B,)`` valid counts (``None``: all points).
         backend: ``"auto"`` (CUDA tensors: the CUDA C++ kernel for ``K ≤ 32`` where NVRTC is
-            installed, else Triton; float64 inputs and CPU tensors: the reference), ``"cuda"``
+            installed, else Triton; CPU tensors: the numba KD-tree of ``pcops.cpu.knn`` where numba
+            is installed, else the reference; float64 inputs: the reference), ``"cuda"``
             (``K ≤ 32``), ``"triton"`` (CUDA float32/float16/bfloat16 inputs only: both compute
             in float32, an explicit one raises where it cannot run) or ``"reference"`` (the
             plain-torch oracle, any device).
@@ -69,6 +71,10 @@ def knn(
         position along the curve and reads a tile only if some query is within its current K-th
         distance of the tile's box (an exact test). The Triton kernel uses the same scheme with a
         block of queries per program.
+
+        CPU algorithm (``pcops.cpu.knn``): a median-split KD-tree per reference cloud with box
+        pruning, queries in parallel over ``torch.get_num_threads()`` threads; the reference's
+        result bit for bit, whatever the thread count.
     """
     k = _checks.check_int("k", k, min_value=1)
     q, r, ql, rl, unbatched = _clouds.check_pair(query, ref, query_lengths, ref_lengths)
@@ -89,7 +95,12 @@ def _check_gpu_dtype(backend: str, op: str, t: torch.Tensor) -> None:
 def _knn(
     query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _backend.resolve(backend, "knn", query)  # "triton" / "cuda" on CPU tensors raise
+    impl = _backend.resolve(backend, "knn", query)  # "triton" / "cuda" on CPU tensors raise
+    if impl == "cpu" and query.dtype == torch.float32 and _cpu.numba_available():
+        from .cpu import knn as cpu_knn  # imported on first use: numba is an optional extra
+
+        _backend.log_kernel("knn", "cpu")
+        return cpu_knn.knn(query, ref, query_lengths, ref_lengths, k)
     _backend.log_kernel("knn", "reference")
     return _ref.knn(query, ref, query_lengths, ref_lengths, k)
 
@@ -172,7 +183,8 @@ def ball_query(
             distance is strictly less than ``radius²``.
         k: ``K`` ≥ 1 slots per query.
         query_lengths, ref_lengths: ``(B,)`` valid counts (``None``: all points).
-        backend: ``"auto"`` (CUDA tensors: Triton; float64 inputs and CPU tensors: the
+        backend: ``"auto"`` (CUDA tensors: Triton; CPU tensors: the numba KD-tree of
+            ``pcops.cpu.knn`` where numba is installed, else the reference; float64 inputs: the
             reference), ``"triton"`` (CUDA float32/float16/bfloat16 inputs only) or
             ``"reference"``; there is no CUDA C++ kernel (``"cuda"`` raises).
 
@@ -210,7 +222,12 @@ def _ball_query(
     k: int,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _backend.resolve(backend, "ball_query", query, supported=_BALL_BACKENDS)
+    impl = _backend.resolve(backend, "ball_query", query, supported=_BALL_BACKENDS)
+    if impl == "cpu" and query.dtype == torch.float32 and _cpu.numba_available():
+        from .cpu import knn as cpu_knn
+
+        _backend.log_kernel("ball_query", "cpu")
+        return cpu_knn.ball_query(query, ref, query_lengths, ref_lengths, radius, k)
     _backend.log_kernel("ball_query", "reference")
     return _ref.ball_query(query, ref, query_lengths, ref_lengths, radius, k)
 

@@ -139,7 +139,7 @@ def test_backends_on_the_cpu(caplog):
     q, ql = make_clouds(2, 19, seed=15)
     with caplog.at_level(logging.DEBUG, logger="pcops"):
         d, i = pcops.knn(q, q, 4, ql, ql)
-    assert "knn: reference" in caplog.text
+    assert ("knn: cpu" if pcops.cpu.numba_available() else "knn: reference") in caplog.text
     d2, i2 = pcops.knn(q, q, 4, ql, ql, backend="reference")
     assert torch.equal(i, i2) and torch.equal(d, d2)
     i3, c3 = pcops.ball_query(q, q, 0.8, 4, ql, ql, backend="reference")
@@ -152,6 +152,103 @@ def test_backends_on_the_cpu(caplog):
             torch.ops.pcops.knn(q, q, ql, ql, 4, backend)
     with pytest.raises(ValueError, match="CUDA tensors only"):
         pcops.ball_query(q, q, 0.8, 4, backend="triton")
+
+
+# --- the fast CPU path (pcops.cpu.knn) --------------------------------------------------------
+
+requires_numba = pytest.mark.skipif(not pcops.cpu.numba_available(), reason="numba not installed")
+
+
+def cpu_cases():
+    """(query, ref, ql, rl, k, radius): uneven batches, duplicates, integer-grid ties, K > N,
+    empty clouds, zero lengths, a non-finite cloud (its padding non-finite too)."""
+    for seed, (batch, nq, nr, k) in enumerate(
+        [
+            (3, 37, 53, 5),
+            (2, 100, 300, 16),
+            (4, 60, 17, 32),
+            (1, 5, 0, 3),
+            (2, 200, 200, 40),
+            (3, 1, 1, 1),
+            (2, 0, 9, 4),
+        ]
+    ):
+        q, ql = make_clouds(batch, nq, seed=seed)
+        r, rl = make_clouds(batch, nr, seed=seed + 50, duplicates=True)
+        yield q, r, ql, rl, k, 1.0
+        g, gl = tie_grid_clouds(batch, max(nr, 1), seed=seed, device="cpu")
+        yield g, g, gl, gl, k, 1.5  # self query on a grid: exact distance ties everywhere
+    q, ql = make_clouds(2, 30, seed=90)
+    r, rl = make_clouds(2, 40, seed=91)
+    rl[0] = 35
+    q[0, 2, 2], r[0, 3, 1], r[0, 5, 0], r[0, 38, 0] = float("inf"), float("nan"), float("inf"), float("nan")
+    r[1, 7] = 1e30  # finite, but its distances overflow to inf
+    yield q, r, ql, rl, 40, 1.0
+    yield q, r, ql, rl, 7, 1e20  # radius² overflows float32
+
+
+@requires_numba
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_path_matches_reference(threads):
+    from pcops.cpu import knn as cpu_knn
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for q, r, ql, rl, k, radius in cpu_cases():
+            d, i = cpu_knn.knn(q, r, ql, rl, k)
+            d_ref, i_ref = ref.knn(q, r, ql, rl, k)
+            assert torch.equal(i, i_ref)
+            torch.testing.assert_close(d, d_ref, rtol=0, atol=0, equal_nan=True)
+            bi, bc = cpu_knn.ball_query(q, r, ql, rl, radius, k)
+            bi_ref, bc_ref = ref.ball_query(q, r, ql, rl, radius, k)
+            assert torch.equal(bi, bi_ref) and torch.equal(bc, bc_ref)
+    finally:
+        torch.set_num_threads(before)
+
+
+@requires_numba
+def test_cpu_path_on_a_scan_is_thread_independent():
+    # larger clouds: a deep tree, many pruned nodes; LiDAR-like density (ground plane, clusters)
+    g = generator(31)
+    pts = torch.cat(
+        [
+            torch.randn(1, 3000, 3, generator=g) * torch.tensor([20.0, 20.0, 0.3]),
+            torch.randn(1, 1096, 3, generator=g) * 0.5 + 3.0,
+        ],
+        1,
+    )
+    pts = torch.cat([pts, pts[:, torch.randperm(4096, generator=g)]])
+    lengths = torch.tensor([4096, 3001])
+    centres = pts[:, ::7].contiguous()
+    d_ref, i_ref = ref.knn(centres, pts, torch.tensor([586, 300]), lengths, 16)
+    b_ref = ref.ball_query(centres, pts, torch.tensor([586, 300]), lengths, 0.8, 32)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            d, i = pcops.knn(centres, pts, 16, torch.tensor([586, 300]), lengths)
+            assert torch.equal(i, i_ref) and torch.equal(d, d_ref)
+            b = pcops.ball_query(centres, pts, 0.8, 32, torch.tensor([586, 300]), lengths)
+            assert torch.equal(b[0], b_ref[0]) and torch.equal(b[1], b_ref[1])
+    finally:
+        torch.set_num_threads(before)
+
+
+@requires_numba
+def test_cpu_reference_backend_runs_the_reference(caplog):
+    q, ql = make_clouds(2, 19, seed=16)
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        pcops.knn(q, q, 4, ql, ql, backend="reference")
+        pcops.ball_query(q, q, 0.8, 4, ql, ql, backend="reference")
+    assert "knn: reference" in caplog.text and "ball_query: reference" in caplog.text
+    assert "cpu" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        pcops.knn(q, q, 4, ql, ql)
+        pcops.ball_query(q, q, 0.8, 4, ql, ql)
+        pcops.knn(q.double(), q.double(), 4, ql, ql)  # float64: the reference
+    assert "knn: cpu" in caplog.text and "ball_query: cpu" in caplog.text and "knn: reference" in caplog.text
 
 
 # --- registration -----------------------------------------------------------------------------
