@@ -202,6 +202,24 @@ def _tasks(batch: int, nq: int) -> np.ndarray:
     return t
 
 
+@njit(cache=True, nogil=True)
+def _self_order(pidx, ql, finite, nq):
+    """Query rows in the tree's leaf order (consecutive queries are neighbours: warm caches)."""
+    order = np.empty((pidx.shape[0], nq), dtype=np.int64)
+    for b in range(pidx.shape[0]):
+        for j in range(nq):
+            order[b, j] = pidx[b, j] if (finite[b] and j < ql[b]) else j
+    return order
+
+
+def _order(pidx, q, r, ql, rl, finite) -> np.ndarray:
+    """``(B, Nq)`` int64 rows to visit: leaf order for a self query, else index order."""
+    nq = q.shape[1]
+    if q.__array_interface__["data"][0] == r.__array_interface__["data"][0] and q.shape == r.shape and (ql == rl).all():
+        return _self_order(pidx, ql, finite, nq)
+    return np.ascontiguousarray(np.broadcast_to(np.arange(nq, dtype=np.int64), (q.shape[0], nq)))
+
+
 # --- KNN --------------------------------------------------------------------------------------
 
 
@@ -215,7 +233,7 @@ def _before(d1, i1, d2, i2):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _knn_kernel(query, ref, ql, rl, k, tasks, finite, pts, pidx, lo, hi, box, off, depth, dists, idx):
+def _knn_kernel(query, ref, ql, rl, k, tasks, order, finite, pts, pidx, lo, hi, box, off, depth, dists, idx):
     """Fill ``dists (B, Nq, k)`` float32 and ``idx (B, Nq, k)`` int64 (see :func:`knn`)."""
     nr = ref.shape[1]
     for t in prange(tasks.shape[0]):
@@ -228,7 +246,8 @@ def _knn_kernel(query, ref, ql, rl, k, tasks, finite, pts, pidx, lo, hi, box, of
         stack_d = np.empty(_STACK, dtype=_F32)
         leaf0 = (1 << depth[b]) - 1  # first leaf of the cloud's tree (local node number)
         base = off[b]
-        for q in range(q0, q1):
+        for j in range(q0, q1):
+            q = order[b, j]
             filled = 0
             if q < ql[b] and kk > 0:
                 qx, qy, qz = query[b, q, 0], query[b, q, 1], query[b, q, 2]
@@ -341,7 +360,23 @@ def knn(
     finite = _finite(r, rl) & _finite(q, ql)
     pts, pidx, lo, hi, box, _, off, depth = _build(r, rl, finite, LEAF)
     _knn_kernel(
-        q, r, ql, rl, k, _tasks(batch, nq), finite, pts, pidx, lo, hi, box, off, depth, dists.numpy(), idx.numpy()
+        q,
+        r,
+        ql,
+        rl,
+        k,
+        _tasks(batch, nq),
+        _order(pidx, q, r, ql, rl, finite),
+        finite,
+        pts,
+        pidx,
+        lo,
+        hi,
+        box,
+        off,
+        depth,
+        dists.numpy(),
+        idx.numpy(),
     )
     return dists, idx
 
