@@ -332,7 +332,11 @@ _nvrtc_available = _backend.nvrtc_available
 def _nms_impl(backend: str, boxes: torch.Tensor, scores: torch.Tensor, m: int) -> str:
     """``"reference"``, ``"triton"`` or ``"cuda"`` for NMS of ``m`` boxes per sample."""
     impl = _backend.resolve(backend, "nms_bev", boxes, scores, auto_cuda="cuda")
-    if impl in ("cpu", "reference"):
+    if impl == "cpu":
+        from . import cpu
+
+        return "cpu" if cpu.numba_available() else "reference"
+    if impl == "reference":
         return "reference"
     if impl == "triton":
         return impl
@@ -352,6 +356,17 @@ def _nms_impl(backend: str, boxes: torch.Tensor, scores: torch.Tensor, m: int) -
 
 def _nms_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded):
     """``pcops::nms_bev`` with the resolved implementation ``impl``."""
+    if impl == "cpu":  # pcops.cpu.nms (numba): the reference's decisions with bounding-circle culling
+        from .cpu import nms as cpu_nms
+
+        _check_sizes_cpu("boxes", boxes)
+        keep = cpu_nms.nms_bev(boxes, scores, iou_threshold, pre_max_size, post_max_size, idxs)
+        count = torch.tensor(keep.numel(), dtype=torch.int64)
+        if not padded:
+            return keep, count
+        out = torch.full((post_max_size,), -1, dtype=torch.int64)
+        out[: keep.numel()] = keep
+        return out, count
     if impl == "reference":
         if boxes.device.type == "cpu":
             _check_sizes_cpu("boxes", boxes)

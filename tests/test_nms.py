@@ -842,3 +842,27 @@ def test_cuda_launchers_emulated_on_the_host(emulated_cuda):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with pytest.raises(ValueError, match="threads"):
         emulated_cuda.pass_b(mask, invalid, order, 2600, threads=100)
+
+
+# --- the numba CPU path (pcops.cpu.nms) against the reference -------------------------------------
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,thr", [(0, 0.5), (1, 0.5), (67, 0.0), (131, 0.01), (257, 0.5), (400, 0.7)])
+def test_nms_cpu_fast_path_equals_reference(n, thr, threads):
+    pytest.importorskip("numba")
+    torch.set_num_threads(threads)
+    boxes, scores = make_boxes(n, seed=n + 11, span=(15, 15))
+    if n > 5:
+        scores[::4] = scores[:1].clone()  # ties
+        scores[3] = float("nan")
+        boxes[5, 0] = float("inf")
+    for kw in ({}, dict(pre_max_size=50), dict(post_max_size=7)):
+        want = ref.nms_bev(boxes, scores, thr, **kw)
+        assert pcops.nms_bev(boxes, scores, thr, **kw).tolist() == want.tolist()
+    groups = torch.randint(0, 3, (n,), generator=generator(n))
+    want = ref.nms_bev(boxes, scores, thr, idxs=groups)
+    assert pcops.batched_nms_bev(boxes, scores, groups, thr).tolist() == want.tolist()
+    idx, count = pcops.nms_bev(boxes, scores, thr, post_max_size=9, padded=True)
+    ridx, rcount = ref.nms_bev_padded(boxes, scores, thr, None, 9)
+    assert torch.equal(idx, ridx) and int(count) == int(rcount)
