@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, cpu
 from .reference import voxelize as _ref
 
 __all__ = ["voxelize", "dynamic_voxelize", "voxel_reduce", "Voxels", "DynamicVoxels"]
@@ -69,9 +69,11 @@ class DynamicVoxels(NamedTuple):
 
 
 def _resolve(backend, points: torch.Tensor, op: str = "voxelize") -> str:
-    """``"triton"`` or ``"reference"``. ``"auto"``: Triton on CUDA tensors (every float dtype: the
-    coordinates are compared in float32 on every path, so there is nothing for the reference to
-    do better), the reference on the CPU. ``"torch"`` is the former name of ``"reference"``."""
+    """``"triton"``, ``"cpu"`` or ``"reference"``. ``"auto"``: Triton on CUDA tensors (every float
+    dtype: the coordinates are compared in float32 on every path, so there is nothing for the
+    reference to do better), on the CPU ``"cpu"``: the numba hash-map pass of
+    ``pcops.cpu.voxelize`` where numba imports, else the reference (every float dtype too).
+    ``"torch"`` is the former name of ``"reference"``."""
     if backend == "torch":
         backend = "reference"
     backend = _backend.check(backend, op, _SUPPORTED)
@@ -83,7 +85,7 @@ def _resolve(backend, points: torch.Tensor, op: str = "voxelize") -> str:
             f"backend: 'triton' runs on CUDA tensors only, got points on {points.device}; "
             "use backend='auto' or 'reference'"
         )
-    return "triton" if on_cuda else "reference"
+    return "triton" if on_cuda else "cpu"
 
 
 def _check_common(points, voxel_size, point_cloud_range, lengths):
@@ -141,8 +143,9 @@ def voxelize(
             fastest on scans, but a voxel of ``c`` points costs its rows program ``c / 32`` chunk
             loads) or ``"lists"`` (per-voxel ranked lists: no cost in the voxel size; use it for
             clouds with very dense voxels, see below). Ignored by the reference.
-        backend: ``"auto"`` (default: Triton on CUDA tensors, for every float dtype; the
-            reference on the CPU), ``"triton"`` (CUDA tensors only) or ``"reference"`` (the
+        backend: ``"auto"`` (default: Triton on CUDA tensors, for every float dtype; on CPU
+            tensors the one-pass hash map of ``pcops.cpu.voxelize`` where numba is installed,
+            else the reference), ``"triton"`` (CUDA tensors only) or ``"reference"`` (the
             plain-torch reference on any device: sort-based, same output, several host syncs;
             ``"torch"`` is accepted as its former name). There is no ``"cuda"`` (CUDA C++)
             implementation: it raises ``ValueError``.
@@ -312,7 +315,13 @@ def _voxelize(
     backend: str,
     mode: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _resolve(backend, points)  # "triton" on CPU tensors raises
+    if _resolve(backend, points) == "cpu" and cpu.numba_available():  # "triton" on CPU tensors raises
+        from .cpu import voxelize as cpu_voxelize  # imported on first use: numba is an optional extra
+
+        _backend.log_kernel("voxelize", "cpu hash map (numba)")
+        return cpu_voxelize.voxelize(
+            points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max
+        )
     _backend.log_kernel("voxelize", "reference")
     return _ref.voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max)
 
@@ -367,7 +376,11 @@ def _dynamic_voxelize(
     pad_to_max: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _resolve(backend, points, "dynamic_voxelize")
+    if _resolve(backend, points, "dynamic_voxelize") == "cpu" and cpu.numba_available():
+        from .cpu import voxelize as cpu_voxelize
+
+        _backend.log_kernel("dynamic_voxelize", "cpu hash map (numba)")
+        return cpu_voxelize.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
     _backend.log_kernel("dynamic_voxelize", "reference")
     return _ref.dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max)
 

@@ -350,3 +350,113 @@ def test_kitti_bit_identical(kitti_dir, cfg, path):
     ):
         for max_voxels in (cfg["max_voxels"], 3000):
             check(pts, lengths, *args, max_voxels, path)
+
+
+# --- the numba CPU path (pcops.cpu.voxelize) against the reference -----------------------------
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def cpu_threads(request):
+    """Run the test at one and at two threads (the results must not depend on the count)."""
+    pytest.importorskip("numba")
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def check_cpu(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels):
+    """``pcops.cpu.voxelize`` (hard, both forms; dynamic, both forms) equals the reference bit for bit."""
+    from pcops.cpu import voxelize as cpu
+
+    before = points.clone()
+    for pad in (False, True):
+        args = (points, lengths, voxel_size, point_cloud_range)
+        assert_bit_identical(
+            cpu.voxelize(*args, max_points_per_voxel, max_voxels, pad),
+            ref.voxelize(*args, max_points_per_voxel, max_voxels, pad),
+        )
+        assert_bit_identical(cpu.dynamic_voxelize(*args, pad), ref.dynamic_voxelize(*args, pad))
+    assert torch.equal(_bits(points), _bits(before)), "points were modified"
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_cpu_random_clouds(cpu_threads, seed):
+    # uneven batches (empty samples too), caps hit, NaN/inf, all float dtypes, C = 3..5
+    check_cpu(*random_case(seed))
+
+
+def test_cpu_duplicates_and_caps(cpu_threads):
+    g = generator(3)
+    pts = (torch.rand(4000, 4, generator=g) * 3).round()  # few distinct points, many duplicates
+    pts = torch.cat([pts, pts.flip(0)])
+    for maxp, maxv in ((1, 1), (2, 5), (32, 10), (200, 1000)):
+        check_cpu(pts, torch.tensor([0, 3000, 5000, 0]), (1.0, 1.0, 1.0), (0, 0, 0, 3, 3, 3), maxp, maxv)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5000])
+def test_cpu_sizes_and_empty_samples(cpu_threads, n):
+    # 5,000 points: above the threshold where the cells and the copy run in parallel
+    pts = torch.rand(n, 4, generator=generator(n)) * 4
+    check_cpu(pts, None, (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 2, 3)
+    check_cpu(pts, torch.tensor([n]), (0.7, 0.9, 0.6), (0, 0, 0, 4, 4.5, 1.8), 1, 1)
+    check_cpu(pts, torch.tensor([0, n, 0]), (0.1, 0.1, 0.1), (0, 0, 0, 4, 4.5, 1.8), 3, 400)
+
+
+def test_cpu_boundary_values(cpu_threads):
+    tiny = torch.finfo(torch.float32).smallest_normal
+    vals = [0.0, -0.0, -1e-45, -tiny, 1e-45, tiny, 2.0, 2.5, 3.0, 4.0 - 1e-6, 4.0, 4.5, 6.0 - 2e-6, 6.0, 1.0]
+    vals += [float("nan"), float("inf"), -float("inf")]
+    v = torch.tensor(vals)
+    pts = torch.stack(torch.meshgrid(v, v, v, indexing="ij"), -1).reshape(-1, 3)
+    pts = torch.cat([pts, torch.arange(len(pts), dtype=torch.float32)[:, None]], 1)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        check_cpu(pts.to(dtype), None, (2.0, 1.5, 0.5), (0, 0, 0, 4, 4.5, 6), 3, 1000)
+        check_cpu(pts.to(dtype), None, (0.5, 1.5, 2.5), (0, 0, 0, 4, 4.5, 6), 2, 50)
+    # float64 coordinates that round to the range's float32 bounds, and a range that is not a
+    # float32 value (rounded the same way on both paths)
+    d = torch.tensor([[0.1, 0.2, 0.3], [0.09999999999, 0.2, 0.3], [3.3, 4.4999999999, 1.1]], dtype=torch.float64)
+    check_cpu(d, None, (0.1, 0.3, 0.7), (0.1, 0.2, 0.3, 3.3, 4.5, 1.7), 2, 10)
+
+
+def test_cpu_int64_keys_and_many_voxels(cpu_threads):
+    pts = torch.rand(5000, 4, generator=generator(7)) * 2.2
+    check_cpu(pts, torch.tensor([2000, 3000]), (0.001, 0.001, 0.001), (0, 0, 0, 2, 2, 2), 2, 100)
+    # more voxels than the hash table's first size: it grows several times
+    pts = torch.rand(40000, 4, generator=generator(11)) * 4
+    check_cpu(pts, None, (0.02, 0.02, 0.5), (0, 0, 0, 4, 4, 4), 2, 30000)
+
+
+def test_cpu_routing(caplog):
+    """``backend="auto"`` on CPU tensors runs the numba path where numba imports, ``"reference"`` the
+    reference; both return the same."""
+    import logging
+
+    import pcops
+    from pcops.cpu import numba_available
+
+    pts = torch.rand(300, 4, generator=generator(5)) * 4
+    args = ((0.5, 0.5, 0.5), (0, 0, 0, 4, 4, 4))
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        a = pcops.voxelize(pts, *args, 3, 20)
+        d = pcops.dynamic_voxelize(pts, *args)
+    expected = "cpu hash map (numba)" if numba_available() else "reference"
+    assert f"voxelize: {expected}" in caplog.text and f"dynamic_voxelize: {expected}" in caplog.text
+    assert_bit_identical(a, pcops.voxelize(pts, *args, 3, 20, backend="reference"))
+    assert_bit_identical(d, pcops.dynamic_voxelize(pts, *args, backend="reference"))
+    with pytest.raises(ValueError, match="backend"):
+        pcops.voxelize(pts, *args, 3, 20, backend="triton")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [V1, V3], ids=["V1", "V3"])
+def test_cpu_kitti(kitti_dir, cpu_threads, cfg):
+    one, zero = _scan(kitti_dir, "000001"), _scan(kitti_dir, "000000")
+    args = (cfg["voxel_size"], cfg["point_cloud_range"], cfg["max_points_per_voxel"])
+    for pts, lengths in (
+        (one, None),
+        (one.half(), None),
+        (torch.cat([one, zero]), torch.tensor([len(one), len(zero)])),
+    ):
+        for max_voxels in (cfg["max_voxels"], 3000):
+            check_cpu(pts, lengths, *args, max_voxels)
