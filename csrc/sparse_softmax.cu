@@ -15,7 +15,8 @@
 // run-time arguments (a block-uniform switch), so NVRTC compiles 4 shapes per entry, not 16.
 //
 // Empty rows write nothing; an all −inf row gives zeros (the max is replaced by 0 so that
-// exp(−inf − 0) = 0 and the zero sum gives a zero output instead of 0/0). Row ranges are
+// exp(−inf − 0) = 0 and the zero sum gives a zero output instead of 0/0); a row holding a NaN or
+// +inf value gives NaN everywhere (its sum is NaN), as torch.softmax. Row ranges are
 // clamped to [0, nnz], so a malformed crow never reads or writes out of bounds.
 //
 // Element types: float32, and float16/bfloat16 held as 16-bit storage, converted with PTX cvt
@@ -81,10 +82,14 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-// Merge the running (max, sum of exp(v - max)) pair (m2, s2) into (m, s); −inf maxima are empty.
+// Merge the running (max, sum of exp(v - max)) pair (m2, s2) into (m, s); −inf maxima are empty
+// (their sums are 0, or NaN once a NaN value was merged: fmaxf ignores NaN, the sum carries it).
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   float mx = fmaxf(m, m2);
-  if (mx == NEG_INF) return;
+  if (mx == NEG_INF) {
+    s += s2;
+    return;
+  }
   s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
   m = mx;
 }
@@ -139,7 +144,7 @@ __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, c
     s += v[k];
   }
   s = group_sum<SUB>(s);
-  const float inv = s > 0.f ? 1.f / s : 0.f;
+  const float inv = s != 0.f ? 1.f / s : 0.f;  // NaN sum (NaN or +inf value): NaN row
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int i = sl + SUB * k;
@@ -152,7 +157,10 @@ __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, c
     long long s0, e0;
     row_range(crow, crow64, first + r, nnz, s0, e0);
     float m = NEG_INF, s = 0.f;
-    for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) merge(m, s, E::load(values[i]), 1.f);
+    for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) {
+      const float x = E::load(values[i]);
+      merge(m, s, x, x == x ? 1.f : x);  // a NaN value: a NaN sum
+    }
     for (int o = 16; o > 0; o >>= 1) {
       float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
       merge(m, s, m2, s2);
@@ -166,7 +174,7 @@ __device__ void softmax_fwd(const typename Elem<KIND>::T* __restrict__ values, c
     s = 0.f;
     for (int k = 0; k < WARPS; ++k) merge(m, s, red_m[k], red_s[k]);  // same order in every thread
     const float ref = m == NEG_INF ? 0.f : m;
-    const float inv = s > 0.f ? 1.f / s : 0.f;
+    const float inv = s != 0.f ? 1.f / s : 0.f;  // NaN sum (NaN or +inf value): NaN row
     for (long long i = s0 + threadIdx.x; i < e0; i += THREADS) out[i] = E::store(__expf(E::load(values[i]) - ref) * inv);
     __syncthreads();  // red_m/red_s are reused by the next long row
   }

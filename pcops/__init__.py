@@ -43,6 +43,10 @@ for _m in _OP_MODULES:
         __all__.append(_n)
 del _m
 
+from . import _lazy_dynamo  # noqa: E402
+
+_lazy_dynamo.install()  # the first eager call does not import torch._dynamo (see the module)
+
 # Loaded on first attribute access, so that `import pcops` stays light.
 _LAZY_SUBMODULES = ("nn", "io", "sim", "viz", "models")
 

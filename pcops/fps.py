@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _clouds, cpu
+from . import _backend, _checks, _clouds, _finite, cpu
 from .reference import fps as _ref
 
 __all__ = ["farthest_point_sample"]
@@ -50,6 +50,10 @@ def farthest_point_sample(
 
     Ties: the lowest index wins. A chosen point is never chosen again, so indices within a
     cloud are distinct even with duplicate points. Deterministic on every device and backend.
+
+    Non-finite points (a NaN or ±inf coordinate) are absent on every backend: never chosen, so a
+    cloud with fewer finite points than ``M`` is padded with −1; a ``start_idx`` naming one starts
+    from the cloud's lowest-index finite point instead (``pcops._finite``).
 
     Checks: ``lengths`` and ``start_idx`` ranges are checked on the CPU; on the GPU they would
     need a host synchronisation, so there lengths are clamped to ``[0, N]`` and a cloud whose
@@ -110,9 +114,9 @@ def _fps(
         from .cpu import fps as cpu_fps
 
         _backend.log_kernel(_OP, "cpu bucket FPS (numba)")
-        return cpu_fps.farthest_point_sample(points, lengths, start_idx, num_samples)
+        return _finite.fps(cpu_fps.farthest_point_sample, points, lengths, start_idx, num_samples)
     _backend.log_kernel(_OP, "reference")
-    return _ref.farthest_point_sample(points, lengths, start_idx, num_samples)
+    return _finite.fps(_ref.farthest_point_sample, points, lengths, start_idx, num_samples)
 
 
 @_fps.register_kernel("cuda")
@@ -120,15 +124,15 @@ def _fps_cuda(points, lengths, start_idx, num_samples, backend):
     impl = _backend.resolve(backend, _OP, points, auto_cuda="auto")
     if impl == "reference":
         _backend.log_kernel(_OP, "reference")
-        return _ref.farthest_point_sample(points, lengths, start_idx, num_samples)
+        return _finite.fps(_ref.farthest_point_sample, points, lengths, start_idx, num_samples)
     from .cuda import fps as cuda_fps
 
     # "auto": the CUDA kernel where it runs, else Triton (decided up front, no try/except)
     if impl == "cuda" or (impl == "auto" and cuda_fps.supported(points)):
-        return cuda_fps.farthest_point_sample(points, lengths, start_idx, num_samples)
+        return _finite.fps(cuda_fps.farthest_point_sample, points, lengths, start_idx, num_samples)
     from .triton import fps as triton_fps
 
-    return triton_fps.farthest_point_sample(points, lengths, start_idx, num_samples)
+    return _finite.fps(triton_fps.farthest_point_sample, points, lengths, start_idx, num_samples)
 
 
 @_fps.register_fake

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _clouds
+from . import _backend, _checks, _clouds, _finite
 from . import cpu as _cpu
 from .reference import knn as _ref
 
@@ -49,6 +49,10 @@ def knn(
         ``(dists, idx)``, both ``(B, Nq, K)`` (or ``(Nq, K)``): squared distances in ascending
         order (float32; float64 for float64 inputs) and int64 indices into ``ref``. Slots past a
         cloud's valid reference count, and the rows of padded queries, hold ``inf`` / −1.
+
+    Non-finite points (a NaN or ±inf coordinate; the same on every backend, ``pcops._finite``):
+    a non-finite reference point is never a neighbour (it does not count towards the cloud's
+    valid references), a non-finite query gets a row of ``inf`` / −1.
 
     Ties: equal distances are ordered by reference index (lowest first), identically on every
     device: distances come from coordinate differences (``dx*dx + dy*dy + dz*dz``, no FMA), not
@@ -100,9 +104,9 @@ def _knn(
         from .cpu import knn as cpu_knn  # imported on first use: numba is an optional extra
 
         _backend.log_kernel("knn", "cpu")
-        return cpu_knn.knn(query, ref, query_lengths, ref_lengths, k)
+        return _finite.knn(cpu_knn.knn, query, ref, query_lengths, ref_lengths, k)
     _backend.log_kernel("knn", "reference")
-    return _ref.knn(query, ref, query_lengths, ref_lengths, k)
+    return _finite.knn(_ref.knn, query, ref, query_lengths, ref_lengths, k)
 
 
 @_knn.register_kernel("cuda")
@@ -110,16 +114,16 @@ def _knn_cuda(query, ref, query_lengths, ref_lengths, k, backend):
     impl = _backend.resolve(backend, "knn", query, auto_cuda="auto")
     if impl == "reference":
         _backend.log_kernel("knn", "reference")
-        return _ref.knn(query, ref, query_lengths, ref_lengths, k)
+        return _finite.knn(_ref.knn, query, ref, query_lengths, ref_lengths, k)
     _check_gpu_dtype(backend, "knn", query)
     from .cuda import knn as cuda_knn
 
     # "auto": the CUDA kernel for K <= 32 where NVRTC is installed, else Triton (decided up front)
     if impl == "cuda" or (impl == "auto" and cuda_knn.supported(query, k)):
-        return cuda_knn.knn(query, ref, query_lengths, ref_lengths, k)
+        return _finite.knn(cuda_knn.knn, query, ref, query_lengths, ref_lengths, k)
     from .triton import knn as triton_knn
 
-    return triton_knn.knn(query, ref, query_lengths, ref_lengths, k)
+    return _finite.knn(triton_knn.knn, query, ref, query_lengths, ref_lengths, k)
 
 
 @_knn.register_fake
@@ -198,6 +202,9 @@ def ball_query(
     ``idx.where(idx >= 0, idx[..., :1])`` (a query with no hit then keeps −1; ``gather_points``
     turns −1 into zeros). Padded queries get ``counts = 0``. Deterministic; no host sync on the GPU.
 
+    Non-finite points (a NaN or ±inf coordinate; every backend): a non-finite reference point is
+    never inside a ball; a non-finite query gets −1 slots and ``counts = 0``.
+
     Example:
         >>> centres = torch.rand(2, 64, 3)
         >>> pts = torch.rand(2, 1000, 3)
@@ -227,9 +234,9 @@ def _ball_query(
         from .cpu import knn as cpu_knn
 
         _backend.log_kernel("ball_query", "cpu")
-        return cpu_knn.ball_query(query, ref, query_lengths, ref_lengths, radius, k)
+        return _finite.ball_query(cpu_knn.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
     _backend.log_kernel("ball_query", "reference")
-    return _ref.ball_query(query, ref, query_lengths, ref_lengths, radius, k)
+    return _finite.ball_query(_ref.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
 
 
 @_ball_query.register_kernel("cuda")
@@ -237,11 +244,11 @@ def _ball_query_cuda(query, ref, query_lengths, ref_lengths, radius, k, backend)
     impl = _backend.resolve(backend, "ball_query", query, supported=_BALL_BACKENDS)
     if impl == "reference":
         _backend.log_kernel("ball_query", "reference")
-        return _ref.ball_query(query, ref, query_lengths, ref_lengths, radius, k)
+        return _finite.ball_query(_ref.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
     _check_gpu_dtype(backend, "ball_query", query)
     from .triton import knn as triton_knn
 
-    return triton_knn.ball_query(query, ref, query_lengths, ref_lengths, radius, k)
+    return _finite.ball_query(triton_knn.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
 
 
 @_ball_query.register_fake

@@ -60,7 +60,8 @@ def sparse_softmax(
 
     Returns:
         ``(nnz,)`` like ``values`` (or a CSR tensor with the same structure). Stored −inf values
-        give 0; a row whose values are all −inf gives zeros, not NaN. Numerically stable (the
+        give 0; a row whose values are all −inf gives zeros, not NaN; a row holding a NaN or +inf
+        value gives NaN in every entry, as ``torch.softmax`` (every backend). Numerically stable (the
         row max is subtracted); accumulation in float32 (float64 for float64).
 
     Gradient: w.r.t. ``values``, ``dx = y · (g - Σ_row g·y)`` (not through the CSR-tensor form).

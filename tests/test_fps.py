@@ -207,7 +207,11 @@ def test_cpu_fps_matches_reference(cpu_threads):
 
 def test_cpu_fps_invalid_start_and_non_finite(cpu_threads):
     """Through the op itself (the public function refuses these): a start outside the cloud gives a
-    row of −1; NaN/inf coordinates (padding included) give what the reference gives."""
+    row of −1; NaN/inf coordinates follow the policy (absent, ``pcops._finite``) and the CPU kernel
+    called directly on them gives what the reference gives."""
+    from pcops import _finite
+    from pcops.cpu import fps as cpu_fps
+
     pts, lengths = make_clouds(5, 300, seed=21)
     lengths[:] = torch.tensor([300, 148, 200, 187, 300])
     start = torch.tensor([0, 5, 0, 250, -1])  # clouds 3 and 4: outside [0, length)
@@ -217,12 +221,16 @@ def test_cpu_fps_invalid_start_and_non_finite(cpu_threads):
     pts[2, 250, 2] = float("nan")  # in the padding: the reference still reaches it
     for p, l_, s in [(pts, lengths, start), (pts[1:2], lengths[1:2], torch.tensor([9]))]:
         expected = ref.farthest_point_sample(p, l_, s, 220)
-        assert torch.equal(torch.ops.pcops.farthest_point_sample(p, l_, s, 220, "auto"), expected)
+        assert torch.equal(cpu_fps.farthest_point_sample(p, l_, s, 220), expected)
+        policy = _finite.fps(ref.farthest_point_sample, p, l_, s, 220)
+        assert torch.equal(torch.ops.pcops.farthest_point_sample(p, l_, s, 220, "auto"), policy)
     pts[:, :, :] = torch.nan_to_num(pts)
     pts[3, 40] = float("-inf")  # a finite-only tree elsewhere, brute force here
     start[3:] = 40
     expected = ref.farthest_point_sample(pts, lengths, start, 300)
-    assert torch.equal(torch.ops.pcops.farthest_point_sample(pts, lengths, start, 300, "auto"), expected)
+    assert torch.equal(cpu_fps.farthest_point_sample(pts, lengths, start, 300), expected)
+    policy = _finite.fps(ref.farthest_point_sample, pts, lengths, start, 300)
+    assert torch.equal(torch.ops.pcops.farthest_point_sample(pts, lengths, start, 300, "auto"), policy)
 
 
 def test_cpu_fps_kitti_subset(cpu_threads):

@@ -44,6 +44,8 @@ pts = torch.rand(2000, 4, generator=g) * 10
 boxes = torch.rand(16, 7, generator=g) * 4 + 1
 scores = torch.rand(16, generator=g)
 calls = [
+    ("voxelize_reference", lambda: pcops.voxelize(pts, (0.5, 0.5, 10.0), (0, 0, -5, 10, 10, 5), 8, 1000,
+                                                  backend="reference")),
     ("voxelize", lambda: pcops.voxelize(pts, (0.5, 0.5, 10.0), (0, 0, -5, 10, 10, 5), 8, 1000)),
     ("nms_bev", lambda: pcops.nms_bev(boxes, scores, 0.5)),
     ("knn", lambda: pcops.knn(pts[None, :256, :3], pts[None, :, :3], 8)),
@@ -71,11 +73,11 @@ def probe():
 
 def test_report_import_and_first_call_times(probe, capsys):
     ops = probe["ops"]
-    first = ops["voxelize"]
+    first = ops["voxelize_reference"]  # pcops' own first-call cost (the numba paths add their JIT load)
     overhead = first["first_s"] - first["second_s"]
     lines = [
         f"import torch {probe['import_torch_s']:.3f} s, import pcops {probe['import_pcops_s']:.3f} s (on top)",
-        f"first CPU op call overhead (voxelize, first - second call): {overhead:.3f} s (goal <= 0.3 s)",
+        f"first CPU op call overhead (voxelize, reference, first - second call): {overhead:.3f} s (goal <= 0.3 s)",
     ]
     lines += [
         f"  {name}: first {v['first_s'] * 1e3:.1f} ms, second {v['second_s'] * 1e3:.1f} ms" for name, v in ops.items()
@@ -100,14 +102,20 @@ def test_cpu_op_calls_import_no_pcops_kernels(probe):
     assert probe["after_ops"]["pcops_gpu"] == [], "a CPU op call imported pcops.triton / pcops.cuda modules"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "torch.library.custom_op wraps every kernel in torch._disable_dynamo, whose first call imports "
-        "torch._dynamo (about 1.5 s on a CPU machine) and, through torch.utils._triton.has_triton_package, "
-        "triton; ops registered with torch.library.Library.impl would avoid it"
-    ),
-)
 def test_first_cpu_op_call_imports_no_triton(probe):
+    # torch.library.custom_op's kernel wrappers would import torch._dynamo (and Triton) on the
+    # first call: pcops._lazy_dynamo defers that until something else imports torch._dynamo
     s = probe["after_ops"]
-    assert s["triton"] == 0 and not s["dynamo"]
+    assert s["triton"] == 0, f"the CPU op calls imported {s['triton']} triton modules"
+    assert not s["dynamo"], "a CPU op call imported torch._dynamo"
+
+
+def test_lazy_dynamo_disable_still_disables_under_compile():
+    """Once torch._dynamo is imported, the kernels run under torch's own dynamo.disable wrapper."""
+    import torch
+
+    import pcops
+
+    f = torch.compile(lambda x: pcops.farthest_point_sample(x, 4, backend="reference") + 1, fullgraph=True)
+    x = torch.rand(2, 64, 3, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(f(x), pcops.farthest_point_sample(x, 4, backend="reference") + 1)

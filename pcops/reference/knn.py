@@ -65,7 +65,8 @@ def knn_backward(
     valid = idx >= 0
     safe = idx.clamp(min=0)
     r_sel = torch.gather(ref, 1, safe.view(batch, nq * k, 1).expand(-1, -1, 3)).view(batch, nq, k, 3)
-    g = (2 * grad_dists).where(valid, 0)[..., None] * (query[:, :, None, :] - r_sel)  # (B, Nq, k, 3)
+    g = (2 * grad_dists)[..., None] * (query[:, :, None, :] - r_sel)  # (B, Nq, k, 3)
+    g = g.where(valid[..., None], 0)  # after the product: a padded slot of a non-finite query gives 0
     grad_query = g.sum(2)
     grad_ref = torch.zeros_like(ref)
     grad_ref.scatter_add_(1, safe.view(batch, nq * k, 1).expand(-1, -1, 3), -g.reshape(batch, nq * k, 3))

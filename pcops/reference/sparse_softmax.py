@@ -17,7 +17,8 @@ def _row_ids(crow: torch.Tensor, nnz: int) -> torch.Tensor:
 def sparse_softmax(values: torch.Tensor, crow: torch.Tensor) -> torch.Tensor:
     """Softmax of each CSR row's stored values: ``exp(v - max_row) / Σ_row exp(v - max_row)``.
 
-    Empty rows have no output; a row whose stored values are all −inf gives zeros (not NaN).
+    Empty rows have no output; a row whose stored values are all −inf gives zeros (not NaN); a
+    row holding a NaN or +inf gives NaN in every entry (as ``torch.softmax``).
     ``crow (rows + 1,)`` must be valid (checked by the public function).
     """
     rows = crow.numel() - 1
@@ -30,7 +31,9 @@ def sparse_softmax(values: torch.Tensor, crow: torch.Tensor) -> torch.Tensor:
     vmax = torch.where(torch.isneginf(vmax), torch.zeros_like(vmax), vmax)
     e = torch.exp(v - vmax[row])
     total = torch.zeros(rows, dtype=acc, device=v.device).index_add_(0, row, e)
-    y = torch.where(total[row] > 0, e / total[row], torch.zeros_like(e))
+    # an all −inf row sums to 0 and gives zeros; a NaN or +inf value makes the sum NaN, and the
+    # whole row NaN (as torch.softmax)
+    y = torch.where(total[row] == 0, torch.zeros_like(e), e / total[row])
     return y.to(values.dtype)
 
 

@@ -116,10 +116,11 @@ def _sparse_softmax_grouped_kernel(
         m = m_new
     # an all −inf (or empty) row: subtract 0, exp gives 0 and the row's outputs are 0
     ref = tl.where(m == float("-inf"), 0.0, m)
-    inv = tl.where(s > 0, 1.0 / tl.where(s > 0, s, 1.0), 0.0)
+    # s == 0 only for an all −inf row (outputs 0); a NaN or +inf value makes s NaN: the row is NaN
+    inv = tl.where(s == 0, 0.0, 1.0 / tl.where(s == 0, 1.0, s))
     # e0 was taken against ref0 ≤ ref (equal unless a later chunk raised the max); a first chunk
-    # of only −inf has e0 = 0 and must not meet exp(0 − ref) = inf
-    scale0 = tl.where(m0 == float("-inf"), 0.0, tl.exp(ref0 - ref) * inv)
+    # of only −inf has e0 = 0 and must not meet exp(0 − ref) = inf (0 · inv keeps a NaN row NaN)
+    scale0 = tl.where(m0 == float("-inf"), 0.0 * inv, tl.exp(ref0 - ref) * inv)
     tl.store(o_row + col, (e0 * scale0).to(out_ptr.dtype.element_ty), mask=mask0)
     for c0 in range(SUB * VPT, max_len, SUB * VPT):
         mask = col + c0 < length

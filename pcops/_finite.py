@@ -1,0 +1,112 @@
+"""The non-finite policy of the point ops, written once for every backend.
+
+A point with a NaN or ±inf coordinate is **absent**: ``farthest_point_sample`` never selects it
+(rows are padded with −1 once the finite points run out), it is never a ``knn`` or
+``ball_query`` neighbour, and a non-finite query gets a padded row (``knn``: ``inf`` / −1;
+``ball_query``: −1 and count 0). Each kernel (reference, CPU, Triton, CUDA) runs on the cloud with
+those points moved after the finite ones (a stable partition, so the finite points keep their
+relative order and every tie rule still picks the lowest original index), with the finite count
+as its length; its indices are mapped back. So every backend gives what it gives on the cloud
+without the non-finite points. On the GPU this costs a few small elementwise launches and no
+host synchronisation; on the CPU, clouds that are all finite skip it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["partition", "restore", "fps", "knn", "ball_query"]
+
+
+def _keep(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``(B, N)`` bool: inside the cloud's length and every coordinate finite."""
+    n = points.shape[1]
+    inside = torch.arange(n, device=points.device)[None, :] < lengths[:, None]
+    return inside & torch.isfinite(points).all(dim=-1)
+
+
+def _skip(keep: torch.Tensor, lengths: torch.Tensor) -> bool:
+    """CPU tensors whose valid points are all finite need no partition (free to check there)."""
+    return keep.device.type == "cpu" and bool(keep.sum() == lengths.clamp(0, keep.shape[1]).sum())
+
+
+def partition(points: torch.Tensor, keep: torch.Tensor):
+    """Stable partition of each cloud: kept points first, in order.
+
+    Returns ``(points', counts, perm, pos)``: ``points'[b, j] = points[b, perm[b, j]]`` (zeros
+    past ``counts[b]``),
+    ``counts (B,)`` int64 kept points, ``pos[b, i]`` the new position of point ``i``.
+    """
+    b, n = keep.shape
+    ar = torch.arange(n, device=keep.device).expand(b, n)
+    kept_upto = keep.cumsum(1)  # kept points at or before i
+    counts = kept_upto[:, -1] if n else torch.zeros(b, dtype=torch.int64, device=keep.device)
+    pos = torch.where(keep, kept_upto - 1, counts[:, None] + ar - kept_upto)
+    perm = torch.empty_like(pos).scatter_(1, pos, ar)
+    # the moved-out points become zeros: no kernel ever reads a NaN, even in its padding
+    cleared = points.masked_fill(~keep[..., None], 0)
+    moved = cleared.gather(1, perm[..., None].expand(b, n, points.shape[2]))
+    return moved, counts, perm, pos
+
+
+def restore(idx: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Indices into the partitioned clouds (−1 padded, ``(B, ...)``) → indices into the originals."""
+    flat = idx.reshape(idx.shape[0], -1)
+    out = torch.where(flat >= 0, perm.gather(1, flat.clamp(min=0)), flat)
+    return out.reshape(idx.shape)
+
+
+def fps(run, points, lengths, start_idx, num_samples):
+    """``run(points, lengths, start_idx, num_samples)`` under the policy. A start point that is in
+    range but non-finite is replaced by the cloud's lowest-index finite point; one outside
+    ``[0, length)`` keeps the kernels' rule (a row of −1)."""
+    lengths = lengths.clamp(0, points.shape[1])
+    keep = _keep(points, lengths)
+    if _skip(keep, lengths):
+        return run(points, lengths, start_idx, num_samples)
+    moved, counts, perm, pos = partition(points, keep)
+    n = points.shape[1]
+    in_range = (start_idx >= 0) & (start_idx < lengths)
+    s = start_idx.clamp(0, max(n - 1, 0))
+    if n:
+        finite_start = keep.gather(1, s[:, None])[:, 0]
+        new_start = torch.where(finite_start, pos.gather(1, s[:, None])[:, 0], 0)
+    else:
+        new_start = s
+    new_start = torch.where(in_range, new_start, -1)
+    return restore(run(moved.contiguous(), counts, new_start, num_samples), perm)
+
+
+def _queries(query, query_lengths):
+    """Non-finite queries replaced by 0 (so no kernel meets them) and the ``(B, Nq)`` mask of them."""
+    bad = ~torch.isfinite(query).all(dim=-1)
+    return torch.where(bad[..., None], torch.zeros((), dtype=query.dtype, device=query.device), query), bad
+
+
+def knn(run, query, ref, query_lengths, ref_lengths, k):
+    """``run(query, ref, query_lengths, ref_lengths, k) -> (dists, idx)`` under the policy."""
+    ref_lengths = ref_lengths.clamp(0, ref.shape[1])
+    keep = _keep(ref, ref_lengths)
+    bad_q = ~torch.isfinite(query).all(dim=-1)
+    if _skip(keep, ref_lengths) and not bool(bad_q.any()):
+        return run(query, ref, query_lengths, ref_lengths, k)
+    moved, counts, perm, _ = partition(ref, keep)
+    q, bad_q = _queries(query, query_lengths)
+    dists, idx = run(q.contiguous(), moved.contiguous(), query_lengths, counts, k)
+    idx = restore(idx, perm)
+    bad = bad_q[..., None]
+    return dists.masked_fill(bad, float("inf")), idx.masked_fill(bad, -1)
+
+
+def ball_query(run, query, ref, query_lengths, ref_lengths, radius, k):
+    """``run(query, ref, query_lengths, ref_lengths, radius, k) -> (idx, counts)`` under the policy."""
+    ref_lengths = ref_lengths.clamp(0, ref.shape[1])
+    keep = _keep(ref, ref_lengths)
+    bad_q = ~torch.isfinite(query).all(dim=-1)
+    if _skip(keep, ref_lengths) and not bool(bad_q.any()):
+        return run(query, ref, query_lengths, ref_lengths, radius, k)
+    moved, counts, perm, _ = partition(ref, keep)
+    q, bad_q = _queries(query, query_lengths)
+    idx, cnt = run(q.contiguous(), moved.contiguous(), query_lengths, counts, radius, k)
+    idx = restore(idx, perm)
+    return idx.masked_fill(bad_q[..., None], -1), cnt.masked_fill(bad_q, 0)
