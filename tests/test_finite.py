@@ -287,3 +287,37 @@ def test_gpu_value_ops_propagate_nan():
     canvas = pcops.pillar_scatter(feats.cuda(), coords.cuda(), 1, (4, 16)).cpu()
     canvas_ref = pcops.pillar_scatter(feats, coords, 1, (4, 16), backend="reference")
     assert same_nan(canvas, canvas_ref) and int(torch.isnan(canvas).sum()) == 1
+
+
+@interpret
+def test_triton_elementwise_value_ops_nan_interpreter():
+    from pcops.reference import pillar_scatter as ref_ps
+    from pcops.reference import swish_dropout_residual as ref_sw
+    from pcops.triton import pillar_scatter as tri_ps
+    from pcops.triton import swish_dropout_residual as tri_sw
+
+    x = torch.randn(4, 33, generator=generator(17))
+    res = torch.randn(4, 33, generator=generator(18))
+    x[0, 1], x[2, 5], res[3, 3] = float("nan"), float("inf"), float("-inf")
+    y, yr = tri_sw.swish_dropout_residual(x, res, 0.0, None), ref_sw.swish_dropout_residual(x, res, 0.0)
+    assert same_nan(y, yr) and torch.equal(torch.isinf(y), torch.isinf(yr))
+    fin = torch.isfinite(yr)
+    torch.testing.assert_close(y[fin], yr[fin])
+    feats = torch.randn(6, 8, generator=generator(19))
+    feats[1, 2], feats[4, 0] = float("nan"), float("inf")
+    coords = torch.tensor([[0, 0, 0, i] for i in range(6)], dtype=torch.int32)
+    canvas, _ = tri_ps.pillar_scatter(feats, coords, 1, 2, 8)
+    canvas_ref, _ = ref_ps.pillar_scatter(feats, coords, 1, 2, 8)
+    assert same_nan(canvas, canvas_ref) and torch.equal(torch.nan_to_num(canvas), torch.nan_to_num(canvas_ref))
+
+
+def test_cpu_value_ops_propagate_nan():
+    feats = torch.randn(12, 5, generator=generator(20))
+    feats[3, 1] = float("nan")
+    p2v = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3, -1])
+    for reduce in ("mean", "max", "sum"):
+        out = pcops.voxel_reduce(feats, p2v, 4, reduce=reduce)
+        assert bool(torch.isnan(out[1, 1])) and int(torch.isnan(out).sum()) == 1, reduce
+    idx = torch.tensor([[3, 0, -1]])
+    g = pcops.gather_points(feats[None], idx)
+    assert bool(torch.isnan(g[0, 0, 1])) and bool((g[0, 2] == 0).all())

@@ -270,7 +270,9 @@ def voxel_reduce(features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxel
     if reduce == "max":
         out = features.new_full((num_voxels + 1, num_feat), float("-inf"))
         out.scatter_reduce_(0, pv[:, None].expand(n, num_feat), features, reduce="amax", include_self=True)
-        hit = (features == out[pv]) & valid[:, None]
+        best = out[pv]
+        # a NaN feature wins its voxel (amax propagates NaN, as torch): the first NaN point is the arg
+        hit = ((features == best) | (features.isnan() & best.isnan())) & valid[:, None]
         arg = torch.full((num_voxels + 1, num_feat), n, dtype=torch.int64, device=features.device)
         pidx = torch.arange(n, device=features.device)[:, None].expand(n, num_feat)
         arg.scatter_reduce_(0, pv[:, None].expand(n, num_feat), pidx.where(hit, n), reduce="amin")
