@@ -356,9 +356,13 @@ def test_kitti_bit_identical(kitti_dir, cfg, path):
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def cpu_threads(request):
-    """Run the test at one and at two threads (the results must not depend on the count)."""
+def cpu_threads(request, monkeypatch):
+    """Run the test at one and at two threads (the results must not depend on the count); at two,
+    clouds of any size take the parallel phases."""
     pytest.importorskip("numba")
+    from pcops.cpu import voxelize as cpu
+
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_POINTS", 4096)
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param

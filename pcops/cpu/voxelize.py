@@ -38,6 +38,11 @@ __all__ = ["voxelize", "dynamic_voxelize"]
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # float dtype → same-size int
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
+# Clouds of at least this many points run phases 1 and 3 in parallel (when torch allows more than
+# one thread). Below it the parallel share of a scan (~1 of 2.4 ms on V1) does not pay for waking
+# the pool and joining it, and a loaded machine (a busy core) makes each join wait for a time
+# slice: on the 2-core test machine shared with other jobs, V1 took 30 ms at 2 threads, 3 at one.
+PARALLEL_MIN_POINTS = 1 << 18
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -243,7 +248,7 @@ def _setup(points, lengths, voxel_size, point_cloud_range):
     xyz = xyz.contiguous().numpy()
     keys = np.empty(n, np.int64)
     threads = min(num_threads(), numba.config.NUMBA_NUM_THREADS)
-    if threads > 1 and n >= 4096:
+    if threads > 1 and n >= PARALLEL_MIN_POINTS:
         numba.set_num_threads(threads)
         _keys_parallel(xyz, lo, hi, vs, grid, gx, gy, keys)
     else:
