@@ -254,6 +254,10 @@ def test_gpu_point_ops_non_finite(backend, n):
     start = torch.tensor([0, 5, 1])
     got = pcops.farthest_point_sample(pts.cuda(), 64, lengths.cuda(), start.cuda(), backend=backend)
     assert torch.equal(got.cpu(), fps_oracle(pts, lengths, start, 64))
+    p, pl = pts.cuda(), lengths.cuda()
+    d, i = pcops.knn(p, p, 8, pl, pl, backend=backend)  # self-KNN: one shared sort
+    d_exp, i_exp = knn_oracle(pts, pts, lengths, lengths, 8)
+    assert torch.equal(i.cpu(), i_exp) and torch.equal(d.cpu(), d_exp)
     q, ql = clouds_with_bad_points(3, n // 2, seed=n + 1)
     d, i = pcops.knn(q.cuda(), pts.cuda(), 8, ql.cuda(), lengths.cuda(), backend=backend)
     d_exp, i_exp = knn_oracle(q, pts, ql, lengths, 8)
@@ -321,3 +325,12 @@ def test_cpu_value_ops_propagate_nan():
     idx = torch.tensor([[3, 0, -1]])
     g = pcops.gather_points(feats[None], idx)
     assert bool(torch.isnan(g[0, 0, 1])) and bool((g[0, 2] == 0).all())
+
+
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_self_knn_non_finite_points(backend):
+    """query is ref (one lengths tensor): the shared-sort path gives the policy's result too."""
+    pts, lengths = clouds_with_bad_points(3, 45, seed=21, all_bad_cloud=True)
+    d, i = pcops.knn(pts, pts, 6, lengths, lengths, backend=backend)
+    d_exp, i_exp = knn_oracle(pts, pts, lengths, lengths, 6)
+    assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
