@@ -7,8 +7,9 @@ A point with a NaN or ±inf coordinate is **absent**: ``farthest_point_sample`` 
 those points moved after the finite ones (a stable partition, so the finite points keep their
 relative order and every tie rule still picks the lowest original index), with the finite count
 as its length; its indices are mapped back. So every backend gives what it gives on the cloud
-without the non-finite points. On the GPU this costs a few small elementwise launches and no
-host synchronisation; on the CPU, clouds that are all finite skip it.
+without the non-finite points. On the GPU this costs two Triton launches (``pcops.triton.finite``:
+the partition, and the index mapping) and no host synchronisation; on the CPU (torch ops here),
+clouds that are all finite skip it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def fps(run, points, lengths, start_idx, num_samples):
     range but non-finite is replaced by the cloud's lowest-index finite point; one outside
     ``[0, length)`` keeps the kernels' rule (a row of −1)."""
     lengths = lengths.clamp(0, points.shape[1])
+    if points.is_cuda:  # 2 Triton launches around the kernel (pcops.triton.finite)
+        from .triton import finite as tri
+
+        moved, counts, perm, _, new_start = tri.partition(points, lengths, start_idx.contiguous())
+        return tri.restore(run(moved, counts, new_start, num_samples), perm)
     keep = _keep(points, lengths)
     if _skip(keep, lengths):
         return run(points, lengths, start_idx, num_samples)
@@ -98,6 +104,13 @@ def knn(run, query, ref, query_lengths, ref_lengths, k):
     if _self_query(query, ref, query_lengths, ref_lengths):
         return _self_knn(run, ref, ref_lengths, k)
     ref_lengths = ref_lengths.clamp(0, ref.shape[1])
+    if ref.is_cuda:
+        from .triton import finite as tri
+
+        moved, counts, perm, _, _ = tri.partition(ref.contiguous(), ref_lengths)
+        q, _ = _queries(query, query_lengths)
+        dists, idx = run(q.contiguous(), moved, query_lengths, counts, k)
+        return tri.restore(idx, perm, dists, query=query)
     keep = _keep(ref, ref_lengths)
     bad_q = ~torch.isfinite(query).all(dim=-1)
     if _skip(keep, ref_lengths) and not bool(bad_q.any()):
@@ -115,6 +128,12 @@ def _self_knn(run, points, lengths, k):
     non-finite point lands past the finite count, so its row comes back padded; rows are put back
     in the original order."""
     clamped = lengths.clamp(0, points.shape[1])
+    if points.is_cuda:
+        from .triton import finite as tri
+
+        moved, counts, perm, pos, _ = tri.partition(points.contiguous(), clamped)
+        dists, idx = run(moved, moved, counts, counts, k)
+        return tri.restore(idx, perm, dists, rows=pos)
     keep = _keep(points, clamped)
     if _skip(keep, clamped):
         return run(points, points, lengths, lengths, k)
@@ -128,6 +147,13 @@ def _self_knn(run, points, lengths, k):
 def ball_query(run, query, ref, query_lengths, ref_lengths, radius, k):
     """``run(query, ref, query_lengths, ref_lengths, radius, k) -> (idx, counts)`` under the policy."""
     ref_lengths = ref_lengths.clamp(0, ref.shape[1])
+    if ref.is_cuda:
+        from .triton import finite as tri
+
+        moved, counts, perm, _, _ = tri.partition(ref.contiguous(), ref_lengths)
+        q, bad_q = _queries(query, query_lengths)
+        idx, cnt = run(q.contiguous(), moved, query_lengths, counts, radius, k)
+        return tri.restore(idx, perm, query=query), cnt.masked_fill(bad_q, 0)
     keep = _keep(ref, ref_lengths)
     bad_q = ~torch.isfinite(query).all(dim=-1)
     if _skip(keep, ref_lengths) and not bool(bad_q.any()):

@@ -334,3 +334,33 @@ def test_self_knn_non_finite_points(backend):
     d, i = pcops.knn(pts, pts, 6, lengths, lengths, backend=backend)
     d_exp, i_exp = knn_oracle(pts, pts, lengths, lengths, 6)
     assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
+
+
+@interpret
+def test_triton_partition_and_restore_interpreter():
+    """pcops.triton.finite (the CUDA path of the policy) against the torch ops of pcops._finite."""
+    from pcops.triton import finite as tri
+
+    pts, lengths = clouds_with_bad_points(3, 1500, seed=22, all_bad_cloud=True)
+    lengths[0] = 1500
+    start = torch.tensor([4, 1, 1700])  # cloud 2: out of range
+    keep = _finite._keep(pts, lengths)
+    moved, counts, perm, pos = _finite.partition(pts, keep)
+    got = tri.partition(pts, lengths, start)
+    for a, b in zip(got[:4], (moved, counts, perm, pos)):
+        assert torch.equal(a, b)
+    s = start.clamp(0, 1499)
+    fin = keep.gather(1, s[:, None])[:, 0]
+    exp_start = torch.where(fin, pos.gather(1, s[:, None])[:, 0], 0).where((start >= 0) & (start < lengths), -1)
+    assert torch.equal(got[4], exp_start)
+    idx = torch.randint(-1, 40, (3, 7, 5), generator=generator(23))
+    d = torch.rand(3, 7, 5, generator=generator(24))
+    assert torch.equal(tri.restore(idx[:, 0], perm), _finite.restore(idx[:, 0], perm))
+    rows = torch.randint(0, 7, (3, 7), generator=generator(25))
+    q = torch.rand(3, 7, 3, generator=generator(26))
+    q[1, 2, 0] = float("nan")
+    d_got, i_got = tri.restore(idx, perm, d, rows=rows, query=q)
+    r = rows[..., None].expand(-1, -1, 5)
+    bad = ~torch.isfinite(q).all(-1)[..., None]
+    assert torch.equal(i_got, _finite.restore(idx.gather(1, r), perm).masked_fill(bad, -1))
+    assert torch.equal(d_got, d.gather(1, r).masked_fill(bad, float("inf")))
