@@ -7,8 +7,8 @@ A point with a NaN or ±inf coordinate is **absent**: ``farthest_point_sample`` 
 those points moved after the finite ones (a stable partition, so the finite points keep their
 relative order and every tie rule still picks the lowest original index), with the finite count
 as its length; its indices are mapped back. So every backend gives what it gives on the cloud
-without the non-finite points. On the GPU this costs two Triton launches (``pcops.triton.finite``:
-the partition, and the index mapping) and no host synchronisation; on the CPU (torch ops here),
+without the non-finite points. On the GPU this costs three Triton launches (``pcops.triton.finite``:
+the partition (2), the index mapping (1)) and no host synchronisation; on the CPU (torch ops here),
 clouds that are all finite skip it.
 """
 
@@ -63,7 +63,7 @@ def fps(run, points, lengths, start_idx, num_samples):
     range but non-finite is replaced by the cloud's lowest-index finite point; one outside
     ``[0, length)`` keeps the kernels' rule (a row of −1)."""
     lengths = lengths.clamp(0, points.shape[1])
-    if points.is_cuda:  # 2 Triton launches around the kernel (pcops.triton.finite)
+    if points.is_cuda:  # 3 Triton launches around the kernel (pcops.triton.finite)
         from .triton import finite as tri
 
         moved, counts, perm, _, new_start = tri.partition(points, lengths, start_idx.contiguous())
