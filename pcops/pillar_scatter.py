@@ -126,7 +126,8 @@ def _pillar_scatter_fake(features, coords, batch_size, grid_h, grid_w, backend):
 def _gather_impl(backend: str, canvas: torch.Tensor) -> str:
     """The backward's implementation: ``"auto"`` on CUDA takes the CUDA C++ stream where it applies
     (and NVRTC loads), else Triton's; ``"cuda"`` raises for a canvas its kernel does not take."""
-    impl = _backend.resolve(backend, "pillar_scatter", canvas)
+    # auto_cuda="auto": "auto" must reach the CUDA C++ test below (resolve's default would say "triton")
+    impl = _backend.resolve(backend, "pillar_scatter", canvas, auto_cuda="auto")
     if impl in ("cpu", "reference", "triton"):
         return "reference" if impl == "cpu" else impl
     from .cuda import pillar_scatter as cu

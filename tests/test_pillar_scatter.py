@@ -326,3 +326,18 @@ def test_gpu_opcheck():
     torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 8, 9, "triton"))
     torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f, c, 2, 8, 9, "cuda"))
     torch.library.opcheck(torch.ops.pcops.pillar_scatter, (f.double(), c, 2, 8, 9, "auto"))  # the reference
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_auto_backward_takes_the_cuda_quads(caplog):
+    """backend="auto" runs the CUDA C++ backward where it applies (a resolve that answered
+    "triton" for "auto" once sent every auto backward to the slower Triton stream)."""
+    from pcops import _backend
+
+    f, c = make_pillars(2000, 64, 1, 64, 64, seed=12)
+    f = f.cuda().requires_grad_(True)
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        pcops.pillar_scatter(f, c.cuda(), 1, (64, 64)).sum().backward()
+    expected = "cuda" if _backend.nvrtc_available() else "triton"
+    assert f"pillar_gather: {expected}" in [r.getMessage() for r in caplog.records]
