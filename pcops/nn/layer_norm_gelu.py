@@ -1,11 +1,11 @@
-"""``torch.nn`` modules built on pcops' fused ops."""
+"""``pcops.nn.LayerNormGELU``: the fused LayerNorm + GELU (+ dropout) as a module."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .layer_norm_gelu import fused_layer_norm_gelu
+from ..layer_norm_gelu import fused_layer_norm_gelu
 
 __all__ = ["LayerNormGELU"]
 

@@ -1,0 +1,335 @@
+"""Sparse convolution layers on pcops kernel maps, spconv 2 compatible.
+
+``SparseConvTensor(features, indices, spatial_shape, batch_size)`` holds ``N`` active voxels:
+``features (N, C)`` and ``indices (N, 4)`` int32 ``(batch, z, y, x)`` in a grid of
+``spatial_shape = (D, H, W)``. The layers keep spconv 2's names, arguments and weight layout
+``(C_out, kz, ky, kx, C_in)``, so a model ports by changing its imports:
+
+- ``SubMConv3d``: submanifold (output voxels = input voxels, same rows and order),
+- ``SparseConv3d``: regular (strided) convolution, outputs sorted by ``(batch, z, y, x)``,
+- ``SparseInverseConv3d``: the inverse of the ``SparseConv3d`` that used the same ``indice_key``
+  (its outputs are that conv's input voxels, in their order),
+- ``SparseSequential`` (non-sparse modules such as ``nn.BatchNorm1d`` or ``nn.ReLU`` act on
+  ``.features``), ``ToDense``.
+
+Kernel maps are built once per ``indice_key`` and kept in the tensor's ``indice_dict``, which
+every output shares with its input: the SubM layers of one resolution reuse one map, and an
+inverse conv finds the map of its strided conv. The convolution is ``pcops.sparse_conv3d``
+(implicit GEMM on ``KernelMap.out_in``; deterministic forward and backward, no atomics).
+
+Indices: any row order is accepted. Duplicate voxels and voxels outside ``spatial_shape`` raise
+``ValueError`` on the CPU; on CUDA they are not checked (that needs a host sync), see
+``pcops.sparse_conv_kernel_map``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+from torch import nn
+
+from .. import _checks
+from ..kernel_map import KernelMap, _triple, sparse_conv3d, sparse_conv_kernel_map
+
+__all__ = [
+    "SparseConvTensor",
+    "SparseModule",
+    "SubMConv3d",
+    "SparseConv3d",
+    "SparseInverseConv3d",
+    "SparseSequential",
+    "ToDense",
+]
+
+
+class _IndiceEntry(NamedTuple):
+    """A kernel map kept under an ``indice_key``: its kind and geometry, its input voxels (an
+    inverse conv's outputs) and, once built, the inverse map."""
+
+    kind: str  # "subm" or "conv"
+    geometry: tuple  # (kernel_size, stride, padding, dilation)
+    kernel_map: KernelMap
+    in_indices: torch.Tensor
+    in_shape: tuple
+    inverse: Optional[KernelMap]
+
+
+class SparseConvTensor:
+    """Active voxels of a sparse 3-D grid (spconv's ``SparseConvTensor``).
+
+    Args:
+        features: ``(N, C)`` float32/float16/bfloat16/float64, one row per voxel.
+        indices: ``(N, 4)`` int32 (int64 accepted and converted) ``(batch, z, y, x)``.
+        spatial_shape: ``(D, H, W)`` of the grid.
+        batch_size: samples (batch indices ``0 … batch_size - 1``).
+        indice_dict: kernel maps by ``indice_key`` (shared with the tensors a layer makes).
+    """
+
+    def __init__(self, features, indices, spatial_shape, batch_size: int, indice_dict: Optional[dict] = None):
+        _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
+        _checks.check_tensor("indices", indices, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
+        _checks.check_same_device(features=features, indices=indices)
+        if indices.shape[0] != features.shape[0]:
+            raise ValueError(
+                f"indices: expected {features.shape[0]} rows (one per feature row), got {indices.shape[0]}"
+            )
+        self.features = features
+        self.indices = indices.to(torch.int32).contiguous()
+        self.spatial_shape = list(_triple("spatial_shape", spatial_shape, min_value=1))
+        self.batch_size = _checks.check_int("batch_size", batch_size, min_value=1)
+        self.indice_dict = {} if indice_dict is None else indice_dict
+
+    def replace_feature(self, features: torch.Tensor) -> "SparseConvTensor":
+        """The same voxels (and kernel maps) with new features of as many rows."""
+        if not isinstance(features, torch.Tensor) or features.dim() != 2 or features.shape[0] != self.indices.shape[0]:
+            shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+            raise ValueError(f"features: expected ({self.indices.shape[0]}, C), got {shape}")
+        return SparseConvTensor(features, self.indices, self.spatial_shape, self.batch_size, self.indice_dict)
+
+    @property
+    def spatial_size(self) -> int:
+        return math.prod(self.spatial_shape)
+
+    def dense(self, channels_first: bool = True) -> torch.Tensor:
+        """``(B, C, D, H, W)`` (``channels_first``) or ``(B, D, H, W, C)``, zeros where no voxel."""
+        d, h, w = self.spatial_shape
+        c = self.features.shape[1]
+        out = self.features.new_zeros((self.batch_size, d, h, w, c))
+        idx = self.indices.long()
+        out[idx[:, 0], idx[:, 1], idx[:, 2], idx[:, 3]] = self.features
+        return out.permute(0, 4, 1, 2, 3).contiguous() if channels_first else out
+
+    @classmethod
+    def from_dense(cls, x: torch.Tensor) -> "SparseConvTensor":
+        """From ``(B, D, H, W, C)`` (spconv's channels-last convention): voxels with any non-zero channel."""
+        _checks.check_tensor("x", x, dtypes=_checks.FLOAT_DTYPES, ndim=5)
+        active = (x != 0).any(dim=-1)
+        idx = active.nonzero()
+        return cls(x[active], idx.to(torch.int32), x.shape[1:4], x.shape[0])
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseConvTensor(features={tuple(self.features.shape)}, spatial_shape={self.spatial_shape}, "
+            f"batch_size={self.batch_size}, indice_keys={sorted(map(str, self.indice_dict))})"
+        )
+
+
+class SparseModule(nn.Module):
+    """A module that takes and returns ``SparseConvTensor`` (``SparseSequential`` passes the
+    tensor itself to these and only ``.features`` to other modules)."""
+
+
+def _init_weight(weight: torch.Tensor, bias: Optional[torch.Tensor], fan_in: int) -> None:
+    # as torch.nn.Conv3d: kaiming-uniform with a = sqrt(5), bias uniform in ±1/sqrt(fan_in)
+    bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+        if bias is not None:
+            bias.uniform_(-bound, bound)
+
+
+class _SparseConv3d(SparseModule):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size=3,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        indice_key: Optional[str] = None,
+        *,
+        subm: bool = False,
+        inverse: bool = False,
+        algo=None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.in_channels = _checks.check_int("in_channels", in_channels, min_value=1)
+        self.out_channels = _checks.check_int("out_channels", out_channels, min_value=1)
+        if groups != 1:
+            raise ValueError(f"groups: only groups=1 is supported, got {groups!r}")
+        self.kernel_size = _triple("kernel_size", kernel_size, min_value=1)
+        self.stride = _triple("stride", stride, min_value=1)
+        self.padding = _triple("padding", padding, min_value=0)
+        self.dilation = _triple("dilation", dilation, min_value=1)
+        if subm and self.stride != (1, 1, 1):
+            raise ValueError(f"stride: a submanifold conv needs stride 1, got {self.stride}")
+        if indice_key is not None and not isinstance(indice_key, str):
+            raise TypeError(f"indice_key: expected a str or None, got {type(indice_key).__name__}")
+        if inverse and indice_key is None:
+            raise ValueError("indice_key: SparseInverseConv3d needs the indice_key of the SparseConv3d it inverts")
+        self.subm, self.inverse, self.indice_key, self.groups = subm, inverse, indice_key, 1
+        kz, ky, kx = self.kernel_size
+        factory = dict(device=device, dtype=dtype)
+        self.weight = nn.Parameter(torch.empty((out_channels, kz, ky, kx, in_channels), **factory))
+        self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
+        _init_weight(self.weight, self.bias, in_channels * kz * ky * kx)
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+        if not self.subm and not self.inverse:
+            s += f", stride={self.stride}, padding={self.padding}"
+        if self.dilation != (1, 1, 1):
+            s += f", dilation={self.dilation}"
+        if self.bias is None:
+            s += ", bias=False"
+        return s + (f", indice_key={self.indice_key!r}" if self.indice_key else "")
+
+    def _geometry(self) -> tuple:
+        return (self.kernel_size, self.stride, self.padding, self.dilation)
+
+    def _map(self, x: SparseConvTensor):
+        """(kernel map, output indices, output spatial shape), from ``x.indice_dict`` where kept."""
+        key, entry = self.indice_key, x.indice_dict.get(self.indice_key) if self.indice_key else None
+        if self.inverse:
+            if entry is None or entry.kind != "conv":
+                raise ValueError(
+                    f"indice_key: no SparseConv3d ran with indice_key={key!r} before this SparseInverseConv3d"
+                )
+            if entry.kernel_map.out_coords.shape[0] != x.indices.shape[0]:
+                raise ValueError(
+                    f"input: SparseInverseConv3d({key!r}) expects the {entry.kernel_map.out_coords.shape[0]} "
+                    f"voxels its SparseConv3d produced, got {x.indices.shape[0]}"
+                )
+            if entry.geometry[0] != self.kernel_size:
+                raise ValueError(
+                    f"kernel_size: {self.kernel_size} differs from the SparseConv3d({key!r}) it inverts "
+                    f"({entry.geometry[0]})"
+                )
+            if entry.inverse is None:
+                entry = entry._replace(inverse=entry.kernel_map.inverse(entry.in_indices, entry.in_shape))
+                x.indice_dict[key] = entry
+            return entry.inverse, entry.in_indices, list(entry.in_shape)
+        kind = "subm" if self.subm else "conv"
+        if entry is not None and entry.kind == kind and entry.geometry == self._geometry():
+            if entry.in_indices.shape[0] == x.indices.shape[0] and list(entry.in_shape) == x.spatial_shape:
+                km = entry.kernel_map
+                return km, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
+        if entry is not None and self.subm and entry.kind == "subm":
+            raise ValueError(
+                f"indice_key: {key!r} holds a submanifold map of another kernel or input "
+                f"({entry.geometry[0]} on {entry.in_indices.shape[0]} voxels); use another key"
+            )
+        km = sparse_conv_kernel_map(
+            x.indices,
+            x.spatial_shape,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            subm=self.subm,
+        )
+        if key is not None:
+            x.indice_dict[key] = _IndiceEntry(kind, self._geometry(), km, x.indices, tuple(x.spatial_shape), None)
+        return km, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
+
+    def forward(self, x: SparseConvTensor) -> SparseConvTensor:
+        if not isinstance(x, SparseConvTensor):
+            raise TypeError(f"input: expected a pcops.nn.SparseConvTensor, got {type(x).__name__}")
+        if x.features.shape[1] != self.in_channels:
+            raise ValueError(
+                f"input: {type(self).__name__} expects {self.in_channels} channels, got {x.features.shape[1]}"
+            )
+        km, out_indices, out_shape = self._map(x)
+        feats, weight, bias = x.features, self.weight, self.bias
+        if weight.dtype != feats.dtype:
+            if not torch.is_autocast_enabled(feats.device.type):
+                raise TypeError(
+                    f"input: features are {feats.dtype} but the weight is {weight.dtype}; convert one "
+                    "(.to(dtype)) or run under torch.autocast"
+                )
+            feats = feats.to(torch.get_autocast_dtype(feats.device.type))
+            weight, bias = weight.to(feats.dtype), (bias.to(feats.dtype) if bias is not None else None)
+        k = math.prod(self.kernel_size)
+        w = weight.permute(1, 2, 3, 4, 0).reshape(k, self.in_channels, self.out_channels)
+        out = sparse_conv3d(feats, km, w, bias)
+        return SparseConvTensor(out, out_indices, out_shape, x.batch_size, x.indice_dict)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # spconv 1.x checkpoints (OpenPCDet's published SECOND ones) keep (kz, ky, kx, C_in, C_out)
+        key = prefix + "weight"
+        w = state_dict.get(key)
+        if isinstance(w, torch.Tensor) and w.dim() == 5 and tuple(w.shape) != tuple(self.weight.shape):
+            kz, ky, kx = self.kernel_size
+            if tuple(w.shape) == (kz, ky, kx, self.in_channels, self.out_channels):
+                state_dict[key] = w.permute(4, 0, 1, 2, 3).contiguous()
+            else:
+                raise ValueError(
+                    f"{key}: expected spconv 2's (C_out, kz, ky, kx, C_in) = {tuple(self.weight.shape)} or spconv "
+                    f"1's (kz, ky, kx, C_in, C_out) = {(kz, ky, kx, self.in_channels, self.out_channels)}, "
+                    f"got {tuple(w.shape)}"
+                )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class SubMConv3d(_SparseConv3d):
+    """Submanifold sparse convolution (Graham et al., CVPR 2018): outputs at the input voxels only.
+
+    spconv 2's ``SubMConv3d(in_channels, out_channels, kernel_size, stride=1, padding=0,
+    dilation=1, groups=1, bias=True, indice_key=None)``; ``padding`` is ignored (the kernel is
+    centred). Layers with one ``indice_key`` share one kernel map.
+
+    Example:
+        >>> x = pcops.nn.SparseConvTensor(feats, coords, (41, 1600, 1408), batch_size=1)
+        >>> y = pcops.nn.SubMConv3d(4, 16, 3, indice_key="subm1")(x)  # y.indices is x.indices
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, indice_key=None, algo=None, *, device=None, dtype=None):  # fmt: skip
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         indice_key, subm=True, algo=algo, device=device, dtype=dtype)  # fmt: skip
+
+
+class SparseConv3d(_SparseConv3d):
+    """Regular sparse convolution: an output voxel wherever the kernel reaches an input voxel
+    (``F.conv3d``'s output grid and rule), outputs sorted by ``(batch, z, y, x)``.
+
+    spconv 2's ``SparseConv3d(in_channels, out_channels, kernel_size, stride=1, padding=0,
+    dilation=1, groups=1, bias=True, indice_key=None)``; give an ``indice_key`` for a later
+    ``SparseInverseConv3d`` to invert it.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, indice_key=None, algo=None, *, device=None, dtype=None):  # fmt: skip
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         indice_key, algo=algo, device=device, dtype=dtype)  # fmt: skip
+
+
+class SparseInverseConv3d(_SparseConv3d):
+    """The inverse of the ``SparseConv3d`` that ran with ``indice_key``: its outputs are that
+    conv's input voxels (rows and order), reached through the same pairs with the same kernel
+    offsets (``KernelMap.inverse``), as spconv's ``SparseInverseConv3d(in_channels,
+    out_channels, kernel_size, indice_key, bias=True)``."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, indice_key=None, bias=True, algo=None, *,
+                 device=None, dtype=None):  # fmt: skip
+        super().__init__(in_channels, out_channels, kernel_size, 1, 0, 1, 1, bias, indice_key, inverse=True,
+                         algo=algo, device=device, dtype=dtype)  # fmt: skip
+
+
+class SparseSequential(nn.Sequential):
+    """``nn.Sequential`` for sparse tensors: ``SparseModule``s get the ``SparseConvTensor``, other
+    modules (``nn.BatchNorm1d``, ``nn.ReLU``, ...) its ``.features`` (spconv's rule)."""
+
+    def forward(self, x):
+        for module in self:
+            if isinstance(module, (SparseModule, SparseSequential)) or not isinstance(x, SparseConvTensor):
+                x = module(x)
+            else:
+                x = x.replace_feature(module(x.features))
+        return x
+
+
+class ToDense(SparseModule):
+    """``SparseConvTensor`` → dense ``(B, C, D, H, W)``."""
+
+    def forward(self, x: SparseConvTensor) -> torch.Tensor:
+        if not isinstance(x, SparseConvTensor):
+            raise TypeError(f"input: expected a pcops.nn.SparseConvTensor, got {type(x).__name__}")
+        return x.dense()

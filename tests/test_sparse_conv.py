@@ -1,0 +1,213 @@
+"""pcops.nn sparse convolution layers (issue 21) against dense F.conv3d / F.conv_transpose3d.
+
+Every layer's output at its active voxels equals the dense convolution of the voxel grid (zeros
+where no voxel) with the same weights; the backward equals the dense backward; kernel maps are
+reused per ``indice_key``; spconv 1.x weights load converted.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _util import generator
+
+import pcops
+from pcops import nn as pnn
+from pcops.nn import sparse as sparse_mod
+
+
+def random_voxels(batch, shape, n_per_batch, channels, seed, dtype=torch.float64):
+    """Unique random voxels (shuffled rows) with features, as a SparseConvTensor."""
+    g = generator(seed)
+    d, h, w = shape
+    rows = []
+    for b, n in zip(range(batch), n_per_batch):
+        lin = torch.randperm(d * h * w, generator=g)[:n]
+        rows.append(torch.stack([torch.full_like(lin, b), lin // (h * w), (lin // w) % h, lin % w], 1))
+    idx = torch.cat(rows)
+    idx = idx[torch.randperm(idx.shape[0], generator=g)].to(torch.int32)
+    feats = torch.randn(idx.shape[0], channels, generator=g, dtype=torch.float64).to(dtype)
+    return pnn.SparseConvTensor(feats, idx, shape, batch)
+
+
+def at(dense, indices):
+    """Rows of a dense ``(B, C, D, H, W)`` tensor at ``indices (N, 4)``."""
+    i = indices.long()
+    return dense[i[:, 0], :, i[:, 1], i[:, 2], i[:, 3]]
+
+
+def dense_weight(conv):
+    return conv.weight.permute(0, 4, 1, 2, 3)  # (C_out, C_in, kz, ky, kx)
+
+
+def make(cls, *args, **kwargs):
+    torch.manual_seed(0)
+    return cls(*args, **kwargs).double()
+
+
+@pytest.mark.parametrize("kernel,dilation", [(3, 1), ((3, 1, 3), 1), (3, 2), (5, 1)])
+def test_subm_matches_dense(kernel, dilation):
+    x = random_voxels(2, (6, 7, 5), (40, 25), 3, seed=1)
+    conv = make(pnn.SubMConv3d, 3, 4, kernel, dilation=dilation, indice_key="a")
+    y = conv(x)
+    assert torch.equal(y.indices, x.indices) and y.spatial_shape == x.spatial_shape
+    ks = conv.kernel_size
+    pad = tuple((k - 1) // 2 * dilation for k in ks)
+    ref = F.conv3d(x.dense(), dense_weight(conv), conv.bias, padding=pad, dilation=dilation)
+    torch.testing.assert_close(y.features, at(ref, x.indices))
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), (3, 2, 0), ((3, 1, 1), (2, 1, 1), 0), (2, 2, 0)])
+def test_sparse_conv_matches_dense(kernel, stride, padding):
+    x = random_voxels(2, (9, 8, 7), (60, 30), 2, seed=2)
+    conv = make(pnn.SparseConv3d, 2, 3, kernel, stride, padding, bias=False, indice_key="down")
+    y = conv(x)
+    ref = F.conv3d(x.dense(), dense_weight(conv), None, stride=stride, padding=padding)
+    assert y.spatial_shape == list(ref.shape[2:])
+    torch.testing.assert_close(y.features, at(ref, y.indices))
+    # every voxel of the dense output that some input reaches is an output voxel
+    reached = F.conv3d((x.dense() != 0).any(1, keepdim=True).double(), torch.ones(1, 1, *conv.kernel_size,
+                       dtype=torch.float64), stride=stride, padding=padding)[:, 0] > 0  # fmt: skip
+    assert int(reached.sum()) == y.indices.shape[0]
+    assert bool(reached[tuple(y.indices.long().t())].all())
+    keys = y.indices.long()
+    lin = ((keys[:, 0] * 1000 + keys[:, 1]) * 1000 + keys[:, 2]) * 1000 + keys[:, 3]
+    assert bool((lin[1:] > lin[:-1]).all())  # sorted by (batch, z, y, x)
+
+
+def test_inverse_conv_matches_transposed_dense():
+    x = random_voxels(2, (8, 6, 7), (50, 20), 3, seed=3)
+    down = make(pnn.SparseConv3d, 3, 4, 3, 2, 1, indice_key="sp1")
+    up = make(pnn.SparseInverseConv3d, 4, 2, 3, indice_key="sp1")
+    y = down(x)
+    z = up(y)
+    assert torch.equal(z.indices, x.indices) and z.spatial_shape == x.spatial_shape
+    shape_t = [(o - 1) * 2 - 2 + 3 for o in y.spatial_shape]
+    out_pad = [s - t for s, t in zip(x.spatial_shape, shape_t)]
+    ref = F.conv_transpose3d(y.dense(), up.weight.permute(4, 0, 1, 2, 3), up.bias, stride=2, padding=1,
+                             output_padding=out_pad)  # fmt: skip
+    torch.testing.assert_close(z.features, at(ref, x.indices))
+
+
+def test_gradients_match_dense():
+    x = random_voxels(1, (5, 6, 4), (30,), 3, seed=4)
+    feats = x.features.clone().requires_grad_(True)
+    x = x.replace_feature(feats)
+    conv = make(pnn.SubMConv3d, 3, 2, 3, indice_key="g")
+    down = make(pnn.SparseConv3d, 2, 2, 3, 2, 1)
+    y = down(conv(x))
+    g = torch.randn(y.features.shape, generator=generator(5), dtype=torch.float64)
+    (y.features * g).sum().backward()
+    dense_in = x.dense().detach().requires_grad_(True)
+    # the sparse net only sees active sites: mask the dense intermediate the same way
+    mask = (x.dense() != 0).any(1, keepdim=True)
+    mid = F.conv3d(dense_in, dense_weight(conv), conv.bias, padding=1) * mask
+    ref = F.conv3d(mid, dense_weight(down), down.bias, stride=2, padding=1)
+    gd = torch.zeros_like(ref)
+    i = y.indices.long()
+    gd[i[:, 0], :, i[:, 1], i[:, 2], i[:, 3]] = g
+    grads = torch.autograd.grad(ref, [dense_in, conv.weight, down.weight, conv.bias, down.bias], gd)
+    torch.testing.assert_close(feats.grad, at(grads[0], x.indices))
+    torch.testing.assert_close(conv.weight.grad, grads[1])
+    torch.testing.assert_close(down.weight.grad, grads[2])
+    torch.testing.assert_close(conv.bias.grad, grads[3])
+    torch.testing.assert_close(down.bias.grad, grads[4])
+
+
+def test_gradcheck_float64():
+    x = random_voxels(1, (4, 4, 3), (12,), 2, seed=6)
+    conv = make(pnn.SubMConv3d, 2, 2, 3)
+    feats = x.features.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda f: conv(x.replace_feature(f)).features, (feats,))
+
+
+def test_indice_key_reuse(monkeypatch):
+    calls = []
+    real = sparse_mod.sparse_conv_kernel_map
+    monkeypatch.setattr(sparse_mod, "sparse_conv_kernel_map", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = random_voxels(1, (6, 6, 6), (50,), 4, seed=7)
+    net = pnn.SparseSequential(
+        pnn.SubMConv3d(4, 8, 3, indice_key="s1"),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        pnn.SubMConv3d(8, 8, 3, indice_key="s1"),
+        pnn.SparseConv3d(8, 8, 3, 2, 1, indice_key="d1"),
+        pnn.SubMConv3d(8, 8, 3, indice_key="s2"),
+        pnn.SparseInverseConv3d(8, 4, 3, indice_key="d1"),
+        pnn.SubMConv3d(4, 4, 3, indice_key="s1"),
+    ).double()
+    y = net(x)
+    assert len(calls) == 3  # s1 once, d1 once, s2 once; the inverse and later s1 layers reuse maps
+    assert torch.equal(y.indices, x.indices) and y.features.shape == (50, 4)
+    assert set(y.indice_dict) == {"s1", "d1", "s2"}
+    dense = pnn.ToDense()(y)
+    assert dense.shape == (1, 4, 6, 6, 6) and torch.equal(at(dense, y.indices), y.features)
+
+
+def test_spconv1_weights_load_converted():
+    conv = make(pnn.SubMConv3d, 3, 5, (3, 2, 1), indice_key="w")
+    w1 = torch.randn(3, 2, 1, 3, 5, generator=generator(8), dtype=torch.float64)  # (kz, ky, kx, C_in, C_out)
+    conv.load_state_dict({"weight": w1, "bias": torch.zeros(5, dtype=torch.float64)})
+    assert torch.equal(conv.weight, w1.permute(4, 0, 1, 2, 3))
+    x = random_voxels(1, (5, 5, 5), (30,), 3, seed=9)
+    y = conv(x).features  # an even kernel (ky = 2) has no symmetric padding: an explicit sum
+    dense = x.dense()
+    expect = torch.zeros(30, 5, dtype=torch.float64)
+    idx = x.indices.long()
+    for kz in range(3):
+        for ky in range(2):
+            zz, yy = idx[:, 1] + kz - 1, idx[:, 2] + ky - 0
+            ok = (zz >= 0) & (zz < 5) & (yy >= 0) & (yy < 5)
+            vals = torch.zeros(30, 3, dtype=torch.float64)
+            vals[ok] = dense[idx[ok, 0], :, zz[ok], yy[ok], idx[ok, 3]]
+            expect += vals @ w1[kz, ky, 0]
+    torch.testing.assert_close(y, expect)
+    with pytest.raises(ValueError, match="weight: expected spconv 2's"):
+        conv.load_state_dict({"weight": torch.zeros(5, 3, 3, 3, 3, dtype=torch.float64), "bias": torch.zeros(5)})
+
+
+def test_bad_input():
+    x = random_voxels(1, (4, 4, 4), (10,), 3, seed=10, dtype=torch.float32)
+    with pytest.raises(ValueError, match="expects 4 channels"):
+        pnn.SubMConv3d(4, 2, 3)(x)
+    with pytest.raises(ValueError, match="groups"):
+        pnn.SubMConv3d(3, 2, 3, groups=2)
+    with pytest.raises(ValueError, match="stride"):
+        pnn.SubMConv3d(3, 2, 3, stride=2)
+    with pytest.raises(ValueError, match="indice_key"):
+        pnn.SparseInverseConv3d(3, 2, 3)
+    with pytest.raises(ValueError, match="no SparseConv3d ran"):
+        pnn.SparseInverseConv3d(3, 2, 3, indice_key="none")(x)
+    with pytest.raises(TypeError, match="SparseConvTensor"):
+        pnn.SubMConv3d(3, 2, 3)(x.features)
+    with pytest.raises(TypeError, match="features are torch.float32 but the weight is torch.float64"):
+        pnn.SubMConv3d(3, 2, 3).double()(x)
+    with pytest.raises(ValueError, match="indices: expected 10 rows"):
+        pnn.SparseConvTensor(x.features, x.indices[:5], (4, 4, 4), 1)
+    outside = x.indices.clone()
+    outside[0, 1] = 4
+    with pytest.raises(ValueError):
+        pnn.SubMConv3d(3, 2, 3)(pnn.SparseConvTensor(x.features, outside, (4, 4, 4), 1))
+    dup = x.indices.clone()
+    dup[1] = dup[0]
+    with pytest.raises(ValueError):
+        pnn.SubMConv3d(3, 2, 3)(pnn.SparseConvTensor(x.features, dup, (4, 4, 4), 1))
+
+
+def test_empty_input_and_half_odd_channels():
+    empty = pnn.SparseConvTensor(torch.zeros(0, 3), torch.zeros(0, 4, dtype=torch.int32), (4, 4, 4), 2)
+    assert pnn.SubMConv3d(3, 5, 3)(empty).features.shape == (0, 5)
+    assert pnn.SparseConv3d(3, 5, 3, 2, 1)(empty).features.shape == (0, 5)
+    x = random_voxels(2, (5, 6, 7), (40, 10), 5, seed=11, dtype=torch.float32)
+    conv = pnn.SubMConv3d(5, 7, 3)
+    y32 = conv(x).features
+    y16 = conv.half()(x.replace_feature(x.features.half())).features  # channels not a multiple of 8
+    torch.testing.assert_close(y16.float(), y32, atol=2e-2, rtol=2e-2)
+
+
+def test_sparse_tensor_dense_round_trip():
+    x = random_voxels(2, (3, 4, 5), (7, 9), 2, seed=12, dtype=torch.float32)
+    back = pnn.SparseConvTensor.from_dense(x.dense(channels_first=False))
+    order = lambda t: (t.indices.long() * torch.tensor([1000, 100, 10, 1])).sum(1).argsort()  # noqa: E731
+    assert torch.equal(back.indices[order(back)], x.indices[order(x)])
+    assert torch.equal(back.features[order(back)], x.features[order(x)])
+    assert "SparseConvTensor" in repr(x) and pcops.nn.SubMConv3d(2, 2, 3, indice_key="k").extra_repr()
