@@ -211,3 +211,65 @@ def test_sparse_tensor_dense_round_trip():
     assert torch.equal(back.indices[order(back)], x.indices[order(x)])
     assert torch.equal(back.features[order(back)], x.features[order(x)])
     assert "SparseConvTensor" in repr(x) and pcops.nn.SubMConv3d(2, 2, 3, indice_key="k").extra_repr()
+
+
+# --- SECOND's middle encoder (OpenPCDet VoxelBackBone8x) --------------------------------------
+
+OPENPCDET_KEYS = {  # conv weights of OpenPCDet's VoxelBackBone8x state dict, and their kernels
+    "conv_input.0.weight": (3, 3, 3),
+    "conv1.0.0.weight": (3, 3, 3),
+    **{f"conv{i}.{j}.0.weight": (3, 3, 3) for i in (2, 3, 4) for j in range(3)},
+    "conv_out.0.weight": (3, 1, 1),
+}
+
+
+def small_second(seed=0):
+    from pcops.models.second import VoxelBackBone8x
+
+    torch.manual_seed(seed)
+    net = VoxelBackBone8x(4, grid_size=(24, 20, 40)).double().eval()
+    for m in net.modules():  # non-trivial BatchNorm statistics
+        if isinstance(m, torch.nn.BatchNorm1d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    return net
+
+
+def test_second_encoder_names_shapes_and_both_layouts():
+    net = small_second()
+    sd = net.state_dict()
+    convs = {k: v for k, v in sd.items() if k.endswith("weight") and v.dim() == 5}
+    assert set(convs) == set(OPENPCDET_KEYS)
+    assert all(tuple(convs[k].shape[1:4]) == OPENPCDET_KEYS[k] for k in convs)
+    x = random_voxels(2, net.sparse_shape, (300, 200), 4, seed=13)
+    out = net(x)
+    enc = out["encoded_spconv_tensor"]
+    assert enc.features.shape[1] == 128 and enc.spatial_shape == [2, 3, 3]  # from (41, 20, 24), as KITTI's 41
+    assert [out["multi_scale_3d_features"][f"x_conv{i}"].features.shape[1] for i in (1, 2, 3, 4)] == [16, 32, 64, 64]
+    assert net.to_bev(enc).shape == (2, 256, 3, 3)
+    # an OpenPCDet checkpoint in spconv 1.x layout (kz, ky, kx, C_in, C_out) gives the same outputs
+    old = {f"backbone_3d.{k}": (v.permute(1, 2, 3, 4, 0) if k in convs else v) for k, v in sd.items()}
+    other = small_second(seed=1)
+    other.load_openpcdet({"model_state": old})
+    torch.testing.assert_close(other(x)["encoded_spconv_tensor"].features, enc.features)
+    with pytest.raises(ValueError, match="no keys start with"):
+        other.load_openpcdet({"vfe.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="spatial_shape"):
+        net(random_voxels(1, (4, 4, 4), (5,), 4, seed=14))
+
+
+def test_second_first_layer_matches_dense():
+    net = small_second()
+    x = random_voxels(1, net.sparse_shape, (150,), 4, seed=15)
+    y = net.conv_input(x)
+    conv, bn = net.conv_input[0], net.conv_input[1]
+    ref = F.conv3d(x.dense(), dense_weight(conv), None, padding=1)
+    ref = torch.relu(F.batch_norm(ref, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps))
+    torch.testing.assert_close(y.features, at(ref, x.indices))
+
+
+def test_mean_vfe():
+    from pcops.models.second import mean_vfe
+
+    v = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [0.0, 0.0]], [[5.0, 6.0], [0.0, 0.0], [0.0, 0.0]]])
+    assert torch.equal(mean_vfe(v, torch.tensor([2, 1])), torch.tensor([[2.0, 3.0], [5.0, 6.0]]))

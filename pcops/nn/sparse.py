@@ -182,7 +182,8 @@ class _SparseConv3d(SparseModule):
         return s + (f", indice_key={self.indice_key!r}" if self.indice_key else "")
 
     def _geometry(self) -> tuple:
-        return (self.kernel_size, self.stride, self.padding, self.dilation)
+        padding = (0, 0, 0) if self.subm else self.padding  # a submanifold conv ignores padding
+        return (self.kernel_size, self.stride, padding, self.dilation)
 
     def _map(self, x: SparseConvTensor):
         """(kernel map, output indices, output spatial shape), from ``x.indice_dict`` where kept."""
