@@ -1,6 +1,8 @@
-"""``python -m pcops.models <subcommand>``: generate a simulated split, train, evaluate.
+"""``python -m pcops.models <subcommand>``: generate a simulated split, train, evaluate, infer.
 
 Also installed as the ``pcops-models`` console script. ``python -m pcops.models.demo`` runs the demo.
+``train``, ``evaluate`` and ``infer`` run data-parallel under ``torchrun --nproc_per_node=N``
+(see :mod:`pcops.models.distributed`); rank 0 prints the results.
 """
 
 from __future__ import annotations
@@ -15,6 +17,15 @@ def _common(p):
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--workers", type=int, default=None, help="loader / generator worker processes")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _dist(p):
+    p.add_argument(
+        "--dist-backend",
+        choices=("nccl", "gloo"),
+        default=None,
+        help="under torchrun: the process-group backend (default: nccl on CUDA, gloo on the CPU)",
+    )
 
 
 def main(argv=None) -> int:
@@ -44,7 +55,10 @@ def main(argv=None) -> int:
         default=None,
         help="seconds of training: the one-cycle schedule is fitted to it after 40 steps",
     )
+    t.add_argument("--sync-bn", action="store_true", help="under torchrun: SyncBatchNorm over all ranks")
+    t.add_argument("--precise-bn-batches", type=int, default=20, help="BatchNorm re-estimation batches (0: off)")
     _common(t)
+    _dist(t)
     e = sub.add_parser("evaluate", help="AP|R40 of weights on a split")
     e.add_argument("--data", required=True)
     e.add_argument("--split", default="val")
@@ -52,6 +66,17 @@ def main(argv=None) -> int:
     e.add_argument("--max-scans", type=int, default=None)
     e.add_argument("--batch-size", type=int, default=16)
     _common(e)
+    _dist(e)
+    i = sub.add_parser("infer", help="detect on a folder or split, write LiDAR-frame detection files")
+    i.add_argument("--data", required=True, help="KITTI root, a folder with velodyne/, or a folder of scans")
+    i.add_argument("--split", default=None, help="ImageSets/<split>.txt of a KITTI root (default: every scan)")
+    i.add_argument("--weights", default=None, help="weights (default: the shipped ones)")
+    i.add_argument("--out", required=True, help="output folder: <frame>.txt per scan")
+    i.add_argument("--batch-size", type=int, default=1, help="scans per forward (per rank)")
+    i.add_argument("--eager", action="store_true", help="no CUDA graph on CUDA")
+    i.add_argument("--kitti-labels", action="store_true", help="also write KITTI camera-frame labels (needs calib)")
+    _common(i)
+    _dist(i)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import torch
@@ -64,6 +89,17 @@ def main(argv=None) -> int:
         summary = generate_split(args.out, args.train, args.val, workers=args.workers, progress=not args.no_progress)
         print(json.dumps(summary, indent=1))
         return 0
+    from . import distributed as dd
+
+    try:
+        return _run(args, device, workers, dd)
+    finally:
+        dd.cleanup()
+
+
+def _run(args, device, workers, dd) -> int:
+    import torch
+
     if args.command == "train":
         from .train import TrainConfig, export_weights, train
 
@@ -83,15 +119,22 @@ def main(argv=None) -> int:
             deterministic=args.deterministic,
             time_budget=args.time_budget,
             progress=not args.no_progress,
+            sync_bn=args.sync_bn,
+            precise_bn_batches=args.precise_bn_batches,
+            dist_backend=args.dist_backend,
         )
         from .pointpillars import PointPillars
 
+        torch.manual_seed(args.seed)  # the initial weights (rank 0's; DDP broadcasts them)
         model = PointPillars()
         record = train(cfg, model)
-        if args.export:
+        main = dd.current().is_main
+        if args.export and main:
             record["exported_bytes"] = export_weights(model, args.export)
-        print(json.dumps({k: v for k, v in record.items() if k != "history"}, indent=1))
+        if main:
+            print(json.dumps({k: v for k, v in record.items() if k != "history"}, indent=1))
         return 0
+    env, device = dd.setup(device, args.dist_backend)
     if args.command == "evaluate":
         from .pointpillars import PointPillars
         from .train import evaluate_dataset
@@ -100,7 +143,28 @@ def main(argv=None) -> int:
         res = evaluate_dataset(
             model, args.data, args.split, args.batch_size, workers, not args.no_progress, max_scans=args.max_scans
         )
-        print(json.dumps(res, indent=1))
+        if env.is_main:
+            res["world_size"] = env.world_size
+            print(json.dumps(res, indent=1))
+        return 0
+    if args.command == "infer":
+        from .infer import find_scans, infer
+        from .pointpillars import PointPillars
+
+        scans = find_scans(args.data, args.split)
+        model = PointPillars.pretrained(args.weights).to(device)
+        rec = infer(
+            model,
+            scans,
+            args.out,
+            batch_size=args.batch_size,
+            workers=workers,
+            capture=False if args.eager else None,
+            kitti_labels=args.kitti_labels,
+            progress=not args.no_progress,
+        )
+        if env.is_main:
+            print(json.dumps(rec, indent=1))
         return 0
     return 2
 

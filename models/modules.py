@@ -90,24 +90,33 @@ class PillarVFE(nn.Module):
         For the single-layer PFN the statistics come from the 10-channel input moments
         (``mean = W μ``, ``var = diag(W Σ Wᵀ)``: exact, and no (P, T, 64) pass is needed for them), the
         normalisation is folded into the linear layer, and ``relu(max_t z) = max_t relu(z)`` saves a pass.
+        When the BatchNorms are ``SyncBatchNorm`` (``--sync-bn``) under a process group, the count and
+        the moments are all-reduced (autograd-aware) before use: the statistics of the global batch.
         """
+        from .distributed import all_reduce_sum, sync_group
+
         x = self.decorate(voxels, num_points, coords).float()
         w_valid = valid.to(x.dtype).view(-1, 1, 1)
-        n = (valid.sum() * x.shape[1]).clamp(min=2).to(x.dtype)
+        group = sync_group(self.pfn_layers[0].norm)  # SyncBatchNorm under DDP: moments over all ranks
+        red = (lambda t: t) if group is None else (lambda t: all_reduce_sum(t, group))
+        n_local = valid.sum() * x.shape[1]
+        if group is not None:
+            torch.distributed.all_reduce(n_local, group=group)
+        n = n_local.clamp(min=2).to(x.dtype)
         for i, pfn in enumerate(self.pfn_layers):
             bn = pfn.norm
             weight = pfn.linear.weight.float()
             if pfn.last_vfe:
                 xv = x * w_valid
-                mu_x = xv.sum(dim=(0, 1)) / n
+                mu_x = red(xv.sum(dim=(0, 1))) / n
                 xc = (x - mu_x) * w_valid
-                cov = torch.einsum("pti,ptj->ij", xc, xc) / n
+                cov = red(torch.einsum("pti,ptj->ij", xc, xc)) / n
                 mean = weight @ mu_x
                 var = ((weight @ cov) * weight).sum(dim=1).clamp(min=0)
             else:
                 z = F.linear(x, weight)
-                mean = (z * w_valid).sum(dim=(0, 1)) / n
-                var = (((z - mean) * w_valid) ** 2).sum(dim=(0, 1)) / n
+                mean = red((z * w_valid).sum(dim=(0, 1))) / n
+                var = red((((z - mean) * w_valid) ** 2).sum(dim=(0, 1))) / n
             with torch.no_grad():
                 bn.num_batches_tracked += 1
                 # momentum None: cumulative average, as torch's BatchNorm

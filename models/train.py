@@ -13,6 +13,10 @@ seed, the epoch and the step, so a run resumed from a checkpoint replays the sam
 CPU a run is bit-reproducible; on CUDA cuDNN's convolution backward and the scatter of the
 pillars are not bit-reproducible unless ``deterministic=True`` (``torch.backends.cudnn.deterministic``,
 slower), so two GPU runs agree to float rounding only.
+
+Several processes (``torchrun --nproc_per_node=N``): ``DistributedDataParallel``, the total batch
+split over the ranks, optional SyncBatchNorm, rank-0 logging and checkpoints, per-rank seeds; see
+:mod:`pcops.models.distributed`. World size 1 runs the single-process code unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from . import distributed as dd
 from . import evaluate as ev
 from .data import Batch, EpochSampler, KittiDataset, _progress, augment_batch, collate
 from .loss import pointpillars_loss
@@ -68,6 +73,8 @@ class TrainConfig:
     log_every: int = 20
     time_budget: float | None = None  # seconds of training: the schedule is fitted to it at step 40
     precise_bn_batches: int = 20  # re-estimate BatchNorm statistics over this many batches at the end (0: off)
+    sync_bn: bool = False  # several processes: SyncBatchNorm (statistics of the global batch)
+    dist_backend: str | None = None  # several processes: "nccl" / "gloo" (default: NCCL on CUDA, gloo on CPU)
 
 
 def _loader(ds, batch_size: int, sampler, workers: int, device: str, drop_last: bool):
@@ -138,17 +145,21 @@ def train_step(
     scaler=None,
     step: int = 0,
     times: list | None = None,
+    forward=None,
+    rank: int = 0,
 ):
     """One optimisation step on a batch already on the device; returns the (device) losses.
-    ``times``: a list to receive ``(stage, perf_counter)`` marks (synchronising: profiling only)."""
+    ``times``: a list to receive ``(stage, perf_counter)`` marks (synchronising: profiling only).
+    ``forward``: what computes the head outputs (default ``model.forward_train``; the
+    ``DistributedDataParallel`` wrapper under several processes); ``rank``: seeds the point shuffle."""
     device = batch.points.device
     _mark(times, "start", device)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+    gen = torch.Generator(device=device).manual_seed(dd.rank_seed(cfg.seed, rank) * 1_000_003 + step)
     batch = augment_batch(batch, model.config, generator=gen)
     amp = device.type == "cuda" and cfg.amp != "none"
     dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
     with torch.autocast(device.type, dtype=dtype, enabled=amp):
-        preds = model.forward_train(batch.points, batch.lengths)
+        preds = (forward or model.forward_train)(batch.points, batch.lengths)
     anchors = model.anchors(device)
     targets = assign_targets(
         model.config, anchors, batch.gt_boxes, batch.gt_labels, class_slices=batch.class_slices or None
@@ -173,7 +184,9 @@ def train_step(
     return losses
 
 
-def _save(path: Path, model, opt, sched, epoch: int, step: int, cfg: TrainConfig, scaler=None) -> None:
+def _save(path: Path, model, opt, sched, epoch: int, step: int, cfg: TrainConfig, scaler=None, world: int = 1) -> None:
+    if not dd.current().is_main:
+        return
     tmp = path.with_suffix(".tmp")
     torch.save(
         {
@@ -184,6 +197,7 @@ def _save(path: Path, model, opt, sched, epoch: int, step: int, cfg: TrainConfig
             "epoch": epoch,
             "step": step,
             "train_config": dataclasses.asdict(cfg),
+            "world_size": world,
         },
         tmp,
     )
@@ -208,17 +222,21 @@ def export_weights(model: PointPillars, path) -> int:
 def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     """Train on ``cfg.data``'s train split, checkpoint every ``checkpoint_every`` epochs into
     ``cfg.out``, evaluate on ``cfg.eval_split`` at the end; returns the run's record (also written to
-    ``out/train_result.json``)."""
-    torch.manual_seed(cfg.seed)
-    device = torch.device(cfg.device)
+    ``out/train_result.json``). Under torchrun, every rank runs it (see :mod:`pcops.models.distributed`)."""
+    env, dev_name = dd.setup(cfg.device, cfg.dist_backend)
+    per_rank = dd.split_batch(cfg.batch_size, env.world_size)
+    torch.manual_seed(dd.rank_seed(cfg.seed, env.rank))
+    device = torch.device(dev_name)
     if cfg.deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     else:
         torch.backends.cudnn.benchmark = True
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     model = (model or PointPillars()).to(device)
+    progress = cfg.progress and env.is_main
     mcfg = model.config
     ds = KittiDataset(cfg.data, "train", mcfg, augment=cfg.augment, seed=cfg.seed)
     steps_per_epoch = len(ds) // cfg.batch_size
@@ -238,9 +256,26 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
         if scaler is not None and ck.get("scaler_state"):
             scaler.load_state_dict(ck["scaler_state"])
         start_epoch, step = int(ck["epoch"]), int(ck["step"])
+        if int(ck.get("world_size", 1)) != env.world_size:
+            log.warning(
+                "resume: the checkpoint was written by %d processes, this run has %d: the run continues, "
+                "but not as the original would have (other per-rank batches and point shuffles)",
+                int(ck.get("world_size", 1)),
+                env.world_size,
+            )
     model.train()
-    sampler = EpochSampler(len(ds), cfg.seed, shuffle=True, start_epoch=start_epoch)
-    loader = _loader(ds, cfg.batch_size, sampler, cfg.workers, cfg.device, drop_last=True)
+    forward = None
+    if env.enabled:
+        if cfg.sync_bn:
+            dd.convert_sync_batchnorm(model)
+        ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        forward = torch.nn.parallel.DistributedDataParallel(dd.TrainForward(model), **ddp_kwargs)
+        sampler = dd.DistributedEpochSampler(
+            len(ds), cfg.seed, cfg.batch_size, env.rank, env.world_size, shuffle=True, start_epoch=start_epoch
+        )
+    else:
+        sampler = EpochSampler(len(ds), cfg.seed, shuffle=True, start_epoch=start_epoch)
+    loader = _loader(ds, per_rank, sampler, cfg.workers, dev_name, drop_last=True)
     timing = {"data_wait_s": 0.0, "steps": 0}
     profile: dict = {}  # stage -> seconds over the profiled steps (synchronised; steps 30-49 of the run)
     history = []
@@ -249,7 +284,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     epoch = start_epoch
     while not done and epoch < cfg.epochs:
         sampler.set_epoch(epoch)
-        bar = _progress(iter(loader), steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", cfg.progress)
+        bar = _progress(iter(loader), steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", progress)
         t_epoch = time.perf_counter()
         t_data = time.perf_counter()
         for batch in bar:
@@ -257,7 +292,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
             t0 = time.perf_counter()
             timing["data_wait_s"] += t0 - t_data
             marks = [] if 30 <= step < 50 else None
-            losses = train_step(model, batch, opt, sched, cfg, scaler, step, marks)
+            losses = train_step(model, batch, opt, sched, cfg, scaler, step, marks, forward, env.rank)
             if marks:
                 for (_, a), (name, b) in zip(marks, marks[1:]):
                     profile[name] = profile.get(name, 0.0) + b - a
@@ -265,7 +300,11 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 profile["steps"] = profile.get("steps", 0) + 1
             step += 1
             if step % cfg.log_every == 0 or step == stop_at:
-                vals = {k: float(getattr(losses, k).detach()) for k in ("total", "cls", "loc", "dir")}  # one sync
+                keys = ("total", "cls", "loc", "dir")
+                if env.enabled:  # the mean over the ranks: the loss of the global batch
+                    mean = dd.all_reduce_mean(torch.stack([getattr(losses, k).detach().float() for k in keys]))
+                    losses = losses._replace(**dict(zip(keys, mean.unbind())))
+                vals = {k: float(getattr(losses, k).detach()) for k in keys}  # one sync
                 vals.update(
                     step=step,
                     epoch=epoch,
@@ -286,6 +325,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 # fit the one-cycle schedule to the budget from the measured step time (steps 20-40)
                 per_step = (time.perf_counter() - t20) / 20
                 fit = 40 + int((cfg.time_budget - (time.perf_counter() - t_start)) / per_step)
+                per_step, fit = dd.broadcast_object((per_step, fit))  # rank 0's measurement: one schedule
                 if fit < total_steps:
                     total_steps = max(fit, 41)
                     stop_at = min(stop_at, total_steps)
@@ -303,12 +343,18 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 break
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        log.info("epoch %d: %.1f s", epoch + 1, time.perf_counter() - t_epoch)
+        if env.is_main:
+            log.info("epoch %d: %.1f s", epoch + 1, time.perf_counter() - t_epoch)
         epoch += 1
         if epoch % cfg.checkpoint_every == 0 or done:
-            _save(out / "checkpoint.pt", model, opt, sched, epoch, step, cfg, scaler)
+            _save(out / "checkpoint.pt", model, opt, sched, epoch, step, cfg, scaler, env.world_size)
     if cfg.precise_bn_batches and step > 0:
         recalibrate_batchnorm(model, loader, sampler, epoch, cfg.precise_bn_batches, device)
+        if not cfg.sync_bn:
+            dd.average_batchnorm_stats(model)  # each rank recalibrated on its own batches
+    if env.enabled:
+        dd.revert_sync_batchnorm(model)  # the fast inference path folds plain BatchNorm
+        dd.broadcast_module_state(model)  # rank 0's buffers (DDP broadcasts them at each forward)
     train_s = time.perf_counter() - t_start
     model.eval()
     model.weights_source = f"trained: {cfg.data}, {step} steps"
@@ -318,6 +364,8 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
         "epochs_done": round(step / steps_per_epoch, 2),
         "train_seconds": round(train_s, 1),
         "scans_per_s": round(cfg.batch_size * max(step - (0 if not cfg.resume else 0), 1) / max(train_s, 1e-9), 1),
+        "world_size": env.world_size,
+        "batch_per_rank": per_rank,
         "history": history[-50:],
         "data_wait_s": round(timing["data_wait_s"], 2),
         "step_ms_profiled": {
@@ -326,12 +374,11 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     }
     if cfg.eval_split:
         t_eval = time.perf_counter()
-        record["eval"] = evaluate_dataset(
-            model, cfg.data, cfg.eval_split, cfg.eval_batch_size, cfg.workers, cfg.progress
-        )
+        record["eval"] = evaluate_dataset(model, cfg.data, cfg.eval_split, cfg.eval_batch_size, cfg.workers, progress)
         record["eval_seconds"] = round(time.perf_counter() - t_eval, 1)
         record["time_to_accuracy_s"] = round(time.perf_counter() - t_start, 1)
-    (out / "train_result.json").write_text(json.dumps(record, indent=1))
+    if env.is_main:
+        (out / "train_result.json").write_text(json.dumps(record, indent=1))
     return record
 
 
@@ -372,18 +419,26 @@ def evaluate_dataset(
     progress: bool = True,
     max_scans: int | None = None,
 ) -> dict:
-    """Detect on every scan of a KITTI-format split and compute :func:`pcops.models.evaluate.evaluate`."""
+    """Detect on every scan of a KITTI-format split and compute :func:`pcops.models.evaluate.evaluate`.
+
+    Under a process group of several ranks (torchrun), each rank detects on whole batches of the
+    single-process order (:func:`~pcops.models.distributed.shard_batches`), the per-scan results are
+    gathered in scan order (``all_gather_object``), rank 0 computes the AP and every rank returns it:
+    the result equals the single-process evaluation with the same ``batch_size``."""
     model.eval()
     device = next(model.parameters()).device
+    env = dd.current()
     ds = KittiDataset(data, split, model.config, augment=False)
     n = len(ds) if max_scans is None else min(max_scans, len(ds))
-    sub = torch.utils.data.Subset(ds, range(n))
+    mine = dd.shard_batches(n, batch_size, env.rank, env.world_size)
+    sub = torch.utils.data.Subset(ds, mine)
     loader = torch.utils.data.DataLoader(sub, batch_size=batch_size, num_workers=workers, collate_fn=_eval_collate)
     scenes = []
+    progress = progress and env.is_main
     warn = model.warn_on_dropped_voxels
     model.warn_on_dropped_voxels = False
     try:
-        for items, batch in _progress(loader, math.ceil(n / batch_size), f"evaluate {split}", progress):
+        for items, batch in _progress(loader, math.ceil(len(mine) / batch_size), f"evaluate {split}", progress):
             pts = batch.points.to(device, non_blocking=True)
             lengths = batch.lengths.to(device)
             det = model(pts, lengths)
@@ -398,7 +453,14 @@ def evaluate_dataset(
             scenes += ev.detections_to_scenes(det, model.config.class_names, gts)
     finally:
         model.warn_on_dropped_voxels = warn
-    result = ev.evaluate(scenes, model.config.class_names, point_cloud_range=model.config.point_cloud_range)
+    if env.enabled:
+        scenes = dd.gather_ordered(list(zip(mine, scenes)), device if env.is_main else "cpu")
+        result = None
+        if env.is_main:
+            result = ev.evaluate(scenes, model.config.class_names, point_cloud_range=model.config.point_cloud_range)
+        result = dd.broadcast_object(result)
+    else:
+        result = ev.evaluate(scenes, model.config.class_names, point_cloud_range=model.config.point_cloud_range)
     result["num_scans"] = n
     return result
 
