@@ -23,6 +23,7 @@ _OP_MODULES = (
     "fps",
     "knn",
     "kernel_map",
+    "sparse_conv3d",
     "pfn",
     "epilogue",
     "layer_norm_gelu",

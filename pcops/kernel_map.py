@@ -1,10 +1,10 @@
-"""Sparse 3D convolution: kernel maps (index generation) and a plain gather-GEMM convolution.
+"""Sparse 3D convolution's kernel maps (index generation).
 
 Every voxel backbone (SECOND, PV-RCNN, CenterPoint) runs sparse 3D convolutions whose first
 step is index generation: which input voxel feeds which output voxel through which kernel
 offset (spconv: Yan et al., "SECOND", Sensors 2018; Graham et al., "Submanifold sparse
 convolutional networks", CVPR 2018; torchsparse, MLSys 2022). ``sparse_conv_kernel_map``
-builds that map, deterministically, in two layouts; ``sparse_conv3d`` applies a weight with it.
+builds that map, deterministically, in two layouts; ``pcops.sparse_conv3d`` applies a weight with it.
 
 Call path: ``sparse_conv_kernel_map`` (checks, shapes) → ``torch.ops.pcops.sparse_conv_kernel_map``
 → the implementation ``backend`` resolves to (``pcops._backend``: the reference, sort +
@@ -23,7 +23,7 @@ import torch
 from . import _backend, _checks
 from .reference import kernel_map as _ref
 
-__all__ = ["KernelMap", "sparse_conv_kernel_map", "sparse_conv3d"]
+__all__ = ["KernelMap", "sparse_conv_kernel_map"]
 
 _MAP_BACKENDS = ("auto", "triton", "reference")
 
@@ -291,69 +291,6 @@ def _op_args_cached(spatial_shape, kernel_size, stride, padding, dilation, subm,
     return _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
 
 
-def sparse_conv3d(
-    features: torch.Tensor,
-    kernel_map: KernelMap,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    *,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Sparse 3D convolution with a kernel map: ``out[o] = bias + sum_k features[in(o, k)] @ weight[k]``.
-
-    Args:
-        features: ``(N, C_in)`` float32/float16/bfloat16/float64, one row per input voxel
-            (the rows of the ``coords`` the map was built from).
-        kernel_map: a ``KernelMap`` from ``sparse_conv_kernel_map`` (or ``KernelMap.inverse``).
-        weight: ``(K, C_in, C_out)`` of ``features.dtype``, offset ``k = (kz * Ky + ky) * Kx + kx``
-            (dense ``F.conv3d`` weight ``w`` maps to ``w.permute(2, 3, 4, 1, 0).reshape(K, C_in, C_out)``).
-        bias: optional ``(C_out,)``.
-        backend: ``"auto"`` or ``"reference"``: the one implementation, plain torch on every
-            device (no Triton or CUDA C++ kernel: ``"triton"``/``"cuda"`` raise ``ValueError``).
-
-    Returns:
-        ``(M, C_out)`` of ``features.dtype``, one row per ``kernel_map.out_coords`` row.
-
-    Example:
-        >>> coords = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1]], dtype=torch.int32)
-        >>> km = pcops.sparse_conv_kernel_map(coords, (1, 1, 2), kernel_size=(1, 1, 3), subm=True)
-        >>> pcops.sparse_conv3d(torch.tensor([[1.0], [2.0]]), km, torch.ones(3, 1, 1))  # sum of neighbours
-        tensor([[3.],
-                [3.]])
-
-    A plain-torch implicit GEMM on ``out_in`` (gather ``(M, K_chunk, C_in)``, one matmul per
-    chunk of offsets; float32 accumulation for half types): deterministic, no atomics, also in
-    the backward (features: through the inverse table; weight: gathered rows ᵀ @ grad).
-    Gradients w.r.t. features, weight and bias; no double backward.
-    """
-    _backend.check(backend, "sparse_conv3d", ("auto", "reference"))
-    if not isinstance(kernel_map, KernelMap):
-        raise TypeError(f"kernel_map: expected a KernelMap, got {type(kernel_map).__name__}")
-    out_in = kernel_map.out_in
-    _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
-    _checks.check_tensor("weight", weight, dtypes=(features.dtype,), ndim=3)
-    _checks.check_same_device(features=features, weight=weight, bias=bias, kernel_map=out_in)
-    if weight.shape[0] != out_in.shape[1] or weight.shape[1] != features.shape[1]:
-        raise ValueError(
-            f"weight: expected shape (K={out_in.shape[1]}, C_in={features.shape[1]}, C_out), got {tuple(weight.shape)}"
-        )
-    if bias is not None:
-        _checks.check_tensor("bias", bias, dtypes=(features.dtype,), ndim=1)
-        if bias.shape[0] != weight.shape[2]:
-            raise ValueError(f"bias: expected shape ({weight.shape[2]},), got {tuple(bias.shape)}")
-    if (
-        out_in.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and out_in.numel()
-        and int(out_in.max()) >= features.shape[0]
-    ):
-        raise ValueError(
-            f"features: the kernel map refers to input row {int(out_in.max())}, but features has "
-            f"{features.shape[0]} rows"
-        )
-    return torch.ops.pcops.sparse_conv3d(features.contiguous(), weight.contiguous(), bias, out_in)
-
-
 # --- registration: kernel map (``backend`` picks the implementation, pcops._backend) ----------------
 
 
@@ -448,49 +385,3 @@ def _kernel_map_pairs_fake(out_in, backend="auto"):
     torch._check(out_in.dim() == 2, lambda: "out_in: expected shape (M, K)")
     num_pairs = torch.library.get_ctx().new_dynamic_size()
     return out_in.new_empty((num_pairs,)), out_in.new_empty((num_pairs,)), out_in.new_empty((out_in.shape[1] + 1,))
-
-
-# --- registration: sparse_conv3d (plain torch on every device) -------------------------------
-
-
-@torch.library.custom_op("pcops::sparse_conv3d", mutates_args=())
-def _sparse_conv3d(
-    features: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out_in: torch.Tensor
-) -> torch.Tensor:
-    return _ref.sparse_conv3d(features, weight, bias, out_in)
-
-
-@_sparse_conv3d.register_fake
-def _sparse_conv3d_fake(features, weight, bias, out_in):
-    torch._check(features.dim() == 2 and weight.dim() == 3, lambda: "features (N, C_in), weight (K, C_in, C_out)")
-    torch._check(weight.shape[0] == out_in.shape[1], lambda: "weight: expected K rows (one per kernel offset)")
-    torch._check(weight.shape[1] == features.shape[1], lambda: "weight: expected C_in = features.shape[1]")
-    return features.new_empty((out_in.shape[0], weight.shape[2]))
-
-
-@torch.library.custom_op("pcops::sparse_conv3d_backward", mutates_args=())
-def _sparse_conv3d_backward(
-    grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, out_in: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _ref.sparse_conv3d_backward(grad_out, features, weight, out_in, True, True)
-
-
-@_sparse_conv3d_backward.register_fake
-def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in):
-    return torch.empty_like(features), torch.empty_like(weight)
-
-
-def _conv_setup_context(ctx, inputs, output):
-    features, weight, bias, out_in = inputs
-    ctx.save_for_backward(features, weight, out_in)
-    ctx.has_bias = bias is not None
-
-
-def _conv_backward(ctx, grad_out):
-    features, weight, out_in = ctx.saved_tensors
-    grad_features, grad_weight = torch.ops.pcops.sparse_conv3d_backward(grad_out.contiguous(), features, weight, out_in)
-    grad_bias = grad_out.sum(0) if ctx.has_bias else None
-    return grad_features, grad_weight, grad_bias, None
-
-
-_sparse_conv3d.register_autograd(_conv_backward, setup_context=_conv_setup_context)

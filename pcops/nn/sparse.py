@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from .. import _checks
-from ..kernel_map import KernelMap, _triple, sparse_conv3d, sparse_conv_kernel_map
+from ..kernel_map import KernelMap, _triple, sparse_conv_kernel_map
+from ..sparse_conv3d import sparse_conv3d
 
 __all__ = [
     "SparseConvTensor",

@@ -1,0 +1,166 @@
+"""Sparse 3D convolution on a kernel map (``pcops.sparse_conv_kernel_map``): implicit GEMM on
+the out-in table, deterministic forward and backward.
+
+Call path: ``sparse_conv3d`` (checks) → ``torch.ops.pcops.sparse_conv3d`` → the implementation
+``backend`` resolves to (``pcops._backend``): the reference (``pcops.reference.kernel_map``) on
+the CPU and for float64, Triton (``pcops.triton.sparse_conv3d``) on CUDA; the registered backward
+runs the forward's choice.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _backend, _checks
+from .kernel_map import KernelMap
+from .reference import kernel_map as _ref
+
+__all__ = ["sparse_conv3d"]
+
+_OP = "sparse_conv3d"
+_SUPPORTED = ("auto", "triton", "reference")
+
+
+def sparse_conv3d(
+    features: torch.Tensor,
+    kernel_map: KernelMap,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Sparse 3D convolution with a kernel map: ``out[o] = bias + sum_k features[in(o, k)] @ weight[k]``.
+
+    Args:
+        features: ``(N, C_in)`` float32/float16/bfloat16/float64, one row per input voxel
+            (the rows of the ``coords`` the map was built from).
+        kernel_map: a ``KernelMap`` from ``sparse_conv_kernel_map`` (or ``KernelMap.inverse``).
+        weight: ``(K, C_in, C_out)`` of ``features.dtype``, offset ``k = (kz * Ky + ky) * Kx + kx``
+            (dense ``F.conv3d`` weight ``w`` maps to ``w.permute(2, 3, 4, 1, 0).reshape(K, C_in, C_out)``).
+        bias: optional ``(C_out,)``.
+        backend: ``"auto"`` (default: the Triton implicit GEMM on CUDA for float32/float16/
+            bfloat16, the reference on the CPU and for float64), ``"triton"`` (CUDA tensors only;
+            float64 raises ``TypeError``) or ``"reference"`` (plain torch, any device). There is no
+            CUDA C++ implementation (``"cuda"`` raises ``ValueError``).
+
+    Returns:
+        ``(M, C_out)`` of ``features.dtype``, one row per ``kernel_map.out_coords`` row.
+
+    Example:
+        >>> coords = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1]], dtype=torch.int32)
+        >>> km = pcops.sparse_conv_kernel_map(coords, (1, 1, 2), kernel_size=(1, 1, 3), subm=True)
+        >>> pcops.sparse_conv3d(torch.tensor([[1.0], [2.0]]), km, torch.ones(3, 1, 1))  # sum of neighbours
+        tensor([[3.],
+                [3.]])
+
+    Implicit GEMM on ``out_in``, deterministic (bit-identical run to run: no atomics, sum orders
+    fixed by the shapes), forward and backward (features: through the inverse table; weight:
+    gathered rows ᵀ @ grad). Triton (``pcops.triton.sparse_conv3d``): a tile of output rows ×
+    channels gathers its inputs offset by offset into tensor-core dots (float32 accumulation;
+    float32 inputs as IEEE float32, or TF32 where ``torch.backends.cuda.matmul.allow_tf32`` is
+    set), skipping offsets none of its rows uses; 1 launch forward, 3 backward plus the inverse
+    table. Reference: gather ``(M, K_chunk, C_in)`` and one matmul per chunk of offsets.
+    Gradients w.r.t. features, weight and bias; no double backward. No host synchronisation
+    on CUDA.
+    """
+    _backend.check(backend, _OP, _SUPPORTED)
+    if not isinstance(kernel_map, KernelMap):
+        raise TypeError(f"kernel_map: expected a KernelMap, got {type(kernel_map).__name__}")
+    out_in = kernel_map.out_in
+    _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
+    _checks.check_tensor("weight", weight, dtypes=(features.dtype,), ndim=3)
+    _checks.check_same_device(features=features, weight=weight, bias=bias, kernel_map=out_in)
+    if weight.shape[0] != out_in.shape[1] or weight.shape[1] != features.shape[1]:
+        raise ValueError(
+            f"weight: expected shape (K={out_in.shape[1]}, C_in={features.shape[1]}, C_out), got {tuple(weight.shape)}"
+        )
+    if bias is not None:
+        _checks.check_tensor("bias", bias, dtypes=(features.dtype,), ndim=1)
+        if bias.shape[0] != weight.shape[2]:
+            raise ValueError(f"bias: expected shape ({weight.shape[2]},), got {tuple(bias.shape)}")
+    if (
+        out_in.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and out_in.numel()
+        and int(out_in.max()) >= features.shape[0]
+    ):
+        raise ValueError(
+            f"features: the kernel map refers to input row {int(out_in.max())}, but features has "
+            f"{features.shape[0]} rows"
+        )
+    chosen = _backend.resolve(backend, _OP, features, supported=_SUPPORTED)
+    _backend.refuse_float64(chosen, features, "features")
+    return torch.ops.pcops.sparse_conv3d(features.contiguous(), weight.contiguous(), bias, out_in, backend)
+
+
+# --- registration: one schema; ``backend`` picks the implementation (pcops._backend) -------------
+
+
+def _impl(backend: str, features: torch.Tensor) -> str:
+    impl = _backend.resolve(backend, _OP, features, supported=_SUPPORTED)
+    return "reference" if impl == "cpu" else impl
+
+
+@torch.library.custom_op("pcops::sparse_conv3d", mutates_args=(), device_types=("cpu", "cuda"))
+def _sparse_conv3d(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_in: torch.Tensor,
+    backend: str = "auto",
+) -> torch.Tensor:
+    impl = _impl(backend, features)
+    _backend.log_kernel(_OP, impl)
+    if impl == "triton":
+        from .triton import sparse_conv3d as tri
+
+        return tri.sparse_conv3d(features, weight, bias, out_in)
+    return _ref.sparse_conv3d(features, weight, bias, out_in)
+
+
+@_sparse_conv3d.register_fake
+def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto"):
+    torch._check(features.dim() == 2 and weight.dim() == 3, lambda: "features (N, C_in), weight (K, C_in, C_out)")
+    torch._check(weight.shape[0] == out_in.shape[1], lambda: "weight: expected K rows (one per kernel offset)")
+    torch._check(weight.shape[1] == features.shape[1], lambda: "weight: expected C_in = features.shape[1]")
+    return features.new_empty((out_in.shape[0], weight.shape[2]))
+
+
+@torch.library.custom_op("pcops::sparse_conv3d_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def _sparse_conv3d_backward(
+    grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, out_in: torch.Tensor, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = _impl(backend, features)
+    _backend.log_kernel(_OP + "_backward", impl)
+    if impl == "triton":
+        from .triton import sparse_conv3d as tri
+
+        inverse = _ref.inverse_table(out_in, features.shape[0])
+        return tri.sparse_conv3d_backward(grad_out, features, weight, out_in, inverse)
+    return _ref.sparse_conv3d_backward(grad_out, features, weight, out_in, True, True)
+
+
+@_sparse_conv3d_backward.register_fake
+def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in, backend="auto"):
+    return torch.empty_like(features), torch.empty_like(weight)
+
+
+def _conv_setup_context(ctx, inputs, output):
+    features, weight, bias, out_in, backend = inputs
+    ctx.save_for_backward(features, weight, out_in)
+    ctx.has_bias = bias is not None
+    ctx.backend = backend
+
+
+def _conv_backward(ctx, grad_out):
+    features, weight, out_in = ctx.saved_tensors
+    grad_features, grad_weight = torch.ops.pcops.sparse_conv3d_backward(
+        grad_out.contiguous(), features, weight, out_in, ctx.backend
+    )
+    grad_bias = grad_out.sum(0) if ctx.has_bias else None
+    return grad_features, grad_weight, grad_bias, None, None
+
+
+_sparse_conv3d.register_autograd(_conv_backward, setup_context=_conv_setup_context)

@@ -1,0 +1,109 @@
+"""pcops.sparse_conv3d's Triton implicit GEMM (forward, dgrad, wgrad) against the reference.
+
+Under the CPU interpreter here, on CUDA with the ``gpu`` marker: the same outputs up to float32
+rounding (the sums run in another order), bit-identical from run to run, every dtype, empty
+offsets and rows, channels that are not multiples of the tile.
+"""
+
+import pytest
+import torch
+from _util import generator, gpu, interpret
+
+import pcops
+from pcops.reference import kernel_map as ref
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
+       torch.bfloat16: dict(atol=8e-2, rtol=5e-2)}  # fmt: skip
+
+
+def conv_case(n, c_in, c_out, seed, subm=True, device="cpu", dtype=torch.float32, shape=(8, 9, 10)):
+    g = generator(seed)
+    d, h, w = shape
+    lin = torch.randperm(d * h * w, generator=g)[:n]
+    coords = torch.stack([torch.zeros_like(lin), lin // (h * w), (lin // w) % h, lin % w], 1).int()
+    km = pcops.sparse_conv_kernel_map(coords, shape, 3, stride=1 if subm else 2, padding=1, subm=subm)
+    feats = torch.randn(n, c_in, generator=g).to(dtype)
+    weight = (torch.randn(27, c_in, c_out, generator=g) / (27 * c_in) ** 0.5).to(dtype)
+    bias = torch.randn(c_out, generator=g).to(dtype)
+    out_in = km.out_in
+    return [t.to(device) for t in (feats, weight, bias, out_in)]
+
+
+def check_against_reference(tri, feats, weight, bias, out_in, tol):
+    out = tri.sparse_conv3d(feats, weight, bias, out_in)
+    exp = ref.sparse_conv3d(feats.cpu().float(), weight.cpu().float(), bias.cpu().float(), out_in.cpu())
+    torch.testing.assert_close(out.cpu().float(), exp, **tol)
+    assert torch.equal(out, tri.sparse_conv3d(feats, weight, bias, out_in))  # run to run
+    g = torch.randn(out.shape, generator=generator(99)).to(feats.dtype).to(feats.device)
+    inverse = ref.inverse_table(out_in, feats.shape[0])
+    gf, gw = tri.sparse_conv3d_backward(g, feats, weight, out_in, inverse)
+    ef, ew = ref.sparse_conv3d_backward(g.cpu().float(), feats.cpu().float(), weight.cpu().float(), out_in.cpu(),
+                                        True, True)  # fmt: skip
+    torch.testing.assert_close(gf.cpu().float(), ef, **tol)
+    torch.testing.assert_close(gw.cpu().float(), ew, **tol)
+    again = tri.sparse_conv3d_backward(g, feats, weight, out_in, inverse)
+    assert torch.equal(gf, again[0]) and torch.equal(gw, again[1])
+
+
+@pytest.mark.parametrize("n,c_in,c_out,subm", [(60, 4, 16, True), (90, 19, 5, False), (1, 3, 3, True)])
+@interpret
+def test_triton_sparse_conv3d_interpreter(n, c_in, c_out, subm):
+    from pcops.triton import sparse_conv3d as tri
+
+    check_against_reference(tri, *conv_case(n, c_in, c_out, seed=n + c_in, subm=subm), TOL[torch.float32])
+
+
+@interpret
+def test_triton_sparse_conv3d_empty_interpreter():
+    from pcops.triton import sparse_conv3d as tri
+
+    feats, weight, bias, out_in = conv_case(20, 3, 4, seed=1)
+    empty = out_in[:0]
+    assert tri.sparse_conv3d(feats, weight, bias, empty).shape == (0, 4)
+    none = torch.full_like(out_in, -1)  # no pairs at all: bias only, zero gradients
+    assert torch.equal(tri.sparse_conv3d(feats, weight, bias, none), bias.expand(20, 4))
+    gf, gw = tri.sparse_conv3d_backward(torch.ones(20, 4), feats, weight, none, ref.inverse_table(none, 20))
+    assert not gf.any() and not gw.any()
+
+
+def test_backend_choice_and_refusals():
+    feats, weight, bias, out_in = conv_case(30, 2, 3, seed=2)
+    km = pcops.sparse_conv_kernel_map(torch.zeros(1, 4, dtype=torch.int32), (1, 1, 1), 3, subm=True)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        pcops.sparse_conv3d(torch.zeros(1, 2), km, torch.zeros(27, 2, 3), backend="triton")
+    with pytest.raises(ValueError, match="has no 'cuda'"):
+        pcops.sparse_conv3d(torch.zeros(1, 2), km, torch.zeros(27, 2, 3), backend="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("subm", [True, False])
+@gpu[0]
+@gpu[1]
+def test_gpu_triton_sparse_conv3d(dtype, subm):
+    from pcops.triton import sparse_conv3d as tri
+
+    for n, c_in, c_out in ((3000, 16, 16), (2000, 4, 33), (5000, 64, 64)):
+        case = conv_case(n, c_in, c_out, seed=n, subm=subm, device="cuda", dtype=dtype, shape=(20, 30, 40))
+        check_against_reference(tri, *case, TOL[dtype])
+
+
+@gpu[0]
+@gpu[1]
+def test_gpu_layers_run_triton_and_match_reference(caplog):
+    import logging
+
+    from pcops import nn as pnn
+
+    feats, _, _, _ = conv_case(4000, 4, 4, seed=3, shape=(20, 30, 40))
+    g = generator(4)
+    lin = torch.randperm(20 * 30 * 40, generator=g)[:4000]
+    coords = torch.stack([torch.zeros_like(lin), lin // 1200, (lin // 40) % 30, lin % 40], 1).int()
+    torch.manual_seed(0)
+    net = pnn.SparseSequential(pnn.SubMConv3d(4, 16, 3, indice_key="a"), torch.nn.ReLU(),
+                               pnn.SparseConv3d(16, 32, 3, 2, 1, indice_key="b"),
+                               pnn.SparseInverseConv3d(32, 8, 3, indice_key="b"))  # fmt: skip
+    cpu = net(pnn.SparseConvTensor(feats, coords, (20, 30, 40), 1)).features
+    with caplog.at_level(logging.DEBUG, logger="pcops"):
+        out = net.cuda()(pnn.SparseConvTensor(feats.cuda(), coords.cuda(), (20, 30, 40), 1)).features
+    assert "sparse_conv3d: triton" in [r.getMessage() for r in caplog.records]
+    torch.testing.assert_close(out.cpu(), cpu, atol=1e-4, rtol=1e-4)
