@@ -1,0 +1,108 @@
+"""S2 (WORKLOADS.md): SECOND's middle encoder (OpenPCDet VoxelBackBone8x) on pcops.nn, and one
+SubMConv3d 16 → 16, on the V3 voxels of the KITTI scan (mean of their points: 4 channels).
+
+    PYTHONPATH=. python benchmarks/bench_sparse_conv.py [--scan PATH] [--out results.json]
+
+Eager rows: median CUDA-event time of single calls after warm-up, kernel maps included (a fresh
+``SparseConvTensor`` per call, as a detector's forward builds it). Train rows: forward +
+backward with BatchNorm in training mode; their gradients are checked bit-identical between two
+runs. TF32 off on every row (``torch.backends.cuda.matmul.allow_tf32 = False``, spconv's default
+``SPCONV_ALLOW_TF32=0``). Peers are not measured here (spconv needs its wheel carried over in
+three runs: ``../shared/tools/spconv/README.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+import pcops
+from pcops import nn as pnn
+
+V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5,
+          max_voxels=40000)  # fmt: skip
+
+
+def timed(fn, warmup=5, rep=50):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), min(times), max(times)
+
+
+def main() -> None:
+    from pcops.models.second import VoxelBackBone8x, mean_vfe
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--scan", default="../shared/data/kitti/training/velodyne/000001.bin")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    pts = torch.from_numpy(__import__("numpy").fromfile(a.scan, dtype="float32").reshape(-1, 4)).cuda()
+    v = pcops.voxelize(pts, **V3)
+    feats, coords = mean_vfe(v.voxels, v.num_points), v.coords
+    rows, results = [], {"voxels": int(coords.shape[0])}
+    torch.manual_seed(0)
+    net = VoxelBackBone8x(4, (1408, 1600, 40)).cuda()
+    for dtype in (torch.float32, torch.float16):
+        model = net.to(dtype)
+        f = feats.to(dtype)
+
+        def fwd():
+            with torch.no_grad():
+                return model.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features
+
+        model.eval()
+        med, lo, hi = timed(fwd)
+        rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}", ms=med, min=lo, max=hi))
+        model.train()
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            out = model.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features
+            out.float().square().mean().backward()
+            return [p.grad.clone() for p in model.parameters()]
+
+        med, lo, hi = timed(step, rep=30)
+        g1, g2 = step(), step()
+        same = all(torch.equal(x, y) for x, y in zip(g1, g2))
+        rows.append(dict(row=f"S2 forward+backward train {str(dtype)[6:]}", ms=med, min=lo, max=hi,
+                         grads_bit_identical=same))  # fmt: skip
+    conv = pnn.SubMConv3d(16, 16, 3, indice_key="s").cuda()
+    f16 = torch.randn(coords.shape[0], 16, device="cuda")
+    x = pnn.SparseConvTensor(f16, coords, [41, 1600, 1408], 1)
+    conv(x)  # builds and keeps the map under "s"
+    with torch.no_grad():
+        med, lo, hi = timed(lambda: conv(pnn.SparseConvTensor(f16, coords, [41, 1600, 1408], 1)))
+        rows.append(dict(row="SubMConv3d 16->16 incl. its map, fp32", ms=med, min=lo, max=hi))
+        med, lo, hi = timed(lambda: conv(x))
+        rows.append(dict(row="SubMConv3d 16->16 map kept (indice_key), fp32", ms=med, min=lo, max=hi))
+    for r in rows:
+        print(f"{r['row']:50s} {r['ms']:8.3f} ms  [{r['min']:.3f}, {r['max']:.3f}]" + (
+            f"  grads bit-identical: {r['grads_bit_identical']}" if "grads_bit_identical" in r else ""))  # fmt: skip
+    results.update(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows, tf32=False)
+    try:
+        import triton
+
+        results["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
