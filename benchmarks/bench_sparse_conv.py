@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -23,23 +22,16 @@ import torch
 import pcops
 from pcops import nn as pnn
 
+from common import bench
+
 V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5,
           max_voxels=40000)  # fmt: skip
 
 
 def timed(fn, warmup=5, rep=50):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rep):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), min(times), max(times)
+    """(median, min, max) ms of single calls (``common.bench``)."""
+    r = bench(fn, warmup=warmup, rep=rep)
+    return r["median_ms"], r["min_ms"], r["max_ms"]
 
 
 def main() -> None:
