@@ -16,8 +16,8 @@ and the torch RNG of rank ``r`` use :func:`rank_seed` (``seed + r * 2**32``; ran
 itself), so a run is reproducible for a given world size (bit-identical on the CPU).
 
 SyncBatchNorm (``--sync-bn``): :func:`convert_sync_batchnorm` converts every BatchNorm with torch's
-``SyncBatchNorm.convert_sync_batchnorm`` into :class:`SyncBatchNorm` (torch's on CUDA; on the CPU,
-where torch's raises, the statistics are all-reduced through autograd-aware collectives), and the
+``SyncBatchNorm.convert_sync_batchnorm`` (on the CPU, where torch's raises and DDP refuses it, on to
+:class:`CpuSyncBatchNorm`: the statistics all-reduced through autograd-aware collectives), and the
 pillar feature net's own statistics path (:meth:`PillarVFE.forward_train`, which computes the
 moments itself) all-reduces its moments when its BatchNorm is a ``SyncBatchNorm``.
 :func:`revert_sync_batchnorm` restores the original classes (the fast inference path folds plain
@@ -55,7 +55,7 @@ __all__ = [
     "broadcast_module_state",
     "average_batchnorm_stats",
     "TrainForward",
-    "SyncBatchNorm",
+    "CpuSyncBatchNorm",
     "convert_sync_batchnorm",
     "revert_sync_batchnorm",
     "sync_group",
@@ -318,31 +318,53 @@ class TrainForward(nn.Module):
 
 def sync_group(bn: nn.Module):
     """The process group over which ``bn``'s batch statistics are synchronised, or None (not a
-    ``SyncBatchNorm``, not training, or no process group of more than one rank)."""
-    if not (isinstance(bn, nn.SyncBatchNorm) and bn.training):
+    ``SyncBatchNorm`` / :class:`CpuSyncBatchNorm`, not training, or no process group of several ranks)."""
+    if not (isinstance(bn, (nn.SyncBatchNorm, CpuSyncBatchNorm)) and bn.training):
         return None
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    group = bn.process_group or dist.group.WORLD
+    group = getattr(bn, "process_group", None) or dist.group.WORLD
     return group if dist.get_world_size(group) > 1 else None
 
 
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, group):
+        ctx.group = group
+        out = t.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=ctx.group)
+        return out, None
+
+
 def all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
-    """Sum over ``group`` with autograd: the backward all-reduces the gradient (each rank's loss
-    depends on every rank's contribution to the shared statistics)."""
-    from torch.distributed.nn.functional import all_reduce
+    """Sum over ``group`` with autograd: the backward all-reduces (sums) the gradient, since every
+    rank's loss depends on every rank's contribution to the shared statistics (DDP then averages
+    the parameter gradients over the ranks, as for the rest of the model)."""
+    return _AllReduceSum.apply(t, group)
 
-    return all_reduce(t, op=dist.ReduceOp.SUM, group=group)
 
+class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """SyncBatchNorm for CPU runs under gloo, where torch's ``SyncBatchNorm`` raises (and DDP refuses
+    it on CPU modules): the batch mean and then the biased variance are all-reduced (autograd-aware,
+    so the backward sums every rank's gradient of the shared statistics), and the running statistics
+    are updated as torch's BatchNorm does (unbiased variance over the global count). Outside
+    training or a process group of several ranks it is a plain BatchNorm."""
 
-class SyncBatchNorm(nn.SyncBatchNorm):
-    """torch's ``SyncBatchNorm`` (CUDA), with a CPU path for gloo runs, where torch's raises: the
-    batch mean and then the biased variance are all-reduced (autograd-aware), the running
-    statistics updated as torch's BatchNorm does (unbiased variance over the global count)."""
+    process_group = None
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"input: expected at least 2-D input (N, C, ...), got {input.dim()}-D")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         group = sync_group(self)
-        if group is None or input.device.type != "cpu" or not self.track_running_stats:
+        if group is None or not self.track_running_stats:
             return super().forward(input)
         self._check_input_dim(input)
         dims = [0] + list(range(2, input.dim()))
@@ -364,16 +386,19 @@ class SyncBatchNorm(nn.SyncBatchNorm):
         return y.to(input.dtype)
 
 
-def convert_sync_batchnorm(model: nn.Module, process_group=None) -> nn.Module:
-    """Every BatchNorm of ``model`` (in place) to :class:`SyncBatchNorm` through torch's
-    ``SyncBatchNorm.convert_sync_batchnorm``, remembering each module's class for
-    :func:`revert_sync_batchnorm`. Returns ``model``. Raises ``ValueError`` for a BatchNorm
-    subclass that is not one of torch's (its own forward would be lost)."""
-    standard = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+def convert_sync_batchnorm(model: nn.Module, process_group=None, cpu: bool | None = None) -> nn.Module:
+    """Every BatchNorm of ``model`` (in place) to torch's ``SyncBatchNorm`` through
+    ``SyncBatchNorm.convert_sync_batchnorm`` (parameters and statistics shared), and on the CPU
+    (``cpu``; default: where the model's parameters are) on to :class:`CpuSyncBatchNorm`,
+    remembering each module's class for :func:`revert_sync_batchnorm`. Returns ``model``. Raises
+    ``ValueError`` for a BatchNorm subclass that is not one of torch's (its forward would be lost)."""
+    standard = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, CpuSyncBatchNorm)
+    if cpu is None:
+        cpu = all(p.device.type == "cpu" for p in model.parameters())
     classes = {}
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            if type(m) not in standard and not isinstance(m, SyncBatchNorm):
+            if type(m) not in standard:
                 raise ValueError(f"model: {name} is a {type(m).__name__}, not a torch BatchNorm: cannot convert")
             classes[name] = getattr(m, "_pcops_bn_class", type(m))
     if "" in classes:
@@ -381,7 +406,8 @@ def convert_sync_batchnorm(model: nn.Module, process_group=None) -> nn.Module:
     nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
     for name, m in model.named_modules():
         if name in classes:
-            m.__class__ = SyncBatchNorm
+            if cpu:
+                m.__class__ = CpuSyncBatchNorm
             m._pcops_bn_class = classes[name]
     return model
 
@@ -392,7 +418,7 @@ def revert_sync_batchnorm(model: nn.Module) -> nn.Module:
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
             cls = getattr(child, "_pcops_bn_class", None)
-            if cls is None or cls is nn.SyncBatchNorm:
+            if cls is None or cls in (nn.SyncBatchNorm, CpuSyncBatchNorm):
                 continue
             new = cls(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats)
             if child.affine:
