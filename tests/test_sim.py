@@ -297,3 +297,40 @@ def test_simulated_points_more_than_one_sweep():
         sim.simulated_points(-1)
     with pytest.raises(ValueError, match="n_points"):
         sim.simulated_points(10_000_000, n_sweeps=1)
+
+
+# --- realism statistics (pcops.sim.stats, issue 22) --------------------------------------------
+
+# the simulator's distance from the shared KITTI scans (20 simulated scans, stop 25: range 0.128,
+# elevation 0.109, intensity 0.206); a change that moves the simulator further away fails here
+REALISM_BOUNDS = {"range_m": 0.2, "elevation_deg": 0.2, "intensity": 0.3}
+
+
+def test_histograms_and_total_variation():
+    from pcops.sim import stats
+
+    a = sim.simulate_scan(seed=3).points
+    h = stats.scan_histograms([a])
+    assert all(abs(v.sum() - 1) < 1e-9 for v in h.values())
+    assert stats.compare([a], [a]) == {k: 0.0 for k in stats.BINS}
+    far = a.clone()
+    far[:, :2] *= 100  # every point beyond the range bins: nothing left to compare
+    assert stats.total_variation(h["intensity"], stats.scan_histograms([a + 0.5])["intensity"]) > 0.5
+    assert stats.scan_histograms([far])["range_m"].sum() == 0
+    ppo = stats.points_per_object([5, 7, 100], [5.0, 8.0, 65.0])
+    assert ppo["median"][0] == 6.0 and ppo["n"][0] == 2 and ppo["median"][-1] == 100.0 and ppo["median"][1] is None
+    with pytest.raises(ValueError, match="points"):
+        stats.scan_histograms([a[:, :3]])
+    with pytest.raises(ValueError, match="same bins"):
+        stats.total_variation(h["intensity"], h["range_m"])
+
+
+def test_realism_against_kitti(kitti_dir):
+    import pcops.io
+    from pcops.sim import stats
+
+    real = [pcops.io.read_points(p) for p in sorted((kitti_dir / "velodyne").glob("*.bin"))]
+    tv = stats.compare(real, [sim.simulate_scan(seed=s).points for s in range(6)])
+    print("\n[sim realism] total variation vs KITTI: " + ", ".join(f"{k} {v:.3f}" for k, v in tv.items()))
+    for k, bound in REALISM_BOUNDS.items():
+        assert 0 < tv[k] <= bound, (k, tv[k])
