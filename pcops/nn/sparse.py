@@ -14,8 +14,10 @@
 
 Kernel maps are built once per ``indice_key`` and kept in the tensor's ``indice_dict``, which
 every output shares with its input: the SubM layers of one resolution reuse one map, and an
-inverse conv finds the map of its strided conv. The convolution is ``pcops.sparse_conv3d``
-(implicit GEMM on ``KernelMap.out_in``; deterministic forward and backward, no atomics).
+inverse conv finds the map of its strided conv (the layers use the maps' out-in tables only:
+submanifold maps are built with ``pad_pairs=True``, so without a host sync, and an inverse conv
+takes the inverse table without pairs). The convolution is ``pcops.sparse_conv3d`` (implicit
+GEMM on the out-in table; deterministic forward and backward, no atomics).
 
 Indices: any row order is accepted. Duplicate voxels and voxels outside ``spatial_shape`` raise
 ``ValueError`` on the CPU; on CUDA they are not checked (that needs a host sync), see
@@ -32,7 +34,8 @@ from torch import nn
 
 from .. import _checks
 from ..kernel_map import KernelMap, _triple, sparse_conv_kernel_map
-from ..sparse_conv3d import sparse_conv3d
+from ..reference.kernel_map import inverse_table
+from .. import sparse_conv3d as _sparse_conv3d  # noqa: F401  (registers pcops::sparse_conv3d)
 
 __all__ = [
     "SparseConvTensor",
@@ -47,14 +50,14 @@ __all__ = [
 
 class _IndiceEntry(NamedTuple):
     """A kernel map kept under an ``indice_key``: its kind and geometry, its input voxels (an
-    inverse conv's outputs) and, once built, the inverse map."""
+    inverse conv's outputs) and, once built, the inverse conv's out-in table."""
 
     kind: str  # "subm" or "conv"
     geometry: tuple  # (kernel_size, stride, padding, dilation)
     kernel_map: KernelMap
     in_indices: torch.Tensor
     in_shape: tuple
-    inverse: Optional[KernelMap]
+    inverse: Optional[torch.Tensor]  # (N_in, K) int32: KernelMap.inverse's out_in, without its pairs
 
 
 class SparseConvTensor:
@@ -187,7 +190,7 @@ class _SparseConv3d(SparseModule):
         return (self.kernel_size, self.stride, padding, self.dilation)
 
     def _map(self, x: SparseConvTensor):
-        """(kernel map, output indices, output spatial shape), from ``x.indice_dict`` where kept."""
+        """(out-in table, output indices, output spatial shape), from ``x.indice_dict`` where kept."""
         key, entry = self.indice_key, x.indice_dict.get(self.indice_key) if self.indice_key else None
         if self.inverse:
             if entry is None or entry.kind != "conv":
@@ -204,15 +207,15 @@ class _SparseConv3d(SparseModule):
                     f"kernel_size: {self.kernel_size} differs from the SparseConv3d({key!r}) it inverts "
                     f"({entry.geometry[0]})"
                 )
-            if entry.inverse is None:
-                entry = entry._replace(inverse=entry.kernel_map.inverse(entry.in_indices, entry.in_shape))
+            if entry.inverse is None:  # the layer needs the table only: no pairs, no host sync
+                entry = entry._replace(inverse=inverse_table(entry.kernel_map.out_in, entry.in_indices.shape[0]))
                 x.indice_dict[key] = entry
             return entry.inverse, entry.in_indices, list(entry.in_shape)
         kind = "subm" if self.subm else "conv"
         if entry is not None and entry.kind == kind and entry.geometry == self._geometry():
             if entry.in_indices.shape[0] == x.indices.shape[0] and list(entry.in_shape) == x.spatial_shape:
                 km = entry.kernel_map
-                return km, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
+                return km.out_in, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
         if entry is not None and self.subm and entry.kind == "subm":
             raise ValueError(
                 f"indice_key: {key!r} holds a submanifold map of another kernel or input "
@@ -226,10 +229,11 @@ class _SparseConv3d(SparseModule):
             self.padding,
             self.dilation,
             subm=self.subm,
+            pad_pairs=self.subm,  # the submanifold map's only host sync is its pair count
         )
         if key is not None:
             x.indice_dict[key] = _IndiceEntry(kind, self._geometry(), km, x.indices, tuple(x.spatial_shape), None)
-        return km, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
+        return km.out_in, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
 
     def forward(self, x: SparseConvTensor) -> SparseConvTensor:
         if not isinstance(x, SparseConvTensor):
@@ -238,7 +242,7 @@ class _SparseConv3d(SparseModule):
             raise ValueError(
                 f"input: {type(self).__name__} expects {self.in_channels} channels, got {x.features.shape[1]}"
             )
-        km, out_indices, out_shape = self._map(x)
+        out_in, out_indices, out_shape = self._map(x)
         feats, weight, bias = x.features, self.weight, self.bias
         if weight.dtype != feats.dtype:
             if not torch.is_autocast_enabled(feats.device.type):
@@ -250,7 +254,7 @@ class _SparseConv3d(SparseModule):
             weight, bias = weight.to(feats.dtype), (bias.to(feats.dtype) if bias is not None else None)
         k = math.prod(self.kernel_size)
         w = weight.permute(1, 2, 3, 4, 0).reshape(k, self.in_channels, self.out_channels)
-        out = sparse_conv3d(feats, km, w, bias)
+        out = torch.ops.pcops.sparse_conv3d(feats.contiguous(), w.contiguous(), bias, out_in, "auto")
         return SparseConvTensor(out, out_indices, out_shape, x.batch_size, x.indice_dict)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
