@@ -26,10 +26,39 @@ benchmark → `out/gpu/*.json`), copy the JSON into `benchmarks/results/`, then 
 """
 
 
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v).replace("|", "/")
+
+
+def _rows_table(name: str, res: dict) -> list[str]:
+    """Results in another layout (``rows`` of flat records, e.g. the CPU and comparison runs)."""
+    meta = ", ".join(f"{k} {_cell(res[k])}" for k in ("device", "torch", "date", "commit") if k in res)
+    rows = res.get("rows")
+    if rows is None and isinstance(res.get("full"), dict):
+        rows = res["full"].get("rows")  # compare_commits.json: the full run's rows
+    lines = [f"\n## {name}\n\n{meta} (`benchmarks/results/{name}.json`)\n"]
+    if not rows or not isinstance(rows, list):
+        keys = [k for k, v in res.items() if isinstance(v, (int, float, str)) and k not in ("device", "torch", "date")]
+        return lines + [", ".join(f"{k}: {_cell(res[k])}" for k in keys[:8]) or "(see the JSON)"]
+    cols = []
+    for r in rows:
+        cols += [k for k, v in r.items() if k not in cols and not isinstance(v, (list, dict))]
+    cols = cols[:9]
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("| " + " | ".join("---" for _ in cols) + " |")
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return lines
+
+
 def table() -> str:
     lines = []
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         res = json.loads(path.read_text())
+        if "environment" not in res or "results" not in res:
+            lines += _rows_table(path.stem, res)
+            continue
         env = res["environment"]
         lines.append(
             f"\n## {res['benchmark']}\n\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
