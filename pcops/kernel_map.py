@@ -125,7 +125,9 @@ def sparse_conv_kernel_map(
 
     Args:
         coords: ``(N, 4)`` int32 ``(batch, z, y, x)`` active input voxels (int64 accepted and
-            converted), unique, ``0 <= z < D`` etc., ``batch >= 0``.
+            converted), unique, ``0 <= z < D`` etc., ``batch >= 0``. Rows of −1 (all four: the
+            padding of ``voxelize(pad_to_max=True)`` and of static maps' outputs) are padding:
+            never an input, and a submanifold map gives them a row of −1 in ``out_in``.
         spatial_shape: ``(D, H, W)`` of the input grid.
         kernel_size, stride, padding, dilation: an int or a ``(z, y, x)`` 3-tuple;
             kernel/stride/dilation ≥ 1, padding ≥ 0.

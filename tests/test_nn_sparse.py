@@ -273,3 +273,128 @@ def test_mean_vfe():
 
     v = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [0.0, 0.0]], [[5.0, 6.0], [0.0, 0.0], [0.0, 0.0]]])
     assert torch.equal(mean_vfe(v, torch.tensor([2, 1])), torch.tensor([[2.0, 3.0], [5.0, 6.0]]))
+
+
+# --- static (fixed-capacity) form: padding rows, no host sync, capture ----------------------------
+
+
+def with_padding(x, extra, seed):
+    """``x`` plus ``extra`` padding rows (indices −1, random features) interleaved, as a static tensor."""
+    g = generator(seed)
+    n = x.indices.shape[0]
+    order = torch.randperm(n + extra, generator=g)
+    idx = torch.cat([x.indices, torch.full((extra, 4), -1, dtype=torch.int32)])[order]
+    feats = torch.cat([x.features, torch.randn(extra, x.features.shape[1], generator=g, dtype=x.features.dtype)])
+    return pnn.SparseConvTensor(feats[order], idx, x.spatial_shape, x.batch_size, static=True), order
+
+
+def static_net():
+    torch.manual_seed(0)
+    return pnn.SparseSequential(
+        pnn.SubMConv3d(3, 8, 3, indice_key="s1"),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        pnn.SparseConv3d(8, 8, 3, 2, 1, indice_key="d1"),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        pnn.SubMConv3d(8, 8, 3, indice_key="s2"),
+        pnn.SparseInverseConv3d(8, 4, 3, indice_key="d1"),
+    ).double()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_static_form_matches_the_variable_form(training):
+    x = random_voxels(2, (7, 8, 9), (60, 35), 3, seed=16)
+    xs, order = with_padding(x, 25, seed=17)
+    net_a, net_b = static_net().train(training), static_net().train(training)
+    y = net_a(x)
+    ys = net_b(xs)
+    assert ys.static and ys.features.shape[0] == xs.features.shape[0]
+    # the static output's real rows are the input's real rows, in the padded order
+    real = xs.valid
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel())
+    rows = inv[: x.indices.shape[0]]  # where each original row went
+    torch.testing.assert_close(ys.features[rows], y.features)
+    assert torch.equal(ys.indices[rows], y.indices) and int(real.sum()) == x.indices.shape[0]
+    torch.testing.assert_close(ys.dense(), y.dense())
+    for a, b in zip(net_a.modules(), net_b.modules()):  # masked BatchNorm: the same statistics
+        if isinstance(a, torch.nn.BatchNorm1d):
+            torch.testing.assert_close(a.running_mean, b.running_mean)
+            torch.testing.assert_close(a.running_var, b.running_var)
+    # the strided map kept its static form: N·J rows, the real ones first
+    d1 = ys.indice_dict["d1"].kernel_map
+    assert d1.out_coords.shape[0] == xs.indices.shape[0] * 8
+
+
+def test_static_gradients_match():
+    x = random_voxels(1, (6, 6, 6), (40,), 3, seed=18)
+    xs, order = with_padding(x, 10, seed=19)
+    fa = x.features.clone().requires_grad_(True)
+    fb = xs.features.clone().requires_grad_(True)
+    net_a, net_b = static_net().train(), static_net().train()
+    ya = net_a(x.replace_feature(fa))
+    yb = net_b(xs.replace_feature(fb))
+    ya.features.square().sum().backward()
+    (yb.features.square() * yb.valid[:, None]).sum().backward()
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel())
+    torch.testing.assert_close(fb.grad[inv[:40]], fa.grad)
+    for pa, pb in zip(net_a.parameters(), net_b.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad)
+
+
+@pytest.mark.slow
+def test_static_net_compiles_fullgraph():
+    x = random_voxels(1, (6, 6, 6), (40,), 3, seed=18)
+    xs, _ = with_padding(x, 10, seed=19)
+    net = static_net().eval()
+
+    def f(feats, idx):
+        return net(pnn.SparseConvTensor(feats, idx, [6, 6, 6], 1, static=True)).features
+
+    out = torch.compile(f, fullgraph=True)(xs.features, xs.indices)
+    torch.testing.assert_close(out, f(xs.features, xs.indices))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_second_encoder_captured_in_one_graph():
+    """SECOND's encoder in the static form on pad_to_max voxels: one CUDA graph, the same real
+    rows as the eager variable form; the GPU kernel map treats padding rows as the CPU one does."""
+    from pcops.models.second import VoxelBackBone8x, mean_vfe
+    from pcops.sim import simulate_scan
+
+    pts = simulate_scan(seed=5).points.cuda()
+    v3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5)
+    var = pcops.voxelize(pts, max_voxels=40000, **v3)
+    pad = pcops.voxelize(pts, max_voxels=40000, pad_to_max=True, **v3)
+    torch.manual_seed(0)
+    net = VoxelBackBone8x(4, (1408, 1600, 40)).cuda().eval()
+    with torch.no_grad():
+        ref = net.forward_voxels(mean_vfe(var.voxels, var.num_points), var.coords, 1)["encoded_spconv_tensor"]
+        feats = mean_vfe(pad.voxels, pad.num_points)
+
+        def run():
+            t = pnn.SparseConvTensor(feats, pad.coords, net.sparse_shape, 1, static=True)
+            return net(t)["encoded_spconv_tensor"]
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = run()
+        g.replay()
+        torch.cuda.synchronize()
+    m = ref.indices.shape[0]
+    assert torch.equal(out.indices[:m], ref.indices) and bool((out.indices[m:] == -1).all())
+    torch.testing.assert_close(out.features[:m], ref.features, atol=1e-4, rtol=1e-4)
+    # padding rows on the GPU kernel map: -1 rows in out_in, as on the CPU
+    c = torch.tensor([[0, 1, 1, 1], [-1, -1, -1, -1], [0, 2, 2, 2]], dtype=torch.int32)
+    cpu = pcops.sparse_conv_kernel_map(c, (4, 4, 4), 3, subm=True, pad_pairs=True).out_in
+    gpu = pcops.sparse_conv_kernel_map(c.cuda(), (4, 4, 4), 3, subm=True, pad_pairs=True).out_in
+    assert torch.equal(gpu.cpu(), cpu)

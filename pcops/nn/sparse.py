@@ -69,9 +69,24 @@ class SparseConvTensor:
         spatial_shape: ``(D, H, W)`` of the grid.
         batch_size: samples (batch indices ``0 … batch_size - 1``).
         indice_dict: kernel maps by ``indice_key`` (shared with the tensors a layer makes).
+        static: fixed-capacity form, for CUDA-graph capture and ``torch.compile``: rows whose
+            indices are −1 (all four, as ``voxelize(pad_to_max=True)`` pads) are padding, and
+            every layer keeps shapes a function of the input's row count with no host sync
+            (regular convs use ``static_shapes`` maps: ``N·J`` output rows, padding after the
+            real ones; training-mode ``BatchNorm1d`` in ``SparseSequential`` uses the real rows
+            only). Padding rows' features are unspecified (``valid`` says which rows are real).
     """
 
-    def __init__(self, features, indices, spatial_shape, batch_size: int, indice_dict: Optional[dict] = None):
+    def __init__(
+        self,
+        features,
+        indices,
+        spatial_shape,
+        batch_size: int,
+        indice_dict: Optional[dict] = None,
+        *,
+        static: bool = False,
+    ):
         _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
         _checks.check_tensor("indices", indices, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
         _checks.check_same_device(features=features, indices=indices)
@@ -84,13 +99,23 @@ class SparseConvTensor:
         self.spatial_shape = list(_triple("spatial_shape", spatial_shape, min_value=1))
         self.batch_size = _checks.check_int("batch_size", batch_size, min_value=1)
         self.indice_dict = {} if indice_dict is None else indice_dict
+        if not isinstance(static, bool):
+            raise TypeError(f"static: expected a bool, got {type(static).__name__}")
+        self.static = static
 
     def replace_feature(self, features: torch.Tensor) -> "SparseConvTensor":
         """The same voxels (and kernel maps) with new features of as many rows."""
         if not isinstance(features, torch.Tensor) or features.dim() != 2 or features.shape[0] != self.indices.shape[0]:
             shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
             raise ValueError(f"features: expected ({self.indices.shape[0]}, C), got {shape}")
-        return SparseConvTensor(features, self.indices, self.spatial_shape, self.batch_size, self.indice_dict)
+        return SparseConvTensor(
+            features, self.indices, self.spatial_shape, self.batch_size, self.indice_dict, static=self.static
+        )
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """``(N,)`` bool: the real rows (not padding)."""
+        return self.indices[:, 0] >= 0
 
     @property
     def spatial_size(self) -> int:
@@ -100,9 +125,13 @@ class SparseConvTensor:
         """``(B, C, D, H, W)`` (``channels_first``) or ``(B, D, H, W, C)``, zeros where no voxel."""
         d, h, w = self.spatial_shape
         c = self.features.shape[1]
-        out = self.features.new_zeros((self.batch_size, d, h, w, c))
+        cells = self.batch_size * d * h * w
         idx = self.indices.long()
-        out[idx[:, 0], idx[:, 1], idx[:, 2], idx[:, 3]] = self.features
+        flat = ((idx[:, 0] * d + idx[:, 1]) * h + idx[:, 2]) * w + idx[:, 3]
+        flat = torch.where(self.valid, flat, cells)  # padding rows go to a dropped extra cell (no sync)
+        out = self.features.new_zeros((cells + 1, c))
+        out[flat] = self.features
+        out = out[:cells].view(self.batch_size, d, h, w, c)
         return out.permute(0, 4, 1, 2, 3).contiguous() if channels_first else out
 
     @classmethod
@@ -230,6 +259,8 @@ class _SparseConv3d(SparseModule):
             self.dilation,
             subm=self.subm,
             pad_pairs=self.subm,  # the submanifold map's only host sync is its pair count
+            static_shapes=x.static and not self.subm,
+            batch_size=x.batch_size if x.static and not self.subm else None,
         )
         if key is not None:
             x.indice_dict[key] = _IndiceEntry(kind, self._geometry(), km, x.indices, tuple(x.spatial_shape), None)
@@ -255,7 +286,7 @@ class _SparseConv3d(SparseModule):
         k = math.prod(self.kernel_size)
         w = weight.permute(1, 2, 3, 4, 0).reshape(k, self.in_channels, self.out_channels)
         out = torch.ops.pcops.sparse_conv3d(feats.contiguous(), w.contiguous(), bias, out_in, "auto")
-        return SparseConvTensor(out, out_indices, out_shape, x.batch_size, x.indice_dict)
+        return SparseConvTensor(out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # spconv 1.x checkpoints (OpenPCDet's published SECOND ones) keep (kz, ky, kx, C_in, C_out)
@@ -327,9 +358,29 @@ class SparseSequential(nn.Sequential):
         for module in self:
             if isinstance(module, (SparseModule, SparseSequential)) or not isinstance(x, SparseConvTensor):
                 x = module(x)
+            elif x.static and isinstance(module, nn.BatchNorm1d) and module.training:
+                x = x.replace_feature(_masked_batch_norm(module, x.features, x.valid))
             else:
                 x = x.replace_feature(module(x.features))
         return x
+
+
+def _masked_batch_norm(bn: nn.BatchNorm1d, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Training-mode ``bn(x)`` with the statistics (and the running-statistics update) of the
+    ``valid`` rows only, in plain torch ops with no host sync; every row is normalised."""
+    n = valid.sum().to(x.dtype)
+    w = valid.to(x.dtype)[:, None]
+    mean = (x * w).sum(0) / n.clamp(min=1)
+    var = ((x - mean).square() * w).sum(0) / n.clamp(min=1)
+    if bn.track_running_stats:
+        with torch.no_grad():
+            bn.num_batches_tracked += 1
+            m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+            bn.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
+            unbiased = var.detach() * n / (n - 1).clamp(min=1)
+            bn.running_var.mul_(1 - m).add_(unbiased, alpha=m)
+    y = (x - mean) * torch.rsqrt(var + bn.eps)
+    return y * bn.weight + bn.bias if bn.affine else y
 
 
 class ToDense(SparseModule):

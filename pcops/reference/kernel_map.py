@@ -40,21 +40,30 @@ def kernel_offsets(kernel_size, device) -> torch.Tensor:
     return torch.stack([g.reshape(-1) for g in grids], 1)
 
 
+def padding_rows(coords: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` bool: rows of −1 in all four columns, the padding of the fixed-capacity forms
+    (``voxelize(pad_to_max=True)``, static maps): never an input, never an error."""
+    return (coords == -1).all(1)
+
+
 def check_coords(coords: torch.Tensor, spatial_shape) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raise ``ValueError`` on out-of-grid or duplicate voxels; return ``(sorted_keys, perm)``:
-    the voxels' linear keys in ascending order and the rows they come from."""
-    n = coords.shape[0]
+    """Raise ``ValueError`` on out-of-grid or duplicate voxels (padding rows aside); return
+    ``(sorted_keys, perm)``: the voxels' linear keys in ascending order and the rows they come from."""
     shape = torch.tensor(spatial_shape, device=coords.device)
     zyx = coords[:, 1:].long()
-    bad = (coords[:, 0] < 0) | (zyx < 0).any(1) | (zyx >= shape).any(1)
+    pad = padding_rows(coords)
+    bad = ((coords[:, 0] < 0) | (zyx < 0).any(1) | (zyx >= shape).any(1)) & ~pad
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         raise ValueError(
             f"coords: row {i} = {coords[i].tolist()} lies outside spatial_shape {tuple(spatial_shape)} "
             "(or has a negative batch index)"
         )
-    keys = linear_key(coords[:, 0], zyx, spatial_shape)
+    rows = (~pad).nonzero()[:, 0]
+    n = rows.numel()
+    keys = linear_key(coords[rows, 0], zyx[rows], spatial_shape)
     sorted_keys, perm = keys.sort(stable=True)
+    perm = rows[perm]
     if n > 1:
         dup = sorted_keys[1:] == sorted_keys[:-1]
         if bool(dup.any()):
@@ -93,7 +102,7 @@ def out_in_table(
     else:
         i = o * s - p + offs
         ok = torch.ones(i.shape[:2], dtype=torch.bool, device=dev)
-    ok &= ((i >= 0) & (i < torch.tensor(in_shape, device=dev))).all(2)
+    ok &= ((i >= 0) & (i < torch.tensor(in_shape, device=dev))).all(2) & (out_coords[:, None, 0] >= 0)
     key = linear_key(out_coords[:, None, 0].expand(-1, offs.shape[0]), i, in_shape)
     if sorted_keys.numel() == 0:
         return torch.full((num_out, offs.shape[0]), -1, dtype=torch.int32, device=dev)
@@ -117,6 +126,7 @@ def pairs_from_table(out_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
 
 def output_coords(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, transposed):
     """Sorted unique output voxels ``(M, 4)`` int32 of a regular or transposed conv."""
+    coords = coords[~padding_rows(coords)]
     dev = coords.device
     offs = kernel_offsets(kernel_size, dev) * torch.tensor(dilation, device=dev)  # (K, 3)
     s = torch.tensor(stride, device=dev)
@@ -162,6 +172,7 @@ def sparse_conv_kernel_map(
     sorted_keys, perm = check_coords(coords, in_shape)
     if static_shapes and not subm and coords.shape[0] and int(coords[:, 0].max()) >= batch_size:
         raise ValueError(f"coords: batch index {int(coords[:, 0].max())} is not below batch_size={batch_size}")
+    # (padding rows, batch -1, are below any batch_size)
     if subm:
         out_coords = coords.clone()
     else:
