@@ -4,7 +4,9 @@ SubMConv3d 16 → 16, on the V3 voxels of the KITTI scan (mean of their points: 
     PYTHONPATH=. python benchmarks/bench_sparse_conv.py [--scan PATH] [--out results.json]
 
 Eager rows: median CUDA-event time of single calls after warm-up, kernel maps included (a fresh
-``SparseConvTensor`` per call, as a detector's forward builds it). Train rows: forward +
+``SparseConvTensor`` per call, as a detector's forward builds it). Static rows: the fixed-capacity
+form (``voxelize(pad_to_max=True)``, ``SparseConvTensor(static=True)``), eager and replayed from
+one CUDA graph. Train rows: forward +
 backward with BatchNorm in training mode; their gradients are checked bit-identical between two
 runs. TF32 off on every row (``torch.backends.cuda.matmul.allow_tf32 = False``, spconv's default
 ``SPCONV_ALLOW_TF32=0``). Peers are not measured here (spconv needs its wheel carried over in
@@ -46,6 +48,8 @@ def main() -> None:
     pts = torch.from_numpy(__import__("numpy").fromfile(a.scan, dtype="float32").reshape(-1, 4)).cuda()
     v = pcops.voxelize(pts, **V3)
     feats, coords = mean_vfe(v.voxels, v.num_points), v.coords
+    vp = pcops.voxelize(pts, pad_to_max=True, **V3)  # the static form's input (capture)
+    feats_p = mean_vfe(vp.voxels, vp.num_points)
     rows, results = [], {"voxels": int(coords.shape[0])}
     torch.manual_seed(0)
     net = VoxelBackBone8x(4, (1408, 1600, 40)).cuda()
@@ -60,6 +64,18 @@ def main() -> None:
         model.eval()
         med, lo, hi = timed(fwd)
         rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}", ms=med, min=lo, max=hi))
+        fp = feats_p.to(dtype)
+
+        def fwd_static():
+            with torch.no_grad():
+                t = pnn.SparseConvTensor(fp, vp.coords, model.sparse_shape, 1, static=True)
+                return model(t)["encoded_spconv_tensor"].features
+
+        r = bench(fwd_static, graph=True)
+        rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, static form, CUDA graph", ms=r["median_ms"],
+                         min=r["min_ms"], max=r["max_ms"]))  # fmt: skip
+        med, lo, hi = timed(fwd_static)
+        rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, static form, eager", ms=med, min=lo, max=hi))
         model.train()
 
         def step():
