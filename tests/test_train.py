@@ -433,6 +433,7 @@ SMALL = PointPillarsConfig(point_cloud_range=(0.0, -10.24, -3.0, 20.48, 10.24, 1
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 150 CPU steps: about 3 minutes on 2 idle cores, over 10 on a loaded machine
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
 def test_overfit_two_scans(tiny_split, tmp_path, device):
     """Two scans, no augmentation, a small range (fast on the CPU): the loss falls near zero and the
