@@ -176,6 +176,25 @@ def bench_cpu(fn, *, warmup: int = 2, rep: int = 10) -> dict:
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": rep}
 
 
+def bench_cpu_pair(fa, fb, *, warmup: int = 2, rep: int = 10) -> tuple[dict, dict]:
+    """Time two CPU calls interleaved (a b, then b a, ...): on a machine shared with other jobs
+    the load drifts within seconds, and timing one call's runs after the other's puts that drift
+    into their ratio. Returns one ``bench_cpu`` dict per call."""
+    import time
+
+    for _ in range(warmup):
+        fa()
+        fb()
+    times = ([], [])
+    for r in range(rep):
+        for which in (0, 1) if r % 2 == 0 else (1, 0):
+            fn = fa if which == 0 else fb
+            t0 = time.perf_counter()
+            fn()
+            times[which].append((time.perf_counter() - t0) * 1e3)
+    return tuple({"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "runs": rep} for t in times)
+
+
 def environment() -> dict:
     try:
         commit = subprocess.run(

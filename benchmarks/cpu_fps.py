@@ -5,8 +5,9 @@ each; F2: SCAN xyz (120,268 points), 16,384 samples; start index 0. Implementati
 CPU path (``backend="auto"``: the numba bucket FPS), its plain-torch reference (timed once: seconds
 per call) and fpsample's ``bucket_fps_kdline_sampling`` with h = 7 (the peer named in issue 20;
 at more than one thread the 8 F1 clouds go to a thread pool, as a user would). Each row carries
-``ratio_vs_best_peer`` = its median / fpsample's median in the same run (below 1: faster) and
-whether its indices equal the reference's. ``python benchmarks/cpu_fps.py`` prints the rows.
+``ratio_vs_best_peer`` = its median / fpsample's median in the same run, their runs interleaved
+(below 1: faster) and whether its indices equal the reference's. ``python benchmarks/cpu_fps.py``
+prints the rows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pcops
 from pcops.reference import fps as ref
 
 from bench_fps import f1_clouds
-from common import bench_cpu, load_scan
+from common import bench_cpu, bench_cpu_pair, load_scan
 
 FPSAMPLE_H = 7  # the KD-tree height issue 20 names (128 buckets)
 
@@ -113,14 +114,16 @@ def run(threads: int, quick: bool) -> list[dict]:
         ms = (time.perf_counter() - t0) * 1e3
         t_ref = {"median_ms": ms, "min_ms": ms, "max_ms": ms, "runs": 1}
         got = pcops.farthest_point_sample(clouds, m)
-        t_pc = bench_cpu(lambda: pcops.farthest_point_sample(clouds, m), warmup=1, rep=rep)
         base = {"workload": name, "threads": threads, "points": n, "clouds": batch, "samples": m, "scan": source}
         peer_ms = None
         peer_row = None
         if peer_note is None:
             c_np = clouds.numpy()
             peer = _fpsample(c_np, m, threads)
-            t_peer = bench_cpu(lambda: _fpsample(c_np, m, threads), warmup=1, rep=rep)
+            # interleaved with pcops' runs: the machine's load drifts (see bench_cpu_pair)
+            t_pc, t_peer = bench_cpu_pair(
+                lambda: pcops.farthest_point_sample(clouds, m), lambda: _fpsample(c_np, m, threads), warmup=1, rep=rep
+            )
             peer_ms = t_peer["median_ms"]
             peer_row = {
                 **base,
@@ -130,6 +133,8 @@ def run(threads: int, quick: bool) -> list[dict]:
                 "ratio_vs_best_peer": 1.0,
                 "equal_reference": bool(np.array_equal(peer, expected.numpy())),
             }
+        else:
+            t_pc = bench_cpu(lambda: pcops.farthest_point_sample(clouds, m), warmup=1, rep=rep)
         for impl, t, idx in [
             ("pcops cpu (numba bucket FPS)", t_pc, got),
             ("pcops reference (plain torch)", t_ref, expected),

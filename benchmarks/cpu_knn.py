@@ -4,8 +4,8 @@ K1: the 8 F1 clouds (8 × 16,384 SCAN points), query = reference, K = 16 and 32.
 against itself, K = 16. B1: centres = the F1 FPS samples (8 × 4,096, computed once), reference =
 the F1 clouds, radius 0.8 m, K = 32, first K in index order. The peer's time includes building
 its tree (``cKDTree(c)`` then ``query`` / ``query_ball_point`` with ``workers`` = the thread count,
-then the first K sorted indices for ball query). The reference (brute force) is timed on a slice
-of the queries and scaled, said in its note. Called by ``bench_cpu.py``: ``run(threads, quick)``.
+then the first K sorted indices for ball query), its runs interleaved with pcops'. The reference
+(brute force) is timed on a slice of the queries and scaled, said in its note. Called by ``bench_cpu.py``: ``run(threads, quick)``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 import pcops  # noqa: E402
 
 from bench_fps import f1_clouds  # noqa: E402
-from common import load_scan  # noqa: E402
+from common import bench_cpu_pair, load_scan  # noqa: E402
 
 _REF_QUERIES = 256  # queries the brute-force reference is timed on (it is O(Nq·Nr))
 
@@ -75,9 +75,17 @@ def run(threads: int, quick: bool) -> list[dict]:
         np_pts = pts.numpy()
         peer = None
         if cKDTree is not None:
-            peer = _median_ms(lambda: [cKDTree(c).query(c, k, workers=threads) for c in np_pts], rep)
+            # interleaved with pcops' runs: the machine's load drifts (common.bench_cpu_pair)
+            t_pc, t_peer = bench_cpu_pair(
+                lambda: pcops.knn(pts, pts, k),
+                lambda: [cKDTree(c).query(c, k, workers=threads) for c in np_pts],
+                warmup=1,
+                rep=rep,
+            )
+            peer, ms = t_peer["median_ms"], t_pc["median_ms"]
             add(name, "scipy cKDTree (build + query)", peer, peer)
-        ms = _median_ms(lambda: pcops.knn(pts, pts, k), rep)
+        else:
+            ms = _median_ms(lambda: pcops.knn(pts, pts, k), rep)
         add(name, "pcops cpu", ms, peer, "" if cKDTree else "scipy not installed")
         sub = pts[:1, :_REF_QUERIES].contiguous()
         scale = pts.shape[0] * pts.shape[1] / _REF_QUERIES
@@ -93,9 +101,11 @@ def run(threads: int, quick: bool) -> list[dict]:
                 hits = cKDTree(np_r[b]).query_ball_point(np_c[b], 0.8, workers=threads, return_sorted=True)
                 [h[:32] for h in hits]
 
-        peer = _median_ms(peer_ball, rep)
+        t_pc, t_peer = bench_cpu_pair(lambda: pcops.ball_query(centres, clouds, 0.8, 32), peer_ball, warmup=1, rep=rep)
+        peer, ms = t_peer["median_ms"], t_pc["median_ms"]
         add("B1", "scipy cKDTree query_ball_point + first 32", peer, peer)
-    ms = _median_ms(lambda: pcops.ball_query(centres, clouds, 0.8, 32), rep)
+    else:
+        ms = _median_ms(lambda: pcops.ball_query(centres, clouds, 0.8, 32), rep)
     add("B1", "pcops cpu", ms, peer)
     sub = centres[:1, :_REF_QUERIES].contiguous()
     scale = centres.shape[0] * centres.shape[1] / _REF_QUERIES

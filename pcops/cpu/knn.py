@@ -40,6 +40,7 @@ _F32 = np.float32
 _INF = np.float32(np.inf)
 _NAN = np.float32(np.nan)
 _NO_INDEX = np.int64(np.iinfo(np.int64).max)  # the index of an empty slot: after every real one
+_SUBTREES_PER_THREAD = 8  # tree build: subtrees per thread in its one whole-subtree region
 
 
 # --- tree build -------------------------------------------------------------------------------
@@ -84,11 +85,14 @@ def _select(key, a, b, ix, lo, hi, kth):
             break
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
 def _finite(points, lengths):
-    """``(B,)`` bool: every coordinate of the cloud's first ``lengths[b]`` points is finite."""
+    """``(B,)`` bool: every coordinate of the cloud's first ``lengths[b]`` points is finite.
+
+    Serial: one pass over the points is well under a millisecond, below what a parallel region
+    costs to start and join on a loaded machine (measured ≈ 7 ms per region at 2 threads)."""
     out = np.zeros(points.shape[0], dtype=np.bool_)
-    for b in prange(points.shape[0]):
+    for b in range(points.shape[0]):
         ok = True
         for i in range(lengths[b]):
             for c in range(3):
@@ -99,15 +103,61 @@ def _finite(points, lengths):
     return out
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _node(b, j, level, depth, off, pts, pidx, lo, hi, box, minidx):
+    """Build node ``j`` (local number, at ``level``) of cloud ``b``: its box, then either its split
+    at the median of its widest side into its two children's ranges, or (a leaf) its points put
+    in index order and its lowest index."""
+    node = off[b] + j
+    s, e = lo[node], hi[node]
+    x0, y0, z0, x1, y1, z1 = _INF, _INF, _INF, -_INF, -_INF, -_INF
+    for i in range(s, e):
+        x, y, z = pts[b, 0, i], pts[b, 1, i], pts[b, 2, i]
+        x0, y0, z0 = min(x0, x), min(y0, y), min(z0, z)
+        x1, y1, z1 = max(x1, x), max(y1, y), max(z1, z)
+    box[node, 0], box[node, 1], box[node, 2] = x0, y0, z0
+    box[node, 3], box[node, 4], box[node, 5] = x1, y1, z1
+    if level < depth[b]:
+        # split the widest side at the median: a balanced tree of fixed depth
+        ext0, ext1, ext2 = x1 - x0, y1 - y0, z1 - z0
+        c = 0 if ext0 >= ext1 and ext0 >= ext2 else (1 if ext1 >= ext2 else 2)
+        mid = s + (e - s) // 2
+        key, oa, ob = pts[b, c], pts[b, (c + 1) % 3], pts[b, (c + 2) % 3]
+        _select(key, oa, ob, pidx[b], s, e, mid)
+        left = off[b] + 2 * j + 1
+        lo[left], hi[left] = s, mid
+        lo[left + 1], hi[left + 1] = mid, e
+    else:
+        # leaves in index order: a ball query stops a leaf at its K-th hit's index
+        for i in range(s + 1, e):
+            x, y, z, p = pts[b, 0, i], pts[b, 1, i], pts[b, 2, i], pidx[b, i]
+            m = i
+            while m > s and pidx[b, m - 1] > p:
+                for c in range(3):
+                    pts[b, c, m] = pts[b, c, m - 1]
+                pidx[b, m] = pidx[b, m - 1]
+                m -= 1
+            pts[b, 0, m], pts[b, 1, m], pts[b, 2, m], pidx[b, m] = x, y, z, p
+        minidx[node] = pidx[b, s] if e > s else _NO_INDEX
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _up(b, j, off, minidx):
+    """The lowest original index below inner node ``j`` of cloud ``b``, from its children's."""
+    left = off[b] + 2 * j + 1
+    minidx[off[b] + j] = min(minidx[left], minidx[left + 1])
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def _build(ref, lengths, use, leaf):
+def _build(ref, lengths, use, leaf, threads):
     """KD-trees of the clouds with ``use[b]``: ``ref (B, N, 3)`` float32, ``lengths (B,)`` int64.
 
     Returns ``pts (B, 3, N)`` float32 (the valid points permuted into leaf order), ``pidx (B, N)``
     int64 (their original indices), per node (all clouds, node ``j`` of cloud ``b`` at
     ``off[b] + j``, children of ``j`` at ``2j+1``, ``2j+2``): ``lo``/``hi`` int64 point ranges,
     ``box (nodes, 6)`` float32 (min xyz, max xyz), ``minidx`` int64 (lowest original index below);
-    ``off (B + 1,)`` and ``depth (B,)`` int64 (−1 for clouds not built).
+    ``off (B + 1,)`` and ``depth (B,)`` int64 (−1 for clouds not built). ``threads``: numba's
+    thread count, which sets where the build switches to whole subtrees (not the tree itself).
     """
     batch, n = ref.shape[0], ref.shape[1]
     depth = np.full(batch, -1, dtype=np.int64)
@@ -133,52 +183,40 @@ def _build(ref, lengths, use, leaf):
                 pts[b, 2, i] = ref[b, i, 2]
                 pidx[b, i] = i
             hi[off[b]] = lengths[b]
-    # one level at a time, every node of every cloud in parallel (a large cloud splits too)
-    for level in range(max_depth + 1):
+    # Few parallel regions: each one costs a fork and a join, milliseconds on a loaded machine.
+    # The top levels go one level per region (every node of every cloud in parallel, so a large
+    # cloud splits too) until there are ``_SUBTREES_PER_THREAD`` subtrees per thread; then one
+    # region builds each subtree below that level whole, leaves' lowest indices included. Every
+    # node gets the same operations on the same range as level by level: the tree does not
+    # depend on the thread count.
+    split = 0
+    while split <= max_depth and (batch << split) < _SUBTREES_PER_THREAD * threads:
+        split += 1
+    for level in range(split):
         width = 1 << level
         for t in prange(batch * width):
             b = t // width
             if level <= depth[b]:
-                j = width - 1 + t - b * width
-                node = off[b] + j
-                s, e = lo[node], hi[node]
-                x0, y0, z0, x1, y1, z1 = _INF, _INF, _INF, -_INF, -_INF, -_INF
-                for i in range(s, e):
-                    x, y, z = pts[b, 0, i], pts[b, 1, i], pts[b, 2, i]
-                    x0, y0, z0 = min(x0, x), min(y0, y), min(z0, z)
-                    x1, y1, z1 = max(x1, x), max(y1, y), max(z1, z)
-                box[node, 0], box[node, 1], box[node, 2] = x0, y0, z0
-                box[node, 3], box[node, 4], box[node, 5] = x1, y1, z1
-                if level < depth[b]:
-                    # split the widest side at the median: a balanced tree of fixed depth
-                    ext0, ext1, ext2 = x1 - x0, y1 - y0, z1 - z0
-                    c = 0 if ext0 >= ext1 and ext0 >= ext2 else (1 if ext1 >= ext2 else 2)
-                    mid = s + (e - s) // 2
-                    key, oa, ob = pts[b, c], pts[b, (c + 1) % 3], pts[b, (c + 2) % 3]
-                    _select(key, oa, ob, pidx[b], s, e, mid)
-                    left = off[b] + 2 * j + 1
-                    lo[left], hi[left] = s, mid
-                    lo[left + 1], hi[left + 1] = mid, e
-                else:
-                    # leaves in index order: a ball query stops a leaf at its K-th hit's index
-                    for i in range(s + 1, e):
-                        x, y, z, p = pts[b, 0, i], pts[b, 1, i], pts[b, 2, i], pidx[b, i]
-                        m = i
-                        while m > s and pidx[b, m - 1] > p:
-                            for c in range(3):
-                                pts[b, c, m] = pts[b, c, m - 1]
-                            pidx[b, m] = pidx[b, m - 1]
-                            m -= 1
-                        pts[b, 0, m], pts[b, 1, m], pts[b, 2, m], pidx[b, m] = x, y, z, p
-                    minidx[node] = pidx[b, s] if e > s else _NO_INDEX
-    for level in range(max_depth - 1, -1, -1):
-        width = 1 << level
-        for t in prange(batch * width):
-            b = t // width
-            if level < depth[b]:
-                j = width - 1 + t - b * width
-                left = off[b] + 2 * j + 1
-                minidx[off[b] + j] = min(minidx[left], minidx[left + 1])
+                _node(b, width - 1 + t - b * width, level, depth, off, pts, pidx, lo, hi, box, minidx)
+    width0 = 1 << split
+    for t in prange(batch * width0):
+        b = t // width0
+        s = t - b * width0  # the subtree's position at level ``split``
+        if split <= depth[b]:
+            for level in range(split, depth[b] + 1):
+                w = 1 << (level - split)  # the subtree's nodes at this level
+                first = (1 << level) - 1 + s * w
+                for u in range(w):
+                    _node(b, first + u, level, depth, off, pts, pidx, lo, hi, box, minidx)
+            for level in range(depth[b] - 1, split - 1, -1):
+                w = 1 << (level - split)
+                first = (1 << level) - 1 + s * w
+                for u in range(w):
+                    _up(b, first + u, off, minidx)
+    for b in range(batch):
+        for level in range(min(split, depth[b]) - 1, -1, -1):
+            for j in range((1 << level) - 1, (2 << level) - 1):
+                _up(b, j, off, minidx)
     return pts, pidx, lo, hi, box, minidx, off, depth
 
 
@@ -358,7 +396,7 @@ def knn(
         return dists, idx
     # a query or reference coordinate that is not finite sends its cloud to the brute force
     finite = _finite(r, rl) & _finite(q, ql)
-    pts, pidx, lo, hi, box, _, off, depth = _build(r, rl, finite, LEAF)
+    pts, pidx, lo, hi, box, _, off, depth = _build(r, rl, finite, LEAF, numba.get_num_threads())
     _knn_kernel(
         q,
         r,
@@ -477,7 +515,7 @@ def ball_query(
     if batch * nq == 0:
         return idx, counts
     finite = _finite(r, rl) & _finite(q, ql)
-    pts, pidx, lo, hi, box, minidx, off, depth = _build(r, rl, finite, LEAF)
+    pts, pidx, lo, hi, box, minidx, off, depth = _build(r, rl, finite, LEAF, numba.get_num_threads())
     r2 = _F32(radius * radius)  # as the reference: radius² in double, rounded to float32
     _ball_kernel(
         q,
