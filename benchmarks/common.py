@@ -295,3 +295,34 @@ def gpu_activities(fn, iters: int = 10) -> dict:
         }
     except Exception as e:  # noqa: BLE001 - informative only
         return {"error": repr(e)}
+
+
+def numba_first_call_rows(script: str, workload: str, note: str) -> list[dict]:
+    """The first call's cost in a fresh process, with numba's on-disk cache and with an empty one
+    (the one-off compile after installing): ``script`` prints the first and the second call's ms."""
+    import tempfile
+
+    rows = []
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    with tempfile.TemporaryDirectory() as empty:
+        for label, extra in [("numba cache warm", {}), ("empty numba cache: compile", {"NUMBA_CACHE_DIR": empty})]:
+            res = subprocess.run(
+                [sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True, timeout=600
+            )
+            impl = f"pcops first call (fresh process, {label})"
+            if res.returncode:
+                rows.append({"workload": workload, "impl": impl, "note": res.stderr[-300:]})
+                continue
+            first, second = (float(v) for v in res.stdout.split())
+            rows.append(
+                {
+                    "workload": workload,
+                    "impl": impl,
+                    "median_ms": first,
+                    "second_call_ms": second,
+                    "runs": 1,
+                    "note": note,
+                }
+            )
+    return rows

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +25,7 @@ import pcops
 from pcops.reference import fps as ref
 
 from bench_fps import f1_clouds
-from common import bench_cpu, bench_cpu_pair, load_scan
+from common import bench_cpu, bench_cpu_pair, load_scan, numba_first_call_rows
 
 FPSAMPLE_H = 7  # the KD-tree height issue 20 names (128 buckets)
 
@@ -64,34 +62,12 @@ def _fpsample(clouds: np.ndarray, m: int, threads: int):
 
 
 def _first_call_rows() -> list[dict]:
-    """The first call's cost in a fresh process: with numba's on-disk cache, and with an empty one
-    (the one-off compile after installing)."""
-    rows = []
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as empty:
-        for label, extra in [("numba cache warm", {}), ("empty numba cache: compile", {"NUMBA_CACHE_DIR": empty})]:
-            res = subprocess.run(
-                [sys.executable, "-c", _FIRST_CALL], env={**env, **extra}, capture_output=True, text=True, timeout=600
-            )
-            if res.returncode:
-                rows.append({"workload": "F1", "impl": f"pcops first call ({label})", "note": res.stderr[-300:]})
-                continue
-            first, second = (float(v) for v in res.stdout.split())
-            rows.append(
-                {
-                    "workload": "fresh process, 2 x 4,096 -> 256",
-                    "impl": f"pcops first call (fresh process, {label})",
-                    "median_ms": first,
-                    "second_call_ms": second,
-                    "runs": 1,
-                    "note": "first call minus a second identical call = numba load/compile cost",
-                }
-            )
-    return rows
+    """The first call's cost in a fresh process (numba cache warm, and empty)."""
+    return numba_first_call_rows(
+        _FIRST_CALL,
+        "fresh process, 2 x 4,096 -> 256",
+        "first call minus a second identical call = numba load/compile cost",
+    )
 
 
 def run(threads: int, quick: bool) -> list[dict]:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,7 +26,7 @@ sys.path.insert(0, str(HERE))
 
 import pcops  # noqa: E402
 
-from common import bench_cpu, load_scan  # noqa: E402
+from common import bench_cpu, load_scan, numba_first_call_rows  # noqa: E402
 
 GRID = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1))
 CAPS = dict(max_points_per_voxel=32, max_voxels=40000)
@@ -69,30 +67,12 @@ def _open3d():
 
 
 def _first_call_rows() -> list[dict]:
-    """First hard + dynamic call in a fresh process: numba's on-disk cache warm, and empty (compile)."""
-    rows = []
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    with tempfile.TemporaryDirectory() as empty:
-        for label, extra in [("numba cache warm", {}), ("empty numba cache: compile", {"NUMBA_CACHE_DIR": empty})]:
-            res = subprocess.run(
-                [sys.executable, "-c", _FIRST_CALL], env={**env, **extra}, capture_output=True, text=True, timeout=600
-            )
-            if res.returncode:
-                rows.append({"workload": "first call", "impl": f"pcops ({label})", "note": res.stderr[-300:]})
-                continue
-            first, second = (float(v) for v in res.stdout.split())
-            rows.append(
-                {
-                    "workload": "fresh process, 5,000 points, voxelize + dynamic_voxelize",
-                    "impl": f"pcops first call (fresh process, {label})",
-                    "median_ms": first,
-                    "second_call_ms": second,
-                    "runs": 1,
-                    "note": "import excluded; first call minus the second = numba load/compile cost",
-                }
-            )
-    return rows
+    """The first call's cost in a fresh process (numba cache warm, and empty)."""
+    return numba_first_call_rows(
+        _FIRST_CALL,
+        "fresh process, 5,000 points, voxelize + dynamic_voxelize",
+        "import excluded; first call minus the second = numba load/compile cost",
+    )
 
 
 def run(threads: int, quick: bool) -> list[dict]:
