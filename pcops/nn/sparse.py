@@ -75,6 +75,8 @@ class SparseConvTensor:
             (regular convs use ``static_shapes`` maps: ``N·J`` output rows, padding after the
             real ones; training-mode ``BatchNorm1d`` in ``SparseSequential`` uses the real rows
             only). Padding rows' features are unspecified (``valid`` says which rows are real).
+            Each regular conv's capacity is ``J`` times its input's (8 for 3×3×3 stride 2), so a
+            deep encoder's rows grow fast: correct, but slow for now.
     """
 
     def __init__(
