@@ -1,4 +1,4 @@
-"""``python -m pcops.models <subcommand>``: generate a simulated split, train, evaluate, infer.
+"""``python -m pcops.models <subcommand>``: generate a simulated split, train, evaluate, infer, realscan.
 
 Also installed as the ``pcops-models`` console script. ``python -m pcops.models.demo`` runs the demo.
 ``train``, ``evaluate`` and ``infer`` run data-parallel under ``torchrun --nproc_per_node=N``
@@ -77,12 +77,30 @@ def main(argv=None) -> int:
     i.add_argument("--kitti-labels", action="store_true", help="also write KITTI camera-frame labels (needs calib)")
     _common(i)
     _dist(i)
+    r = sub.add_parser("realscan", help="per-object results and false positives on real KITTI-format scans")
+    r.add_argument("--data", required=True, help="a KITTI training folder (velodyne/, label_2/, calib/)")
+    r.add_argument("--weights", default=None, help="weights (default: the shipped ones)")
+    r.add_argument("--out", default=None, help="folder for realscan.json and a BEV picture per scan")
+    r.add_argument("--score", type=float, default=0.3, help="detection score threshold")
+    r.add_argument("--fp-score", type=float, default=0.5, help="score threshold of false positives")
+    r.add_argument("--iou", type=float, default=0.5, help="BEV IoU of a detected object")
+    _common(r)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workers = args.workers if args.workers is not None else 4
+    if args.command == "realscan":
+        from .pointpillars import PointPillars
+        from .realscan import evaluate_real_scans, print_report
+
+        model = PointPillars.pretrained(args.weights).to(device).eval()
+        rec = evaluate_real_scans(
+            model, args.data, score=args.score, fp_score=args.fp_score, iou=args.iou, out=args.out
+        )
+        print_report(rec)
+        return 0
     if args.command == "generate":
         from .data import generate_split
 
