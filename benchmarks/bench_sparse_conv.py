@@ -52,7 +52,8 @@ def main() -> None:
     feats_p = mean_vfe(vp.voxels, vp.num_points)
     rows, results = [], {"voxels": int(coords.shape[0])}
     torch.manual_seed(0)
-    net = VoxelBackBone8x(4, (1408, 1600, 40)).cuda()
+    # static rows: each strided conv keeps at most max_voxels rows (the variable form never has more here)
+    net = VoxelBackBone8x(4, (1408, 1600, 40), static_capacity=V3["max_voxels"]).cuda()
     for dtype in (torch.float32, torch.float16):
         model = net.to(dtype)
         f = feats.to(dtype)

@@ -30,12 +30,14 @@ def mean_vfe(voxels: torch.Tensor, num_points: torch.Tensor) -> torch.Tensor:
     return voxels.sum(dim=1) / num_points.clamp(min=1).to(voxels.dtype)[:, None]
 
 
-def _block(c_in, c_out, kernel, *, stride=1, padding=0, indice_key=None, conv="subm"):
+def _block(c_in, c_out, kernel, *, stride=1, padding=0, indice_key=None, conv="subm", capacity=None):
     """OpenPCDet's ``post_act_block``: sparse conv (no bias), BatchNorm1d, ReLU."""
     if conv == "subm":
         layer = pnn.SubMConv3d(c_in, c_out, kernel, bias=False, indice_key=indice_key)
     else:
-        layer = pnn.SparseConv3d(c_in, c_out, kernel, stride, padding, bias=False, indice_key=indice_key)
+        layer = pnn.SparseConv3d(
+            c_in, c_out, kernel, stride, padding, bias=False, indice_key=indice_key, capacity=capacity
+        )
     return pnn.SparseSequential(layer, nn.BatchNorm1d(c_out, eps=1e-3, momentum=0.01), nn.ReLU())
 
 
@@ -47,6 +49,10 @@ class VoxelBackBone8x(nn.Module):
         grid_size: ``(nx, ny, nz)`` voxels of the point-cloud range (OpenPCDet's order, e.g.
             ``(1408, 1600, 40)`` for KITTI's SECOND grid); the sparse grid is
             ``(nz + 1, ny, nx)``, as OpenPCDet's.
+        static_capacity: in the static form (``SparseConvTensor(static=True)``), the most rows
+            each strided conv keeps (e.g. the voxelizer's ``max_voxels``); voxels past it are
+            counted in the output's ``num_dropped``. ``None``: the exact bound, which grows 8×
+            per strided conv.
 
     ``forward(x)`` takes a ``pcops.nn.SparseConvTensor`` of the voxels (``indices`` ``(b, z, y,
     x)``) and returns ``{"encoded_spconv_tensor": (128 channels, grid / (8, 8, 16)),
@@ -56,8 +62,9 @@ class VoxelBackBone8x(nn.Module):
     ``HeightCompression``.
     """
 
-    def __init__(self, input_channels: int = 4, grid_size: Sequence[int] = (1408, 1600, 40)):
+    def __init__(self, input_channels: int = 4, grid_size: Sequence[int] = (1408, 1600, 40), *, static_capacity=None):
         super().__init__()
+        cap = static_capacity
         nx, ny, nz = (int(v) for v in grid_size)
         self.sparse_shape = [nz + 1, ny, nx]
         self.conv_input = pnn.SparseSequential(
@@ -67,22 +74,24 @@ class VoxelBackBone8x(nn.Module):
         )
         self.conv1 = pnn.SparseSequential(_block(16, 16, 3, padding=1, indice_key="subm1"))
         self.conv2 = pnn.SparseSequential(
-            _block(16, 32, 3, stride=2, padding=1, indice_key="spconv2", conv="spconv"),
+            _block(16, 32, 3, stride=2, padding=1, indice_key="spconv2", conv="spconv", capacity=cap),
             _block(32, 32, 3, padding=1, indice_key="subm2"),
             _block(32, 32, 3, padding=1, indice_key="subm2"),
         )
         self.conv3 = pnn.SparseSequential(
-            _block(32, 64, 3, stride=2, padding=1, indice_key="spconv3", conv="spconv"),
+            _block(32, 64, 3, stride=2, padding=1, indice_key="spconv3", conv="spconv", capacity=cap),
             _block(64, 64, 3, padding=1, indice_key="subm3"),
             _block(64, 64, 3, padding=1, indice_key="subm3"),
         )
         self.conv4 = pnn.SparseSequential(
-            _block(64, 64, 3, stride=2, padding=(0, 1, 1), indice_key="spconv4", conv="spconv"),
+            _block(64, 64, 3, stride=2, padding=(0, 1, 1), indice_key="spconv4", conv="spconv", capacity=cap),
             _block(64, 64, 3, padding=1, indice_key="subm4"),
             _block(64, 64, 3, padding=1, indice_key="subm4"),
         )
         self.conv_out = pnn.SparseSequential(
-            pnn.SparseConv3d(64, 128, (3, 1, 1), stride=(2, 1, 1), padding=0, bias=False, indice_key="spconv_down2"),
+            pnn.SparseConv3d(
+                64, 128, (3, 1, 1), stride=(2, 1, 1), padding=0, bias=False, indice_key="spconv_down2", capacity=cap
+            ),
             nn.BatchNorm1d(128, eps=1e-3, momentum=0.01),
             nn.ReLU(),
         )

@@ -398,3 +398,42 @@ def test_gpu_second_encoder_captured_in_one_graph():
     cpu = pcops.sparse_conv_kernel_map(c, (4, 4, 4), 3, subm=True, pad_pairs=True).out_in
     gpu = pcops.sparse_conv_kernel_map(c.cuda(), (4, 4, 4), 3, subm=True, pad_pairs=True).out_in
     assert torch.equal(gpu.cpu(), cpu)
+
+
+def test_static_capacity_keeps_the_first_rows_and_counts_the_rest():
+    x = random_voxels(2, (7, 8, 9), (60, 35), 3, seed=20)
+    xs, _ = with_padding(x, 5, seed=21)
+    torch.manual_seed(0)
+    conv = pnn.SparseConv3d(3, 4, 3, 2, 1, indice_key="d", capacity=10**6).double()
+    full = conv(x)
+    m = full.indices.shape[0]
+    big = conv(xs)  # capacity above the real count: the variable form's rows, nothing dropped
+    assert int(big.num_dropped) == 0 and big.indices.shape[0] == min(10**6, xs.indices.shape[0] * 8)
+    torch.testing.assert_close(big.features[:m], full.features)
+    conv.capacity = m - 7
+    xs2, _ = with_padding(x, 5, seed=21)
+    small = conv(xs2)
+    assert small.indices.shape[0] == m - 7 and int(small.num_dropped) == 7
+    assert torch.equal(small.indices, full.indices[: m - 7])
+    torch.testing.assert_close(small.features, full.features[: m - 7])
+    # an inverse conv after a capped conv maps back through the kept rows only
+    up = pnn.SparseInverseConv3d(4, 2, 3, indice_key="d").double()
+    back = up(small)
+    assert torch.equal(back.indices, xs2.indices) and int(back.num_dropped) == 7
+    with pytest.raises(ValueError, match="capacity"):
+        pnn.SparseConv3d(3, 4, 3, 2, 1, capacity=0)
+
+
+def test_second_static_capacity_matches_when_nothing_is_dropped():
+    from pcops.models.second import VoxelBackBone8x
+
+    torch.manual_seed(0)
+    net = VoxelBackBone8x(4, grid_size=(24, 20, 40), static_capacity=3000).double().eval()  # > any grid's cells
+    x = random_voxels(1, net.sparse_shape, (300,), 4, seed=22)
+    xs, _ = with_padding(x, 20, seed=23)
+    ref = net(x)["encoded_spconv_tensor"]
+    out = net(xs)["encoded_spconv_tensor"]
+    m = ref.indices.shape[0]
+    assert out.indices.shape[0] <= 3000 and int(out.num_dropped) == 0
+    assert torch.equal(out.indices[:m], ref.indices)
+    torch.testing.assert_close(out.features[:m], ref.features)

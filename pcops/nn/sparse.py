@@ -58,6 +58,8 @@ class _IndiceEntry(NamedTuple):
     in_indices: torch.Tensor
     in_shape: tuple
     inverse: Optional[torch.Tensor]  # (N_in, K) int32: KernelMap.inverse's out_in, without its pairs
+    out_in: torch.Tensor  # the layer's rows of kernel_map.out_in (fewer under a static capacity)
+    out_coords: torch.Tensor  # and of kernel_map.out_coords
 
 
 class SparseConvTensor:
@@ -88,6 +90,7 @@ class SparseConvTensor:
         indice_dict: Optional[dict] = None,
         *,
         static: bool = False,
+        num_dropped: Optional[torch.Tensor] = None,
     ):
         _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
         _checks.check_tensor("indices", indices, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
@@ -104,6 +107,8 @@ class SparseConvTensor:
         if not isinstance(static, bool):
             raise TypeError(f"static: expected a bool, got {type(static).__name__}")
         self.static = static
+        # (1,) int64 on the device: voxels dropped by static capacities on the way here (None: none)
+        self.num_dropped = num_dropped
 
     def replace_feature(self, features: torch.Tensor) -> "SparseConvTensor":
         """The same voxels (and kernel maps) with new features of as many rows."""
@@ -111,7 +116,13 @@ class SparseConvTensor:
             shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
             raise ValueError(f"features: expected ({self.indices.shape[0]}, C), got {shape}")
         return SparseConvTensor(
-            features, self.indices, self.spatial_shape, self.batch_size, self.indice_dict, static=self.static
+            features,
+            self.indices,
+            self.spatial_shape,
+            self.batch_size,
+            self.indice_dict,
+            static=self.static,
+            num_dropped=self.num_dropped,
         )
 
     @property
@@ -180,11 +191,15 @@ class _SparseConv3d(SparseModule):
         *,
         subm: bool = False,
         inverse: bool = False,
+        capacity: Optional[int] = None,
         algo=None,
         device=None,
         dtype=None,
     ):
         super().__init__()
+        if capacity is not None:
+            capacity = _checks.check_int("capacity", capacity, min_value=1)
+        self.capacity = capacity
         self.in_channels = _checks.check_int("in_channels", in_channels, min_value=1)
         self.out_channels = _checks.check_int("out_channels", out_channels, min_value=1)
         if groups != 1:
@@ -221,16 +236,17 @@ class _SparseConv3d(SparseModule):
         return (self.kernel_size, self.stride, padding, self.dilation)
 
     def _map(self, x: SparseConvTensor):
-        """(out-in table, output indices, output spatial shape), from ``x.indice_dict`` where kept."""
+        """(out-in table, output indices, output spatial shape, voxels dropped by the capacity or
+        None), from ``x.indice_dict`` where kept."""
         key, entry = self.indice_key, x.indice_dict.get(self.indice_key) if self.indice_key else None
         if self.inverse:
             if entry is None or entry.kind != "conv":
                 raise ValueError(
                     f"indice_key: no SparseConv3d ran with indice_key={key!r} before this SparseInverseConv3d"
                 )
-            if entry.kernel_map.out_coords.shape[0] != x.indices.shape[0]:
+            if entry.out_coords.shape[0] != x.indices.shape[0]:
                 raise ValueError(
-                    f"input: SparseInverseConv3d({key!r}) expects the {entry.kernel_map.out_coords.shape[0]} "
+                    f"input: SparseInverseConv3d({key!r}) expects the {entry.out_coords.shape[0]} "
                     f"voxels its SparseConv3d produced, got {x.indices.shape[0]}"
                 )
             if entry.geometry[0] != self.kernel_size:
@@ -239,14 +255,14 @@ class _SparseConv3d(SparseModule):
                     f"({entry.geometry[0]})"
                 )
             if entry.inverse is None:  # the layer needs the table only: no pairs, no host sync
-                entry = entry._replace(inverse=inverse_table(entry.kernel_map.out_in, entry.in_indices.shape[0]))
+                entry = entry._replace(inverse=inverse_table(entry.out_in, entry.in_indices.shape[0]))
                 x.indice_dict[key] = entry
-            return entry.inverse, entry.in_indices, list(entry.in_shape)
+            return entry.inverse, entry.in_indices, list(entry.in_shape), None
         kind = "subm" if self.subm else "conv"
         if entry is not None and entry.kind == kind and entry.geometry == self._geometry():
             if entry.in_indices.shape[0] == x.indices.shape[0] and list(entry.in_shape) == x.spatial_shape:
-                km = entry.kernel_map
-                return km.out_in, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
+                shape = list(entry.kernel_map.out_spatial_shape)
+                return entry.out_in, (x.indices if self.subm else entry.out_coords), shape, None
         if entry is not None and self.subm and entry.kind == "subm":
             raise ValueError(
                 f"indice_key: {key!r} holds a submanifold map of another kernel or input "
@@ -264,9 +280,17 @@ class _SparseConv3d(SparseModule):
             static_shapes=x.static and not self.subm,
             batch_size=x.batch_size if x.static and not self.subm else None,
         )
+        out_in, out_coords, dropped = km.out_in, km.out_coords, None
+        if x.static and self.capacity is not None:
+            # the real rows come first (sorted): keep the first `capacity`, count the rest (no sync)
+            real = (out_coords[:, 0] >= 0).sum()
+            dropped = (real - self.capacity).clamp(min=0).reshape(1)
+            out_in, out_coords = out_in[: self.capacity], out_coords[: self.capacity]
         if key is not None:
-            x.indice_dict[key] = _IndiceEntry(kind, self._geometry(), km, x.indices, tuple(x.spatial_shape), None)
-        return km.out_in, (x.indices if self.subm else km.out_coords), list(km.out_spatial_shape)
+            x.indice_dict[key] = _IndiceEntry(
+                kind, self._geometry(), km, x.indices, tuple(x.spatial_shape), None, out_in, out_coords
+            )
+        return out_in, (x.indices if self.subm else out_coords), list(km.out_spatial_shape), dropped
 
     def forward(self, x: SparseConvTensor) -> SparseConvTensor:
         if not isinstance(x, SparseConvTensor):
@@ -275,7 +299,10 @@ class _SparseConv3d(SparseModule):
             raise ValueError(
                 f"input: {type(self).__name__} expects {self.in_channels} channels, got {x.features.shape[1]}"
             )
-        out_in, out_indices, out_shape = self._map(x)
+        out_in, out_indices, out_shape, dropped = self._map(x)
+        num_dropped = x.num_dropped
+        if dropped is not None:
+            num_dropped = dropped if num_dropped is None else num_dropped + dropped
         feats, weight, bias = x.features, self.weight, self.bias
         if weight.dtype != feats.dtype:
             if not torch.is_autocast_enabled(feats.device.type):
@@ -288,7 +315,9 @@ class _SparseConv3d(SparseModule):
         k = math.prod(self.kernel_size)
         w = weight.permute(1, 2, 3, 4, 0).reshape(k, self.in_channels, self.out_channels)
         out = torch.ops.pcops.sparse_conv3d(feats.contiguous(), w.contiguous(), bias, out_in, "auto")
-        return SparseConvTensor(out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static)
+        return SparseConvTensor(
+            out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static, num_dropped=num_dropped
+        )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # spconv 1.x checkpoints (OpenPCDet's published SECOND ones) keep (kz, ky, kx, C_in, C_out)
@@ -331,13 +360,16 @@ class SparseConv3d(_SparseConv3d):
 
     spconv 2's ``SparseConv3d(in_channels, out_channels, kernel_size, stride=1, padding=0,
     dilation=1, groups=1, bias=True, indice_key=None)``; give an ``indice_key`` for a later
-    ``SparseInverseConv3d`` to invert it.
+    ``SparseInverseConv3d`` to invert it. ``capacity`` (static form only): keep at most this many
+    output rows, the first in ``(batch, z, y, x)`` order; the voxels past it are dropped and
+    counted in the output's ``num_dropped`` (a device tensor, no sync). Default: the exact bound
+    ``N·J`` (``J`` = 8 for 3×3×3 stride 2), which multiplies through a deep encoder.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, indice_key=None, algo=None, *, device=None, dtype=None):  # fmt: skip
+                 bias=True, indice_key=None, algo=None, *, capacity=None, device=None, dtype=None):  # fmt: skip
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         indice_key, algo=algo, device=device, dtype=dtype)  # fmt: skip
+                         indice_key, capacity=capacity, algo=algo, device=device, dtype=dtype)  # fmt: skip
 
 
 class SparseInverseConv3d(_SparseConv3d):
