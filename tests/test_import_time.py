@@ -39,6 +39,7 @@ t2 = time.perf_counter()
 out["import_torch_s"], out["import_pcops_s"] = t1 - t0, t2 - t1
 out["after_import"] = state()
 
+torch.set_num_threads(1)  # the CPU kernels must leave it so (numba's pool start resets OpenMP's count)
 g = torch.Generator().manual_seed(0)
 pts = torch.rand(2000, 4, generator=g) * 10
 boxes = torch.rand(16, 7, generator=g) * 4 + 1
@@ -57,6 +58,7 @@ for name, f in calls:
     t = time.perf_counter(); f(); second = time.perf_counter() - t
     out["ops"][name] = {"first_s": first, "second_s": second}
 out["after_ops"] = state()
+out["torch_threads_after_ops"] = torch.get_num_threads()
 print("PROBE" + json.dumps(out))
 """
 
@@ -119,3 +121,9 @@ def test_lazy_dynamo_disable_still_disables_under_compile():
     f = torch.compile(lambda x: pcops.farthest_point_sample(x, 4, backend="reference") + 1, fullgraph=True)
     x = torch.rand(2, 64, 3, generator=torch.Generator().manual_seed(0))
     assert torch.equal(f(x), pcops.farthest_point_sample(x, 4, backend="reference") + 1)
+
+
+def test_cpu_ops_keep_torch_thread_count(probe):
+    """A torch.set_num_threads(1) made before the first CPU op call is still in force after it
+    (numba's first parallel launch used to reset it to the core count: pcops.cpu.keeps_torch_threads)."""
+    assert probe["torch_threads_after_ops"] == 1

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-__all__ = ["numba_available", "num_threads"]
+__all__ = ["numba_available", "num_threads", "keeps_torch_threads"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,3 +29,21 @@ def numba_available() -> bool:
 def num_threads() -> int:
     """The thread count the CPU kernels use: ``torch.get_num_threads()``."""
     return max(1, torch.get_num_threads())
+
+
+def keeps_torch_threads(fn):
+    """Decorates a CPU entry point so that ``torch.get_num_threads()`` is the same after it as
+    before: numba's first parallel launch starts its OpenMP pool with ``NUMBA_NUM_THREADS``,
+    which resets the OpenMP thread count torch reads (a ``torch.set_num_threads(1)`` made
+    before the first pcops CPU call came back as 2 on a 2-core machine)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        n = torch.get_num_threads()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if torch.get_num_threads() != n:
+                torch.set_num_threads(n)
+
+    return wrapper

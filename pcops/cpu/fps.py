@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from . import num_threads
+from . import keeps_torch_threads, num_threads
 
 __all__ = ["farthest_point_sample", "LEAF"]
 
@@ -264,6 +264,7 @@ def _fps_serial(points, lengths, start, m, out):
         _fps_cloud(points, lengths, start, m, out, b)
 
 
+@keeps_torch_threads
 def farthest_point_sample(
     points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int
 ) -> torch.Tensor:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from . import num_threads
+from . import keeps_torch_threads, num_threads
 
 __all__ = ["knn", "ball_query", "LEAF"]
 
@@ -374,6 +374,7 @@ def _set_threads() -> None:
     numba.set_num_threads(min(num_threads(), numba.config.NUMBA_NUM_THREADS))
 
 
+@keeps_torch_threads
 def knn(
     query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -491,6 +492,7 @@ def _ball_kernel(query, ref, ql, rl, r2, k, tasks, finite, pts, pidx, lo, hi, bo
             counts[b, q] = cnt
 
 
+@keeps_torch_threads
 def ball_query(
     query: torch.Tensor,
     ref: torch.Tensor,

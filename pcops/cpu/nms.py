@@ -453,6 +453,7 @@ def _prepare(bev: torch.Tensor):
     return bev.numpy(), cs.numpy(), rad.numpy()
 
 
+@_cpu.keeps_torch_threads
 def nms_bev(
     boxes: torch.Tensor,
     scores: torch.Tensor,

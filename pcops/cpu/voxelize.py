@@ -32,7 +32,7 @@ import torch
 from numba import njit, prange
 
 from ..reference.voxelize import grid_size
-from . import num_threads
+from . import keeps_torch_threads, num_threads
 
 __all__ = ["voxelize", "dynamic_voxelize"]
 
@@ -265,6 +265,7 @@ def _stats(stats, max_voxels=None):
     return kept, torch.from_numpy(stats[:, 1] - stats[:, 2]), occupied - kept
 
 
+@keeps_torch_threads
 def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, pad_to_max):
     """``pcops.reference.voxelize.voxelize``, bit for bit, in one hash-map pass.
 
@@ -298,6 +299,7 @@ def voxelize(points, lengths, voxel_size, point_cloud_range, max_points_per_voxe
     return voxels, coords, num_points, point_to_voxel, num_voxels, dropped_points, dropped_voxels
 
 
+@keeps_torch_threads
 def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max):
     """``pcops.reference.voxelize.dynamic_voxelize``, bit for bit: ``(point_to_voxel (N,) int64,
     coords (M or N, 4) int32, num_voxels (B,) int64)``."""
