@@ -115,7 +115,7 @@ def run(threads: int, quick: bool) -> list[dict]:
             expected = call("reference")
             equal = _same(call("auto"), expected)
             for impl, b in (("pcops cpu (numba hash map)", "auto"), ("pcops reference (plain torch)", "reference")):
-                t = bench_cpu(lambda: call(b), warmup=1, rep=rep)
+                t = bench_cpu(lambda: call(b), warmup=3, rep=rep)
                 r = {"workload": f"{wl} {kind}", **base, "impl": impl, **t, "equal_reference": equal or b != "auto"}
                 r["points_per_s"] = n / (t["median_ms"] * 1e-3)
                 if peer_ms:
