@@ -84,12 +84,6 @@ def fps(run, points, lengths, start_idx, num_samples):
     return restore(run(moved.contiguous(), counts, new_start, num_samples), perm)
 
 
-def _queries(query, query_lengths):
-    """Non-finite queries replaced by 0 (so no kernel meets them) and the ``(B, Nq)`` mask of them."""
-    bad = ~torch.isfinite(query).all(dim=-1)
-    return torch.where(bad[..., None], torch.zeros((), dtype=query.dtype, device=query.device), query), bad
-
-
 def _self_query(query, ref, query_lengths, ref_lengths) -> bool:
     """A self-KNN as the GPU launchers recognise it (one tensor, one lengths tensor): one sort."""
     return (
@@ -99,28 +93,38 @@ def _self_query(query, ref, query_lengths, ref_lengths) -> bool:
     )
 
 
-def knn(run, query, ref, query_lengths, ref_lengths, k):
-    """``run(query, ref, query_lengths, ref_lengths, k) -> (dists, idx)`` under the policy."""
-    if _self_query(query, ref, query_lengths, ref_lengths):
-        return _self_knn(run, ref, ref_lengths, k)
+def _pair(run, query, ref, query_lengths, ref_lengths, *args):
+    """``run(query', ref', query_lengths, counts, *args)`` with the non-finite queries zeroed (no
+    kernel meets them) and the references partitioned. Returns ``(outputs, perm, bad_q)``:
+    ``perm`` None means the kernel ran on the inputs as they are (CPU, all finite)."""
     ref_lengths = ref_lengths.clamp(0, ref.shape[1])
+    bad_q = ~torch.isfinite(query).all(dim=-1)
     if ref.is_cuda:
         from .triton import finite as tri
 
         moved, counts, perm, _, _ = tri.partition(ref.contiguous(), ref_lengths)
-        q, _ = _queries(query, query_lengths)
-        dists, idx = run(q.contiguous(), moved, query_lengths, counts, k)
+    else:
+        keep = _keep(ref, ref_lengths)
+        if _skip(keep, ref_lengths) and not bool(bad_q.any()):
+            return run(query, ref, query_lengths, ref_lengths, *args), None, bad_q
+        moved, counts, perm, _ = partition(ref, keep)
+    q = torch.where(bad_q[..., None], torch.zeros((), dtype=query.dtype, device=query.device), query)
+    return run(q.contiguous(), moved.contiguous(), query_lengths, counts, *args), perm, bad_q
+
+
+def knn(run, query, ref, query_lengths, ref_lengths, k):
+    """``run(query, ref, query_lengths, ref_lengths, k) -> (dists, idx)`` under the policy."""
+    if _self_query(query, ref, query_lengths, ref_lengths):
+        return _self_knn(run, ref, ref_lengths, k)
+    (dists, idx), perm, bad_q = _pair(run, query, ref, query_lengths, ref_lengths, k)
+    if perm is None:
+        return dists, idx
+    if ref.is_cuda:  # one launch maps the indices and pads the non-finite queries' rows
+        from .triton import finite as tri
+
         return tri.restore(idx, perm, dists, query=query)
-    keep = _keep(ref, ref_lengths)
-    bad_q = ~torch.isfinite(query).all(dim=-1)
-    if _skip(keep, ref_lengths) and not bool(bad_q.any()):
-        return run(query, ref, query_lengths, ref_lengths, k)
-    moved, counts, perm, _ = partition(ref, keep)
-    q, bad_q = _queries(query, query_lengths)
-    dists, idx = run(q.contiguous(), moved.contiguous(), query_lengths, counts, k)
-    idx = restore(idx, perm)
     bad = bad_q[..., None]
-    return dists.masked_fill(bad, float("inf")), idx.masked_fill(bad, -1)
+    return dists.masked_fill(bad, float("inf")), restore(idx, perm).masked_fill(bad, -1)
 
 
 def _self_knn(run, points, lengths, k):
@@ -146,20 +150,13 @@ def _self_knn(run, points, lengths, k):
 
 def ball_query(run, query, ref, query_lengths, ref_lengths, radius, k):
     """``run(query, ref, query_lengths, ref_lengths, radius, k) -> (idx, counts)`` under the policy."""
-    ref_lengths = ref_lengths.clamp(0, ref.shape[1])
+    (idx, cnt), perm, bad_q = _pair(run, query, ref, query_lengths, ref_lengths, radius, k)
+    if perm is None:
+        return idx, cnt
     if ref.is_cuda:
         from .triton import finite as tri
 
-        moved, counts, perm, _, _ = tri.partition(ref.contiguous(), ref_lengths)
-        q, bad_q = _queries(query, query_lengths)
-        idx, cnt = run(q.contiguous(), moved, query_lengths, counts, radius, k)
-        return tri.restore(idx, perm, query=query), cnt.masked_fill(bad_q, 0)
-    keep = _keep(ref, ref_lengths)
-    bad_q = ~torch.isfinite(query).all(dim=-1)
-    if _skip(keep, ref_lengths) and not bool(bad_q.any()):
-        return run(query, ref, query_lengths, ref_lengths, radius, k)
-    moved, counts, perm, _ = partition(ref, keep)
-    q, bad_q = _queries(query, query_lengths)
-    idx, cnt = run(q.contiguous(), moved.contiguous(), query_lengths, counts, radius, k)
-    idx = restore(idx, perm)
-    return idx.masked_fill(bad_q[..., None], -1), cnt.masked_fill(bad_q, 0)
+        idx = tri.restore(idx, perm, query=query)
+    else:
+        idx = restore(idx, perm).masked_fill(bad_q[..., None], -1)
+    return idx, cnt.masked_fill(bad_q, 0)
