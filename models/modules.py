@@ -99,10 +99,7 @@ class PillarVFE(nn.Module):
         w_valid = valid.to(x.dtype).view(-1, 1, 1)
         group = sync_group(self.pfn_layers[0].norm)  # SyncBatchNorm under DDP: moments over all ranks
         red = (lambda t: t) if group is None else (lambda t: all_reduce_sum(t, group))
-        n_local = valid.sum() * x.shape[1]
-        if group is not None:
-            torch.distributed.all_reduce(n_local, group=group)
-        n = n_local.clamp(min=2).to(x.dtype)
+        n = red(valid.sum() * x.shape[1]).clamp(min=2).to(x.dtype)
         for i, pfn in enumerate(self.pfn_layers):
             bn = pfn.norm
             weight = pfn.linear.weight.float()

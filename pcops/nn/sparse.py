@@ -35,7 +35,6 @@ from torch import nn
 from .. import _checks
 from ..kernel_map import KernelMap, _triple, sparse_conv_kernel_map
 from ..reference.kernel_map import inverse_table
-from .. import sparse_conv3d as _sparse_conv3d  # noqa: F401  (registers pcops::sparse_conv3d)
 
 __all__ = [
     "SparseConvTensor",
