@@ -1,4 +1,4 @@
-"""The non-finite policy's two passes on the GPU (``pcops._finite``), one launch each.
+"""The non-finite policy's passes on the GPU (``pcops._finite``): the partition and the index mapping.
 
 ``partition``: a count of the finite points inside the length per chunk of 1,024 points, then one
 program per chunk writes the stable partition (finite points first, zeros after), ``perm`` and
