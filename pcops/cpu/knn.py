@@ -89,8 +89,8 @@ def _select(key, a, b, ix, lo, hi, kth):
 def _finite(points, lengths):
     """``(B,)`` bool: every coordinate of the cloud's first ``lengths[b]`` points is finite.
 
-    Serial: one pass over the points is well under a millisecond, below what a parallel region
-    costs to start and join on a loaded machine (measured ≈ 7 ms per region at 2 threads)."""
+    Serial: one pass over the points costs less than starting and joining a parallel region
+    (benchmarks/NOTES.md, stop 25)."""
     out = np.zeros(points.shape[0], dtype=np.bool_)
     for b in range(points.shape[0]):
         ok = True

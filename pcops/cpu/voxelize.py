@@ -39,9 +39,7 @@ __all__ = ["voxelize", "dynamic_voxelize"]
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # float dtype → same-size int
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 # Clouds of at least this many points run phases 1 and 3 in parallel (when torch allows more than
-# one thread). Below it the parallel share of a scan (~1 of 2.4 ms on V1) does not pay for waking
-# the pool and joining it, and a loaded machine (a busy core) makes each join wait for a time
-# slice: on the 2-core test machine shared with other jobs, V1 took 30 ms at 2 threads, 3 at one.
+# one thread): below it waking and joining the pool costs more than it saves (benchmarks/NOTES.md).
 PARALLEL_MIN_POINTS = 1 << 18
 
 
