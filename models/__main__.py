@@ -110,9 +110,12 @@ def main(argv=None) -> int:
     from . import distributed as dd
 
     try:
-        return _run(args, device, workers, dd)
-    finally:
-        dd.cleanup()
+        rc = _run(args, device, workers, dd)
+    except BaseException:
+        dd.cleanup(wait=False)
+        raise
+    dd.cleanup()
+    return rc
 
 
 def _run(args, device, workers, dd) -> int:

@@ -31,6 +31,8 @@ results with ``all_gather_object`` and puts them back in scan order.
 
 from __future__ import annotations
 
+import gc
+
 import logging
 import os
 from dataclasses import dataclass
@@ -151,9 +153,18 @@ def setup(device: str = "cuda", backend: str | None = None) -> tuple[DistEnv, st
     return env, device
 
 
-def cleanup() -> None:
-    """Destroy the process group if one is running (the end of a torchrun command)."""
+def cleanup(wait: bool = True) -> None:
+    """Destroy the process group if one is running (the end of a torchrun command).
+
+    ``wait``: first collect garbage (a ``DistributedDataParallel`` wrapper held by a reference cycle
+    would otherwise release its communication state after the group is gone) and meet the other
+    ranks at a barrier, so that no rank closes its connections while another still uses them (with
+    gloo, a rank's exit during a peer's last collective can abort the peer). Pass False after an
+    error: the barrier would wait for ranks that are gone."""
     if dist.is_available() and dist.is_initialized():
+        if wait:
+            gc.collect()
+            dist.barrier()
         dist.destroy_process_group()
 
 
