@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, _library
 from .reference import epilogue as _ref
 
 __all__ = ["bias_relu"]
@@ -81,7 +81,7 @@ def bias_relu(
 # --- registration -------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("pcops::bias_relu", mutates_args=("out",), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::bias_relu", mutates_args=("out",), device_types=("cpu", "cuda"))
 def _bias_relu(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, channel_offset: int, backend: str) -> None:
     impl = _backend.resolve(backend, "bias_relu", y, supported=_BACKENDS)  # "auto" on CUDA: Triton
     impl = "reference" if impl == "cpu" else impl

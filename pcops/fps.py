@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _clouds, _finite, cpu
+from . import _backend, _checks, _clouds, _finite, _library, cpu
 from .reference import fps as _ref
 
 __all__ = ["farthest_point_sample"]
@@ -105,7 +105,7 @@ def farthest_point_sample(
     return out[0] if unbatched else out
 
 
-@torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::farthest_point_sample", mutates_args=(), device_types="cpu")
 def _fps(
     points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor, num_samples: int, backend: str
 ) -> torch.Tensor:

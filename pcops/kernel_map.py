@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, _library
 from .reference import kernel_map as _ref
 
 __all__ = ["KernelMap", "sparse_conv_kernel_map"]
@@ -303,7 +303,7 @@ def _map_impl(op: str, backend: str, t: torch.Tensor) -> str:
     return impl
 
 
-@torch.library.custom_op("pcops::sparse_conv_kernel_map", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::sparse_conv_kernel_map", mutates_args=(), device_types=("cpu", "cuda"))
 def _kernel_map(
     coords: torch.Tensor,
     in_shape: list[int],
@@ -373,7 +373,7 @@ def _kernel_map_fake(
     )
 
 
-@torch.library.custom_op("pcops::kernel_map_pairs", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::kernel_map_pairs", mutates_args=(), device_types=("cpu", "cuda"))
 def _kernel_map_pairs(out_in: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if _map_impl("kernel_map_pairs", backend, out_in) == "reference":
         return _ref.pairs_from_table(out_in)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _clouds, _finite
+from . import _backend, _checks, _clouds, _finite, _library
 from . import cpu as _cpu
 from .reference import knn as _ref
 
@@ -95,7 +95,7 @@ def _check_gpu_dtype(backend: str, op: str, t: torch.Tensor) -> None:
         )
 
 
-@torch.library.custom_op("pcops::knn", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::knn", mutates_args=(), device_types="cpu")
 def _knn(
     query: torch.Tensor, ref: torch.Tensor, query_lengths: torch.Tensor, ref_lengths: torch.Tensor, k: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +135,7 @@ def _knn_fake(query, ref, query_lengths, ref_lengths, k, backend):
     return query.new_empty(shape), query.new_empty(shape, dtype=torch.int64)
 
 
-@torch.library.custom_op("pcops::knn_backward", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::knn_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def _knn_backward(
     grad_dists: torch.Tensor, query: torch.Tensor, ref: torch.Tensor, idx: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,7 +219,7 @@ def ball_query(
     return (idx[0], counts[0]) if unbatched else (idx, counts)
 
 
-@torch.library.custom_op("pcops::ball_query", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::ball_query", mutates_args=(), device_types="cpu")
 def _ball_query(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -306,7 +306,7 @@ def gather_points(points: torch.Tensor, idx: torch.Tensor, *, backend: str = "au
     return out[0] if unbatched else out
 
 
-@torch.library.custom_op("pcops::gather_points", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::gather_points", mutates_args=(), device_types=("cpu", "cuda"))
 def _gather_points(points: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     # one torch gather on every device: it is a memory-bound copy torch already does well
     return _ref.gather_points(points, idx)
@@ -319,7 +319,7 @@ def _gather_points_fake(points, idx):
     return points.new_empty((*idx.shape, points.shape[2]))
 
 
-@torch.library.custom_op("pcops::gather_points_backward", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::gather_points_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def _gather_points_backward(grad: torch.Tensor, idx: torch.Tensor, num_points: int) -> torch.Tensor:
     return _ref.gather_points_backward(grad, idx, num_points)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _dropout
+from . import _backend, _checks, _dropout, _library
 from .reference import layer_norm_gelu as _ref
 
 __all__ = ["fused_layer_norm_gelu"]
@@ -109,7 +109,7 @@ def _reference(x, weight, bias, eps, approximate, dropout_p, seed):
     return _ref.layer_norm_gelu(x, weight, bias, eps, approximate, dropout_p, keep)
 
 
-@torch.library.custom_op("pcops::layer_norm_gelu", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::layer_norm_gelu", mutates_args=(), device_types="cpu")
 def _layer_norm_gelu(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -152,7 +152,7 @@ def _reference_backward(grad_y, x, weight, bias, mean, rstd, approximate, dropou
     return _ref.layer_norm_gelu_backward(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, keep)
 
 
-@torch.library.custom_op("pcops::layer_norm_gelu_backward", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::layer_norm_gelu_backward", mutates_args=(), device_types="cpu")
 def _layer_norm_gelu_backward(
     grad_y: torch.Tensor,
     x: torch.Tensor,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, _library
 from .reference import nms as _ref
 
 __all__ = ["boxes_iou_bev", "boxes_iou_3d", "nms_bev", "batched_nms_bev"]
@@ -306,7 +306,7 @@ def _iou_fake(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> to
     return boxes_a.new_empty((boxes_a.shape[0], boxes_b.shape[0]), dtype=_iou_dtype(boxes_a))
 
 
-@torch.library.custom_op("pcops::boxes_iou_bev", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::boxes_iou_bev", mutates_args=(), device_types=("cpu", "cuda"))
 def _boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
     return _iou(boxes_a, boxes_b, backend, three_d=False)
 
@@ -316,7 +316,7 @@ def _boxes_iou_bev_fake(boxes_a, boxes_b, backend):
     return _iou_fake(boxes_a, boxes_b, three_d=False)
 
 
-@torch.library.custom_op("pcops::boxes_iou_3d", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::boxes_iou_3d", mutates_args=(), device_types=("cpu", "cuda"))
 def _boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, backend: str) -> torch.Tensor:
     return _iou(boxes_a, boxes_b, backend, three_d=True)
 
@@ -392,7 +392,7 @@ def _nms_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_si
     return out[:k].clone(), count
 
 
-@torch.library.custom_op("pcops::nms_bev", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::nms_bev", mutates_args=(), device_types=("cpu", "cuda"))
 def _nms_bev(
     boxes: torch.Tensor,
     scores: torch.Tensor,
@@ -445,7 +445,7 @@ def _nms_batched_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, pos
     return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
 
 
-@torch.library.custom_op("pcops::nms_bev_batched", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::nms_bev_batched", mutates_args=(), device_types=("cpu", "cuda"))
 def _nms_bev_batched(
     boxes: torch.Tensor,
     scores: torch.Tensor,

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, _library
 from .reference import pfn as _ref
 
 __all__ = ["pfn_scatter", "fold_batchnorm"]
@@ -154,7 +154,7 @@ def pfn_scatter(
 # --- registration -------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("pcops::pfn_scatter", mutates_args=("canvas",), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::pfn_scatter", mutates_args=("canvas",), device_types=("cpu", "cuda"))
 def _pfn_scatter(
     voxels: torch.Tensor,
     num_points: torch.Tensor,

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, _library
 from .reference import pillar_scatter as _ref
 
 __all__ = ["pillar_scatter"]
@@ -104,7 +104,7 @@ def _scatter_run(impl, features, coords, batch_size, grid_h, grid_w):
     return gpu.pillar_scatter(features, coords, batch_size, grid_h, grid_w)
 
 
-@torch.library.custom_op("pcops::pillar_scatter", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::pillar_scatter", mutates_args=(), device_types=("cpu", "cuda"))
 def _pillar_scatter(
     features: torch.Tensor, coords: torch.Tensor, batch_size: int, grid_h: int, grid_w: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +142,7 @@ def _gather_impl(backend: str, canvas: torch.Tensor) -> str:
     )
 
 
-@torch.library.custom_op("pcops::pillar_gather", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::pillar_gather", mutates_args=(), device_types=("cpu", "cuda"))
 def _pillar_gather(canvas: torch.Tensor, coords: torch.Tensor, winner: torch.Tensor, backend: str) -> torch.Tensor:
     canvas = canvas.contiguous()
     impl = _gather_impl(backend, canvas)

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, _library
 from .kernel_map import KernelMap
 from .reference import kernel_map as _ref
 
@@ -103,7 +103,7 @@ def _impl(backend: str, features: torch.Tensor) -> str:
     return "reference" if impl == "cpu" else impl
 
 
-@torch.library.custom_op("pcops::sparse_conv3d", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::sparse_conv3d", mutates_args=(), device_types=("cpu", "cuda"))
 def _sparse_conv3d(
     features: torch.Tensor,
     weight: torch.Tensor,
@@ -128,7 +128,7 @@ def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto"):
     return features.new_empty((out_in.shape[0], weight.shape[2]))
 
 
-@torch.library.custom_op("pcops::sparse_conv3d_backward", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::sparse_conv3d_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def _sparse_conv3d_backward(
     grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, out_in: torch.Tensor, backend: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:

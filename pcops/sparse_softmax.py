@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks
+from . import _backend, _checks, _library
 from .reference import sparse_softmax as _ref
 
 __all__ = ["sparse_softmax"]
@@ -111,7 +111,7 @@ def _impl(backend: str, values: torch.Tensor):
     return impl
 
 
-@torch.library.custom_op("pcops::sparse_softmax", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::sparse_softmax", mutates_args=(), device_types="cpu")
 def _sparse_softmax(values: torch.Tensor, crow_indices: torch.Tensor, backend: str) -> torch.Tensor:
     return _impl(backend, values).sparse_softmax(values, crow_indices)
 
@@ -128,7 +128,7 @@ def _sparse_softmax_fake(values, crow_indices, backend):
     return torch.empty_like(values)
 
 
-@torch.library.custom_op("pcops::sparse_softmax_backward", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::sparse_softmax_backward", mutates_args=(), device_types="cpu")
 def _sparse_softmax_backward(
     grad: torch.Tensor, out: torch.Tensor, crow_indices: torch.Tensor, backend: str
 ) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _dropout
+from . import _backend, _checks, _dropout, _library
 from .reference import swish_dropout_residual as _ref
 
 __all__ = ["fused_swish_dropout_residual"]
@@ -74,7 +74,7 @@ def _reference(x, residual, dropout_p, seed):
     return _ref.swish_dropout_residual(x, residual, dropout_p, _dropout.reference_keep(seed, x.shape, dropout_p))
 
 
-@torch.library.custom_op("pcops::swish_dropout_residual", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::swish_dropout_residual", mutates_args=(), device_types="cpu")
 def _swish_dropout_residual(
     x: torch.Tensor, residual: torch.Tensor, dropout_p: float, seed: torch.Tensor | None, backend: str = "auto"
 ) -> torch.Tensor:
@@ -103,7 +103,7 @@ def _reference_backward(grad, x, dropout_p, seed):
     return _ref.swish_dropout_backward(grad, x, dropout_p, _dropout.reference_keep(seed, x.shape, dropout_p))
 
 
-@torch.library.custom_op("pcops::swish_dropout_backward", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::swish_dropout_backward", mutates_args=(), device_types="cpu")
 def _swish_dropout_backward(
     grad: torch.Tensor, x: torch.Tensor, dropout_p: float, seed: torch.Tensor | None, backend: str = "auto"
 ) -> torch.Tensor:

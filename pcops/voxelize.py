@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from . import _backend, _checks, cpu
+from . import _backend, _checks, _library, cpu
 from .reference import voxelize as _ref
 
 __all__ = ["voxelize", "dynamic_voxelize", "voxel_reduce", "Voxels", "DynamicVoxels"]
@@ -303,7 +303,7 @@ def voxel_reduce(
 # --- registration ----------------------------------------------------------------------------
 
 
-@torch.library.custom_op("pcops::voxelize", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::voxelize", mutates_args=(), device_types="cpu")
 def _voxelize(
     points: torch.Tensor,
     lengths: torch.Tensor | None,
@@ -367,7 +367,7 @@ def _voxelize_fake(
     )
 
 
-@torch.library.custom_op("pcops::dynamic_voxelize", mutates_args=(), device_types="cpu")
+@_library.custom_op("pcops::dynamic_voxelize", mutates_args=(), device_types="cpu")
 def _dynamic_voxelize(
     points: torch.Tensor,
     lengths: torch.Tensor | None,
@@ -409,7 +409,7 @@ def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_t
     )
 
 
-@torch.library.custom_op("pcops::voxel_reduce", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::voxel_reduce", mutates_args=(), device_types=("cpu", "cuda"))
 def _voxel_reduce(
     features: torch.Tensor, point_to_voxel: torch.Tensor, num_voxels: int, reduce: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -433,7 +433,7 @@ def _voxel_reduce_fake(features, point_to_voxel, num_voxels, reduce):
     )
 
 
-@torch.library.custom_op("pcops::voxel_reduce_backward", mutates_args=(), device_types=("cpu", "cuda"))
+@_library.custom_op("pcops::voxel_reduce_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def _voxel_reduce_backward(
     grad_out: torch.Tensor, point_to_voxel: torch.Tensor, arg: torch.Tensor, num_points: int, reduce: str
 ) -> torch.Tensor:
