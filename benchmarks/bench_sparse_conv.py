@@ -65,6 +65,16 @@ def main() -> None:
         model.eval()
         med, lo, hi = timed(fwd)
         rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}", ms=med, min=lo, max=hi))
+        fused = pnn.fuse_for_inference(model)  # BN folded, ReLU in the GEMM epilogue
+
+        def fwd_fused():
+            with torch.no_grad():
+                return fused.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features
+
+        med, lo, hi = timed(fwd_fused)
+        err = float((fwd_fused().float() - fwd().float()).abs().max())
+        rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, fuse_for_inference", ms=med, min=lo, max=hi,
+                         max_abs_diff_vs_unfused=err))  # fmt: skip
         fp = feats_p.to(dtype)
 
         def fwd_static():
@@ -77,6 +87,15 @@ def main() -> None:
                          min=r["min_ms"], max=r["max_ms"]))  # fmt: skip
         med, lo, hi = timed(fwd_static)
         rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, static form, eager", ms=med, min=lo, max=hi))
+
+        def fwd_static_fused():
+            with torch.no_grad():
+                t = pnn.SparseConvTensor(fp, vp.coords, fused.sparse_shape, 1, static=True)
+                return fused(t)["encoded_spconv_tensor"].features
+
+        r = bench(fwd_static_fused, graph=True)
+        rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, static form, fuse_for_inference, CUDA graph",
+                         ms=r["median_ms"], min=r["min_ms"], max=r["max_ms"]))  # fmt: skip
         model.train()
 
         def step():

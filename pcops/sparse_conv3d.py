@@ -29,6 +29,7 @@ def sparse_conv3d(
     weight: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
     *,
+    activation: Optional[str] = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Sparse 3D convolution with a kernel map: ``out[o] = bias + sum_k features[in(o, k)] @ weight[k]``.
@@ -40,6 +41,10 @@ def sparse_conv3d(
         weight: ``(K, C_in, C_out)`` of ``features.dtype``, offset ``k = (kz * Ky + ky) * Kx + kx``
             (dense ``F.conv3d`` weight ``w`` maps to ``w.permute(2, 3, 4, 1, 0).reshape(K, C_in, C_out)``).
         bias: optional ``(C_out,)``.
+        activation: None, or ``"relu"``: ``max(out, 0)`` applied in the GEMM's epilogue (no
+            separate pass; the gradient is masked where the output is 0). With an eval-mode
+            BatchNorm folded into ``weight`` and ``bias`` this is conv + BN + ReLU in one launch
+            (``pcops.nn.fuse_for_inference`` does that for a whole network).
         backend: ``"auto"`` (default: the Triton implicit GEMM on CUDA for float32/float16/
             bfloat16, the reference on the CPU and for float64), ``"triton"`` (CUDA tensors only;
             float64 raises ``TypeError``) or ``"reference"`` (plain torch, any device). There is no
@@ -66,6 +71,7 @@ def sparse_conv3d(
     on CUDA.
     """
     _backend.check(backend, _OP, _SUPPORTED)
+    act = _activation(activation)
     if not isinstance(kernel_map, KernelMap):
         raise TypeError(f"kernel_map: expected a KernelMap, got {type(kernel_map).__name__}")
     out_in = kernel_map.out_in
@@ -92,7 +98,19 @@ def sparse_conv3d(
         )
     chosen = _backend.resolve(backend, _OP, features, supported=_SUPPORTED)
     _backend.refuse_float64(chosen, features, "features")
-    return torch.ops.pcops.sparse_conv3d(features.contiguous(), weight.contiguous(), bias, out_in, backend)
+    return torch.ops.pcops.sparse_conv3d(features.contiguous(), weight.contiguous(), bias, out_in, backend, act)
+
+
+_ACTIVATIONS = {None: "none", "none": "none", "relu": "relu"}
+
+
+def _activation(activation) -> str:
+    """The op's ``activation`` string (``"none"`` / ``"relu"``) for the public argument."""
+    if activation is not None and not isinstance(activation, str):
+        raise TypeError(f"activation: expected None or 'relu', got {type(activation).__name__}")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected None or 'relu', got {activation!r}")
+    return _ACTIVATIONS[activation]
 
 
 # --- registration: one schema; ``backend`` picks the implementation (pcops._backend) -------------
@@ -110,18 +128,20 @@ def _sparse_conv3d(
     bias: Optional[torch.Tensor],
     out_in: torch.Tensor,
     backend: str = "auto",
+    activation: str = "none",
 ) -> torch.Tensor:
     impl = _impl(backend, features)
+    relu = _activation(activation) == "relu"
     _backend.log_kernel(_OP, impl)
     if impl == "triton":
         from .triton import sparse_conv3d as tri
 
-        return tri.sparse_conv3d(features, weight, bias, out_in)
-    return _ref.sparse_conv3d(features, weight, bias, out_in)
+        return tri.sparse_conv3d(features, weight, bias, out_in, relu)
+    return _ref.sparse_conv3d(features, weight, bias, out_in, relu=relu)
 
 
 @_sparse_conv3d.register_fake
-def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto"):
+def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto", activation="none"):
     torch._check(features.dim() == 2 and weight.dim() == 3, lambda: "features (N, C_in), weight (K, C_in, C_out)")
     torch._check(weight.shape[0] == out_in.shape[1], lambda: "weight: expected K rows (one per kernel offset)")
     torch._check(weight.shape[1] == features.shape[1], lambda: "weight: expected C_in = features.shape[1]")
@@ -148,19 +168,22 @@ def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in, backend="au
 
 
 def _conv_setup_context(ctx, inputs, output):
-    features, weight, bias, out_in, backend = inputs
-    ctx.save_for_backward(features, weight, out_in)
+    features, weight, bias, out_in, backend, activation = inputs
+    ctx.relu = activation == "relu"
+    ctx.save_for_backward(features, weight, out_in, output if ctx.relu else None)
     ctx.has_bias = bias is not None
     ctx.backend = backend
 
 
 def _conv_backward(ctx, grad_out):
-    features, weight, out_in = ctx.saved_tensors
+    features, weight, out_in, out = ctx.saved_tensors
+    if ctx.relu:  # the epilogue's ReLU: no gradient where the output was clamped to 0
+        grad_out = torch.where(out > 0, grad_out, torch.zeros((), dtype=grad_out.dtype, device=grad_out.device))
     grad_features, grad_weight = torch.ops.pcops.sparse_conv3d_backward(
         grad_out.contiguous(), features, weight, out_in, ctx.backend
     )
     grad_bias = grad_out.sum(0) if ctx.has_bias else None
-    return grad_features, grad_weight, grad_bias, None, None
+    return grad_features, grad_weight, grad_bias, None, None, None
 
 
 _sparse_conv3d.register_autograd(_conv_backward, setup_context=_conv_setup_context)

@@ -277,6 +277,7 @@ def test_opcheck():
     b = torch.randn(4, dtype=torch.float64, requires_grad=True)
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in))
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, None, km.out_in))
+    torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in, "auto", "relu"))
     torch.library.opcheck(
         torch.ops.pcops.sparse_conv_kernel_map,
         (

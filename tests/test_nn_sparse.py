@@ -437,3 +437,56 @@ def test_second_static_capacity_matches_when_nothing_is_dropped():
     assert out.indices.shape[0] <= 3000 and int(out.num_dropped) == 0
     assert torch.equal(out.indices[:m], ref.indices)
     torch.testing.assert_close(out.features[:m], ref.features)
+
+
+# --- inference fusion: conv + BatchNorm + ReLU in one convolution ---------------------------------
+
+
+def test_fuse_for_inference_second_encoder_matches():
+    net = small_second()
+    for m in net.modules():  # non-trivial affine parameters and conv biases too
+        if isinstance(m, torch.nn.BatchNorm1d):
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+    fused = pnn.fuse_for_inference(net)
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in fused.modules())
+    convs = [m for m in fused.modules() if isinstance(m, sparse_mod._SparseConv3d)]
+    assert len(convs) == len(OPENPCDET_KEYS) and all(c.activation == "relu" and c.bias is not None for c in convs)
+    assert any(isinstance(m, torch.nn.BatchNorm1d) for m in net.modules())  # the input is untouched
+    x = random_voxels(2, net.sparse_shape, (300, 200), 4, seed=31)
+    a, b = net(x), fused(x)
+    for key in ("x_conv1", "x_conv2", "x_conv3", "x_conv4"):
+        torch.testing.assert_close(
+            b["multi_scale_3d_features"][key].features, a["multi_scale_3d_features"][key].features
+        )
+    torch.testing.assert_close(b["encoded_spconv_tensor"].features, a["encoded_spconv_tensor"].features)
+    with pytest.raises(ValueError, match="eval mode"):
+        pnn.fuse_for_inference(small_second().train())
+
+
+def test_fuse_for_inference_partial_runs_and_static_form():
+    torch.manual_seed(3)
+    net = pnn.SparseSequential(
+        pnn.SubMConv3d(3, 6, 3, bias=True, indice_key="s1"),
+        torch.nn.BatchNorm1d(6),  # conv + BN, no ReLU: folded, no epilogue
+        pnn.SparseConv3d(6, 5, 3, 2, 1, indice_key="d1"),
+        torch.nn.ReLU(),  # conv + ReLU without BN: left as it is
+        pnn.SubMConv3d(5, 4, 3, indice_key="s2"),
+        torch.nn.BatchNorm1d(4, affine=False),
+        torch.nn.ReLU(),
+    ).double()
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm1d):
+            m.running_mean.uniform_(-0.3, 0.3)
+            m.running_var.uniform_(0.5, 2.0)
+    net.eval()
+    fused = pnn.fuse_for_inference(net)
+    kinds = [type(m).__name__ for m in fused]
+    assert kinds == ["SubMConv3d", "Identity", "SparseConv3d", "ReLU", "SubMConv3d", "Identity", "Identity"]
+    assert [fused[i].activation for i in (0, 2, 4)] == [None, None, "relu"]
+    x = random_voxels(2, (7, 8, 9), (60, 35), 3, seed=32)
+    torch.testing.assert_close(fused(x).features, net(x).features)
+    xs, _ = with_padding(x, 20, seed=33)  # the static form: the same real rows
+    torch.testing.assert_close(fused(xs).dense(), net(xs).dense())
+    with pytest.raises(TypeError, match="module"):
+        pnn.fuse_for_inference("net")

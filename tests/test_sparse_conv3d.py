@@ -107,3 +107,45 @@ def test_gpu_layers_run_triton_and_match_reference(caplog):
         out = net.cuda()(pnn.SparseConvTensor(feats.cuda(), coords.cuda(), (20, 30, 40), 1)).features
     assert "sparse_conv3d: triton" in [r.getMessage() for r in caplog.records]
     torch.testing.assert_close(out.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+# --- the ReLU epilogue ---------------------------------------------------------------------------
+
+
+@interpret
+def test_triton_relu_epilogue_interpreter():
+    from pcops.triton import sparse_conv3d as tri
+
+    feats, weight, bias, out_in = conv_case(70, 5, 12, seed=21)
+    out = tri.sparse_conv3d(feats, weight, bias, out_in, relu=True)
+    plain = tri.sparse_conv3d(feats, weight, bias, out_in)
+    assert (plain < 0).any() and (plain > 0).any()  # the case exercises both sides
+    assert torch.equal(out, plain.clamp(min=0))  # the same sums, then max(., 0)
+    exp = ref.sparse_conv3d(feats, weight, bias, out_in, relu=True)
+    torch.testing.assert_close(out, exp, **TOL[torch.float32])
+    none = torch.full_like(out_in, -1)  # no pairs: relu(bias)
+    assert torch.equal(tri.sparse_conv3d(feats, weight, bias, none, relu=True), bias.clamp(min=0).expand(70, 12))
+
+
+def test_activation_relu_forward_and_gradients():
+    feats, weight, bias, out_in = conv_case(80, 4, 6, seed=22)
+    feats, weight, bias = (t.double().requires_grad_(True) for t in (feats, weight, bias))
+    g = generator(23)
+    km = pcops.KernelMap(**{**dict.fromkeys(pcops.KernelMap._fields), "out_in": out_in})  # the op reads out_in
+    out = pcops.sparse_conv3d(feats, km, weight, bias, activation="relu")
+    plain = pcops.sparse_conv3d(feats, km, weight, bias)
+    assert torch.equal(out, plain.clamp(min=0)) and (plain < 0).any()
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(out, (feats, weight, bias), grad)
+    exp = torch.autograd.grad(torch.relu(plain), (feats, weight, bias), grad)
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(a, b)
+    torch.autograd.gradcheck(
+        lambda f, w, b: pcops.sparse_conv3d(f, km, w, b, activation="relu"),
+        (feats[:, :2].detach().clone().requires_grad_(True), weight[:, :2].detach().clone().requires_grad_(True),
+         bias.detach().clone().requires_grad_(True)),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="activation"):
+        pcops.sparse_conv3d(feats, km, weight, bias, activation="gelu")
+    with pytest.raises(TypeError, match="activation"):
+        pcops.sparse_conv3d(feats, km, weight, bias, activation=torch.relu)

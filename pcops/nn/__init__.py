@@ -4,7 +4,8 @@
 - Sparse convolution (spconv 2 compatible: models port by changing the import):
   ``SparseConvTensor``, ``SubMConv3d``, ``SparseConv3d``, ``SparseInverseConv3d``,
   ``SparseSequential``, ``ToDense``, on pcops kernel maps (``pcops.sparse_conv_kernel_map``) and
-  ``pcops.sparse_conv3d``.
+  ``pcops.sparse_conv3d``; ``fuse_for_inference`` folds eval-mode conv + BatchNorm + ReLU runs
+  into single convolutions.
 """
 
 from .layer_norm_gelu import LayerNormGELU
@@ -16,6 +17,7 @@ from .sparse import (
     SparseSequential,
     SubMConv3d,
     ToDense,
+    fuse_for_inference,
 )
 
 __all__ = [
@@ -27,4 +29,5 @@ __all__ = [
     "SparseInverseConv3d",
     "SparseSequential",
     "ToDense",
+    "fuse_for_inference",
 ]

@@ -216,8 +216,9 @@ def inverse_table(out_in: torch.Tensor, num_in: int) -> torch.Tensor:
     return inv[:num_in].to(torch.int32)
 
 
-def sparse_conv3d(features, weight, bias, out_in, chunk_elems: int = 1 << 25):
-    """``out[o] = bias + sum_k features[out_in[o, k]] @ weight[k]`` (rows with −1 skipped).
+def sparse_conv3d(features, weight, bias, out_in, chunk_elems: int = 1 << 25, relu: bool = False):
+    """``out[o] = bias + sum_k features[out_in[o, k]] @ weight[k]`` (rows with −1 skipped), then
+    ``max(·, 0)`` where ``relu``.
 
     Implicit-GEMM formulation on the out-in table: gather ``(M, Kc, C_in)`` for a chunk of
     offsets and multiply by ``weight[k0:k1]`` flattened, in a fixed order (deterministic, no
@@ -237,6 +238,8 @@ def sparse_conv3d(features, weight, bias, out_in, chunk_elems: int = 1 << 25):
         out += (g @ weight[k0:k1].reshape((k1 - k0) * c_in, c_out)).to(acc_dtype)
     if bias is not None:
         out += bias.to(acc_dtype)
+    if relu:
+        out.clamp_(min=0)
     return out.to(features.dtype)
 
 

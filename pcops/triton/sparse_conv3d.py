@@ -1,7 +1,8 @@
 """Triton kernels of ``pcops.sparse_conv3d``: implicit GEMM on the out-in table, forward, dgrad
 and wgrad, deterministic (no atomics; one fixed tile configuration per shape class).
 
-- ``gather_gemm``: ``out[m] = bias + Σ_k x[table[m, k]] @ W[k]``; a program owns a tile of
+- ``gather_gemm``: ``out[m] = bias + Σ_k x[table[m, k]] @ W[k]`` (then ``max(·, 0)`` with the
+  ReLU epilogue); a program owns a tile of
   ``BLOCK_M`` output rows × ``BLOCK_N`` channels and, for each kernel offset in order, gathers
   its rows' inputs (``BLOCK_C`` channels at a time) into a ``tl.dot`` on tensor cores
   (fp16/bf16; fp32 as IEEE or TF32 by ``torch.backends.cuda.matmul.allow_tf32``), float32
@@ -48,6 +49,7 @@ def _gather_gemm_kernel(
     s_wi,
     s_wo,
     HAS_BIAS: tl.constexpr,
+    RELU: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -78,20 +80,24 @@ def _gather_gemm_kernel(
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if RELU:
+        acc = tl.maximum(acc, 0.0)
     out = out_ptr + rows.to(tl.int64)[:, None] * C_OUT + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-def gather_gemm(x, weight_view, bias, table, c_out, *, strides, block_m: int = 64):
-    """``out (M, c_out)`` of ``x.dtype``: ``bias + Σ_k x[table[:, k]] @ W[k]`` where ``W[k][i, o]``
-    is at ``weight_view + k * strides[0] + i * strides[1] + o * strides[2]``. One launch."""
+def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = False, block_m: int = 64):
+    """``out (M, c_out)`` of ``x.dtype``: ``bias + Σ_k x[table[:, k]] @ W[k]`` (``relu``: then
+    ``max(·, 0)``) where ``W[k][i, o]`` is at ``weight_view + k * strides[0] + i * strides[1] +
+    o * strides[2]``. One launch."""
     m, k = table.shape
     c_in = x.shape[1]
     out = torch.empty((m, c_out), dtype=x.dtype, device=x.device)
     if m == 0 or c_out == 0:
         return out
     if k == 0 or c_in == 0 or x.shape[0] == 0:
-        return out.copy_(bias.expand(m, c_out)) if bias is not None else out.zero_()
+        out = out.copy_(bias.expand(m, c_out)) if bias is not None else out.zero_()
+        return out.clamp_(min=0) if relu else out
     block_n = _pow2(c_out, 16, 128)
     block_c = _pow2(c_in, 16, 64)
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
@@ -107,6 +113,7 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, block_m: int = 6
         c_out,
         *strides,
         HAS_BIAS=bias is not None,
+        RELU=relu,
         PRECISION=_precision(x.dtype),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -188,10 +195,10 @@ def wgrad(x, grad_out, table, weight_dtype, block_m: int = 64):
     return part.sum(0).to(weight_dtype)
 
 
-def sparse_conv3d(features, weight, bias, out_in):
-    """Forward: ``(M, C_out)``; ``weight (K, C_in, C_out)`` contiguous."""
+def sparse_conv3d(features, weight, bias, out_in, relu: bool = False):
+    """Forward: ``(M, C_out)``; ``weight (K, C_in, C_out)`` contiguous; ``relu``: the epilogue."""
     s = weight.stride()
-    return gather_gemm(features, weight, bias, out_in, weight.shape[2], strides=(s[0], s[1], s[2]))
+    return gather_gemm(features, weight, bias, out_in, weight.shape[2], strides=(s[0], s[1], s[2]), relu=relu)
 
 
 def sparse_conv3d_backward(grad_out, features, weight, out_in, inverse):
