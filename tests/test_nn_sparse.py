@@ -490,3 +490,21 @@ def test_fuse_for_inference_partial_runs_and_static_form():
     torch.testing.assert_close(fused(xs).dense(), net(xs).dense())
     with pytest.raises(TypeError, match="module"):
         pnn.fuse_for_inference("net")
+
+
+def test_inference_weight_cache_follows_the_parameters():
+    conv = make(pnn.SubMConv3d, 3, 5, 3, indice_key="c")
+    x = random_voxels(1, (6, 7, 8), (50,), 3, seed=34)
+    dense = lambda: at(F.conv3d(x.dense(), dense_weight(conv), conv.bias, padding=1), x.indices)  # noqa: E731
+    with torch.no_grad():
+        first = conv(x).features
+        assert conv._gemm_cache is not None and torch.equal(conv(x).features, first)  # reused
+        conv.weight.mul_(2)  # in place: a new version
+        torch.testing.assert_close(conv(x).features, dense())
+        conv.bias.add_(1)
+        torch.testing.assert_close(conv(x).features, dense())
+        conv.load_state_dict({"weight": torch.randn_like(conv.weight), "bias": torch.randn_like(conv.bias)})
+        torch.testing.assert_close(conv(x).features, dense())
+    y = conv(x)  # training path: no cache, differentiable
+    y.features.sum().backward()
+    assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0

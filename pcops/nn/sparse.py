@@ -217,6 +217,7 @@ class _SparseConv3d(SparseModule):
             raise ValueError("indice_key: SparseInverseConv3d needs the indice_key of the SparseConv3d it inverts")
         self.subm, self.inverse, self.indice_key, self.groups = subm, inverse, indice_key, 1
         self.activation: Optional[str] = None  # "relu": in the GEMM's epilogue (fuse_for_inference)
+        self._gemm_cache = None  # (key, weight in the GEMM layout, bias) for inference calls
         kz, ky, kx = self.kernel_size
         factory = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty((out_channels, kz, ky, kx, in_channels), **factory))
@@ -306,22 +307,41 @@ class _SparseConv3d(SparseModule):
         num_dropped = x.num_dropped
         if dropped is not None:
             num_dropped = dropped if num_dropped is None else num_dropped + dropped
-        feats, weight, bias = x.features, self.weight, self.bias
-        if weight.dtype != feats.dtype:
+        feats = x.features
+        if self.weight.dtype != feats.dtype:
             if not torch.is_autocast_enabled(feats.device.type):
                 raise TypeError(
-                    f"input: features are {feats.dtype} but the weight is {weight.dtype}; convert one "
+                    f"input: features are {feats.dtype} but the weight is {self.weight.dtype}; convert one "
                     "(.to(dtype)) or run under torch.autocast"
                 )
             feats = feats.to(torch.get_autocast_dtype(feats.device.type))
-            weight, bias = weight.to(feats.dtype), (bias.to(feats.dtype) if bias is not None else None)
-        k = math.prod(self.kernel_size)
-        w = weight.permute(1, 2, 3, 4, 0).reshape(k, self.in_channels, self.out_channels)
+        w, bias = self._gemm_weight(feats.dtype)
         act = self.activation or "none"
-        out = torch.ops.pcops.sparse_conv3d(feats.contiguous(), w.contiguous(), bias, out_in, "auto", act)
+        out = torch.ops.pcops.sparse_conv3d(feats.contiguous(), w, bias, out_in, "auto", act)
         return SparseConvTensor(
             out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static, num_dropped=num_dropped
         )
+
+    def _gemm_weight(self, dtype: torch.dtype) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The weight in the GEMM's ``(K, C_in, C_out)`` layout and the bias, both of ``dtype``.
+
+        Where no gradient is recorded (inference), the relayout (one copy kernel per layer and
+        call) and any autocast cast are kept and reused until the parameters change (their
+        storage, version counter or dtype); training recomputes them, differentiably."""
+        weight, bias = self.weight, self.bias
+        cacheable = not (torch.is_grad_enabled() and weight.requires_grad) and not torch.compiler.is_compiling()
+        if cacheable:
+            key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, dtype)
+            key += (None,) if bias is None else (bias.data_ptr(), bias._version)
+            cached = self._gemm_cache
+            if cached is not None and cached[0] == key:
+                return cached[1], cached[2]
+        k = math.prod(self.kernel_size)
+        w = weight.to(dtype).permute(1, 2, 3, 4, 0).reshape(k, self.in_channels, self.out_channels).contiguous()
+        b = bias.to(dtype) if bias is not None else None
+        if cacheable:
+            self._gemm_cache = (key, w, b)
+        return w, b
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # spconv 1.x checkpoints (OpenPCDet's published SECOND ones) keep (kz, ky, kx, C_in, C_out)
