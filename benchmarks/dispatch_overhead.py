@@ -191,9 +191,24 @@ def main() -> None:
         f"{args.rounds if args.old else 1} alternating processes per tree: the median and the minimum "
         "of their medians (a shared machine's noise only adds time)",
     }
+    with_rows(result)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / f"dispatch_overhead_{args.device}.json").write_text(json.dumps(result, indent=1))
+
+
+def with_rows(result: dict) -> dict:
+    """Add the flat ``rows`` and meta keys that ``scripts/results_table.py`` renders."""
+    env = result["environment"]
+    result.update(device=env["device"], torch=env["torch"], date=env["date"][:10], commit=env["commit"])
+    rows = [
+        {"call": f"registration: {name}", "case": case, "new_us": us}
+        for name, cases in result["registration_layer_us"].items()
+        for case, us in cases.items()
+    ]
+    rows += [{"call": name, "case": "public op, tiny input", **r} for name, r in result["ops_us_per_call"].items()]
+    result["rows"] = rows
+    return result
 
 
 def _describe(tree: Path) -> str:

@@ -95,7 +95,18 @@ def main() -> None:
     scan, source = load_scan("000001")
     res = {"benchmark": "sparse_conv_floor", "environment": environment(), "scan": source,
            "assumed_peaks": {"fp16_tflops": FLOPS / 1e12, "copy_tb_s": BYTES_S / 1e12}, "S3": s3(scan), "S2": s2(scan)}  # fmt: skip
-    print(json.dumps({k: v for k, v in res.items() if k != "environment"}, indent=1))
+    env = res["environment"]
+    res.update(device=f"{env['device']} (counts only; peaks of the H200)", torch=env["torch"], date=env["date"][:10],
+               commit=env["commit"])  # fmt: skip
+    order = ("floor_us", "bound", "gflop", "mbytes", "pairs", "c_in", "c_out", "rows")
+    res["rows"] = [{"workload": f"S3 SubMConv3d 64->64 fp16 ({res['S3']['voxels']} voxels)"}]
+    res["rows"][0].update({k: res["S3"]["subm_64_64_fp16"][k] for k in order})
+    res["rows"] += [
+        {"workload": f"S2 layer {i}", **{k: r[k] for k in order}} for i, r in enumerate(res["S2"]["layers"])
+    ]
+    res["rows"].append({"workload": "S2 encoder, sum", "gflop": res["S2"]["encoder_gflop"],
+                        "floor_us": res["S2"]["encoder_floor_us"]})  # fmt: skip
+    print(json.dumps({k: v for k, v in res.items() if k not in ("environment", "S2", "S3")}, indent=1))
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "sparse_conv_floor.json").write_text(json.dumps(res, indent=1))
