@@ -1,136 +1,226 @@
-"""Host time of eager calls: where the Python side of an op goes (cProfile), per public op.
+"""Host time of eager calls, per public op, split into layers; and the kernel launches per call.
 
-An eager call of a pcops op pays the argument checks, the ``torch.library`` custom-op dispatch
-(and autograd wrapper), the launcher and the Triton/NVRTC launches. On small inputs that host
-time, not the GPU, is the eager figure, so this lists, per op, the host µs per call (wall clock
-with the GPU idle-waiting: inputs are tiny) and the ten functions with the most own time.
-``python benchmarks/host_overhead.py --out DIR`` (GPU only) writes ``host_overhead.json``.
+Every public op runs on inputs so small that its host time is the whole call (the GPU work is
+a few µs), back to back, and is timed three ways:
+
+- ``call``: the public function (argument checks + dispatch + kernel),
+- ``op``: ``torch.ops.pcops.<op>`` with the arguments the public function passed to it (recorded
+  once with a ``TorchDispatchMode``): dispatch + kernel,
+- ``kernel``: the registered Python kernel of the device called directly (``pcops._library``):
+  the launcher, its auxiliary torch ops and its launches, no dispatcher,
+
+so ``wrapper = call − op`` (the argument checks; for a forward + backward row also the ``sum()``,
+the autograd engine and the gradient accumulation) and ``dispatch = op − kernel``. Where a call
+runs several pcops ops (a forward and its backward), ``op`` and ``kernel`` sum over them. Per call it also counts the
+top-level torch ops inside the kernels (``aux_ops``, CPU profiler) and, on CUDA, the GPU kernels
+launched (``launches``, CUDA profiler: memsets/copies excluded). µs are medians of 5 rounds of
+back-to-back calls (the GPU synchronised after each round).
+
+    python benchmarks/host_overhead.py --device cuda --out DIR    # writes DIR/host_overhead_cuda.json
 """
 
-import cProfile
-import io
-import pstats
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-import triton
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import parse_args, report
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-import pcops
-
-
-def _no_grad(fn):
-    with torch.no_grad():
-        return fn()
+import pcops  # noqa: E402
+from pcops import _library  # noqa: E402
 
 
-def cases():
-    dev = "cuda"
-    x = torch.randn(64, 768, device=dev)
-    w = torch.randn(768, device=dev)
-    b = torch.randn(768, device=dev)
+def cases(dev: str) -> dict:
+    """Public calls on tiny inputs (the same shapes on every device)."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.rand(*shape, generator=g).to(dev)
+
+    pts = r(64, 3)
+    p4 = (torch.rand(200, 4, generator=g) * torch.tensor([60.0, 60.0, 3.0, 1.0]) - torch.tensor([0, 30.0, 2, 0])).to(dev)
+    grid = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1))
+    x, w, b = torch.randn(4, 64, generator=g).to(dev), r(64), r(64)
     xg = x.clone().requires_grad_(True)
-    dy = torch.randn_like(x)
-    crow = torch.arange(0, 6401, 64, device=dev)
-    v = torch.randn(6400, device=dev)
-    pts = torch.rand(2000, 4, device=dev) * torch.tensor([60.0, 60.0, 3.0, 1.0], device=dev) - torch.tensor(
-        [0.0, 30.0, 2.0, 0.0], device=dev
-    )
-    vcfg = dict(
-        voxel_size=(0.16, 0.16, 4.0),
-        point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1),
-        max_points_per_voxel=32,
-        max_voxels=40000,
-        pad_to_max=True,
-    )
+    boxes7 = torch.cat([r(16, 2) * 20, r(16, 1), 1 + r(16, 3), r(16, 1)], 1)
+    scores, groups = r(16), (torch.arange(16) % 3).to(dev)
+    crow, v = torch.tensor([0, 3, 8], device=dev), torch.randn(8, generator=g).to(dev)
+    vg = v.clone().requires_grad_(True)
+    cells = torch.randperm(64, generator=g)[:30]
+    coords = torch.stack([torch.zeros(30, dtype=torch.long), torch.zeros(30, dtype=torch.long), cells // 8, cells % 8], 1)
+    coords = coords.int().to(dev)
+    feats = torch.randn(30, 16, generator=g).to(dev)
+    fg = feats.clone().requires_grad_(True)
+    coords3 = torch.stack([torch.zeros(30, dtype=torch.long), cells % 4, (cells // 4) % 4, cells // 16], 1).int().to(dev)
+    km = pcops.sparse_conv_kernel_map(coords3, (4, 4, 4), 3, subm=True, pad_pairs=True)
+    wc = torch.randn(27, 16, 8, generator=g).to(dev)
+    vox = torch.zeros(30, 8, 4, device=dev)
+    vox[:, :3] = r(30, 3, 4)
+    npts = torch.full((30,), 3, dtype=torch.int32, device=dev)
+    pw, pb = pcops.fold_batchnorm(r(16, 10), r(16) + 0.5, r(16), r(16), r(16) + 0.5, 1e-3)
+    canvas = torch.zeros(1, 16, 8, 8, device=dev)
+    y4, out4 = torch.randn(1, 16, 8, 8, generator=g).to(dev), torch.zeros(1, 32, 8, 8, device=dev)
+    p2v = (torch.arange(200) % 50).to(dev)
+    b16 = r(16)
 
-    def fwd_bwd():
-        xg.grad = None
-        pcops.fused_layer_norm_gelu(xg, w, b).backward(dy)
+    def backward(fn, leaf):
+        def run():
+            leaf.grad = None
+            fn().sum().backward()
 
-    from pcops import layer_norm_gelu as op
-    from pcops.triton import layer_norm_gelu as tri
-    from pcops.triton import sparse_softmax as tri_softmax
-
-    ln_args = (
-        x,
-        w,
-        b,
-        torch.empty_like(x),
-        torch.empty(64, device=dev),
-        torch.empty(64, device=dev),
-        x,
-        64,
-        768,
-        1e-5,
-        0.0,
-    )
-    ln_meta = dict(APPROX_TANH=True, HAS_DROPOUT=False, ONE_TILE=True, EVEN_N=False, BLOCK_N=1024, FAST_TANH=False)
+        return run
 
     return {
-        "fused_layer_norm_gelu fwd": lambda: pcops.fused_layer_norm_gelu(x, w, b),
-        # the layers of one call, outermost first: where the host time goes
-        "  fwd under no_grad": lambda: _no_grad(lambda: pcops.fused_layer_norm_gelu(x, w, b)),
-        "  torch.ops.pcops.layer_norm_gelu": lambda: torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None),
-        "  registered cuda kernel fn": lambda: op._layer_norm_gelu_cuda(x, w, b, 1e-5, "tanh", 0.0, None),
-        "  triton launcher": lambda: tri.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None),
-        "  torch.empty_like x3 (allocation floor)": lambda: (
-            torch.empty_like(x),
-            torch.empty_like(w),
-            torch.empty_like(b),
+        "knn": lambda: pcops.knn(pts, pts, 4),
+        "ball_query": lambda: pcops.ball_query(pts, pts, 0.3, 4),
+        "gather_points": lambda: pcops.gather_points(pts, torch.zeros(64, 4, dtype=torch.long, device=dev)),
+        "farthest_point_sample": lambda: pcops.farthest_point_sample(pts, 8),
+        "voxelize": lambda: pcops.voxelize(p4, **grid, max_points_per_voxel=32, max_voxels=1000),
+        "voxelize pad_to_max": lambda: pcops.voxelize(
+            p4, **grid, max_points_per_voxel=32, max_voxels=1000, pad_to_max=True
         ),
-        "  launcher prelude (flags, outputs)": lambda: (
-            tri._row_block_n(768, None),
-            tri._fast_tanh(x.dtype, x.device, "tanh", tri.FAST_TANH_FWD_DTYPES),
-            torch.empty_like(x),
-            torch.empty(64, device=dev),
-            torch.empty(64, device=dev),
+        "dynamic_voxelize": lambda: pcops.dynamic_voxelize(p4, **grid),
+        "voxel_reduce mean": lambda: pcops.voxel_reduce(p4, p2v, 50),
+        "pillar_scatter": lambda: pcops.pillar_scatter(feats, coords, 1, (8, 8)),
+        "pillar_scatter fwd+bwd": backward(lambda: pcops.pillar_scatter(fg, coords, 1, (8, 8)), fg),
+        "pfn_scatter": lambda: pcops.pfn_scatter(vox, npts, coords, pw, pb, canvas, (0.16, 0.16, 4.0), (0, -39.68, -3)),
+        "bias_relu": lambda: pcops.bias_relu(y4, b16, out4, 8),
+        "sparse_conv_kernel_map subm": lambda: pcops.sparse_conv_kernel_map(coords3, (4, 4, 4), 3, subm=True),
+        "sparse_conv3d": lambda: pcops.sparse_conv3d(feats, km, wc),
+        "boxes_iou_bev": lambda: pcops.boxes_iou_bev(boxes7, boxes7),
+        "boxes_iou_3d": lambda: pcops.boxes_iou_3d(boxes7, boxes7),
+        "nms_bev": lambda: pcops.nms_bev(boxes7, scores, 0.5),
+        "batched_nms_bev padded": lambda: pcops.batched_nms_bev(
+            boxes7, scores, groups, 0.5, post_max_size=8, padded=True
         ),
-        "  triton.autotune launch": lambda: tri._layer_norm_gelu_fwd_tuned[
-            lambda c: (triton.cdiv(64, c["BLOCK_M"] * c["TILES"]),)
-        ](*ln_args, **ln_meta, M_CLASS=0),
-        "  plain JIT launch (fixed config)": lambda: tri._layer_norm_gelu_fwd_kernel[(32,)](
-            *ln_args, **ln_meta, BLOCK_M=2, TILES=1, num_warps=4, M_CLASS=0
-        ),
-        "torch layer_norm+gelu fwd": lambda: torch.nn.functional.gelu(
-            torch.nn.functional.layer_norm(x, (768,), w, b), approximate="tanh"
-        ),
-        "fused_layer_norm_gelu fwd+bwd": fwd_bwd,
-        "sparse_softmax triton": lambda: pcops.sparse_softmax(v, crow),
-        "  torch.ops.pcops.sparse_softmax": lambda: torch.ops.pcops.sparse_softmax(v, crow, "triton"),
-        "  triton launcher ": lambda: tri_softmax.sparse_softmax(v, crow),
-        "voxelize pad_to_max": lambda: pcops.voxelize(pts, **vcfg),
+        "sparse_softmax": lambda: pcops.sparse_softmax(v, crow),
+        "sparse_softmax fwd+bwd": backward(lambda: pcops.sparse_softmax(vg, crow), vg),
+        "fused_layer_norm_gelu": lambda: pcops.fused_layer_norm_gelu(x, w, b),
+        "fused_layer_norm_gelu fwd+bwd": backward(lambda: pcops.fused_layer_norm_gelu(xg, w, b), xg),
+        "fused_swish_dropout_residual": lambda: pcops.fused_swish_dropout_residual(x, x, 0.0, training=False),
     }
 
 
-def main():
-    args = parse_args(__doc__)
-    rows, notes = [], {}
-    for name, fn in cases().items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        n = 200
+class _Record(TorchDispatchMode):
+    """The pcops ops a call runs (the outermost ones) and their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "pcops":
+            self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _time(fn, sync, calls: int, rounds: int = 5) -> float:
+    for _ in range(max(calls // 10, 10)):
+        fn()
+    sync()
+    per = []
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        for _ in range(n):
+        for _ in range(calls):
             fn()
-        host_us = (time.perf_counter() - t0) / n * 1e6  # enqueue time: the GPU work is tiny
-        torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(n):
+        sync()
+        per.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(per)
+
+
+def _profile_counts(fn, dev: str) -> tuple[int, int | None]:
+    """(top-level torch ops inside ``fn``, CUDA kernels launched by it) per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    fn()
+    with profile(activities=acts) as prof:
+        fn()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+    ev = prof.events()
+    aux = sum(1 for e in ev if e.name.startswith("aten::") and (e.cpu_parent is None or "::" not in e.cpu_parent.name))
+    if dev != "cuda":
+        return aux, None
+    gpu = [e for e in ev if e.device_type == torch.autograd.DeviceType.CUDA]
+    launches = sum(1 for e in gpu if "memset" not in e.name.lower() and "memcpy" not in e.name.lower())
+    return aux, launches
+
+
+def measure(dev: str, calls: int) -> list[dict]:
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    rows = []
+    for name, fn in cases(dev).items():
+        rec = _Record()
+        with rec:
             fn()
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(10)
-        top = [ln for ln in s.getvalue().splitlines() if ln.strip()[:1].isdigit()][:12]
-        print(f"{name}: {host_us:.1f} µs host per eager call\n" + "\n".join(top))
-        notes[name] = {"host_us_per_call": round(host_us, 1), "top_tottime": top}
-        ms = host_us / 1000
-        rows.append({"workload": "host", "impl": name, "median_ms": ms, "min_ms": ms, "max_ms": ms, "runs": n})
-    report(rows, "host_overhead", args.out, notes=notes)
+        ops = [(f, a, k) for f, a, k in rec.calls]
+        kernels = []
+        for f, a, k in ops:
+            op = _library.OPS[f._opname]
+            kernels.append((op.kernels.get(dev) or op.kernels.get("any"), a, k))
+
+        def run_ops(ops=ops):
+            for f, a, k in ops:
+                f(*a, **k)
+
+        def run_kernels(kernels=kernels):
+            for kern, a, k in kernels:
+                kern(*a, **k)
+
+        t_call = _time(fn, sync, calls)
+        t_op = _time(run_ops, sync, calls)
+        t_kernel = _time(run_kernels, sync, calls)
+        aux, _ = _profile_counts(run_kernels, dev)
+        _, launches = _profile_counts(fn, dev)
+        row = {
+            "op": name,
+            "call_us": round(t_call, 2),
+            "wrapper_us": round(t_call - t_op, 2),
+            "dispatch_us": round(t_op - t_kernel, 2),
+            "kernel_us": round(t_kernel, 2),
+            "pcops_ops": "+".join(f._opname for f, _, _ in ops),
+            "aux_torch_ops": aux,
+            "launches": launches,
+        }
+        rows.append(row)
+        print("  ".join(f"{k} {v}" for k, v in row.items()))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
+    p.add_argument("--calls", type=int, default=500, help="back-to-back calls per round")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    from common import environment
+
+    torch.set_num_threads(1)
+    rows = measure(a.device, a.calls)
+    env = environment()
+    res = {
+        "benchmark": "host_overhead",
+        "environment": env,
+        "device": env["device"],
+        "torch": env["torch"],
+        "date": env["date"][:10],
+        "commit": env["commit"],
+        "method": __doc__.split("\n\n")[1].replace("\n", " "),
+        "rows": rows,
+    }
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / f"host_overhead_{a.device}.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

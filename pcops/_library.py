@@ -25,11 +25,12 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import _C
 
-__all__ = ["custom_op"]
+__all__ = ["custom_op", "call", "OPS"]
 
 # one fragment for the namespace (kept alive here: a Library deregisters its kernels when collected)
 _LIB = torch.library.Library("pcops", "FRAGMENT")
 _DEVICE_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+OPS: dict[str, Op] = {}  # name -> Op, every op registered here
 
 
 def custom_op(
@@ -45,8 +46,23 @@ def custom_op(
     return wrap
 
 
+def call(op, *args):
+    """Call a pcops op (an ``OpOverload``) from a public wrapper: where no input requires grad
+    (and torch.compile is not tracing), below autograd, so the dispatcher skips the Python
+    autograd kernel and every torch op inside the kernel skips the autograd layer too. The same
+    result as ``op(*args)``; on a 2-core EPYC it saves 5-40 µs per call (more for ops whose
+    arguments include lists, which each dispatcher crossing converts again)."""
+    # is_compiling first: under torch.compile it is constant True and the rest is not traced
+    if torch.compiler.is_compiling() or (_C.is_grad_enabled() and _C._any_requires_grad(*args)):
+        return op(*args)
+    with _C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 class Op:
-    """A registered operator: call it like the function, or as ``torch.ops.pcops.<name>``."""
+    """A registered operator: call it like the function, or as ``torch.ops.pcops.<name>``.
+    ``kernels`` maps ``"cpu"`` / ``"cuda"`` / ``"any"`` to the registered Python function (what
+    ``benchmarks/host_overhead.py`` calls to time a kernel without the dispatcher)."""
 
     def __init__(self, qualname: str, fn: Callable, mutates_args: tuple[str, ...], device_types) -> None:
         ns, _, name = qualname.partition("::")
@@ -54,6 +70,7 @@ class Op:
             raise ValueError(f"qualname: expected 'pcops::<name>', got {qualname!r}")
         self._name = name
         self._qualname = qualname
+        self.kernels: dict[str, Callable] = {}
         schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
         _LIB.define(name + schema)
         self._opoverload = getattr(torch.ops.pcops, name).default
@@ -61,6 +78,7 @@ class Op:
             raise ValueError(f"{qualname}: keyword-only arguments are not supported, got {schema}")
         if device_types is None:
             _LIB.impl(name, fn, "CompositeExplicitAutograd")
+            self.kernels["any"] = fn
         else:
             for dev in (device_types,) if isinstance(device_types, str) else device_types:
                 self.register_kernel(dev)(fn)
@@ -72,6 +90,7 @@ class Op:
         mutated = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
         if mutated:
             _LIB.impl(name, self._inplace_or_view_kernel(mutated), "ADInplaceOrView", with_keyset=True)
+        OPS[name] = self
 
     def __call__(self, *args, **kwargs):
         return self._opoverload(*args, **kwargs)
@@ -82,6 +101,7 @@ class Op:
 
         def wrap(fn: Callable) -> Callable:
             _LIB.impl(self._name, fn, _DEVICE_KEYS[device_type])
+            self.kernels[device_type] = fn
             return fn
 
         return wrap
@@ -131,11 +151,15 @@ class Op:
         below = _C._after_autograd_keyset
         grad_enabled, any_requires_grad = _C.is_grad_enabled, _C._any_requires_grad
 
+        below_autograd = _C._AutoDispatchBelowAutograd
+
         def autograd(keyset, *args):
             if grad_enabled() and any_requires_grad(*args):
                 return fn.apply(keyset, *args)
-            # no input needs a gradient: straight to the device kernel (nothing to record)
-            return op.redispatch(keyset & below, *args)
+            # no input needs a gradient: straight to the device kernel, with the torch ops inside
+            # it below autograd too (nothing to record; it saves ~0.2 µs per inner op)
+            with below_autograd():
+                return op.redispatch(keyset & below, *args)
 
         return autograd
 

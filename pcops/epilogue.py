@@ -74,7 +74,7 @@ def bias_relu(
         )
     _checks.check_same_device(y=y, bias=bias, out=out)
     _backend.resolve(backend, "bias_relu", y, supported=_BACKENDS)
-    torch.ops.pcops.bias_relu(y, bias, out, channel_offset, backend)
+    _library.call(torch.ops.pcops.bias_relu.default, y, bias, out, channel_offset, backend)
     return out
 
 

@@ -101,7 +101,7 @@ def farthest_point_sample(
             raise ValueError(f"start_idx: cloud {i} has {int(lengths[i])} points, got start index {int(start[i])}")
     points = points.to(torch.float32).contiguous()
     _backend.resolve(backend, _OP, points)  # validates the name and the device before the op
-    out = torch.ops.pcops.farthest_point_sample(points, lengths, start, num_samples, backend)
+    out = _library.call(torch.ops.pcops.farthest_point_sample.default, points, lengths, start, num_samples, backend)
     return out[0] if unbatched else out
 
 

@@ -67,7 +67,7 @@ class KernelMap(NamedTuple):
         _backend.resolve(backend, "kernel_map_pairs", self.out_in, supported=_MAP_BACKENDS)
         coords = coords.to(device=self.out_in.device, dtype=torch.int32).contiguous()
         inv = _ref.inverse_table(self.out_in, coords.shape[0])
-        pair_in, pair_out, offsets = torch.ops.pcops.kernel_map_pairs(inv, backend)
+        pair_in, pair_out, offsets = _library.call(torch.ops.pcops.kernel_map_pairs.default, inv, backend)
         return KernelMap(coords.clone(), shape, pair_in, pair_out, offsets, inv)
 
 
@@ -248,8 +248,16 @@ def sparse_conv_kernel_map(
     if not coords.is_contiguous():
         coords = coords.contiguous()
     out_shape = op_args[1]
-    out_coords, pair_in, pair_out, offsets, out_in = torch.ops.pcops.sparse_conv_kernel_map(
-        coords, *op_args, subm, transposed, pad_pairs, static_shapes, batch_size, backend
+    out_coords, pair_in, pair_out, offsets, out_in = _library.call(
+        torch.ops.pcops.sparse_conv_kernel_map.default,
+        coords,
+        *op_args,
+        subm,
+        transposed,
+        pad_pairs,
+        static_shapes,
+        batch_size,
+        backend,
     )
     return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
 

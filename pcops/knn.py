@@ -83,7 +83,7 @@ def knn(
     k = _checks.check_int("k", k, min_value=1)
     q, r, ql, rl, unbatched = _clouds.check_pair(query, ref, query_lengths, ref_lengths)
     _backend.resolve(backend, "knn", q)  # validates the name and the device before the op
-    dists, idx = torch.ops.pcops.knn(q, r, ql, rl, k, backend)
+    dists, idx = _library.call(torch.ops.pcops.knn.default, q, r, ql, rl, k, backend)
     return (dists[0], idx[0]) if unbatched else (dists, idx)
 
 
@@ -156,7 +156,7 @@ def _knn_setup_context(ctx, inputs, output):
 
 def _knn_bwd(ctx, grad_dists, _grad_idx):
     query, ref, idx = ctx.saved_tensors
-    grad_query, grad_ref = torch.ops.pcops.knn_backward(grad_dists.contiguous(), query, ref, idx)
+    grad_query, grad_ref = _library.call(torch.ops.pcops.knn_backward.default, grad_dists.contiguous(), query, ref, idx)
     return grad_query, grad_ref, None, None, None, None
 
 
@@ -215,7 +215,7 @@ def ball_query(
     k = _checks.check_int("k", k, min_value=1)
     q, r, ql, rl, unbatched = _clouds.check_pair(query, ref, query_lengths, ref_lengths)
     _backend.resolve(backend, "ball_query", q, supported=_BALL_BACKENDS)
-    idx, counts = torch.ops.pcops.ball_query(q, r, ql, rl, radius, k, backend)
+    idx, counts = _library.call(torch.ops.pcops.ball_query.default, q, r, ql, rl, radius, k, backend)
     return (idx[0], counts[0]) if unbatched else (idx, counts)
 
 
@@ -302,7 +302,7 @@ def gather_points(points: torch.Tensor, idx: torch.Tensor, *, backend: str = "au
         lo, hi = int(idx.min()), int(idx.max())
         if lo < -1 or hi >= n:
             raise ValueError(f"idx: expected indices in [-1, {n}), got values in [{lo}, {hi}]")
-    out = torch.ops.pcops.gather_points(points.contiguous(), idx.to(torch.int64).contiguous())
+    out = _library.call(torch.ops.pcops.gather_points.default, points.contiguous(), idx.to(torch.int64).contiguous())
     return out[0] if unbatched else out
 
 
@@ -337,7 +337,7 @@ def _gather_setup_context(ctx, inputs, output):
 
 def _gather_bwd(ctx, grad):
     (idx,) = ctx.saved_tensors
-    return torch.ops.pcops.gather_points_backward(grad.contiguous(), idx, ctx.num_points), None
+    return _library.call(torch.ops.pcops.gather_points_backward.default, grad.contiguous(), idx, ctx.num_points), None
 
 
 def _gather_backward_setup_context(ctx, inputs, output):
@@ -348,7 +348,7 @@ def _gather_backward_setup_context(ctx, inputs, output):
 def _gather_backward_bwd(ctx, grad):
     # double backward: the adjoint of the scatter-add is the gather
     (idx,) = ctx.saved_tensors
-    return torch.ops.pcops.gather_points(grad.contiguous(), idx), None, None
+    return _library.call(torch.ops.pcops.gather_points.default, grad.contiguous(), idx), None, None
 
 
 _gather_points.register_autograd(_gather_bwd, setup_context=_gather_setup_context)

@@ -87,8 +87,16 @@ def fused_layer_norm_gelu(
     _resolve(backend, x)  # early, named errors (the registered kernels resolve again)
     seed = _dropout.draw_seed(x.device, generator) if training and dropout_p > 0 else None
     x2 = x.reshape(-1, n).contiguous()
-    y, _, _ = torch.ops.pcops.layer_norm_gelu(
-        x2, weight.contiguous(), bias.contiguous(), eps, approximate, dropout_p, seed, backend
+    y, _, _ = _library.call(
+        torch.ops.pcops.layer_norm_gelu.default,
+        x2,
+        weight.contiguous(),
+        bias.contiguous(),
+        eps,
+        approximate,
+        dropout_p,
+        seed,
+        backend,
     )
     return y.view(x.shape)
 
@@ -201,8 +209,18 @@ def _lng_backward(ctx, grad_y, _grad_mean, _grad_rstd):
     if grad_y is None:  # y unused by the loss (possible now that grads are not materialised)
         return None, None, None, None, None, None, None, None
     x, weight, bias, mean, rstd, seed = ctx.saved_tensors
-    dx, dweight, dbias = torch.ops.pcops.layer_norm_gelu_backward(
-        grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.approximate, ctx.dropout_p, seed, ctx.backend
+    dx, dweight, dbias = _library.call(
+        torch.ops.pcops.layer_norm_gelu_backward.default,
+        grad_y.contiguous(),
+        x,
+        weight,
+        bias,
+        mean,
+        rstd,
+        ctx.approximate,
+        ctx.dropout_p,
+        seed,
+        ctx.backend,
     )
     return dx, dweight, dbias, None, None, None, None, None
 

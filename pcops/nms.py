@@ -76,7 +76,7 @@ def boxes_iou_bev(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str 
     boxes_b = _check_boxes("boxes_b", boxes_b, bev=True)
     _checks.check_same_device(boxes_a=boxes_a, boxes_b=boxes_b)
     _backend.resolve(backend, "boxes_iou_bev", boxes_a, boxes_b)  # bad values fail before the dispatch
-    return torch.ops.pcops.boxes_iou_bev(boxes_a, boxes_b, backend)
+    return _library.call(torch.ops.pcops.boxes_iou_bev.default, boxes_a, boxes_b, backend)
 
 
 def boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -102,7 +102,7 @@ def boxes_iou_3d(boxes_a: torch.Tensor, boxes_b: torch.Tensor, *, backend: str =
     boxes_b = _check_boxes("boxes_b", boxes_b, bev=False)
     _checks.check_same_device(boxes_a=boxes_a, boxes_b=boxes_b)
     _backend.resolve(backend, "boxes_iou_3d", boxes_a, boxes_b)
-    return torch.ops.pcops.boxes_iou_3d(boxes_a, boxes_b, backend)
+    return _library.call(torch.ops.pcops.boxes_iou_3d.default, boxes_a, boxes_b, backend)
 
 
 def _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
@@ -132,8 +132,15 @@ def _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max
     if post_max_size is None:
         raise ValueError("post_max_size: required with padded=True (the fixed output length)")
     _backend.resolve(backend, "nms_bev", boxes, scores)
-    return torch.ops.pcops.nms_bev_batched(
-        boxes.contiguous(), scores.contiguous(), idxs, thr, pre_max_size, post_max_size, backend
+    return _library.call(
+        torch.ops.pcops.nms_bev_batched.default,
+        boxes.contiguous(),
+        scores.contiguous(),
+        idxs,
+        thr,
+        pre_max_size,
+        post_max_size,
+        backend,
     )
 
 
@@ -160,7 +167,17 @@ def _nms_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, p
     if padded and post_max_size is None:
         raise ValueError("post_max_size: required with padded=True (the fixed output length)")
     _backend.resolve(backend, "nms_bev", boxes, scores)
-    out = torch.ops.pcops.nms_bev(boxes, scores.contiguous(), idxs, thr, pre_max_size, post_max_size, padded, backend)
+    out = _library.call(
+        torch.ops.pcops.nms_bev.default,
+        boxes,
+        scores.contiguous(),
+        idxs,
+        thr,
+        pre_max_size,
+        post_max_size,
+        padded,
+        backend,
+    )
     return out if padded else out[0]
 
 

@@ -136,7 +136,8 @@ def pfn_scatter(
     voxel_size = list(_checks.check_floats("voxel_size", voxel_size, 3, positive=True))
     range_min = list(_checks.check_floats("range_min", range_min, 3))
     _backend.resolve(backend, "pfn_scatter", voxels, supported=_BACKENDS)
-    torch.ops.pcops.pfn_scatter(
+    _library.call(
+        torch.ops.pcops.pfn_scatter.default,
         voxels.contiguous(),
         num_points.to(torch.int32).contiguous(),
         coords.to(torch.int32).contiguous(),

@@ -78,7 +78,9 @@ def pillar_scatter(
     grid_w = _checks.check_int("grid_hw[1]", grid_hw[1], min_value=1)
     _backend.resolve(backend, "pillar_scatter", features)  # bad values fail before the dispatch
     coords = coords.to(torch.int32).contiguous()
-    canvas, _ = torch.ops.pcops.pillar_scatter(features.contiguous(), coords, batch_size, grid_h, grid_w, backend)
+    canvas, _ = _library.call(
+        torch.ops.pcops.pillar_scatter.default, features.contiguous(), coords, batch_size, grid_h, grid_w, backend
+    )
     return canvas
 
 
@@ -172,7 +174,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_canvas, _grad_winner):
     coords, winner = ctx.saved_tensors
-    grad_features = torch.ops.pcops.pillar_gather(grad_canvas.contiguous(), coords, winner, ctx.backend)
+    grad_features = _library.call(
+        torch.ops.pcops.pillar_gather.default, grad_canvas.contiguous(), coords, winner, ctx.backend
+    )
     return grad_features, None, None, None, None, None
 
 
@@ -190,7 +194,9 @@ def _gather_backward(ctx, grad_out):
     # double backward: the adjoint of the gather is the scatter (non-owners get nothing)
     coords, winner = ctx.saved_tensors
     batch_size, _, grid_h, grid_w = ctx.shape
-    canvas, _ = torch.ops.pcops.pillar_scatter(grad_out.contiguous(), coords, batch_size, grid_h, grid_w, ctx.backend)
+    canvas, _ = _library.call(
+        torch.ops.pcops.pillar_scatter.default, grad_out.contiguous(), coords, batch_size, grid_h, grid_w, ctx.backend
+    )
     return canvas, None, None, None
 
 

@@ -98,7 +98,9 @@ def sparse_conv3d(
         )
     chosen = _backend.resolve(backend, _OP, features, supported=_SUPPORTED)
     _backend.refuse_float64(chosen, features, "features")
-    return torch.ops.pcops.sparse_conv3d(features.contiguous(), weight.contiguous(), bias, out_in, backend, act)
+    return _library.call(
+        torch.ops.pcops.sparse_conv3d.default, features.contiguous(), weight.contiguous(), bias, out_in, backend, act
+    )
 
 
 _ACTIVATIONS = {None: "none", "none": "none", "relu": "relu"}
@@ -179,8 +181,8 @@ def _conv_backward(ctx, grad_out):
     features, weight, out_in, out = ctx.saved_tensors
     if ctx.relu:  # the epilogue's ReLU: no gradient where the output was clamped to 0
         grad_out = torch.where(out > 0, grad_out, torch.zeros((), dtype=grad_out.dtype, device=grad_out.device))
-    grad_features, grad_weight = torch.ops.pcops.sparse_conv3d_backward(
-        grad_out.contiguous(), features, weight, out_in, ctx.backend
+    grad_features, grad_weight = _library.call(
+        torch.ops.pcops.sparse_conv3d_backward.default, grad_out.contiguous(), features, weight, out_in, ctx.backend
     )
     grad_bias = grad_out.sum(0) if ctx.has_bias else None
     return grad_features, grad_weight, grad_bias, None, None, None

@@ -91,7 +91,9 @@ def sparse_softmax(
         validate = crow_indices.device.type == "cpu"
     if validate:
         _check_crow(crow_indices, values.numel())
-    return torch.ops.pcops.sparse_softmax(values.contiguous(), crow_indices.contiguous(), backend)
+    return _library.call(
+        torch.ops.pcops.sparse_softmax.default, values.contiguous(), crow_indices.contiguous(), backend
+    )
 
 
 # --- registration -----------------------------------------------------------------------------
@@ -154,7 +156,13 @@ def _softmax_setup_context(ctx, inputs, output):
 
 def _softmax_backward(ctx, grad):
     out, crow_indices = ctx.saved_tensors
-    return torch.ops.pcops.sparse_softmax_backward(grad.contiguous(), out, crow_indices, ctx.backend), None, None
+    return (
+        _library.call(
+            torch.ops.pcops.sparse_softmax_backward.default, grad.contiguous(), out, crow_indices, ctx.backend
+        ),
+        None,
+        None,
+    )
 
 
 _sparse_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup_context)

@@ -56,7 +56,9 @@ def fused_swish_dropout_residual(
     training = _dropout.check_training(training)
     _resolve(backend, x)  # early, named errors (the registered kernels resolve again)
     seed = _dropout.draw_seed(x.device, generator) if training and dropout_p > 0 else None
-    return torch.ops.pcops.swish_dropout_residual(x.contiguous(), residual.contiguous(), dropout_p, seed, backend)
+    return _library.call(
+        torch.ops.pcops.swish_dropout_residual.default, x.contiguous(), residual.contiguous(), dropout_p, seed, backend
+    )
 
 
 def _resolve(backend: str, x: torch.Tensor) -> str:
@@ -136,7 +138,9 @@ def _swish_setup_context(ctx, inputs, output):
 
 def _swish_backward(ctx, grad):
     x, seed = ctx.saved_tensors
-    dx = torch.ops.pcops.swish_dropout_backward(grad.contiguous(), x, ctx.dropout_p, seed, ctx.backend)
+    dx = _library.call(
+        torch.ops.pcops.swish_dropout_backward.default, grad.contiguous(), x, ctx.dropout_p, seed, ctx.backend
+    )
     return dx, grad, None, None, None
 
 

@@ -196,7 +196,8 @@ def voxelize(
     if mode not in _MODES:
         raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
     _resolve(backend, points)  # early, named errors (the registered kernels resolve again)
-    out = torch.ops.pcops.voxelize(
+    out = _library.call(
+        torch.ops.pcops.voxelize.default,
         points.detach().contiguous(),
         lengths,
         list(vs),
@@ -241,8 +242,14 @@ def dynamic_voxelize(
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
     _resolve(backend, points, "dynamic_voxelize")
-    out = torch.ops.pcops.dynamic_voxelize(
-        points.detach().contiguous(), lengths, list(vs), list(pcr), pad_to_max, backend
+    out = _library.call(
+        torch.ops.pcops.dynamic_voxelize.default,
+        points.detach().contiguous(),
+        lengths,
+        list(vs),
+        list(pcr),
+        pad_to_max,
+        backend,
     )
     return DynamicVoxels(*out)
 
@@ -296,7 +303,13 @@ def voxel_reduce(
     num_voxels = _checks.check_int("num_voxels", num_voxels, min_value=0)
     if reduce not in _REDUCE:
         raise ValueError(f"reduce: expected one of {_REDUCE}, got {reduce!r}")
-    out, _ = torch.ops.pcops.voxel_reduce(features.contiguous(), point_to_voxel.long().contiguous(), num_voxels, reduce)
+    out, _ = _library.call(
+        torch.ops.pcops.voxel_reduce.default,
+        features.contiguous(),
+        point_to_voxel.long().contiguous(),
+        num_voxels,
+        reduce,
+    )
     return out
 
 
@@ -458,7 +471,14 @@ def _reduce_setup_context(ctx, inputs, output):
 
 def _reduce_backward(ctx, grad_out, _grad_arg):
     point_to_voxel, arg = ctx.saved_tensors
-    grad = torch.ops.pcops.voxel_reduce_backward(grad_out.contiguous(), point_to_voxel, arg, ctx.num_points, ctx.reduce)
+    grad = _library.call(
+        torch.ops.pcops.voxel_reduce_backward.default,
+        grad_out.contiguous(),
+        point_to_voxel,
+        arg,
+        ctx.num_points,
+        ctx.reduce,
+    )
     return grad, None, None, None
 
 

@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-from .. import _checks
+from .. import _checks, _library
 from ..kernel_map import KernelMap, _triple, sparse_conv_kernel_map
 from ..reference.kernel_map import inverse_table
 
@@ -317,7 +317,7 @@ class _SparseConv3d(SparseModule):
             feats = feats.to(torch.get_autocast_dtype(feats.device.type))
         w, bias = self._gemm_weight(feats.dtype)
         act = self.activation or "none"
-        out = torch.ops.pcops.sparse_conv3d(feats.contiguous(), w, bias, out_in, "auto", act)
+        out = _library.call(torch.ops.pcops.sparse_conv3d.default, feats.contiguous(), w, bias, out_in, "auto", act)
         return SparseConvTensor(
             out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static, num_dropped=num_dropped
         )
