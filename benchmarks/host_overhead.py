@@ -46,7 +46,9 @@ def cases(dev: str) -> dict:
         return torch.rand(*shape, generator=g).to(dev)
 
     pts = r(64, 3)
-    p4 = (torch.rand(200, 4, generator=g) * torch.tensor([60.0, 60.0, 3.0, 1.0]) - torch.tensor([0, 30.0, 2, 0])).to(dev)
+    p4 = (torch.rand(200, 4, generator=g) * torch.tensor([60.0, 60.0, 3.0, 1.0]) - torch.tensor([0, 30.0, 2, 0])).to(
+        dev
+    )
     grid = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1))
     x, w, b = torch.randn(4, 64, generator=g).to(dev), r(64), r(64)
     xg = x.clone().requires_grad_(True)
@@ -55,11 +57,15 @@ def cases(dev: str) -> dict:
     crow, v = torch.tensor([0, 3, 8], device=dev), torch.randn(8, generator=g).to(dev)
     vg = v.clone().requires_grad_(True)
     cells = torch.randperm(64, generator=g)[:30]
-    coords = torch.stack([torch.zeros(30, dtype=torch.long), torch.zeros(30, dtype=torch.long), cells // 8, cells % 8], 1)
+    coords = torch.stack(
+        [torch.zeros(30, dtype=torch.long), torch.zeros(30, dtype=torch.long), cells // 8, cells % 8], 1
+    )
     coords = coords.int().to(dev)
     feats = torch.randn(30, 16, generator=g).to(dev)
     fg = feats.clone().requires_grad_(True)
-    coords3 = torch.stack([torch.zeros(30, dtype=torch.long), cells % 4, (cells // 4) % 4, cells // 16], 1).int().to(dev)
+    coords3 = (
+        torch.stack([torch.zeros(30, dtype=torch.long), cells % 4, (cells // 4) % 4, cells // 16], 1).int().to(dev)
+    )
     km = pcops.sparse_conv_kernel_map(coords3, (4, 4, 4), 3, subm=True, pad_pairs=True)
     wc = torch.randn(27, 16, 8, generator=g).to(dev)
     vox = torch.zeros(30, 8, 4, device=dev)
