@@ -5,9 +5,11 @@ a few µs), back to back, and is timed three ways:
 
 - ``call``: the public function (argument checks + dispatch + kernel),
 - ``op``: ``torch.ops.pcops.<op>`` with the arguments the public function passed to it (recorded
-  once with a ``TorchDispatchMode``): dispatch + kernel,
+  once with a ``TorchDispatchMode``), called as the wrapper calls it (``pcops._library.call``):
+  dispatch + kernel,
 - ``kernel``: the registered Python kernel of the device called directly (``pcops._library``):
-  the launcher, its auxiliary torch ops and its launches, no dispatcher,
+  the launcher, its auxiliary torch ops and its launches, no dispatcher (below autograd, as in
+  a call, where no input requires grad),
 
 so ``wrapper = call − op`` (the argument checks; for a forward + backward row also the ``sum()``,
 the autograd engine and the gradient accumulation) and ``dispatch = op − kernel``. Where a call
@@ -125,6 +127,7 @@ class _Record(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace == "pcops":
+            assert not kwargs, f"{func}: pcops ops take no keyword-only arguments"
             self.calls.append((func, args, kwargs))
         return func(*args, **kwargs)
 
@@ -175,13 +178,17 @@ def measure(dev: str, calls: int) -> list[dict]:
             op = _library.OPS[f._opname]
             kernels.append((op.kernels.get(dev) or op.kernels.get("any"), a, k))
 
-        def run_ops(ops=ops):
-            for f, a, k in ops:
-                f(*a, **k)
+        def run_ops(ops=ops):  # as the public wrappers call them (pcops._library.call)
+            for f, a, _ in ops:
+                _library.call(f, *a)
 
-        def run_kernels(kernels=kernels):
-            for kern, a, k in kernels:
-                kern(*a, **k)
+        def run_kernels(kernels=kernels):  # below autograd where the call runs them so
+            for kern, a, _ in kernels:
+                if torch.is_grad_enabled() and torch._C._any_requires_grad(*a):
+                    kern(*a)
+                else:
+                    with torch._C._AutoDispatchBelowAutograd():
+                        kern(*a)
 
         t_call = _time(fn, sync, calls)
         t_op = _time(run_ops, sync, calls)
