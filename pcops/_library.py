@@ -72,10 +72,10 @@ class Op:
         self._qualname = qualname
         self.kernels: dict[str, Callable] = {}
         schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
+        if any(a.kwarg_only for a in _C.parse_schema(name + schema).arguments):
+            raise ValueError(f"{qualname}: keyword-only arguments are not supported, got {schema}")
         _LIB.define(name + schema)
         self._opoverload = getattr(torch.ops.pcops, name).default
-        if any(a.kwarg_only for a in self._opoverload._schema.arguments):
-            raise ValueError(f"{qualname}: keyword-only arguments are not supported, got {schema}")
         if device_types is None:
             _LIB.impl(name, fn, "CompositeExplicitAutograd")
             self.kernels["any"] = fn
@@ -134,7 +134,8 @@ class Op:
             if info._backward is None:
                 raise RuntimeError(f"{op}: no autograd formula is registered; its inputs cannot get gradients")
             saved = ctx.needs_input_grad
-            ctx.needs_input_grad = saved[1:]  # as the user's inputs, without the keyset
+            # as the user's inputs: without the keyset, with the dropped defaults (no gradient)
+            ctx.needs_input_grad = saved[1:] + (False,) * (len(defaults) + 1 - len(saved))
             try:
                 res = info._backward(ctx, *grads)
             finally:
