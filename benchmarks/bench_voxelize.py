@@ -179,6 +179,11 @@ def main():
             rows.append(row(dwl, "pcops eager pad_to_max", t, items=n, baseline=dbase))
             t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, pad_to_max=True), rep=rep, graph=True)
             rows.append(row(dwl, "pcops pad_to_max (graph)", t, items=n, baseline=dbase))
+            # per-point cells only (mmcv's dynamic_voxelize output): one elementwise launch
+            t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, cells_only=True), rep=rep)
+            rows.append(row(dwl, "pcops eager cells_only", t, items=n, baseline=dbase))
+            t = bench(lambda: pcops.dynamic_voxelize(pts, vs, pcr, cells_only=True), rep=rep, graph=True)
+            rows.append(row(dwl, "pcops cells_only (graph)", t, items=n, baseline=dbase))
     if not sweep_off:
         sweep(rows, rep, sweep_workloads)
     scan_gpu = scan.cuda()

@@ -218,12 +218,16 @@ def dynamic_voxelize(
     lengths: torch.Tensor | None = None,
     *,
     pad_to_max: bool = False,
+    cells_only: bool = False,
     backend: str = "auto",
-) -> DynamicVoxels:
+) -> DynamicVoxels | torch.Tensor:
     """Dynamic voxelization (MVF, Zhou et al. 2019): the voxel of every point, no caps, nothing dropped.
 
     Args (including ``backend``) and in-range semantics as ``pcops.voxelize`` (no caps, no ``mode``:
-    no points are dropped, so there is nothing to rank).
+    no points are dropped, so there is nothing to rank). ``cells_only=True``: return only the
+    ``(N, 4)`` int32 ``(batch, z, y, x)`` cell of every point, −1 rows for points out of range
+    (mmcv's ``dynamic_voxelize`` output, with the batch column): the voxels are not numbered, so
+    it is one elementwise pass (one launch on CUDA, no host sync); ``pad_to_max`` is then ignored.
 
     Returns:
         ``DynamicVoxels(point_to_voxel (N,) int64, coords (M, 4) int32, num_voxels (B,) int64)``:
@@ -241,7 +245,13 @@ def dynamic_voxelize(
         raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
     if lengths is not None and lengths.numel() == 0:
         raise ValueError("lengths: expected at least one sample, got an empty tensor")
+    if not isinstance(cells_only, bool):
+        raise TypeError(f"cells_only: expected a bool, got {type(cells_only).__name__}")
     _resolve(backend, points, "dynamic_voxelize")
+    if cells_only:
+        return _library.call(
+            torch.ops.pcops.point_cells.default, points.detach().contiguous(), lengths, list(vs), list(pcr), backend
+        )
     out = _library.call(
         torch.ops.pcops.dynamic_voxelize.default,
         points.detach().contiguous(),
@@ -420,6 +430,36 @@ def _dynamic_voxelize_fake(points, lengths, voxel_size, point_cloud_range, pad_t
         points.new_empty((m, 4), dtype=torch.int32),
         points.new_empty((batch,), dtype=torch.int64),
     )
+
+
+@_library.custom_op("pcops::point_cells", mutates_args=(), device_types="cpu")
+def _point_cells(
+    points: torch.Tensor,
+    lengths: torch.Tensor | None,
+    voxel_size: list[float],
+    point_cloud_range: list[float],
+    backend: str,
+) -> torch.Tensor:
+    _resolve(backend, points, "dynamic_voxelize")  # validates; the CPU runs the (vectorised) reference
+    _backend.log_kernel("point_cells", "reference")
+    return _ref.point_cells(points, lengths, voxel_size, point_cloud_range)
+
+
+@_point_cells.register_kernel("cuda")
+def _point_cells_cuda(points, lengths, voxel_size, point_cloud_range, backend):
+    if _resolve(backend, points, "dynamic_voxelize") == "reference":
+        _backend.log_kernel("point_cells", "reference")
+        return _ref.point_cells(points, lengths, voxel_size, point_cloud_range)
+    from .triton import voxelize as impl
+
+    _backend.log_kernel("point_cells", "_point_cells_kernel")
+    return impl.point_cells(points, lengths, voxel_size, point_cloud_range)
+
+
+@_point_cells.register_fake
+def _point_cells_fake(points, lengths, voxel_size, point_cloud_range, backend):
+    torch._check(points.dim() == 2 and points.shape[1] >= 3, lambda: "points: expected shape (N, C >= 3)")
+    return points.new_empty((points.shape[0], 4), dtype=torch.int32)
 
 
 @_library.custom_op("pcops::voxel_reduce", mutates_args=(), device_types=("cpu", "cuda"))

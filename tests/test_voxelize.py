@@ -228,6 +228,31 @@ def test_dynamic_matches_oracle():
     assert torch.equal(d.point_to_voxel, p2v) and torch.equal(d.coords, coords) and d.num_voxels.tolist() == nvox
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_dynamic_cells_only(dtype):
+    """cells_only: each point's (b, z, y, x) is its voxel's row of the numbered form, −1 rows
+    where the point is out of range."""
+    pts = random_cloud(500, seed=21, dtype=dtype)
+    vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
+    for lengths in (None, torch.tensor([200, 300]), torch.tensor([0, 500])):
+        cells = pcops.dynamic_voxelize(pts, vs, pcr, lengths, cells_only=True)
+        d = pcops.dynamic_voxelize(pts, vs, pcr, lengths)
+        assert cells.dtype == torch.int32 and cells.shape == (500, 4)
+        inside = d.point_to_voxel >= 0
+        assert torch.equal(cells[inside], d.coords[d.point_to_voxel[inside]])
+        assert (cells[~inside] == -1).all() and (~inside).sum() >= 4  # the NaN/inf rows at least
+        ref_cells = pcops.dynamic_voxelize(pts, vs, pcr, lengths, cells_only=True, backend="reference")
+        assert torch.equal(cells, ref_cells)
+    torch.library.opcheck(torch.ops.pcops.point_cells, (pts, torch.tensor([200, 300]), list(vs), list(pcr), "auto"))
+    with pytest.raises(TypeError, match="cells_only"):
+        pcops.dynamic_voxelize(pts, vs, pcr, cells_only=1)
+
+    def f(p):
+        return pcops.dynamic_voxelize(p, vs, pcr, cells_only=True)
+
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(pts), f(pts))
+
+
 @pytest.mark.parametrize("frame,cfg", [("000000", V1), ("000001", V3)])
 def test_kitti_reference_matches_oracle(kitti_dir, frame, cfg):
     pts = kitti_scan(kitti_dir, frame)
@@ -487,6 +512,26 @@ def test_triton_interpreter_empty_and_out_of_range(small_blocks):
                     pcops.DynamicVoxels(*tri.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
                     pcops.DynamicVoxels(*ref.dynamic_voxelize(pts, lengths, vs, pcr, pad)),
                 )
+
+
+@pytest.mark.parametrize(
+    "n,lengths", [(300, None), (300, [300]), (300, [100, 0, 150]), (200, [10, 0] * 10), (70, [70, 5])]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@interpret
+def test_triton_interpreter_point_cells(n, lengths, dtype):
+    """One elementwise pass: the reference's cells bit for bit (samples as one vector up to 16,
+    a loop beyond; points past the samples' lengths and non-finite points give −1 rows)."""
+    from pcops.triton import voxelize as tri
+
+    pts = random_cloud(n, seed=n + 31, dtype=dtype)
+    lt = None if lengths is None else torch.tensor(lengths)
+    vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
+    got = tri.point_cells(pts, lt, vs, pcr, block=64)
+    exp = ref.point_cells(pts, lt, vs, pcr)
+    assert got.dtype == exp.dtype == torch.int32 and torch.equal(got, exp)
+    assert (got[:, 0] >= 0).any() and (got == -1).all(1).any()
+    assert tri.point_cells(pts[:0], None, vs, pcr).shape == (0, 4)
 
 
 RANK_MODES = {  # mode and Tuning test hooks
@@ -837,6 +882,9 @@ for csr in (False, True):
              ("batch_size", "num_rows", "max_points", "max_voxels", "list_stride"))
 compile_(rows._voxel_rows_kernel, rows_types, dict(PB=32, CB=4, ROWS=64, SB=128, BMAX=1, C_EXACT=True, CSR=False), 8)
 compile_(rows._voxel_scatter_kernel, ["*i32"] * 5 + ["i32"], dict(BLOCK=1024, REVERSE=False), 4)
+cells_types = ["*fp32", "*i64", "*i32"] + ["i32"] * 3 + ["fp32"] * 9 + ["i32"] * 3
+for hl, bmax, ones in [(False, 1, ("batch_size", "gz")), (True, 4, ()), (True, 0, ()), (True, 1, ("batch_size",))]:
+    compile_(tri._point_cells_kernel, cells_types, dict(HAS_LENGTHS=hl, BMAX=bmax, BLOCK=512), 4, ones)
 print("compiled")
 """
 
@@ -855,3 +903,23 @@ def test_gpu_bad_lengths_device():
         pcops.voxelize(pts, (0.1, 0.1, 0.1), (0, 0, 0, 1, 1, 1), 4, 10, lengths=torch.tensor([5]))
     with pytest.raises(ValueError, match="lengths"):
         pcops.dynamic_voxelize(pts, (0.1, 0.1, 0.1), (0, 0, 0, 1, 1, 1), lengths=torch.tensor([5]))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_cells_only_one_launch():
+    """cells_only on CUDA: the reference's cells, in one kernel launch and no host sync."""
+    from torch.profiler import ProfilerActivity, profile
+
+    pts = random_cloud(120_000, seed=41)
+    vs, pcr = SMALL["voxel_size"], SMALL["point_cloud_range"]
+    lengths = torch.tensor([50_000, 70_000])
+    exp = pcops.dynamic_voxelize(pts, vs, pcr, lengths, cells_only=True)
+    gp, gl = pts.cuda(), lengths.cuda()
+    assert torch.equal(pcops.dynamic_voxelize(gp, vs, pcr, gl, cells_only=True).cpu(), exp)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        pcops.dynamic_voxelize(gp, vs, pcr, gl, cells_only=True)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels == ["_point_cells_kernel"], kernels

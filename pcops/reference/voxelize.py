@@ -252,6 +252,19 @@ def dynamic_voxelize(
     return point_to_voxel, coords, num_voxels
 
 
+def point_cells(points: torch.Tensor, lengths: torch.Tensor | None, voxel_size, point_cloud_range) -> torch.Tensor:
+    """``(N, 4)`` int32 ``(b, z, y, x)`` cell of every point, −1 rows for points out of range (or
+    past ``lengths.sum()``); see ``pcops.dynamic_voxelize(cells_only=True)``."""
+    n = points.shape[0]
+    batch = 1 if lengths is None else lengths.numel()
+    q, ok = voxel_coords(points, voxel_size, point_cloud_range)
+    b = sample_ids(lengths, n, points.device)
+    ok &= b < batch
+    # truncation is floor for the in-range points (q >= 0); the others are overwritten
+    cells = torch.stack([b.to(torch.int32), q[2].to(torch.int32), q[1].to(torch.int32), q[0].to(torch.int32)], 1)
+    return cells.masked_fill_(~ok[:, None], -1)
+
+
 # --- per-voxel reduction of point features ----------------------------------------------------
 
 
