@@ -118,6 +118,25 @@ def main() -> None:
         rows.append(dict(row="SubMConv3d 16->16 incl. its map, fp32", ms=med, min=lo, max=hi))
         med, lo, hi = timed(lambda: conv(x))
         rows.append(dict(row="SubMConv3d 16->16 map kept (indice_key), fp32", ms=med, min=lo, max=hi))
+    # S3: BIG (the scan tiled 10x, jittered) on the V3 grid without the voxel cap; one SubMConv3d
+    # 64 -> 64 fp16 with its map kept, against the floor of sparse_conv_floor.py (same counts)
+    from sparse_conv_floor import GRID, big_scan, layer_floor
+
+    big = big_scan(pts.cpu()).cuda()
+    vb = pcops.voxelize(big, **GRID, max_voxels=big.shape[0])
+    n3 = int(vb.coords.shape[0])
+    conv3 = pnn.SubMConv3d(64, 64, 3, bias=False, indice_key="s3").cuda().half()
+    x3 = pnn.SparseConvTensor(torch.randn(n3, 64, device="cuda").half(), vb.coords, [40, 1600, 1408], 1)
+    with torch.no_grad():
+        conv3(x3)  # the map, kept under "s3"
+        out_in = x3.indice_dict["s3"].out_in
+        floor = layer_floor(n3, n3, 27, int((out_in >= 0).sum()), 64, 64)
+        med, lo, hi = timed(lambda: conv3(x3))
+        rows.append(dict(row=f"S3 SubMConv3d 64->64 fp16, map kept ({n3} voxels)", ms=med, min=lo, max=hi,
+                         floor_ms=floor["floor_us"] / 1000, over_floor=med / (floor["floor_us"] / 1000)))  # fmt: skip
+        r = bench(lambda: conv3(x3), graph=True)
+        rows.append(dict(row="S3 SubMConv3d 64->64 fp16, map kept, CUDA graph", ms=r["median_ms"], min=r["min_ms"],
+                         max=r["max_ms"], over_floor=r["median_ms"] / (floor["floor_us"] / 1000)))  # fmt: skip
     for r in rows:
         print(f"{r['row']:50s} {r['ms']:8.3f} ms  [{r['min']:.3f}, {r['max']:.3f}]" + (
             f"  grads bit-identical: {r['grads_bit_identical']}" if "grads_bit_identical" in r else ""))  # fmt: skip
