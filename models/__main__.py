@@ -56,6 +56,11 @@ def main(argv=None) -> int:
         help="seconds of training: the one-cycle schedule is fitted to it after 40 steps",
     )
     t.add_argument("--sync-bn", action="store_true", help="under torchrun: SyncBatchNorm over all ranks")
+    t.add_argument(
+        "--sensor-aug",
+        action="store_true",
+        help="also the sim-to-real augmentations (object scale, beam dropout, reflectance, sensor height)",
+    )
     t.add_argument("--precise-bn-batches", type=int, default=20, help="BatchNorm re-estimation batches (0: off)")
     _common(t)
     _dist(t)
@@ -141,6 +146,7 @@ def _run(args, device, workers, dd) -> int:
             time_budget=args.time_budget,
             progress=not args.no_progress,
             sync_bn=args.sync_bn,
+            sensor_aug=args.sensor_aug,
             precise_bn_batches=args.precise_bn_batches,
             dist_backend=args.dist_backend,
         )

@@ -26,6 +26,8 @@ Augmentations (OpenPCDet ``pointpillar.yaml``), split by where they are cheap:
   points inside the pasted boxes, random flip about x, global rotation ±π/4, global scaling
   0.95-1.05, point shuffle, and dropping boxes whose centre leaves the range. Per-point work on
   the GPU keeps the workers light (the GPU machine's cores are slow), so the loader keeps up.
+  Optionally (``train --sensor-aug``) also :class:`SensorAug`, for the transfer from simulated to
+  real scans: object scaling, beam dropout, reflectance gain and noise, sensor height.
 
 Classes outside ``config.class_names`` (Van, Truck, Misc, DontCare, ...) are not trained on;
 they are kept as ``ignore`` boxes for the evaluation (KITTI ignores a Car detection on a Van).
@@ -33,6 +35,7 @@ they are kept as ``ignore`` boxes for the evaluation (KITTI ignores a Car detect
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -51,6 +54,7 @@ __all__ = [
     "Batch",
     "collate",
     "augment_batch",
+    "SensorAug",
     "generate_split",
     "build_gt_database",
     "EpochSampler",
@@ -541,11 +545,88 @@ def _inside(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     )
 
 
-def augment_batch(batch: Batch, config: PointPillarsConfig, generator: torch.Generator | None = None) -> Batch:
+@dataclasses.dataclass(frozen=True)
+class SensorAug:
+    """Augmentations for the transfer from simulated to real scans (issue 22), drawn per scan
+    (per object, per beam, per point) from the step's generator, on top of OpenPCDet's:
+
+    Attributes:
+        object_scale: each labelled object and its points scaled by ``U(lo, hi)`` about the centre
+            of the box's bottom face (objects stay on the ground).
+        beam_drop: each of the 64 beams (points binned by elevation to the nearest HDL-64E beam)
+            dropped with this probability (its points moved out of range).
+        intensity_gain, intensity_noise: reflectance × ``U(lo, hi)`` per scan, plus ``N(0, σ)`` per
+            point, clipped to [0, 1].
+        height: the sensor height jittered by ``U(-h, h)`` metres per scan (points and boxes move
+            together along z).
+    """
+
+    object_scale: tuple = (0.9, 1.1)
+    beam_drop: float = 0.05
+    intensity_gain: tuple = (0.8, 1.2)
+    intensity_noise: float = 0.03
+    height: float = 0.1
+
+
+def _beam_of(pts: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` int64: the nearest HDL-64E beam (0 = top) of each point, by elevation from the sensor."""
+    from pcops.sim.sensor import hdl64_elevations
+
+    elev = torch.as_tensor(hdl64_elevations(64), dtype=torch.float32, device=pts.device)  # descending
+    mids = ((elev[:-1] + elev[1:]) / 2).flip(0)  # ascending boundaries
+    e = torch.atan2(pts[:, 2], torch.hypot(pts[:, 0], pts[:, 1]))
+    return 63 - torch.bucketize(e, mids)
+
+
+def _sensor_augment(batch: Batch, pts, boxes, aug: SensorAug, generator):
+    """``(points, boxes)`` after :class:`SensorAug` (the points' scans in ``batch``; no host sync)."""
+    dev, (bsz, g) = pts.device, boxes.shape[:2]
+
+    def uniform(lo, hi, *shape):
+        return lo + (hi - lo) * torch.rand(shape, device=dev, generator=generator)
+
+    idx, far = batch.sample_index, pts[:, 0] >= FAR
+    # objects: scaled about their bottom centres (points inside a box follow its first such box)
+    s_obj = torch.where(batch.gt_labels > 0, uniform(*aug.object_scale, bsz, g), 1.0)
+    xyz, start = pts[:, :3].clone(), 0
+    for b, n in enumerate(batch.host_lengths):  # scan by scan: O(n_b * G) memory
+        p, bx = pts[start : start + n, :3], boxes[b]
+        d = p[:, None, :] - bx[None, :, :3]
+        c, s = torch.cos(bx[:, 6]), torch.sin(bx[:, 6])
+        lx, ly = c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]
+        inside = (lx.abs() <= bx[:, 3] / 2) & (ly.abs() <= bx[:, 4] / 2) & (d[..., 2].abs() <= bx[:, 5] / 2)
+        inside &= (batch.gt_labels[b] > 0)[None, :]
+        k = inside.to(torch.int8).argmax(dim=1)
+        ref = torch.cat([bx[:, :2], bx[:, 2:3] - bx[:, 5:6] / 2], dim=1)[k]  # bottom centre
+        moved = ref + (p - ref) * s_obj[b, k, None]
+        xyz[start : start + n] = torch.where(inside.any(dim=1, keepdim=True), moved, p)
+        start += n
+    bottom = boxes[..., 2] - boxes[..., 5] / 2
+    dims = boxes[..., 3:6] * s_obj[..., None]
+    boxes = torch.cat([boxes[..., :2], (bottom + dims[..., 2] / 2)[..., None], dims, boxes[..., 6:]], dim=-1)
+    # beams dropped, reflectance gain and noise, sensor height
+    dropped = (uniform(0.0, 1.0, bsz, 64) < aug.beam_drop)[idx, _beam_of(xyz)] & ~far
+    gain = uniform(*aug.intensity_gain, bsz)[idx]
+    noise = torch.randn(pts.shape[0], device=dev, generator=generator) * aug.intensity_noise
+    refl = (pts[:, 3] * gain + noise).clamp(0.0, 1.0)
+    dz = uniform(-aug.height, aug.height, bsz)
+    out = torch.cat([xyz[:, :2], (xyz[:, 2] + dz[idx])[:, None], refl[:, None], pts[:, 4:]], dim=1)
+    out = torch.where((far | dropped)[:, None], torch.full_like(out, FAR), out)
+    boxes = torch.cat([boxes[..., :2], (boxes[..., 2] + dz[:, None])[..., None], boxes[..., 3:]], dim=-1)
+    return out, boxes
+
+
+def augment_batch(
+    batch: Batch,
+    config: PointPillarsConfig,
+    generator: torch.Generator | None = None,
+    sensor: SensorAug | None = None,
+) -> Batch:
     """The per-point augmentations on the batch's device, vectorised, no host sync: scan points
-    inside pasted boxes are moved out of range (the voxelizer drops them), then flip about x,
-    rotation about z, scaling (parameters from ``batch.aug``), a per-scan point shuffle, and boxes whose
-    centre leaves ``point_cloud_range`` marked as padding."""
+    inside pasted boxes are moved out of range (the voxelizer drops them), then (``sensor``) the
+    transfer augmentations of :class:`SensorAug`, flip about x, rotation about z, scaling
+    (parameters from ``batch.aug``), a per-scan point shuffle, and boxes whose centre leaves
+    ``point_cloud_range`` marked as padding."""
     pts, idx = batch.points, batch.sample_index
     drop = torch.zeros_like(batch.scene)
     start = 0
@@ -557,6 +638,8 @@ def augment_batch(batch: Batch, config: PointPillarsConfig, generator: torch.Gen
     pts = torch.where(drop.unsqueeze(1), torch.full_like(pts, FAR), pts)
     flip, rot, scale = batch.aug.unbind(1)
     boxes = batch.gt_boxes.clone()
+    if sensor is not None:
+        pts, boxes = _sensor_augment(batch, pts, boxes, sensor, generator)
     sign = 1.0 - 2.0 * flip  # -1 where flipped
     # points
     y = pts[:, 1] * sign[idx]

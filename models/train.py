@@ -34,7 +34,7 @@ import torch
 
 from . import distributed as dd
 from . import evaluate as ev
-from .data import Batch, EpochSampler, KittiDataset, _progress, augment_batch, collate
+from .data import Batch, EpochSampler, KittiDataset, SensorAug, _progress, augment_batch, collate
 from .loss import pointpillars_loss
 from .pointpillars import PointPillars
 from .targets import assign_targets
@@ -67,6 +67,7 @@ class TrainConfig:
     resume: str | None = None
     eval_split: str | None = "val"
     augment: bool = True  # OpenPCDet's augmentations (off: the scans as they are, e.g. to overfit a few)
+    sensor_aug: bool = False  # also data.SensorAug (object scale, beam dropout, reflectance, sensor height)
     eval_batch_size: int = 16
     deterministic: bool = False
     progress: bool = True
@@ -155,7 +156,8 @@ def train_step(
     device = batch.points.device
     _mark(times, "start", device)
     gen = torch.Generator(device=device).manual_seed(dd.rank_seed(cfg.seed, rank) * 1_000_003 + step)
-    batch = augment_batch(batch, model.config, generator=gen)
+    sensor = SensorAug() if cfg.sensor_aug and cfg.augment else None
+    batch = augment_batch(batch, model.config, generator=gen, sensor=sensor)
     amp = device.type == "cuda" and cfg.amp != "none"
     dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
     with torch.autocast(device.type, dtype=dtype, enabled=amp):

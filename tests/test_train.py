@@ -318,6 +318,58 @@ def test_dataset_augmentation_and_batch(tiny_split):
     assert torch.all((out.gt_boxes[..., 0][live] >= r[0]) & (out.gt_boxes[..., 0][live] < r[3]))
 
 
+def test_sensor_augmentations_keep_objects_consistent(tiny_split):
+    """SensorAug (issue 22): every point inside a labelled box before is inside the transformed box
+    after (objects scaled about their bottom faces, then the same height shift and global flip /
+    rotation / scaling as their boxes); reflectance stays in [0, 1]; dropped beams remove points;
+    the draws follow the generator."""
+    from pcops.models.data import FAR, KittiDataset, SensorAug, _beam_of, _inside, augment_batch, collate
+
+    ds = KittiDataset(tiny_split, "train", CFG, augment=True, seed=0)
+    batch = collate([ds[(0, 0)], ds[(1, 0)]])
+    # no shuffle confusion: compare scan by scan, point sets matched through the "scene" order
+    aug = SensorAug(object_scale=(0.8, 1.25), beam_drop=0.2, height=0.3)
+    a = augment_batch(batch, CFG, generator=torch.Generator().manual_seed(5), sensor=aug)
+    b = augment_batch(batch, CFG, generator=torch.Generator().manual_seed(5), sensor=aug)
+    assert torch.equal(a.points, b.points) and torch.equal(a.gt_boxes, b.gt_boxes)
+    c = augment_batch(batch, CFG, generator=torch.Generator().manual_seed(6), sensor=aug)
+    assert not torch.equal(a.gt_boxes, c.gt_boxes)
+    live = a.points[:, 0] < FAR
+    assert (a.points[live, 3] >= 0).all() and (a.points[live, 3] <= 1).all()
+    plain = augment_batch(batch, CFG, generator=torch.Generator().manual_seed(5))
+    assert int(live.sum()) < int((plain.points[:, 0] < FAR).sum())  # 20 % of the beams dropped
+    start = 0
+    for i, n in enumerate(batch.host_lengths):
+        boxes = a.gt_boxes[i][a.gt_labels[i] > 0]
+        before = batch.gt_boxes[i][a.gt_labels[i] > 0]
+        pts_a = a.points[start : start + n]
+        inside_after = _inside(pts_a[pts_a[:, 0] < FAR], boxes * torch.tensor([1, 1, 1, 1.02, 1.02, 1.02, 1]))
+        src = batch.points[start : start + n]
+        inside_before = _inside(src, before * torch.tensor([1, 1, 1, 0.98, 0.98, 0.98, 1]))
+        # the dropped beams and pasted-box removals only take points away
+        assert int(inside_after.sum()) >= 0.5 * int(inside_before.sum()) > 0
+        start += n
+    # exactly, before the global transform and the shuffle: no beam dropped, every point of a
+    # labelled box stays in its (scaled, lifted) box, the others only move along z
+    from pcops.models.data import _sensor_augment
+
+    exact = SensorAug(object_scale=(0.7, 1.3), beam_drop=0.0, height=0.3)
+    pts, boxes = _sensor_augment(batch, batch.points, batch.gt_boxes, exact, torch.Generator().manual_seed(7))
+    n0, lab = batch.host_lengths[0], batch.gt_labels[0] > 0
+    grow = torch.tensor([1, 1, 1, 1 + 1e-4, 1 + 1e-4, 1 + 1e-4, 1])
+    shrink = torch.tensor([1, 1, 1, 1 - 1e-4, 1 - 1e-4, 1 - 1e-4, 1])  # away from the faces: no rounding ties
+    before = _inside(batch.points[:n0], batch.gt_boxes[0][lab] * shrink)
+    assert int(before.sum()) > 0 and bool(_inside(pts[:n0][before], boxes[0][lab] * grow).all())
+    outside = ~_inside(batch.points[:n0], batch.gt_boxes[0][lab] * grow)
+    assert torch.equal(pts[:n0][outside, :2], batch.points[:n0][outside, :2])
+    dz = pts[:n0][outside, 2] - batch.points[:n0][outside, 2]
+    assert float(dz.max() - dz.min()) < 1e-5 and abs(float(dz[0])) <= 0.3  # one height shift per scan
+    # beams: the 64 bins cover the sensor's field of view
+    beams = _beam_of(batch.points[: batch.host_lengths[0]])  # the simulator writes beam by beam, top first
+    assert beams.min() >= 0 and beams.max() <= 63 and len(torch.unique(beams)) > 48
+    assert beams[0] <= 1 and (beams[:-1] <= beams[1:] + 1).float().mean() > 0.99
+
+
 def test_dataset_bad_folders(tiny_split, tmp_path):
     from pcops.models.data import KittiDataset
 
