@@ -149,3 +149,37 @@ def test_activation_relu_forward_and_gradients():
         pcops.sparse_conv3d(feats, km, weight, bias, activation="gelu")
     with pytest.raises(TypeError, match="activation"):
         pcops.sparse_conv3d(feats, km, weight, bias, activation=torch.relu)
+
+
+_AOT_SCRIPT = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pcops.triton import sparse_conv3d as tri
+
+target = GPUTarget("cuda", 90, 32)
+
+
+def compile_(fn, types, constexprs, num_warps=4):
+    sig = dict(zip(fn.arg_names, types + ["constexpr"] * (len(fn.arg_names) - len(types))))
+    triton.compile(ASTSource(fn, sig, constexprs), target=target, options={"num_warps": num_warps})
+
+
+for ptr, prec in (("*fp16", "tf32"), ("*bf16", "tf32"), ("*fp32", "ieee"), ("*fp32", "tf32")):
+    for relu in (False, True):
+        for bias in (False, True):
+            types = [ptr, ptr, ptr, "*i32", ptr] + ["i32"] * 7
+            compile_(tri._gather_gemm_kernel, types, dict(HAS_BIAS=bias, RELU=relu, PRECISION=prec, BLOCK_M=64,
+                     BLOCK_N=64, BLOCK_C=32))
+    compile_(tri._wgrad_kernel, [ptr, ptr, "*i32", "*fp32"] + ["i32"] * 4,
+             dict(ROWS=4096, PRECISION=prec, BLOCK_M=64, BLOCK_I=32, BLOCK_O=64))
+print("compiled")
+"""
+
+
+def test_triton_kernels_compile_for_sm90():
+    """The interpreter does not type-check like the compiler: compile the implicit-GEMM kernels
+    (every dtype, bias, the ReLU epilogue) for sm_90 ahead of time (Triton's ptxas, no GPU)."""
+    from _util import run_compiler_script
+
+    run_compiler_script(_AOT_SCRIPT, timeout=600)
