@@ -1,7 +1,7 @@
 """S2 (WORKLOADS.md): SECOND's middle encoder (OpenPCDet VoxelBackBone8x) on pcops.nn, and one
 SubMConv3d 16 → 16, on the V3 voxels of the KITTI scan (mean of their points: 4 channels).
 
-    PYTHONPATH=. python benchmarks/bench_sparse_conv.py [--scan PATH] [--out results.json]
+    PYTHONPATH=. python benchmarks/bench_sparse_conv.py [--scan PATH] [--out DIR]   # writes DIR/sparse_conv.json
 
 Eager rows: median CUDA-event time of single calls after warm-up, kernel maps included (a fresh
 ``SparseConvTensor`` per call, as a detector's forward builds it). Static rows: the fixed-capacity
@@ -24,7 +24,7 @@ import torch
 import pcops
 from pcops import nn as pnn
 
-from common import bench
+from common import bench, load_scan
 
 V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5,
           max_voxels=40000)  # fmt: skip
@@ -40,12 +40,16 @@ def main() -> None:
     from pcops.models.second import VoxelBackBone8x, mean_vfe
 
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--scan", default="../shared/data/kitti/training/velodyne/000001.bin")
-    p.add_argument("--out", default=None)
+    p.add_argument("--scan", default=None, help="a KITTI .bin scan (default: common.load_scan's 000001)")
+    p.add_argument("--out", default=None, help="folder for sparse_conv.json (or a .json file path)")
+    p.add_argument("--quick", action="store_true", help="accepted for scripts/gpu_check.py (no effect)")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    pts = torch.from_numpy(__import__("numpy").fromfile(a.scan, dtype="float32").reshape(-1, 4)).cuda()
+    if a.scan:
+        pts = torch.from_numpy(__import__("numpy").fromfile(a.scan, dtype="float32").reshape(-1, 4)).cuda()
+    else:
+        pts = load_scan("000001")[0].cuda()
     v = pcops.voxelize(pts, **V3)
     feats, coords = mean_vfe(v.voxels, v.num_points), v.coords
     vp = pcops.voxelize(pts, pad_to_max=True, **V3)  # the static form's input (capture)
@@ -148,7 +152,11 @@ def main() -> None:
     except ImportError:
         pass
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1))
+        out = Path(a.out)
+        if out.suffix != ".json":
+            out.mkdir(parents=True, exist_ok=True)
+            out = out / "sparse_conv.json"
+        out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
