@@ -145,7 +145,8 @@ def _run_tree(tree: Path, device: str, calls: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
+    p.add_argument("--quick", action="store_true", help="500 calls per round")
     p.add_argument("--calls", type=int, default=2000, help="back-to-back calls per round")
     p.add_argument("--old", default=None, help="a checkout of another commit: its calls too, and ratios")
     p.add_argument("--rounds", type=int, default=5, help="alternating subprocess runs per tree (--old)")
@@ -159,6 +160,8 @@ def main() -> None:
     from common import environment
 
     torch.set_num_threads(1)
+    if args.quick:
+        args.calls = 500
     layers = registration_layers(args.device, args.calls * 5)
     print("registration layer (µs per call):")
     for name, r in layers.items():

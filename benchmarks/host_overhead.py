@@ -214,12 +214,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
     p.add_argument("--calls", type=int, default=500, help="back-to-back calls per round")
+    p.add_argument("--quick", action="store_true", help="100 calls per round")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     from common import environment
 
     torch.set_num_threads(1)
-    rows = measure(a.device, a.calls)
+    rows = measure(a.device, 100 if a.quick else a.calls)
     env = environment()
     res = {
         "benchmark": "host_overhead",
