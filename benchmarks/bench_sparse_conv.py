@@ -122,6 +122,16 @@ def main() -> None:
         rows.append(dict(row="SubMConv3d 16->16 incl. its map, fp32", ms=med, min=lo, max=hi))
         med, lo, hi = timed(lambda: conv(x))
         rows.append(dict(row="SubMConv3d 16->16 map kept (indice_key), fp32", ms=med, min=lo, max=hi))
+    # E3: the whole SECOND detector (second.yaml; random weights: the time, not the detections)
+    from pcops.models.second import SECOND
+
+    torch.manual_seed(0)
+    det = SECOND().cuda()
+    med, lo, hi = timed(lambda: det(pts))
+    rows.append(dict(row="E3 SECOND forward eval fp32, eager", ms=med, min=lo, max=hi))
+    det.backbone_3d = pnn.fuse_for_inference(det.backbone_3d)
+    med, lo, hi = timed(lambda: det(pts))
+    rows.append(dict(row="E3 SECOND forward eval fp32, eager, fuse_for_inference", ms=med, min=lo, max=hi))
     # S3: BIG (the scan tiled 10x, jittered) on the V3 grid without the voxel cap; one SubMConv3d
     # 64 -> 64 fp16 with its map kept, against the floor of sparse_conv_floor.py (same counts)
     from sparse_conv_floor import GRID, big_scan, layer_floor

@@ -92,6 +92,30 @@ PRETRAINED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights",
 # --- the detector -----------------------------------------------------------------------------
 
 
+def read_openpcdet_state(path_or_state_dict) -> dict:
+    """The model state of an OpenPCDet checkpoint: a ``.pth`` path (loaded with
+    ``weights_only=True``) or its dict, the checkpoint (``{'model_state': ...}``) or the bare state
+    dict, ``module.`` prefixes of a ``DistributedDataParallel`` wrapper removed."""
+    state = path_or_state_dict
+    if isinstance(state, (str, os.PathLike)):
+        try:
+            state = torch.load(os.fspath(state), map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle.UnpicklingError and friends: objects beyond tensors and containers
+            if isinstance(e, (FileNotFoundError, IsADirectoryError)):
+                raise
+            raise ValueError(
+                f"path_or_state_dict: {state} did not load with torch.load(weights_only=True) ({e}); if you "
+                "trust the file, load it yourself with torch.load(path, weights_only=False) and pass the dict"
+            ) from e
+    if not isinstance(state, dict):
+        raise TypeError(f"path_or_state_dict: expected a path or a dict, got {type(state).__name__}")
+    if "model_state" in state:
+        state = state["model_state"]
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module.") :]: v for k, v in state.items()}
+    return state
+
+
 class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
     """PointPillars with OpenPCDet's module names; KITTI ``pointpillar.yaml`` by default.
 
@@ -219,23 +243,7 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         Nothing is loaded when it raises.
         Returns ``self``.
         """
-        state = path_or_state_dict
-        if isinstance(state, (str, os.PathLike)):
-            try:
-                state = torch.load(os.fspath(state), map_location="cpu", weights_only=True)
-            except Exception as e:  # pickle.UnpicklingError and friends: objects beyond tensors and containers
-                if isinstance(e, (FileNotFoundError, IsADirectoryError)):
-                    raise
-                raise ValueError(
-                    f"path_or_state_dict: {state} did not load with torch.load(weights_only=True) ({e}); if you "
-                    "trust the file, load it yourself with torch.load(path, weights_only=False) and pass the dict"
-                ) from e
-        if not isinstance(state, dict):
-            raise TypeError(f"path_or_state_dict: expected a path or a dict, got {type(state).__name__}")
-        if "model_state" in state:
-            state = state["model_state"]
-        if state and all(k.startswith("module.") for k in state):
-            state = {k[len("module.") :]: v for k, v in state.items()}
+        state = read_openpcdet_state(path_or_state_dict)
         own = self.state_dict()
         optional = {"global_step"}
         missing = sorted(set(own) - set(state) - optional)

@@ -1,5 +1,8 @@
-"""SECOND's voxel feature encoder and sparse middle encoder (Yan et al., "SECOND", Sensors 2018)
-on ``pcops.nn``, with OpenPCDet's module names so its checkpoints load as they are.
+"""SECOND (Yan et al., "SECOND", Sensors 2018) on ``pcops.nn``, with OpenPCDet's module names so
+its checkpoints load as they are: the voxel feature encoder and sparse middle encoder, and the whole
+detector of OpenPCDet's KITTI ``second.yaml`` (:class:`SECOND`: MeanVFE → VoxelBackBone8x →
+HeightCompression → BaseBEVBackbone → AnchorHeadSingle, with PointPillars' 2-D modules, anchors
+and post-processing).
 
 ``MeanVFE`` (the mean of each voxel's points) and ``VoxelBackBone8x`` (OpenPCDet's
 ``backbones_3d/spconv_backbone.py`` layout: 4 → 16 subm ×2, s2 → 32, subm ×2, s2 → 64, subm ×2,
@@ -11,14 +14,23 @@ layers convert the latter on load and raise ``ValueError`` for any other shape.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 from torch import nn
 
+import pcops
 from pcops import nn as pnn
 
-__all__ = ["mean_vfe", "VoxelBackBone8x"]
+from . import box_coder
+from .config import KITTI_ANCHORS, PointPillarsConfig
+from .modules import AnchorHeadSingle, BaseBEVBackbone
+from .outputs import Detections
+from .pointpillars import PointPillars, read_openpcdet_state
+from .postprocess import PostProcessMixin
+
+__all__ = ["mean_vfe", "VoxelBackBone8x", "SECOND", "second_config"]
 
 
 def mean_vfe(voxels: torch.Tensor, num_points: torch.Tensor) -> torch.Tensor:
@@ -130,3 +142,126 @@ class VoxelBackBone8x(nn.Module):
         if not sub:
             raise ValueError(f"state_dict: no keys start with {prefix!r} (is it an OpenPCDet SECOND checkpoint?)")
         self.load_state_dict(sub)
+
+
+def second_config(**overrides) -> PointPillarsConfig:
+    """The 2-D half of OpenPCDet's KITTI ``second.yaml`` as the config :class:`SECOND`'s BEV
+    backbone, head, anchors and post-processing read: range ``(0, -40, -3, 70.4, 40, 1)``, the BEV
+    grid of the 0.05 m voxels (one z cell spanning the range: 1600 × 1408), backbone
+    ``LAYER_NUMS (5, 5)``, strides ``(1, 2)``, filters ``(128, 256)``, upsampling ``(1, 2)`` to
+    ``(256, 256)``, KITTI's three anchors at feature-map stride 8 (a 200 × 176 head), 5 points
+    and 16,000 / 40,000 voxels per scan. ``overrides`` replace fields (e.g. a smaller range)."""
+    fields = dict(
+        point_cloud_range=(0.0, -40.0, -3.0, 70.4, 40.0, 1.0),
+        voxel_size=(0.05, 0.05, 4.0),
+        max_points_per_voxel=5,
+        layer_nums=(5, 5),
+        layer_strides=(1, 2),
+        num_filters=(128, 256),
+        upsample_strides=(1, 2),
+        num_upsample_filters=(256, 256),
+        anchors=tuple(dataclasses.replace(a, feature_map_stride=8) for a in KITTI_ANCHORS),
+    )
+    fields.update(overrides)
+    if "voxel_size" not in overrides:  # keep one z cell over the range
+        r = fields["point_cloud_range"]
+        fields["voxel_size"] = (0.05, 0.05, r[5] - r[2])
+    return PointPillarsConfig(**fields)
+
+
+class SECOND(PostProcessMixin, nn.Module):
+    """OpenPCDet's KITTI SECOND detector (``second.yaml``), eval-mode detections.
+
+    Args:
+        config: the 2-D half (:func:`second_config`, the default).
+        voxel_size: the 3-D voxels, ``(0.05, 0.05, 0.1)`` m (``VOXEL_SIZE``).
+
+    ``forward(points, lengths=None)`` voxelizes (``pcops.voxelize``, at most ``max_points_per_voxel``
+    points and ``max_voxels_test`` voxels per scan), averages each voxel's points (MeanVFE), runs
+    :class:`VoxelBackBone8x` and OpenPCDet's ``HeightCompression`` (``(B, 256, H / 8, W / 8)``),
+    PointPillars' ``BaseBEVBackbone`` and ``AnchorHeadSingle``, and returns :class:`Detections`
+    decoded and NMS-ed as PointPillars' reference path does. ``load_openpcdet`` loads an
+    OpenPCDet SECOND checkpoint (spconv 1.x or 2.x weight layout). For speed, run
+    ``pcops.nn.fuse_for_inference`` on ``backbone_3d`` (BatchNorm and ReLU folded into the sparse
+    convolutions). There are no shipped SECOND weights: a model built here starts random.
+    """
+
+    def __init__(self, config: PointPillarsConfig | None = None, voxel_size: Sequence[float] = (0.05, 0.05, 0.1)):
+        super().__init__()
+        self.config = config if config is not None else second_config()
+        if not isinstance(self.config, PointPillarsConfig):
+            raise TypeError(
+                f"config: expected a PointPillarsConfig (second_config()), got {type(self.config).__name__}"
+            )
+        self.voxel_size = tuple(float(v) for v in voxel_size)
+        r = self.config.point_cloud_range
+        grid = tuple(int(round((r[i + 3] - r[i]) / self.voxel_size[i])) for i in range(3))
+        if grid[:2] != self.config.grid_size[:2]:
+            raise ValueError(
+                f"voxel_size: x/y must match the config's BEV grid {self.config.grid_size[:2]}, got {grid}"
+            )
+        self.backbone_3d = VoxelBackBone8x(self.config.num_point_features, grid)
+        d_out = self._bev_depth(grid[2])
+        self.backbone_2d = BaseBEVBackbone(self.config, self.backbone_3d.num_point_features * d_out)
+        self.dense_head = AnchorHeadSingle(self.config, self.backbone_2d.num_bev_features)
+        self.register_buffer("global_step", torch.zeros(1, dtype=torch.int64))  # OpenPCDet's step counter
+        self._anchors_cpu = box_coder.generate_anchors(self.config).view(-1, 7)
+        self._anchors: dict[torch.device, torch.Tensor] = {}
+        self.eval()
+
+    @staticmethod
+    def _bev_depth(nz: int) -> int:
+        """Depth of the encoded tensor: the sparse grid's nz + 1 through three (3, s2, p1) convs, one
+        (3, s2, p0) and the (3, 1, 1) s(2, 1, 1) output conv (2 for KITTI's 40 z cells)."""
+        d = nz + 1
+        for pad in (1, 1, 0, 0):
+            d = (d + 2 * pad - 3) // 2 + 1
+        return d
+
+    anchors = PointPillars.anchors  # the anchors on a device, cached, as PointPillars keeps them
+    num_anchors = PointPillars.num_anchors
+
+    def dense_outputs(self, points: torch.Tensor, lengths: torch.Tensor | None = None):
+        """The head's NHWC outputs ``(cls, box, dir)``, float32 (``(B, 200, 176, ·)`` for KITTI)."""
+        cfg = self.config
+        if points.dim() != 2 or points.shape[1] < cfg.num_point_features:
+            raise ValueError(f"points: expected (N, >= {cfg.num_point_features}), got {tuple(points.shape)}")
+        batch = 1 if lengths is None else lengths.numel()
+        vox = pcops.voxelize(
+            points[:, : cfg.num_point_features],
+            self.voxel_size,
+            cfg.point_cloud_range,
+            cfg.max_points_per_voxel,
+            cfg.max_voxels_test,
+            lengths=lengths,
+        )
+        with torch.no_grad():
+            enc = self.backbone_3d.forward_voxels(mean_vfe(vox.voxels, vox.num_points), vox.coords, batch)
+            x = self.backbone_2d(VoxelBackBone8x.to_bev(enc["encoded_spconv_tensor"]))
+            return tuple(t.float() for t in self.dense_head(x))
+
+    def forward(self, points: torch.Tensor, lengths: torch.Tensor | None = None) -> Detections:
+        """Detect objects in ``points (N, C)`` float32 (one scan, or several with ``lengths``)."""
+        if self.training:
+            raise RuntimeError("forward: detections need eval mode (call model.eval())")
+        with torch.no_grad():
+            return self._post_reference(*self.dense_outputs(points, lengths))
+
+    def load_openpcdet(self, path_or_state_dict, strict: bool = True) -> "SECOND":
+        """Load an OpenPCDet SECOND checkpoint (path or dict; see ``PointPillars.load_openpcdet``);
+        the sparse convolutions take spconv 1.x or 2.x layouts. ``global_step`` is optional;
+        missing or mis-shaped keys raise (``strict``: unexpected ones too). Returns ``self``."""
+        state = dict(read_openpcdet_state(path_or_state_dict))
+        state.setdefault("global_step", self.global_step.clone())
+        own = self.state_dict()
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or (strict and unexpected):
+            raise KeyError(
+                f"path_or_state_dict: not a SECOND checkpoint for this config: missing {missing[:20]}, "
+                f"unexpected {unexpected[:20]}"
+            )
+        try:  # the sparse convs convert spconv 1.x weights while loading
+            self.load_state_dict({k: state[k] for k in own}, strict=True)
+        except RuntimeError as e:
+            raise ValueError(f"path_or_state_dict: mis-shaped weights: {e}") from None
+        return self

@@ -508,3 +508,68 @@ def test_inference_weight_cache_follows_the_parameters():
     y = conv(x)  # training path: no cache, differentiable
     y.features.sum().backward()
     assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+
+
+# --- the SECOND detector (OpenPCDet second.yaml) ---------------------------------------------------
+
+
+def test_second_detector_layout_and_full_size_config():
+    from pcops.models.second import SECOND
+
+    torch.manual_seed(0)
+    m = SECOND()  # KITTI's second.yaml
+    assert m.config.feature_map_hw == (200, 176) and m.num_anchors == 200 * 176 * 6
+    assert m.backbone_3d.sparse_shape == [41, 1600, 1408] and SECOND._bev_depth(40) == 2
+    sd = m.state_dict()
+    shapes = {  # OpenPCDet's names and shapes for second.yaml's 2-D half
+        "backbone_2d.blocks.0.1.weight": (128, 256, 3, 3),
+        "backbone_2d.blocks.0.16.weight": (128, 128, 3, 3),
+        "backbone_2d.blocks.1.1.weight": (256, 128, 3, 3),
+        "backbone_2d.deblocks.0.0.weight": (128, 256, 1, 1),
+        "backbone_2d.deblocks.1.0.weight": (256, 256, 2, 2),
+        "dense_head.conv_cls.weight": (18, 512, 1, 1),
+        "dense_head.conv_box.weight": (42, 512, 1, 1),
+        "dense_head.conv_dir_cls.weight": (12, 512, 1, 1),
+    }
+    for k, shape in shapes.items():
+        assert tuple(sd[k].shape) == shape, k
+    assert {f"backbone_3d.{k}" for k in OPENPCDET_KEYS} <= set(sd)
+
+
+def test_second_detector_runs_and_loads_openpcdet_checkpoints():
+    from pcops.models.second import SECOND, second_config
+
+    cfg = second_config(point_cloud_range=(0.0, -8.0, -3.0, 12.8, 8.0, 1.0))
+    torch.manual_seed(1)
+    m = SECOND(cfg)
+    for mod in m.modules():
+        if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+            mod.running_mean.uniform_(-0.1, 0.1)
+            mod.running_var.uniform_(0.5, 1.5)
+    with torch.no_grad():
+        m.dense_head.conv_cls.bias.fill_(2.0)  # confident scores: detections to compare
+    g = generator(35)
+    pts = torch.rand(6000, 4, generator=g) * torch.tensor([12.8, 16.0, 3.0, 1.0]) - torch.tensor([0, 8.0, 2.5, 0])
+    cls, box, dirc = m.dense_outputs(pts)
+    assert cls.shape == (1, 40, 32, 18) and box.shape == (1, 40, 32, 42) and dirc.shape == (1, 40, 32, 12)
+    det = m(pts)
+    n = int(det.count[0])
+    assert 0 < n <= cfg.nms_post_max_size and set(det.labels[0, :n].tolist()) <= {1, 2, 3}
+    # an OpenPCDet checkpoint: DDP prefixes, spconv 1.x sparse weights, no global_step
+    sd = m.state_dict()
+    ckpt = {"model_state": {
+        f"module.{k}": (v.permute(1, 2, 3, 4, 0) if k.startswith("backbone_3d") and v.dim() == 5 else v)
+        for k, v in sd.items() if k != "global_step"}}  # fmt: skip
+    torch.manual_seed(2)
+    other = SECOND(cfg).load_openpcdet(ckpt)
+    again = other(pts)
+    assert torch.equal(again.count, det.count)
+    torch.testing.assert_close(again.boxes, det.boxes)
+    with pytest.raises(KeyError, match="missing"):
+        SECOND(cfg).load_openpcdet({k: v for k, v in sd.items() if not k.startswith("dense_head")})
+    bad = dict(sd)
+    bad["dense_head.conv_cls.weight"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="mis-shaped"):
+        SECOND(cfg).load_openpcdet(bad)
+    with pytest.raises(RuntimeError, match="eval mode"):
+        SECOND(cfg).train()(pts)
