@@ -96,6 +96,7 @@ def cases(dev: str) -> dict:
             p4, **grid, max_points_per_voxel=32, max_voxels=1000, pad_to_max=True
         ),
         "dynamic_voxelize": lambda: pcops.dynamic_voxelize(p4, **grid),
+        "dynamic_voxelize cells_only": lambda: pcops.dynamic_voxelize(p4, **grid, cells_only=True),
         "voxel_reduce mean": lambda: pcops.voxel_reduce(p4, p2v, 50),
         "pillar_scatter": lambda: pcops.pillar_scatter(feats, coords, 1, (8, 8)),
         "pillar_scatter fwd+bwd": backward(lambda: pcops.pillar_scatter(fg, coords, 1, (8, 8)), fg),
