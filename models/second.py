@@ -26,7 +26,7 @@ from pcops import nn as pnn
 from . import box_coder
 from .config import KITTI_ANCHORS, PointPillarsConfig
 from .modules import AnchorHeadSingle, BaseBEVBackbone
-from .outputs import Detections
+from .outputs import DenseOutputs, Detections
 from .pointpillars import PointPillars, read_openpcdet_state
 from .postprocess import PostProcessMixin
 
@@ -207,6 +207,9 @@ class SECOND(PostProcessMixin, nn.Module):
         self.register_buffer("global_step", torch.zeros(1, dtype=torch.int64))  # OpenPCDet's step counter
         self._anchors_cpu = box_coder.generate_anchors(self.config).view(-1, 7)
         self._anchors: dict[torch.device, torch.Tensor] = {}
+        self.last_dropped_voxels: torch.Tensor | None = None  # (B,) voxels dropped by max_voxels, last call
+        self.warn_on_dropped_voxels = False  # the trainer's switch (PointPillars warns; SECOND counts only)
+        self.weights_source: str | None = None
         self.eval()
 
     @staticmethod
@@ -221,8 +224,7 @@ class SECOND(PostProcessMixin, nn.Module):
     anchors = PointPillars.anchors  # the anchors on a device, cached, as PointPillars keeps them
     num_anchors = PointPillars.num_anchors
 
-    def dense_outputs(self, points: torch.Tensor, lengths: torch.Tensor | None = None):
-        """The head's NHWC outputs ``(cls, box, dir)``, float32 (``(B, 200, 176, ·)`` for KITTI)."""
+    def _head(self, points: torch.Tensor, lengths: torch.Tensor | None, max_voxels: int) -> DenseOutputs:
         cfg = self.config
         if points.dim() != 2 or points.shape[1] < cfg.num_point_features:
             raise ValueError(f"points: expected (N, >= {cfg.num_point_features}), got {tuple(points.shape)}")
@@ -232,13 +234,24 @@ class SECOND(PostProcessMixin, nn.Module):
             self.voxel_size,
             cfg.point_cloud_range,
             cfg.max_points_per_voxel,
-            cfg.max_voxels_test,
+            max_voxels,
             lengths=lengths,
         )
+        self.last_dropped_voxels = vox.num_dropped_voxels
+        enc = self.backbone_3d.forward_voxels(mean_vfe(vox.voxels, vox.num_points), vox.coords, batch)
+        x = self.backbone_2d(VoxelBackBone8x.to_bev(enc["encoded_spconv_tensor"]))
+        return DenseOutputs(*(t.float() for t in self.dense_head(x)))
+
+    def dense_outputs(self, points: torch.Tensor, lengths: torch.Tensor | None = None) -> DenseOutputs:
+        """The head's NHWC outputs ``(cls, box, dir)``, float32 (``(B, 200, 176, ·)`` for KITTI)."""
         with torch.no_grad():
-            enc = self.backbone_3d.forward_voxels(mean_vfe(vox.voxels, vox.num_points), vox.coords, batch)
-            x = self.backbone_2d(VoxelBackBone8x.to_bev(enc["encoded_spconv_tensor"]))
-            return tuple(t.float() for t in self.dense_head(x))
+            return self._head(points, lengths, self.config.max_voxels_test)
+
+    def forward_train(self, points: torch.Tensor, lengths: torch.Tensor | None = None) -> DenseOutputs:
+        """Differentiable head outputs (``max_voxels_train`` voxels per scan; BatchNorm with batch
+        statistics in ``train()`` mode): what ``pcops.models.train`` trains, as for PointPillars
+        (``train(TrainConfig(...), SECOND(...))``)."""
+        return self._head(points, lengths, self.config.max_voxels_train)
 
     def forward(self, points: torch.Tensor, lengths: torch.Tensor | None = None) -> Detections:
         """Detect objects in ``points (N, C)`` float32 (one scan, or several with ``lengths``)."""

@@ -370,6 +370,24 @@ def test_sensor_augmentations_keep_objects_consistent(tiny_split):
     assert beams[0] <= 1 and (beams[:-1] <= beams[1:] + 1).float().mean() > 0.99
 
 
+def test_second_trains_with_the_same_trainer(tiny_split, tmp_path):
+    """SECOND (issue 21's detector) trains with pcops' trainer: targets, loss, optimiser and
+    checkpoints as for PointPillars; gradients reach the sparse encoder."""
+    from pcops.models.second import SECOND, second_config
+    from pcops.models.train import TrainConfig, train
+
+    torch.manual_seed(0)
+    model = SECOND(second_config(point_cloud_range=(0.0, -12.8, -3.0, 25.6, 12.8, 1.0)))
+    before = model.backbone_3d.conv_input[0].weight.detach().clone()
+    cfg = TrainConfig(data=str(tiny_split), out=str(tmp_path), epochs=1, batch_size=1, device="cpu", workers=0,
+                      max_steps=2, eval_split=None, progress=False, log_every=1, precise_bn_batches=0)  # fmt: skip
+    rec = train(cfg, model)
+    assert rec["steps"] == 2 and all(math.isfinite(h["total"]) for h in rec["history"])
+    assert not torch.equal(model.backbone_3d.conv_input[0].weight, before)
+    assert (tmp_path / "checkpoint.pt").is_file()
+    assert int(model(torch.zeros(0, 4)).count[0]) == 0  # an empty scan detects nothing
+
+
 def test_dataset_bad_folders(tiny_split, tmp_path):
     from pcops.models.data import KittiDataset
 
