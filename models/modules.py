@@ -108,8 +108,7 @@ class PillarVFE(nn.Module):
                 mu_x = red(xv.sum(dim=(0, 1))) / n
                 xc = (x - mu_x) * w_valid
                 # per pillar, then summed: one (P*T)-long float32 dot product per entry accumulates
-                # sequentially on the CPU (~2e-3 relative error at 8,000 pillars, measured), a sum of
-                # P small products is accurate to ~1e-7 and no slower
+                # sequentially on the CPU and loses ~3 digits (benchmarks/NOTES.md, stop 26)
                 cov = red(torch.einsum("pti,ptj->pij", xc, xc).sum(dim=0)) / n
                 mean = weight @ mu_x
                 var = ((weight @ cov) * weight).sum(dim=1).clamp(min=0)

@@ -5,10 +5,8 @@ registered through the low-level ``torch.library.Library`` API.
 Why not ``torch.library.custom_op`` itself: every eager call of an op it registers runs two Python
 layers on top of the kernel, an autograd wrapper (a dataclass, a context manager and a boxed
 redispatch even when no gradient is needed) and a backend wrapper that checks on every call that
-no output aliases an input. Measured on a 2-core AMD EPYC (torch 2.13, CPU tensors, a kernel that
-allocates one tensor; ``benchmarks/NOTES.md``): 12.3 µs per call through ``custom_op``, 7.3 µs
-here (the Python autograd kernel's shortcut when no input requires grad), 3.6 µs for an op with no
-autograd kernel at all; with an input that requires grad, 20.5 µs against 14.9 µs.
+no output aliases an input. This registration costs about half as much host time per call
+(``benchmarks/dispatch_overhead.py``; the figures are in ``benchmarks/NOTES.md``).
 
 What stays the same: the schema (inferred from the type annotations, as ``custom_op`` does), fake
 implementations (``torch.library.register_fake``: ``torch.compile(fullgraph=True)``, ``opcheck``,
@@ -49,9 +47,8 @@ def custom_op(
 def call(op, *args):
     """Call a pcops op (an ``OpOverload``) from a public wrapper: where no input requires grad
     (and torch.compile is not tracing), below autograd, so the dispatcher skips the Python
-    autograd kernel and every torch op inside the kernel skips the autograd layer too. The same
-    result as ``op(*args)``; on a 2-core EPYC it saves 5-40 µs per call (more for ops whose
-    arguments include lists, which each dispatcher crossing converts again)."""
+    autograd kernel (a second dispatcher crossing, which converts the arguments again) and every
+    torch op inside the kernel skips the autograd layer too. The same result as ``op(*args)``."""
     # is_compiling first: under torch.compile it is constant True and the rest is not traced
     if torch.compiler.is_compiling() or (_C.is_grad_enabled() and _C._any_requires_grad(*args)):
         return op(*args)
@@ -158,7 +155,7 @@ class Op:
             if grad_enabled() and any_requires_grad(*args):
                 return fn.apply(keyset, *args)
             # no input needs a gradient: straight to the device kernel, with the torch ops inside
-            # it below autograd too (nothing to record; it saves ~0.2 µs per inner op)
+            # it below autograd too (nothing to record)
             with below_autograd():
                 return op.redispatch(keyset & below, *args)
 
