@@ -534,15 +534,18 @@ def collate(items: list) -> Batch:
     )
 
 
-def _inside(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``(N, 3+)`` points, ``(S, 7)`` boxes → ``(N,)`` bool: inside any box (faces included)."""
+def _inside_each(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """``(N, 3+)`` points, ``(S, 7)`` boxes → ``(N, S)`` bool: point inside box (faces included)."""
     d = points[:, None, :3] - boxes[None, :, :3]
     c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
     lx = c * d[..., 0] + s * d[..., 1]
     ly = -s * d[..., 0] + c * d[..., 1]
-    return ((lx.abs() <= boxes[:, 3] / 2) & (ly.abs() <= boxes[:, 4] / 2) & (d[..., 2].abs() <= boxes[:, 5] / 2)).any(
-        dim=1
-    )
+    return (lx.abs() <= boxes[:, 3] / 2) & (ly.abs() <= boxes[:, 4] / 2) & (d[..., 2].abs() <= boxes[:, 5] / 2)
+
+
+def _inside(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """``(N, 3+)`` points, ``(S, 7)`` boxes → ``(N,)`` bool: inside any box (faces included)."""
+    return _inside_each(points, boxes).any(dim=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -591,11 +594,7 @@ def _sensor_augment(batch: Batch, pts, boxes, aug: SensorAug, generator):
     xyz, start = pts[:, :3].clone(), 0
     for b, n in enumerate(batch.host_lengths):  # scan by scan: O(n_b * G) memory
         p, bx = pts[start : start + n, :3], boxes[b]
-        d = p[:, None, :] - bx[None, :, :3]
-        c, s = torch.cos(bx[:, 6]), torch.sin(bx[:, 6])
-        lx, ly = c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]
-        inside = (lx.abs() <= bx[:, 3] / 2) & (ly.abs() <= bx[:, 4] / 2) & (d[..., 2].abs() <= bx[:, 5] / 2)
-        inside &= (batch.gt_labels[b] > 0)[None, :]
+        inside = _inside_each(p, bx) & (batch.gt_labels[b] > 0)[None, :]
         k = inside.to(torch.int8).argmax(dim=1)
         ref = torch.cat([bx[:, :2], bx[:, 2:3] - bx[:, 5:6] / 2], dim=1)[k]  # bottom centre
         moved = ref + (p - ref) * s_obj[b, k, None]
