@@ -30,8 +30,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def _time(fn, device: str, calls: int, rounds: int = 5) -> float:
-    """Median over ``rounds`` of the µs per call of ``calls`` back-to-back calls."""
+def host_us_per_call(fn, device: str, calls: int, rounds: int = 5) -> float:
+    """Median over ``rounds`` of the µs per call of ``calls`` back-to-back calls (the GPU
+    synchronised after each round). Also ``host_overhead.py``'s timer."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(max(calls // 10, 20)):
         fn()
@@ -80,10 +81,12 @@ def registration_layers(device: str, calls: int) -> dict:
     }
     out = {}
     for name, op in ops.items():
-        out[name] = {"no grad": _time(lambda op=op: op(x, 3, "s"), device, calls)}
+        out[name] = {"no grad": host_us_per_call(lambda op=op: op(x, 3, "s"), device, calls)}
         if "no autograd" not in name:
-            out[name]["input requires grad"] = _time(lambda op=op: op(xg, 3, "s"), device, calls)
-    out["torch.empty_like (the kernel's own work)"] = {"no grad": _time(lambda: torch.empty_like(x), device, calls)}
+            out[name]["input requires grad"] = host_us_per_call(lambda op=op: op(xg, 3, "s"), device, calls)
+    out["torch.empty_like (the kernel's own work)"] = {
+        "no grad": host_us_per_call(lambda: torch.empty_like(x), device, calls)
+    }
     return out
 
 
@@ -130,7 +133,7 @@ def worker(device: str, calls: int) -> dict:
     res = {}
     for name, fn in op_cases(device).items():
         try:
-            res[name] = _time(fn, device, calls)
+            res[name] = host_us_per_call(fn, device, calls)
         except Exception as e:  # an op missing in an older tree
             res[name] = f"{type(e).__name__}: {e}"[:200]
     return res

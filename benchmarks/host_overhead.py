@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -38,6 +36,8 @@ sys.path.insert(0, str(HERE))
 
 import pcops  # noqa: E402
 from pcops import _library  # noqa: E402
+
+from dispatch_overhead import host_us_per_call  # noqa: E402
 
 
 def cases(dev: str) -> dict:
@@ -133,20 +133,6 @@ class _Record(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _time(fn, sync, calls: int, rounds: int = 5) -> float:
-    for _ in range(max(calls // 10, 10)):
-        fn()
-    sync()
-    per = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        per.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(per)
-
-
 def _profile_counts(fn, dev: str) -> tuple[int, int | None]:
     """(top-level torch ops inside ``fn``, CUDA kernels launched by it) per call."""
     from torch.profiler import ProfilerActivity, profile
@@ -167,7 +153,6 @@ def _profile_counts(fn, dev: str) -> tuple[int, int | None]:
 
 
 def measure(dev: str, calls: int) -> list[dict]:
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     rows = []
     for name, fn in cases(dev).items():
         rec = _Record()
@@ -191,9 +176,9 @@ def measure(dev: str, calls: int) -> list[dict]:
                     with torch._C._AutoDispatchBelowAutograd():
                         kern(*a)
 
-        t_call = _time(fn, sync, calls)
-        t_op = _time(run_ops, sync, calls)
-        t_kernel = _time(run_kernels, sync, calls)
+        t_call = host_us_per_call(fn, dev, calls)
+        t_op = host_us_per_call(run_ops, dev, calls)
+        t_kernel = host_us_per_call(run_kernels, dev, calls)
         aux, _ = _profile_counts(run_kernels, dev)
         _, launches = _profile_counts(fn, dev)
         row = {
