@@ -88,7 +88,10 @@ def _resolve(backend, points: torch.Tensor, op: str = "voxelize") -> str:
     return "triton" if on_cuda else "cpu"
 
 
-def _check_common(points, voxel_size, point_cloud_range, lengths):
+def _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max):
+    """The arguments voxelize and dynamic_voxelize share → ``(voxel_size, point_cloud_range)`` tuples."""
+    if not isinstance(pad_to_max, bool):
+        raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
     _checks.check_tensor("points", points, dtypes=_checks.FLOAT_DTYPES, ndim=2, min_last_dim=3)
     vs = _checks.check_floats("voxel_size", voxel_size, 3, positive=True)
     pcr = _checks.check_floats("point_cloud_range", point_cloud_range, 6)
@@ -100,6 +103,8 @@ def _check_common(points, voxel_size, point_cloud_range, lengths):
     cells = grid[0] * grid[1] * grid[2]
     if lengths is not None:
         _checks.check_lengths("lengths", lengths, points.shape[0], points.device)
+        if lengths.numel() == 0:
+            raise ValueError("lengths: expected at least one sample, got an empty tensor")
     batch = 1 if lengths is None else max(lengths.numel(), 1)
     if cells * batch >= 2**62:
         raise ValueError(f"voxel_size: grid {grid} × batch {batch} is too large for an int64 voxel key")
@@ -186,13 +191,9 @@ def voxelize(
         ...                    max_points_per_voxel=32, max_voxels=40000)
         >>> v.voxels.shape, v.coords.shape                                  # (M, 32, C), (M, 4)
     """
-    vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths)
+    vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max)
     max_points_per_voxel = _checks.check_int("max_points_per_voxel", max_points_per_voxel, min_value=1)
     max_voxels = _checks.check_int("max_voxels", max_voxels, min_value=1)
-    if not isinstance(pad_to_max, bool):
-        raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
-    if lengths is not None and lengths.numel() == 0:
-        raise ValueError("lengths: expected at least one sample, got an empty tensor")
     if mode not in _MODES:
         raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
     _resolve(backend, points)  # early, named errors (the registered kernels resolve again)
@@ -240,11 +241,7 @@ def dynamic_voxelize(
         >>> d = pcops.dynamic_voxelize(points, (0.16, 0.16, 4.0), (0, -39.68, -3, 69.12, 39.68, 1))
         >>> feats = pcops.voxel_reduce(points, d.point_to_voxel, d.coords.shape[0], "mean")
     """
-    vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths)
-    if not isinstance(pad_to_max, bool):
-        raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
-    if lengths is not None and lengths.numel() == 0:
-        raise ValueError("lengths: expected at least one sample, got an empty tensor")
+    vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max)
     if not isinstance(cells_only, bool):
         raise TypeError(f"cells_only: expected a bool, got {type(cells_only).__name__}")
     _resolve(backend, points, "dynamic_voxelize")
