@@ -71,7 +71,7 @@ class VoxelBackBone8x(nn.Module):
     "encoded_spconv_tensor_stride": 8, "multi_scale_3d_features": {"x_conv1": …, "x_conv4": …}}``;
     ``forward_voxels(features, coords, batch_size)`` builds the tensor first. ``to_bev(out)``
     flattens the encoded tensor to the ``(B, 128 · D, H, W)`` map of OpenPCDet's
-    ``HeightCompression``.
+    ``HeightCompression``; ``num_bev_features`` is its ``128 · D`` (256 for KITTI).
     """
 
     def __init__(self, input_channels: int = 4, grid_size: Sequence[int] = (1408, 1600, 40), *, static_capacity=None):
@@ -108,6 +108,12 @@ class VoxelBackBone8x(nn.Module):
             nn.ReLU(),
         )
         self.num_point_features = 128
+        # HeightCompression's channels: 128 × the encoded depth (nz + 1 through three (3, s2, p1)
+        # convs, one (3, s2, p0) and the (3, 1, 1) s(2, 1, 1) output conv: 2 for KITTI's 40 cells)
+        d = nz + 1
+        for pad in (1, 1, 0, 0):
+            d = (d + 2 * pad - 3) // 2 + 1
+        self.num_bev_features = self.num_point_features * d
 
     def forward(self, x: pnn.SparseConvTensor) -> dict:
         if list(x.spatial_shape) != self.sparse_shape:
@@ -201,8 +207,7 @@ class SECOND(PostProcessMixin, nn.Module):
                 f"voxel_size: x/y must match the config's BEV grid {self.config.grid_size[:2]}, got {grid}"
             )
         self.backbone_3d = VoxelBackBone8x(self.config.num_point_features, grid)
-        d_out = self._bev_depth(grid[2])
-        self.backbone_2d = BaseBEVBackbone(self.config, self.backbone_3d.num_point_features * d_out)
+        self.backbone_2d = BaseBEVBackbone(self.config, self.backbone_3d.num_bev_features)
         self.dense_head = AnchorHeadSingle(self.config, self.backbone_2d.num_bev_features)
         self.register_buffer("global_step", torch.zeros(1, dtype=torch.int64))  # OpenPCDet's step counter
         self._anchors_cpu = box_coder.generate_anchors(self.config).view(-1, 7)
@@ -211,15 +216,6 @@ class SECOND(PostProcessMixin, nn.Module):
         self.warn_on_dropped_voxels = False  # the trainer's switch (PointPillars warns; SECOND counts only)
         self.weights_source: str | None = None
         self.eval()
-
-    @staticmethod
-    def _bev_depth(nz: int) -> int:
-        """Depth of the encoded tensor: the sparse grid's nz + 1 through three (3, s2, p1) convs, one
-        (3, s2, p0) and the (3, 1, 1) s(2, 1, 1) output conv (2 for KITTI's 40 z cells)."""
-        d = nz + 1
-        for pad in (1, 1, 0, 0):
-            d = (d + 2 * pad - 3) // 2 + 1
-        return d
 
     anchors = PointPillars.anchors  # the anchors on a device, cached, as PointPillars keeps them
     num_anchors = PointPillars.num_anchors

@@ -519,7 +519,7 @@ def test_second_detector_layout_and_full_size_config():
     torch.manual_seed(0)
     m = SECOND()  # KITTI's second.yaml
     assert m.config.feature_map_hw == (200, 176) and m.num_anchors == 200 * 176 * 6
-    assert m.backbone_3d.sparse_shape == [41, 1600, 1408] and SECOND._bev_depth(40) == 2
+    assert m.backbone_3d.sparse_shape == [41, 1600, 1408] and m.backbone_3d.num_bev_features == 128 * 2
     sd = m.state_dict()
     shapes = {  # OpenPCDet's names and shapes for second.yaml's 2-D half
         "backbone_2d.blocks.0.1.weight": (128, 256, 3, 3),
