@@ -36,6 +36,7 @@ they are kept as ``ignore`` boxes for the evaluation (KITTI ignores a Car detect
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -571,14 +572,20 @@ class SensorAug:
     height: float = 0.1
 
 
-def _beam_of(pts: torch.Tensor) -> torch.Tensor:
-    """``(N,)`` int64: the nearest HDL-64E beam (0 = top) of each point, by elevation from the sensor."""
+@functools.lru_cache(maxsize=None)
+def _beam_bounds(device: torch.device) -> torch.Tensor:
+    """The 63 elevations between HDL-64E beams, ascending, on ``device`` (one copy per device, not
+    one per training step)."""
     from pcops.sim.sensor import hdl64_elevations
 
-    elev = torch.as_tensor(hdl64_elevations(64), dtype=torch.float32, device=pts.device)  # descending
-    mids = ((elev[:-1] + elev[1:]) / 2).flip(0)  # ascending boundaries
+    elev = torch.as_tensor(hdl64_elevations(64), dtype=torch.float32)  # descending
+    return ((elev[:-1] + elev[1:]) / 2).flip(0).to(device)
+
+
+def _beam_of(pts: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` int64: the nearest HDL-64E beam (0 = top) of each point, by elevation from the sensor."""
     e = torch.atan2(pts[:, 2], torch.hypot(pts[:, 0], pts[:, 1]))
-    return 63 - torch.bucketize(e, mids)
+    return 63 - torch.bucketize(e, _beam_bounds(pts.device))
 
 
 def _sensor_augment(batch: Batch, pts, boxes, aug: SensorAug, generator):
