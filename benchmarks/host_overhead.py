@@ -133,6 +133,43 @@ class _Record(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+# GPU kernels launched per call of each case (CUDA profiler, memsets and copies excluded), as
+# measured on the H200 (benchmarks/results/host_overhead_cuda.json); tests/test_host_overhead.py
+# fails when a call launches more. The forward + backward rows include the ``sum()`` and the
+# autograd engine's gradient fills.
+LAUNCHES = {
+    "knn": 11,
+    "ball_query": 17,
+    "gather_points": 6,
+    "farthest_point_sample": 11,
+    "voxelize": 6,
+    "voxelize pad_to_max": 6,
+    "dynamic_voxelize": 3,
+    "dynamic_voxelize cells_only": 1,
+    "voxel_reduce mean": 11,
+    "pillar_scatter": 3,
+    "pillar_scatter fwd+bwd": 9,
+    "pfn_scatter": 2,
+    "bias_relu": 1,
+    "sparse_conv_kernel_map subm": 4,
+    "sparse_conv3d": 1,
+    "boxes_iou_bev": 1,
+    "boxes_iou_3d": 1,
+    "nms_bev": 3,
+    "batched_nms_bev padded": 3,
+    "sparse_softmax": 1,
+    "sparse_softmax fwd+bwd": 5,
+    "fused_layer_norm_gelu": 1,
+    "fused_layer_norm_gelu fwd+bwd": 6,
+    "fused_swish_dropout_residual": 1,
+}
+
+
+def launch_counts(dev: str = "cuda") -> dict:
+    """``{case: GPU kernels launched by one call}`` (no timing)."""
+    return {name: _profile_counts(fn, dev)[1] for name, fn in cases(dev).items()}
+
+
 def _profile_counts(fn, dev: str) -> tuple[int, int | None]:
     """(top-level torch ops inside ``fn``, CUDA kernels launched by it) per call."""
     from torch.profiler import ProfilerActivity, profile

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from _util import gpu
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -37,3 +39,17 @@ def test_dispatch_overhead_worker(scripts):
     _, dispatch_overhead = scripts
     res = dispatch_overhead.worker("cpu", 2)
     assert res and all(isinstance(v, float) and v > 0 for v in res.values()), res
+
+
+def test_every_case_has_a_documented_launch_count(scripts):
+    host_overhead, _ = scripts
+    assert set(host_overhead.cases("cpu")) == set(host_overhead.LAUNCHES)
+
+
+@pytest.mark.gpu
+@gpu[1]
+def test_launches_per_call_stay_within_the_documented_counts(scripts):
+    host_overhead, _ = scripts
+    counts = host_overhead.launch_counts("cuda")
+    over = {k: (v, host_overhead.LAUNCHES[k]) for k, v in counts.items() if v > host_overhead.LAUNCHES[k]}
+    assert not over, f"more GPU launches per call than documented (got, documented): {over}"

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.testing
+from . import _launch
 
 # elementwise kernels: elements per program (8 per thread with 4 warps: 32 B per load)
 ELEMENTWISE_BLOCK = 1024
@@ -86,7 +87,13 @@ def dropout_keep_mask(seed: torch.Tensor, shape, dropout_p: float) -> torch.Tens
     numel = math.prod(shape)
     keep = torch.empty(numel, dtype=torch.int8, device=seed.device)
     if numel:
-        _dropout_keep_kernel[(triton.cdiv(numel, ELEMENTWISE_BLOCK),)](
-            seed, keep, numel, float(dropout_p), BLOCK=ELEMENTWISE_BLOCK
+        _launch.launch(
+            _dropout_keep_kernel,
+            (triton.cdiv(numel, ELEMENTWISE_BLOCK),),
+            seed,
+            keep,
+            numel,
+            float(dropout_p),
+            BLOCK=ELEMENTWISE_BLOCK,
         )
     return keep.view(shape).bool()

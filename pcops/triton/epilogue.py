@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from . import _launch
 
 
 @triton.jit
@@ -84,7 +85,9 @@ def bias_relu(
     block_c = min(64, triton.next_power_of_2(channels))
     block_p = max(16, 4096 // block_c)
     grid = (triton.cdiv(num_pixels, block_p), triton.cdiv(channels, block_c))
-    _bias_relu_kernel[grid](
+    _launch.launch(
+        _bias_relu_kernel,
+        grid,
         y,
         bias,
         out,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from . import _launch
 
 _BLOCK = 1024
 
@@ -104,8 +105,10 @@ def partition(points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tens
         chunks = triton.cdiv(n, _BLOCK)
         per_chunk = torch.empty((batch, chunks), dtype=torch.int32, device=points.device)
         grid = (chunks, batch)
-        _count_kernel[grid](points, lengths, per_chunk, n, chunks, BLOCK=_BLOCK)
-        _partition_kernel[grid](
+        _launch.launch(_count_kernel, grid, points, lengths, per_chunk, n, chunks, BLOCK=_BLOCK)
+        _launch.launch(
+            _partition_kernel,
+            grid,
             points,
             lengths,
             start,
@@ -184,7 +187,9 @@ def restore(idx, perm, dists=None, rows=None, query=None):
     total = idx.numel()
     if total:
         grid = (triton.cdiv(total, _BLOCK),)
-        _restore_kernel[grid](
+        _launch.launch(
+            _restore_kernel,
+            grid,
             idx,
             dists.contiguous() if dists is not None else idx,
             perm,

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import _backend
+from . import _launch
 
 _FPS_REG_MAX = 16384  # largest cloud held in registers (BLOCK = next power of two of N)
 _FPS_CHUNK = 4096  # points per chunk of the streaming FPS kernel
@@ -143,14 +144,35 @@ def farthest_point_sample(
     if n <= reg_max:
         block = max(16, triton.next_power_of_2(n))
         num_warps = min(32, max(4, block // 512))
-        _fps_kernel[(batch,)](
-            points, lengths, start_idx, out, n, num_samples, BLOCK=block, num_warps=num_warps, **_NO_FMA
+        _launch.launch(
+            _fps_kernel,
+            (batch,),
+            points,
+            lengths,
+            start_idx,
+            out,
+            n,
+            num_samples,
+            BLOCK=block,
+            num_warps=num_warps,
+            **_NO_FMA,
         )
         _backend.log_kernel("farthest_point_sample", f"triton _fps_kernel BLOCK={block}")
     else:
         scratch = torch.empty((batch, n), dtype=torch.float32, device=points.device)
-        _fps_stream_kernel[(batch,)](
-            points, lengths, start_idx, scratch, out, n, num_samples, CHUNK=chunk, num_warps=16, **_NO_FMA
+        _launch.launch(
+            _fps_stream_kernel,
+            (batch,),
+            points,
+            lengths,
+            start_idx,
+            scratch,
+            out,
+            n,
+            num_samples,
+            CHUNK=chunk,
+            num_warps=16,
+            **_NO_FMA,
         )
         _backend.log_kernel("farthest_point_sample", f"triton _fps_stream_kernel CHUNK={chunk}")
     return out

@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from . import _launch
+
 from .kernel_map_kernels import (
     _kmap_insert_kernel,
     _kmap_bits_count_kernel,
@@ -186,7 +188,9 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
     pair_in = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     pair_out = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
-    _kmap_compact_kernel[(num_groups,)](
+    _launch.launch(
+        _kmap_compact_kernel,
+        (num_groups,),
         out_in,
         counts,
         pair_in,
@@ -231,7 +235,9 @@ def pairs_from_table(out_in: torch.Tensor, pad_pairs: bool = False) -> tuple[tor
     nb = _cdiv(num_out, block_m)
     sub, num_groups = _groups(nb)
     counts = torch.full((num_groups * kpad,), -1, dtype=torch.int64, device=dev)
-    _kmap_count_kernel[(nb,)](out_in, counts, num_out, sub, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS)
+    _launch.launch(
+        _kmap_count_kernel, (nb,), out_in, counts, num_out, sub, num_k, BLOCK_M=block_m, KPAD=kpad, num_warps=_NUM_WARPS
+    )
     pair_in, pair_out, offsets = _compact(out_in, counts, 0, sub, num_groups, block_m, kpad, num_out * num_k, pad_pairs)
     if not pad_pairs:
         num_pairs = int(offsets[num_k : num_k + 1].cpu()[0])  # host sync: the pair count is an output size
@@ -342,7 +348,9 @@ def sparse_conv_kernel_map(
         out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
         out_coords = coords  # unused (COPY is off)
     block_n = plan["block_n"]
-    _kmap_insert_kernel[(_cdiv(n, block_n),)](  # launch 2
+    _launch.launch(
+        _kmap_insert_kernel,
+        (_cdiv(n, block_n),),  # launch 2
         coords,
         ws,
         out_keys,
@@ -372,9 +380,11 @@ def sparse_conv_kernel_map(
     elif static_out:
         # no sync, no sort: the cleared bits, counted per chunk and ranked, are the outputs in key order
         sums = ws[sums_off:].view(torch.int32)
-        _kmap_bits_count_kernel[(chunks,)](bits, sums, words, WORDS=_BITS_WORDS, num_warps=4)
+        _launch.launch(_kmap_bits_count_kernel, (chunks,), bits, sums, words, WORDS=_BITS_WORDS, num_warps=4)
         keys = ws[keys_off:bits_off]
-        _kmap_bits_emit_kernel[(chunks,)](
+        _launch.launch(
+            _kmap_bits_emit_kernel,
+            (chunks,),
             bits,
             sums,
             keys,
@@ -403,7 +413,9 @@ def sparse_conv_kernel_map(
         sub, num_groups = _groups(_cdiv(num_out, block))
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
     nb = _cdiv(num_out, block)
-    _kmap_lookup_kernel[(nb,)](  # launch 3
+    _launch.launch(
+        _kmap_lookup_kernel,
+        (nb,),  # launch 3
         coords,
         ws,
         keys,

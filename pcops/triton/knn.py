@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import _backend
+from . import _launch
 
 _KNN_BQ = 32  # sorted queries per program
 _KNN_BR = 32  # sorted references per tile
@@ -254,8 +255,18 @@ def _morton_sort(points: torch.Tensor, lengths: torch.Tensor, tile: int, group: 
     num_sb = triton.cdiv(triton.cdiv(n, tile), group)
     ordered = torch.empty_like(points)
     boxes = torch.empty((batch, num_sb * group, 8), dtype=torch.float32, device=points.device)
-    _sort_gather_kernel[(num_sb * group, batch)](
-        points, perm, lengths, ordered, boxes, n, num_sb * group, TILE=tile, **_NO_FMA
+    _launch.launch(
+        _sort_gather_kernel,
+        (num_sb * group, batch),
+        points,
+        perm,
+        lengths,
+        ordered,
+        boxes,
+        n,
+        num_sb * group,
+        TILE=tile,
+        **_NO_FMA,
     )
     grouped = boxes.view(batch, num_sb, group, 8)
     superboxes = boxes.new_zeros((batch, num_sb, 8))
@@ -276,8 +287,19 @@ def _morton_order(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     cells = 1 << _MORTON_BITS
     scale = ((cells - 1) / extent).contiguous()
     code = torch.empty((batch, n), dtype=torch.int32, device=points.device)
-    _morton_kernel[(triton.cdiv(n, _MORTON_BLOCK), batch)](
-        points, lengths, lo, scale, code, n, BLOCK=_MORTON_BLOCK, INVALID=_INVALID_CODE, CELLS=cells, **_NO_FMA
+    _launch.launch(
+        _morton_kernel,
+        (triton.cdiv(n, _MORTON_BLOCK), batch),
+        points,
+        lengths,
+        lo,
+        scale,
+        code,
+        n,
+        BLOCK=_MORTON_BLOCK,
+        INVALID=_INVALID_CODE,
+        CELLS=cells,
+        **_NO_FMA,
     )
     return torch.sort(code, dim=1, stable=True).indices
 
@@ -327,7 +349,9 @@ def knn(
         q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, bq)
     kp = max(2, triton.next_power_of_2(k))
     grid = (triton.cdiv(nq, bq), batch)
-    _knn_kernel[grid](
+    _launch.launch(
+        _knn_kernel,
+        grid,
         q_sorted,
         q_perm,
         r_sorted,
@@ -429,7 +453,9 @@ def ball_query(
     # radius² rounded to float32 once, as the reference does
     radius2 = float(torch.tensor(radius * radius, dtype=torch.float32))
     grid = (triton.cdiv(nq, _BALL_BQ), batch)
-    _ball_query_kernel[grid](
+    _launch.launch(
+        _ball_query_kernel,
+        grid,
         query,
         ref,
         query_lengths,

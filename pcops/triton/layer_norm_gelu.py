@@ -28,6 +28,7 @@ from triton.language.extra.cuda import libdevice
 from .. import _backend
 from . import _fused_common as _common
 from ._fused_common import dropout, dropout_params, quick_bench, seed_arg
+from . import _launch
 
 # GELU constants (globals read by @triton.jit code must be tl.constexpr)
 _INV_SQRT_2 = tl.constexpr(0.7071067811865476)
@@ -407,14 +408,21 @@ def layer_norm_gelu(
             )
             _FWD_TUNED[key] = _layer_norm_gelu_fwd_tuned.best_config
         else:  # its choice, launched without the autotuner's per-call work (≈ 40 µs of host time)
-            _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"]),)](
-                *args, **meta, M_CLASS=m_class, **cfg.all_kwargs()
+            _launch.launch(
+                _layer_norm_gelu_fwd_kernel,
+                (triton.cdiv(m_rows, cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"]),),
+                *args,
+                **meta,
+                M_CLASS=m_class,
+                **cfg.all_kwargs(),
             )
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), triton.next_power_of_2(m_rows))
         t = (tiles or 1) if one_tile else 1
         # M_CLASS as the autotuner passes it: a fixed config it has timed reuses its compiled kernel
-        _layer_norm_gelu_fwd_kernel[(triton.cdiv(m_rows, bm * t),)](
+        _launch.launch(
+            _layer_norm_gelu_fwd_kernel,
+            (triton.cdiv(m_rows, bm * t),),
             *args,
             **meta,
             BLOCK_M=bm,

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .. import _backend
+from . import _launch
 from . import _fused_common as _common
 from ._fused_common import dropout, dropout_params, quick_bench, seed_arg
 from .layer_norm_gelu_column_sum import _column_sum, _column_sum_kernel  # noqa: F401
@@ -445,8 +446,13 @@ def layer_norm_gelu_backward(
             bm = block_m or min(
                 _default_block_m(block_n, _BWD_SPACE["tiles"][1]), triton.next_power_of_2(rows_per_program)
             )
-            _layer_norm_gelu_bwd_kernel[(g,)](
-                *args, **meta, BLOCK_M=bm, num_warps=num_warps or _default_warps(bm, block_n)
+            _launch.launch(
+                _layer_norm_gelu_bwd_kernel,
+                (g,),
+                *args,
+                **meta,
+                BLOCK_M=bm,
+                num_warps=num_warps or _default_warps(bm, block_n),
             )
         _backend.log_kernel("layer_norm_gelu_backward", f"_layer_norm_gelu_bwd_kernel ONE_TILE={one_tile} G={g}")
     _column_sum(dw_part, db_part, dweight, dbias, g, n)
@@ -567,7 +573,9 @@ def _backward_tiled(
     dw_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     if g:
-        _layer_norm_gelu_bwd_tiled_kernel[(g,)](
+        _launch.launch(
+            _layer_norm_gelu_bwd_tiled_kernel,
+            (g,),
             grad_y,
             x,
             weight,

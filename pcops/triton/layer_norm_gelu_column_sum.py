@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from . import _launch
 
 # column-sum kernel (``_column_sum``): BLOCK_G = next_pow2(G) ≤ 4096 partial rows × BLOCK_N =
 # 4096 / BLOCK_G columns per program (at most 8): the G ≈ 5-10·SMs partial rows in one step
@@ -51,6 +52,16 @@ def _column_sum(dw_part, db_part, dweight, dbias, g: int, n: int) -> None:
     block_g = min(_SUM_MAX_BLOCK_G, triton.next_power_of_2(max(g, 16)))
     block_n = max(1, min(8, _SUM_ELEMENTS // block_g))
     warps = max(1, min(16, block_g * block_n // (32 * 8)))
-    _column_sum_kernel[(triton.cdiv(n, block_n),)](
-        dw_part, db_part, dweight, dbias, g, n, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps
+    _launch.launch(
+        _column_sum_kernel,
+        (triton.cdiv(n, block_n),),
+        dw_part,
+        db_part,
+        dweight,
+        dbias,
+        g,
+        n,
+        BLOCK_G=block_g,
+        BLOCK_N=block_n,
+        num_warps=warps,
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from . import _launch
 
 # tile of the IoU matrix kernel
 _IOU_BLOCK = 32
@@ -394,7 +395,20 @@ def boxes_iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> to
             b = b if b.shape[1] == 5 else b[:, [0, 1, 3, 4, 6]].contiguous()
         bev5 = a.shape[1] == 5
         grid = (triton.cdiv(n, _IOU_BLOCK), triton.cdiv(m, _IOU_BLOCK))
-        _boxes_iou_kernel[grid](a, b, out, n, m, a.shape[1], b.shape[1], BEV5=bev5, THREE_D=three_d, BLOCK=_IOU_BLOCK)
+        _launch.launch(
+            _boxes_iou_kernel,
+            grid,
+            a,
+            b,
+            out,
+            n,
+            m,
+            a.shape[1],
+            b.shape[1],
+            BEV5=bev5,
+            THREE_D=three_d,
+            BLOCK=_IOU_BLOCK,
+        )
     return out
 
 
@@ -420,7 +434,9 @@ def nms_mask(
     mask = torch.empty((m, words), dtype=torch.int64, device=boxes.device)
     if m:
         g = groups if groups is not None else order
-        _nms_mask_kernel[(words, words)](
+        _launch.launch(
+            _nms_mask_kernel,
+            (words, words),
             boxes,
             order,
             g,
@@ -441,7 +457,9 @@ def nms_pass(mask, boxes, scores, order, out_len: int) -> tuple[torch.Tensor, to
     out = torch.empty((out_len,), dtype=torch.int64, device=boxes.device)
     count = torch.empty((), dtype=torch.int64, device=boxes.device)
     removed = torch.zeros((max(words, 1),), dtype=torch.int64, device=boxes.device)
-    _nms_pass_kernel[(1,)](
+    _launch.launch(
+        _nms_pass_kernel,
+        (1,),
         mask,
         removed,
         boxes,

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..pfn import NUM_DECORATED, fold_batchnorm  # noqa: F401 (fold_batchnorm: its old import path)
+from . import _launch
 
 # pillars per program
 _DOT_PILLARS = 4
@@ -212,7 +213,15 @@ def pfn_scatter(
         vz / 2 + z0,
     )
     block_t, block_c = triton.next_power_of_2(num_slots), triton.next_power_of_2(num_channels)
-    _pfn_scatter_dot_kernel[(triton.cdiv(num_rows, _DOT_PILLARS),)](
-        *args, num_rows, *geometry, BLOCK_P=_DOT_PILLARS, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4
+    _launch.launch(
+        _pfn_scatter_dot_kernel,
+        (triton.cdiv(num_rows, _DOT_PILLARS),),
+        *args,
+        num_rows,
+        *geometry,
+        BLOCK_P=_DOT_PILLARS,
+        BLOCK_T=block_t,
+        BLOCK_C=block_c,
+        num_warps=4,
     )
     return canvas

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from . import _launch
 
 # The canvas pass's tile: the best of the steady sweep in benchmarks/bench_pillar_scatter.py
 # (benchmarks/NOTES.md, P1). Cells per program: coalesced 16-byte stores along the cells.
@@ -129,7 +130,9 @@ def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w
     num_pillars = coords.shape[0]
     if num_pillars:
         grid = (triton.cdiv(num_pillars, _PILLAR_BLOCK),)
-        _pillar_winner_kernel[grid](coords, winner, num_pillars, batch_size, grid_h, grid_w, BLOCK=_PILLAR_BLOCK)
+        _launch.launch(
+            _pillar_winner_kernel, grid, coords, winner, num_pillars, batch_size, grid_h, grid_w, BLOCK=_PILLAR_BLOCK
+        )
     return winner
 
 
@@ -165,7 +168,9 @@ def pillar_scatter(
         per = c_per_program or _CANVAS_C_PER_PROGRAM
         per = triton.cdiv(per, block_c) * block_c
         grid = (triton.cdiv(hw, block_hw), batch_size, triton.cdiv(num_channels, per))
-        _pillar_canvas_kernel[grid](
+        _launch.launch(
+            _pillar_canvas_kernel,
+            grid,
             features,
             winner,
             canvas,
@@ -195,7 +200,15 @@ def pillar_gather(
     out = torch.zeros((coords.shape[0], num_channels), dtype=canvas.dtype, device=canvas.device)
     hw = grid_h * grid_w
     if out.numel() and canvas.numel():
-        _pillar_gather_cells_kernel[(triton.cdiv(hw, block_hw), batch_size)](
-            canvas, winner, out, num_channels, hw, BLOCK_C=block_c, BLOCK_HW=block_hw
+        _launch.launch(
+            _pillar_gather_cells_kernel,
+            (triton.cdiv(hw, block_hw), batch_size),
+            canvas,
+            winner,
+            out,
+            num_channels,
+            hw,
+            BLOCK_C=block_c,
+            BLOCK_HW=block_hw,
         )
     return out

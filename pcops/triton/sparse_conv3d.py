@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from . import _launch
 
 _WGRAD_ROWS = 4096  # rows per wgrad partial sum (fixed: the sum order depends on M alone)
 
@@ -101,7 +102,9 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
     block_n = _pow2(c_out, 16, 128)
     block_c = _pow2(c_in, 16, 64)
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
-    _gather_gemm_kernel[grid](
+    _launch.launch(
+        _gather_gemm_kernel,
+        grid,
         x,
         weight_view,
         bias if bias is not None else x,
@@ -176,7 +179,9 @@ def wgrad(x, grad_out, table, weight_dtype, block_m: int = 64):
         block_i = _pow2(c_in, 16, 64)
         block_o = _pow2(c_out, 16, 64)
         grid = (k, splits, triton.cdiv(c_in, block_i) * triton.cdiv(c_out, block_o))
-        _wgrad_kernel[grid](
+        _launch.launch(
+            _wgrad_kernel,
+            grid,
             x,
             grad_out,
             table,

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .. import _backend
 from ._fused_common import autotuning, quick_bench
+from . import _launch
 
 _LOG2E_C = tl.constexpr(1.4426950408889634)
 
@@ -189,7 +190,7 @@ def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps,
     else:
         w = num_warps or 4
         br = block_r or 32 // sub * w
-        kernel[(triton.cdiv(rows, br),)](*args, avg_len, SUB=sub, VPT=vpt, BLOCK_R=br, num_warps=w)
+        _launch.launch(kernel, (triton.cdiv(rows, br),), *args, avg_len, SUB=sub, VPT=vpt, BLOCK_R=br, num_warps=w)
     _backend.log_kernel("sparse_softmax", f"{kernel.__name__} SUB={sub} VPT={vpt}")
 
 

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ._fused_common import ELEMENTWISE_BLOCK, seed_arg
+from . import _launch
 
 
 @triton.jit
@@ -72,7 +73,9 @@ def swish_dropout_residual(
     y = torch.empty_like(x)
     numel = x.numel()
     if numel:
-        _swish_dropout_residual_kernel[(triton.cdiv(numel, ELEMENTWISE_BLOCK),)](
+        _launch.launch(
+            _swish_dropout_residual_kernel,
+            (triton.cdiv(numel, ELEMENTWISE_BLOCK),),
             x,
             residual,
             y,
@@ -93,7 +96,9 @@ def swish_dropout_backward(
     dx = torch.empty_like(x)
     numel = x.numel()
     if numel:
-        _swish_dropout_bwd_kernel[(triton.cdiv(numel, ELEMENTWISE_BLOCK),)](
+        _launch.launch(
+            _swish_dropout_bwd_kernel,
+            (triton.cdiv(numel, ELEMENTWISE_BLOCK),),
             grad,
             x,
             dx,

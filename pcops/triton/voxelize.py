@@ -33,6 +33,7 @@ import triton.language as tl
 from .. import _backend
 from .voxelize_rows import _voxel_rows_kernel, _voxel_scatter_kernel
 from .voxelize_tuning import CSR_MAX_POINTS_PER_SAMPLE, DEFAULT, MODES, Tuning
+from . import _launch
 
 
 @triton.jit
@@ -394,7 +395,9 @@ def _run_main(
     if not hard and not pad_to_max:
         coords = torch.empty((n, 4), dtype=torch.int32, device=device)  # rows < M all written
     segmented = hard and lengths is not None
-    _voxelize_kernel[(num_blocks,)](
+    _launch.launch(
+        _voxelize_kernel,
+        (num_blocks,),
         points,
         lengths if lengths is not None else ticket,
         keys,
@@ -506,8 +509,17 @@ def voxelize(
         cnt, lrb, posb = w["csr"]
         csum = torch.cumsum(cnt, 0, dtype=torch.int32)
         seg = torch.empty(n, dtype=torch.int32, device=device)
-        _voxel_scatter_kernel[(triton.cdiv(n, tuning.scatter_block),)](
-            lrb, posb, cnt, csum, seg, n, BLOCK=tuning.scatter_block, REVERSE=tuning.reverse_segments
+        _launch.launch(
+            _voxel_scatter_kernel,
+            (triton.cdiv(n, tuning.scatter_block),),
+            lrb,
+            posb,
+            cnt,
+            csum,
+            seg,
+            n,
+            BLOCK=tuning.scatter_block,
+            REVERSE=tuning.reverse_segments,
         )
     else:
         cnt = csum = seg = w["lists"]  # unused
@@ -515,7 +527,9 @@ def voxelize(
     _backend.log_kernel(
         "voxelize", "_voxelize_kernel + " + ("scatter + rows (csr)" if w["csr"] is not None else "rows (lists)")
     )
-    _voxel_rows_kernel[(max(triton.cdiv(rows, rows_per_program), 1),)](
+    _launch.launch(
+        _voxel_rows_kernel,
+        (max(triton.cdiv(rows, rows_per_program), 1),),
         points,
         w["stats"],
         w["drop"],
@@ -643,7 +657,9 @@ def point_cells(points, lengths, voxel_size, point_cloud_range, block: int = 512
         return out
     batch = 1 if lengths is None else lengths.numel()
     gx, gy, gz = _grid_size(voxel_size, point_cloud_range)
-    _point_cells_kernel[(triton.cdiv(n, block),)](
+    _launch.launch(
+        _point_cells_kernel,
+        (triton.cdiv(n, block),),
         points,
         lengths if lengths is not None else out,
         out,

@@ -1,0 +1,143 @@
+"""Triton launches without the per-call JIT dispatch: ``launch(kernel, grid, *args, **kwargs)``.
+
+``kernel[grid](*args)`` runs Triton's ``JITFunction.run`` on every call: it binds and specializes
+every argument, hashes a cache key, checks the kernel's globals, builds launch metadata for the
+profiler hooks and calls them (about 12-28 µs of host time per launch on the GPU machine). Here
+the first call of each *specialization* goes through that path (compiling if needed); the
+compiled kernel's C launcher is then kept and later calls with the same specialization call it
+directly (a few µs).
+
+The specialization key is at least as fine as Triton's: for tensors the dtype and whether the
+data pointer is 16-byte aligned, for ints whether they equal 1, are multiples of 16 and fit in
+int32 (or need uint64), for floats only the type, and the exact value of every ``constexpr``
+parameter and launch option (``num_warps`` ...). So a bound call launches the very binary
+``kernel[grid]`` would, with the same arguments. Triton's path is kept for the interpreter
+(``TRITON_INTERPRET=1``), autotuned kernels, callable grids, registered launch hooks (profilers
+such as proton) and kernels whose launcher needs scratch memory or tensor descriptors.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+__all__ = ["launch"]
+
+_I32 = 2**31
+_U64 = 2**63
+
+
+def _spec_runtime(a):
+    """The part of a runtime argument's value that Triton specializes on."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, not (a.data_ptr() & 15))
+    t = type(a)
+    if t is int:
+        return (a == 1, not (a & 15), -_I32 <= a < _I32, a >= _U64)
+    if t is float:
+        return float
+    return (t, a)  # bool, None, dtype, ...: exact (hashable or the slow path)
+
+
+def _spec_exact(a):
+    return a
+
+
+class _Kernel:
+    """Per-kernel parameter table and the bound launches of its specializations."""
+
+    __slots__ = ("names", "specs", "constexpr", "defaults", "bound")
+
+    def __init__(self, fn: JITFunction):
+        params = fn.params
+        self.names = [p.name for p in params]
+        self.constexpr = {p.name: p.is_constexpr for p in params}
+        self.specs = [_spec_exact if p.is_constexpr else _spec_runtime for p in params]
+        self.defaults = {p.name: p.default for p in params if p.has_default}
+        self.bound: dict = {}
+
+
+_KERNELS: dict = {}
+
+
+def _bind(info: _Kernel, compiled, nargs: int, kwargs: dict):
+    """The direct launch of ``compiled`` for calls with ``nargs`` positional arguments and these
+    keyword names, or ``None`` where Triton's path must stay (scratch memory, descriptors)."""
+    launcher = compiled.run
+    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+        return None
+    if getattr(compiled.metadata, "tensordesc_meta", None):
+        return None
+    tail, dynamic = [], []
+    for i, name in enumerate(info.names[nargs:], nargs):
+        if name in kwargs:
+            if not info.constexpr[name]:
+                dynamic.append(name)  # a runtime argument passed by keyword: read per call
+            tail.append(kwargs[name])
+        elif name in info.defaults:
+            tail.append(info.defaults[name])
+        else:
+            return None  # a missing argument: let Triton raise its error
+    if dynamic:
+        return None
+    return (
+        launcher.launch,
+        compiled.function,
+        launcher.launch_cooperative_grid,
+        launcher.launch_pdl,
+        compiled.packed_metadata,
+        tuple(tail),
+    )
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, launched directly once this specialization has run.
+
+    ``grid`` is a tuple of 1-3 ints (a callable grid takes Triton's path). Runtime arguments may
+    be passed positionally or by keyword; ``constexpr`` parameters and launch options
+    (``num_warps``, ``num_stages``) by keyword or position.
+    """
+    info = _KERNELS.get(kernel)
+    if info is None:
+        if not isinstance(kernel, JITFunction):  # the interpreter, an Autotuner, a heuristics wrapper
+            kernel[grid](*args, **kwargs)
+            return
+        info = _KERNELS[kernel] = _Kernel(kernel)
+    if callable(grid) or knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls:
+        kernel[grid](*args, **kwargs)
+        return
+    device = torch.cuda.current_device()
+    try:
+        key = (device, len(args), *[f(a) for f, a in zip(info.specs, args)], *[(k, v if info.constexpr.get(k, True)
+               else _spec_runtime(v)) for k, v in kwargs.items()])  # fmt: skip
+        hit = info.bound.get(key, False)
+    except TypeError:  # an unhashable argument: Triton's path
+        kernel[grid](*args, **kwargs)
+        return
+    if hit is False:
+        compiled = kernel[grid](*args, **kwargs)
+        info.bound[key] = _bind(info, compiled, len(args), kwargs) if compiled is not None else None
+        return
+    if hit is None:
+        kernel[grid](*args, **kwargs)
+        return
+    run, function, coop, pdl, meta, tail = hit
+    n = len(grid)
+    run(
+        grid[0],
+        grid[1] if n > 1 else 1,
+        grid[2] if n > 2 else 1,
+        torch._C._cuda_getCurrentRawStream(device),
+        function,
+        coop,
+        pdl,
+        None,
+        None,
+        meta,
+        None,
+        None,
+        None,
+        *args,
+        *tail,
+    )
