@@ -233,6 +233,50 @@ def measure(dev: str, calls: int) -> list[dict]:
     return rows
 
 
+def baselines(dev: str, calls: int) -> dict:
+    """Host µs per call of the layers every op is built from: one eager torch op, one Triton
+    launch through ``kernel[grid]`` and through ``pcops.triton._launch`` (CUDA only), and a
+    forward + backward through autograd of a torch op and of a Python ``autograd.Function``
+    (the engine's cost that every ``fwd+bwd`` row above includes)."""
+    x = torch.randn(64, device=dev)
+    leaf = x.clone().requires_grad_(True)
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    def fwd_bwd(f):
+        def run():
+            leaf.grad = None
+            f(leaf).sum().backward()
+
+        return run
+
+    out = {
+        "torch op (x * 2)": host_us_per_call(lambda: x * 2, dev, calls),
+        "torch fwd+bwd ((x * 2).sum().backward())": host_us_per_call(fwd_bwd(lambda t: t * 2), dev, calls),
+        "autograd.Function fwd+bwd": host_us_per_call(fwd_bwd(Twice.apply), dev, calls),
+    }
+    if dev == "cuda":
+        from _launch_probe import probe
+
+        y = torch.empty_like(x)
+        out["Triton launch, kernel[grid]"] = host_us_per_call(lambda: probe[(1,)](x, y, 64, BLOCK=64), dev, calls)
+        from pcops.triton import _launch
+
+        out["Triton launch, pcops.triton._launch"] = host_us_per_call(
+            lambda: _launch.launch(probe, (1,), x, y, 64, BLOCK=64), dev, calls
+        )
+    for k, v in out.items():
+        print(f"baseline {k:45s} {v:8.2f} µs")
+    return {k: round(v, 2) for k, v in out.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
@@ -254,6 +298,7 @@ def main() -> None:
         "commit": env["commit"],
         "method": __doc__.split("\n\n")[1].replace("\n", " "),
         "rows": rows,
+        "baselines_us": baselines(a.device, 100 if a.quick else a.calls),
     }
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
