@@ -277,12 +277,103 @@ def baselines(dev: str, calls: int) -> dict:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+class _StageProbe:
+    """A PointPillars ``stage_timer``: host µs per stage (``perf_counter``, the GPU not waited
+    for unless the stage itself syncs) and, while ``profiling``, a ``record_function`` range per
+    stage so that the launches can be attributed."""
+
+    def __init__(self):
+        self.host_us: dict[str, list[float]] = {}
+        self.profiling = False
+
+    def __call__(self, name: str):
+        import contextlib
+        import time
+
+        @contextlib.contextmanager
+        def cm():
+            rf = torch.profiler.record_function(f"stage::{name}") if self.profiling else contextlib.nullcontext()
+            t0 = time.perf_counter()
+            with rf:
+                yield
+            self.host_us.setdefault(name, []).append((time.perf_counter() - t0) * 1e6)
+
+        return cm()
+
+
+def _launches_under(events, prefix: str) -> dict[str, dict[str, int]]:
+    """Per profiler range named ``prefix<name>``: ``kernels``, the GPU kernels attached to the CPU
+    events below it (memsets and copies excluded), and ``launch_calls``, the CUDA runtime/driver
+    launch calls (``*LaunchKernel*``) that started inside its time window."""
+
+    def kernels(e) -> int:
+        own = sum(1 for k in e.kernels if "memset" not in k.name.lower() and "memcpy" not in k.name.lower())
+        return own + sum(kernels(c) for c in e.cpu_children)
+
+    calls = [e.time_range.start for e in events if "LaunchKernel" in e.name]
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        if e.name.startswith(prefix):
+            d = out.setdefault(e.name[len(prefix) :], {"kernels": 0, "launch_calls": 0})
+            d["kernels"] += kernels(e)
+            d["launch_calls"] += sum(1 for t in calls if e.time_range.start <= t <= e.time_range.end)
+    return out
+
+
+def e1_stages(calls: int = 50) -> dict:
+    """E1 (PointPillars on KITTI 000001, shipped weights, fp32 and fp16) called eagerly: per stage
+    the host µs (median over ``calls``) and the GPU kernels launched; plus the whole call's host
+    µs and CUDA-event ms. CUDA only."""
+    import statistics
+
+    from common import load_scan
+    from torch.profiler import ProfilerActivity, profile
+
+    from pcops.models import PointPillars
+
+    pts = load_scan("000001")[0].cuda()
+    res = {}
+    for dtype in ("fp32", "fp16"):
+        model = PointPillars.pretrained(dtype=torch.float16) if dtype == "fp16" else PointPillars.pretrained()
+        model = model.cuda().eval()
+        probe = _StageProbe()
+        model.stage_timer = probe
+        for _ in range(10):
+            model(pts)
+        torch.cuda.synchronize()
+        probe.host_us.clear()
+        call_us = host_us_per_call(lambda: model(pts), "cuda", calls, rounds=3)
+        host = {k: round(statistics.median(v), 1) for k, v in probe.host_us.items()}
+        probe.profiling = True
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            model(pts)
+            torch.cuda.synchronize()
+        probe.profiling = False
+        launches = _launches_under(prof.events(), "stage::")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(calls):
+            start.record()
+            model(pts)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        res[dtype] = {
+            "call_host_us": round(call_us, 1),
+            "call_ms_cuda_events": round(statistics.median(times), 3),
+            "stages": {k: {"host_us": host[k], **launches.get(k, {})} for k in host},
+        }
+        print(f"E1 {dtype}: {res[dtype]}")
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
     p.add_argument("--calls", type=int, default=500, help="back-to-back calls per round")
     p.add_argument("--quick", action="store_true", help="100 calls per round")
     p.add_argument("--out", default=None)
+    p.add_argument("--no-e1", action="store_true", help="skip the PointPillars eager stages (CUDA)")
     a = p.parse_args()
     from common import environment
 
@@ -300,6 +391,8 @@ def main() -> None:
         "rows": rows,
         "baselines_us": baselines(a.device, 100 if a.quick else a.calls),
     }
+    if a.device == "cuda" and not a.no_e1:
+        res["e1_eager_stages"] = e1_stages(20 if a.quick else 50)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / f"host_overhead_{a.device}.json").write_text(json.dumps(res, indent=1))
