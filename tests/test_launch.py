@@ -54,7 +54,7 @@ def test_bound_launch_matches_triton_for_every_specialization():
     for n, off, block, square, warps in cases * 2:  # the second round takes the bound path
         x = torch.randn(n + off, device="cuda", generator=gen)[off:]
         y = torch.randn(n, device="cuda", generator=gen)
-        alpha = float(torch.rand((), generator=gen))
+        alpha = float(torch.rand((), device="cuda", generator=gen))
         grid = (triton.cdiv(n, block),)
         want = torch.empty(n, device="cuda")
         got = torch.empty(n, device="cuda")
