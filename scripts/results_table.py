@@ -49,6 +49,19 @@ def _rows_table(name: str, res: dict) -> list[str]:
     lines.append("| " + " | ".join(cols) + " |")
     lines.append("| " + " | ".join("---" for _ in cols) + " |")
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    if isinstance(res.get("baselines_us"), dict):  # host_overhead: the layers every op is built from
+        lines.append(
+            "\nBaselines, host µs per call: " + "; ".join(f"{k} {_cell(v)}" for k, v in res["baselines_us"].items())
+        )
+    for dtype, e1 in (res.get("e1_eager_stages") or {}).items():  # host_overhead: PointPillars eager
+        lines.append(
+            f"\nE1 eager {dtype}: call {_cell(e1['call_host_us'])} µs host, {_cell(e1['call_ms_cuda_events'])} ms "
+            "(CUDA events)\n\n| stage | host µs | kernels | launch calls |\n| --- | --- | --- | --- |"
+        )
+        lines += [
+            f"| {k} | {_cell(v.get('host_us'))} | {_cell(v.get('kernels'))} | {_cell(v.get('launch_calls'))} |"
+            for k, v in e1["stages"].items()
+        ]
     return lines
 
 
