@@ -34,7 +34,8 @@ import torch
 
 from . import distributed as dd
 from . import evaluate as ev
-from .data import Batch, EpochSampler, KittiDataset, SensorAug, _progress, augment_batch, collate
+from .augment import SensorAug, augment_batch
+from .data import Batch, EpochSampler, KittiDataset, _progress, collate
 from .loss import pointpillars_loss
 from .pointpillars import PointPillars
 from .targets import assign_targets
@@ -67,7 +68,7 @@ class TrainConfig:
     resume: str | None = None
     eval_split: str | None = "val"
     augment: bool = True  # OpenPCDet's augmentations (off: the scans as they are, e.g. to overfit a few)
-    sensor_aug: bool = False  # also data.SensorAug (object scale, beam dropout, reflectance, sensor height)
+    sensor_aug: bool = False  # also augment.SensorAug (object scale, beam dropout, reflectance, sensor height)
     eval_batch_size: int = 16
     deterministic: bool = False
     progress: bool = True

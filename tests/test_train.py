@@ -290,7 +290,8 @@ def test_generated_split_layout_and_labels(tiny_split):
 
 
 def test_dataset_augmentation_and_batch(tiny_split):
-    from pcops.models.data import KittiDataset, augment_batch, collate
+    from pcops.models.augment import augment_batch
+    from pcops.models.data import KittiDataset, collate
 
     ds = KittiDataset(tiny_split, "train", CFG, augment=True, seed=0)
     a, b = ds[(0, 0)], ds[(0, 0)]
@@ -305,7 +306,8 @@ def test_dataset_augmentation_and_batch(tiny_split):
     out = augment_batch(batch, CFG, generator=torch.Generator().manual_seed(0))
     assert out.points.shape == batch.points.shape
     # scan points inside pasted boxes are moved out of range; the shuffle keeps each scan's points in its run
-    from pcops.models.data import FAR, _inside
+    from pcops.models.augment import _inside
+    from pcops.models.data import FAR
 
     n0, s0 = batch.host_lengths[0], batch.host_sampled[0]
     removed = _inside(batch.points[:n0], batch.sampled_boxes[0, :s0]) & batch.scene[:n0]
@@ -323,7 +325,8 @@ def test_sensor_augmentations_keep_objects_consistent(tiny_split):
     after (objects scaled about their bottom faces, then the same height shift and global flip /
     rotation / scaling as their boxes); reflectance stays in [0, 1]; dropped beams remove points;
     the draws follow the generator."""
-    from pcops.models.data import FAR, KittiDataset, SensorAug, _beam_of, _inside, augment_batch, collate
+    from pcops.models.augment import SensorAug, _beam_of, _inside, augment_batch
+    from pcops.models.data import FAR, KittiDataset, collate
 
     ds = KittiDataset(tiny_split, "train", CFG, augment=True, seed=0)
     batch = collate([ds[(0, 0)], ds[(1, 0)]])
@@ -351,7 +354,7 @@ def test_sensor_augmentations_keep_objects_consistent(tiny_split):
         start += n
     # exactly, before the global transform and the shuffle: no beam dropped, every point of a
     # labelled box stays in its (scaled, lifted) box, the others only move along z
-    from pcops.models.data import _sensor_augment
+    from pcops.models.augment import _sensor_augment
 
     exact = SensorAug(object_scale=(0.7, 1.3), beam_drop=0.0, height=0.3)
     pts, boxes = _sensor_augment(batch, batch.points, batch.gt_boxes, exact, torch.Generator().manual_seed(7))
