@@ -12,8 +12,8 @@ data pointer is 16-byte aligned, for ints whether they equal 1, are multiples of
 int32 (or need uint64), for floats only the type, and the exact value of every ``constexpr``
 parameter and launch option (``num_warps`` ...). So a bound call launches the very binary
 ``kernel[grid]`` would, with the same arguments. Triton's path is kept for the interpreter
-(``TRITON_INTERPRET=1``), autotuned kernels, callable grids, registered launch hooks (profilers
-such as proton) and kernels whose launcher needs scratch memory or tensor descriptors.
+(``TRITON_INTERPRET=1``), autotuned kernels, callable grids, registered launch or pre-run hooks
+(profilers such as proton) and kernels whose launcher needs scratch memory or tensor descriptors.
 """
 
 from __future__ import annotations
@@ -104,7 +104,12 @@ def launch(kernel, grid, *args, **kwargs) -> None:
             kernel[grid](*args, **kwargs)
             return
         info = _KERNELS[kernel] = _Kernel(kernel)
-    if callable(grid) or knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls:
+    if (
+        callable(grid)
+        or kernel.pre_run_hooks
+        or knobs.runtime.launch_enter_hook.calls
+        or knobs.runtime.launch_exit_hook.calls
+    ):
         kernel[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
