@@ -88,6 +88,32 @@ def test_objects_contain_their_points(scan0):
     assert s.num_object_points.min() <= 2 and s.num_object_points.max() >= 500
 
 
+# documented in pcops.sim's "Labels" paragraph: class shares of the labelled objects and their
+# BEV distances from the sensor, over a split of scenes
+CLASS_SHARE_BOUNDS = {"Car": (0.58, 0.76), "Pedestrian": (0.15, 0.33), "Cyclist": (0.04, 0.15)}
+DISTANCE_SHARE_BOUNDS = {(0, 30): (0.33, 0.57), (30, 50): (0.2, 0.44), (50, 100): (0.13, 0.35)}
+
+
+@pytest.mark.slow
+def test_class_mix_and_distances_within_documented_bounds():
+    names, dists = [], []
+    for seed in range(1000, 1016):  # fresh seeds, not the samples'
+        s = sim.simulate_scan(seed)
+        names += list(s.names)
+        dists += np.hypot(s.boxes[:, 0].numpy(), s.boxes[:, 1].numpy()).tolist()
+    n = len(names)
+    assert n > 400, n
+    for cls, (lo, hi) in CLASS_SHARE_BOUNDS.items():
+        share = names.count(cls) / n
+        assert lo <= share <= hi, (cls, share)
+    assert set(names) <= set(CLASS_SHARE_BOUNDS), set(names)
+    d = np.array(dists)
+    assert d.max() < 100.0, d.max()
+    for (a, b), (lo, hi) in DISTANCE_SHARE_BOUNDS.items():
+        share = float(((d >= a) & (d < b)).mean())
+        assert lo <= share <= hi, ((a, b), share)
+
+
 def test_boxes_do_not_overlap(scan0):
     b = scan0.boxes.numpy().astype(np.float64)
     for i in range(len(b)):

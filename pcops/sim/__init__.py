@@ -47,6 +47,10 @@ Every object's parts are inset 7 cm from its box, so the points it returns (rang
 clipped at 3 sigma) lie inside its box; ``num_points_in_box`` counts all scan points inside
 the box (as OpenPCDet's ground-truth database does), which may include a few ground points
 at the box's bottom face; ``num_object_points`` counts only the object's own returns.
+Over a split, about two thirds of the labelled objects are cars, a quarter pedestrians and a
+tenth cyclists (tested bounds: Car 58-76 %, Pedestrian 15-33 %, Cyclist 4-15 %), all within
+100 m (BEV) of the sensor: about 45 % within 30 m, 32 % at 30-50 m and 23 % beyond (tested
+bounds 33-57 %, 20-44 %, 13-35 %).
 """
 
 from __future__ import annotations
