@@ -1,4 +1,4 @@
-"""K1, K2: KNN on SCAN (WORKLOADS.md).
+"""K1, K2: KNN on SCAN (WORKLOADS.md); B1: ball query (issue 19).
 
 K1: the F1 clouds (8 random 16,384-point subsets of SCAN, seed 0) against themselves, K = 16 and 32.
 K2: SCAN xyz (120,268 points) against itself, K = 16.
@@ -61,6 +61,30 @@ def cuda_part_rows(wl, pts, lengths, k, d, i, base, rep, notes):
                 identical_to_auto=bool(torch.equal(i_v, i) and torch.equal(d_v, d)),
             )
         )
+    return out
+
+
+def b1_rows(clouds, rep, notes):
+    """B1 (issue 19): ball query, r 0.8 m, K 32, centres = the F1 FPS samples (8 x 4,096) in the F1
+    clouds; the default (the scan of every reference) and ``pcops.triton.ball_query_grid`` (sorted
+    cells), eager and captured; their outputs must be equal."""
+    from pcops.triton import ball_query_grid
+
+    idx = pcops.farthest_point_sample(clouds, 4096)
+    centres = pcops.gather_points(clouds, idx).contiguous()
+    ql = torch.full((clouds.shape[0],), 4096, dtype=torch.int64, device=clouds.device)
+    rl = torch.full((clouds.shape[0],), clouds.shape[1], dtype=torch.int64, device=clouds.device)
+    wl, out = "B1 8x4096 in 8x16384 r=0.8 K=32", []
+    scan = lambda: pcops.ball_query(centres, clouds, 0.8, 32)  # noqa: E731
+    grid = lambda: ball_query_grid.ball_query(centres, clouds, ql, rl, 0.8, 32)  # noqa: E731
+    base = bench(scan, warmup=3, rep=rep)
+    out.append(row(wl, "pcops ball_query (scan, default)", base, baseline=base))
+    out.append(row(wl, "pcops ball_query (scan, graph)", bench(scan, warmup=3, rep=rep, graph=True), baseline=base))
+    out.append(row(wl, "ball_query_grid (sorted cells)", bench(grid, warmup=3, rep=rep), baseline=base))
+    out.append(row(wl, "ball_query_grid (graph)", bench(grid, warmup=3, rep=rep, graph=True), baseline=base))
+    a, b = scan(), grid()
+    notes["B1 grid identical to scan"] = bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
+    notes["B1 peer (OpenPCDet ball_query, peerkit, stop 27)"] = 2.17
     return out
 
 
@@ -129,6 +153,7 @@ def main():
             notes["K2 peak extra memory MB (cdist+topk, chunk 8192)"] = (
                 torch.cuda.max_memory_allocated() - before
             ) / 2**20
+    rows += b1_rows(clouds, rep, notes)
     if not args.quick:  # Triton tile shapes (queries per program, references per tile, tiles per superblock)
         for bq, br, sb in ((32, 32, 16), (64, 64, 8), (16, 32, 16)):
             for wl, pts in (("K1 K=16 tuning", clouds), ("K2 tuning", xyz[None])):

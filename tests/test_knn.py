@@ -620,6 +620,55 @@ def test_gpu_cuda_graph_capture():
         assert torch.equal(static, fn())
 
 
+# --- ball query on sorted cells (pcops.triton.ball_query_grid): the same hits as the scan ------
+
+
+def _grid_case(case: str, gen: torch.Generator):
+    """(query, ref, query_lengths, ref_lengths, radius, k) on small clouds."""
+    b, nq, nr = 2, 20, 160
+    q = torch.rand(b, nq, 3, generator=gen) * 4 - 2
+    r = torch.rand(b, nr, 3, generator=gen) * 4 - 2
+    if case == "clustered":  # dense spots around some queries: more hits than K
+        r[:, : nr // 2] = q[:, :8].repeat(1, nr // 16, 1) + 0.05 * torch.randn(b, nr // 2, 3, generator=gen)
+        return q, r, torch.tensor([nq, 13]), torch.tensor([nr, 97]), 0.3, 6
+    if case == "aligned":  # coordinates on multiples of the radius: points on cell boundaries
+        q = torch.randint(-3, 3, (b, nq, 3), generator=gen).float() * 0.25
+        r = torch.randint(-3, 3, (b, nr, 3), generator=gen).float() * 0.25
+        return q, r, torch.tensor([nq, nq]), torch.tensor([nr, nr]), 0.5, 5  # 0.5 away: not inside
+    if case == "far":  # one reference beyond the key's range: every query takes the scan
+        r[1, 7] = torch.tensor([3.0e5, 0.0, 0.0])
+        return q, r, torch.tensor([nq, nq]), torch.tensor([nr, nr]), 1e-3 + 0.6, 7
+    raise ValueError(case)
+
+
+@interpret
+@pytest.mark.parametrize("case", ["clustered", "aligned", "far"])
+def test_triton_interpreter_ball_query_grid_equals_scan(case):
+    from pcops.triton import ball_query_grid
+
+    q, r, ql, rl, radius, k = _grid_case(case, generator(40 + len(case)))
+    got = ball_query_grid.ball_query(q, r, ql, rl, radius, k)
+    want = ref.ball_query(q, r, ql, rl, radius, k)
+    assert int(want[1].sum()) > 20  # the case has hits
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("radius,k", [(0.8, 32), (0.2, 16), (2.0, 64)])
+def test_gpu_ball_query_grid_equals_scan(radius, k):
+    from pcops.triton import ball_query_grid, knn as tri_knn
+
+    pts = torch.from_numpy(load_scan_xyz()).cuda()[None].contiguous()
+    n = pts.shape[1]
+    centres = pts[:, torch.randperm(n, generator=generator(5))[:2048].cuda()].contiguous()
+    ql = torch.tensor([centres.shape[1]], device="cuda")
+    rl = torch.tensor([n], device="cuda")
+    got = ball_query_grid.ball_query(centres, pts, ql, rl, radius, k)
+    want = tri_knn.ball_query(centres, pts, ql, rl, radius, k)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 # --- the Triton kernels compile for sm_90 (the interpreter does not type-check like the compiler) --
 
 
@@ -646,6 +695,12 @@ for kp in (2, 16, 32):
     compile_(tri._knn_kernel, knn_types, dict(BQ=tri._KNN_BQ, BR=tri._KNN_BR, SB=tri._KNN_SB, KP=kp), tri._KNN_WARPS)
 compile_(tri._ball_query_kernel, ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "i32", "i32", "fp32", "i32"],
          dict(BQ=tri._BALL_BQ, BR=tri._BALL_BR), 4)
+from pcops.triton import ball_query_grid as g
+
+compile_(g._ball_cells_kernel, ["*fp32", "*i64", "*i64", "*i32", "i32", "fp32", "fp32"],
+         dict(BITS=g._CELL_BITS, PAD=g._KEY_PAD, BLOCK=g._BLOCK), 4)
+compile_(g._ball_grid_kernel, ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "*i32", "*i64", "*i64"]
+         + ["i32", "i32", "i32", "fp32", "fp32", "fp32", "fp32", "i32", "i32"], dict(BITS=g._CELL_BITS, BR=g._BR), 2)
 print("compiled")
 """
 

@@ -1,0 +1,261 @@
+"""Ball query on a grid of sorted cells (``pcops.ball_query(method="grid")``).
+
+The references are keyed by their cell (cells a little larger than the radius) and sorted with a
+stable sort, so each cell's points are one run in index order. A query visits the at most
+4 × 4 × 4 cells that its ball's bounding box overlaps (one lane each, bounds by binary search)
+and merges those runs by index: it takes the smallest head index, tests that point, and stops
+at ``K`` hits or when the runs are exhausted. The hits are therefore the first ``K`` in index
+order, the same set and order as the scan of every reference (``knn.ball_query``), with the
+same distance arithmetic (no FMA).
+
+A computed hit lies strictly inside ``(q - r', q + r')`` on every axis for
+``r' = r · (1 + 1e-4) + 1e-18``: ``fl(dx²) ≤ d² < fl(r²)`` bounds ``|dx|`` by
+``r (1 + 2⁻²²)``. Cell indices are ``floor(fl(x · (1 / r')))``, a monotone function of ``x``, so
+every hit's cell lies within the box's cells. Cells must fit 18 bits per axis
+(``|x| / r' < 2¹⁷ - 4``): a reference outside that range sets a device flag that sends every
+query of the call to the scan instead (no host sync). Up to 511 samples (the key's batch bits).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _launch
+
+_F32 = struct.Struct("f")
+_CELL_BITS = 18
+_CELL_LIMIT = (1 << (_CELL_BITS - 1)) - 4  # |cell| below this fits the key
+MAX_BATCH = (1 << (63 - 3 * _CELL_BITS)) - 1  # 511
+_KEY_PAD = (1 << 63) - 1  # references past their sample's length: after every real key
+_BLOCK = 1024
+_BR = 64  # references per step of the scan fallback
+
+
+def _f32(v: float) -> float:
+    return _F32.unpack(_F32.pack(v))[0]
+
+
+@triton.jit
+def _cell_of(v, inv_c):
+    return tl.floor(v * inv_c)
+
+
+@triton.jit
+def _key(b, cx, cy, cz, BITS: tl.constexpr):
+    half = 1 << (BITS - 1)
+    k = b.to(tl.int64)
+    k = (k << BITS) + (cz.to(tl.int64) + half)
+    k = (k << BITS) + (cy.to(tl.int64) + half)
+    return (k << BITS) + (cx.to(tl.int64) + half)
+
+
+@triton.jit
+def _ball_cells_kernel(
+    ref_ptr,  # (B, Nr, 3) float32
+    len_ptr,  # (B,) int64
+    key_ptr,  # (B * Nr,) int64 out
+    flag_ptr,  # (1,) int32: set to 1 when a reference's cell does not fit the key
+    nr,
+    inv_c,
+    limit,
+    BITS: tl.constexpr,
+    PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(1).to(tl.int64)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    r_len = tl.minimum(tl.maximum(tl.load(len_ptr + b), 0), nr)
+    live = i < nr
+    valid = i < r_len
+    base = ref_ptr + (b * nr + i) * 3
+    cx = _cell_of(tl.load(base + 0, mask=valid, other=0.0), inv_c)
+    cy = _cell_of(tl.load(base + 1, mask=valid, other=0.0), inv_c)
+    cz = _cell_of(tl.load(base + 2, mask=valid, other=0.0), inv_c)
+    fits = (tl.abs(cx) < limit) & (tl.abs(cy) < limit) & (tl.abs(cz) < limit)
+    key = _key(b, cx.to(tl.int32), cy.to(tl.int32), cz.to(tl.int32), BITS)
+    key = tl.where(valid & fits, key, PAD)
+    tl.store(key_ptr + b * nr + i, key, mask=live)
+    bad = tl.max((valid & ~fits).to(tl.int32), axis=0)
+    if bad > 0:
+        tl.atomic_max(flag_ptr, 1)
+
+
+@triton.jit
+def _lower_bound(keys_ptr, n, key, steps, STRICT: tl.constexpr):
+    """First position whose key is ``>= key`` (``> key`` with ``STRICT``), per lane."""
+    lo = tl.zeros(key.shape, tl.int64)
+    hi = tl.full(key.shape, 0, tl.int64) + n
+    for _ in range(steps):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(keys_ptr + mid, mask=active, other=0)
+        if STRICT:
+            right = active & (v <= key)
+        else:
+            right = active & (v < key)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & ~right, mid, hi)
+    return lo
+
+
+@triton.jit
+def _ball_grid_kernel(
+    q_ptr,  # (B, Nq, 3) float32
+    r_ptr,  # (B, Nr, 3) float32
+    q_len_ptr,  # (B,) int64
+    r_len_ptr,  # (B,) int64
+    keys_ptr,  # (B * Nr,) int64, sorted
+    perm_ptr,  # (B * Nr,) int64: flat reference index of each sorted key
+    flag_ptr,  # (1,) int32: 1 = some reference's cell does not fit: scan instead
+    idx_ptr,  # (B, Nq, K) int64 out, pre-filled with -1
+    count_ptr,  # (B, Nq) int64 out
+    nq,
+    nr,
+    n_keys,  # B * Nr
+    radius2,  # radius² (float32)
+    rp,  # r' (float32)
+    inv_c,  # 1 / r' (float32)
+    limit,
+    k,
+    steps,  # binary-search steps: bit length of B * Nr
+    BITS: tl.constexpr,
+    BR: tl.constexpr,
+):
+    qi = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    q_len = tl.minimum(tl.maximum(tl.load(q_len_ptr + b), 0), nq)
+    count = tl.zeros([], tl.int32)
+    if qi < q_len:
+        r_len = tl.minimum(tl.maximum(tl.load(r_len_ptr + b), 0), nr)
+        row = b * nq + qi
+        qx = tl.load(q_ptr + row * 3 + 0)
+        qy = tl.load(q_ptr + row * 3 + 1)
+        qz = tl.load(q_ptr + row * 3 + 2)
+        lx, hx = _cell_of(qx - rp, inv_c), _cell_of(qx + rp, inv_c)
+        ly, hy = _cell_of(qy - rp, inv_c), _cell_of(qy + rp, inv_c)
+        lz, hz = _cell_of(qz - rp, inv_c), _cell_of(qz + rp, inv_c)
+        fits = (tl.maximum(tl.abs(lx), tl.abs(hx)) < limit) & (tl.maximum(tl.abs(ly), tl.abs(hy)) < limit)
+        fits = fits & (tl.maximum(tl.abs(lz), tl.abs(hz)) < limit)
+        fits = fits & (hx - lx < 4) & (hy - ly < 4) & (hz - lz < 4)
+        if fits & (tl.load(flag_ptr) == 0):
+            # one lane per cell of the box (at most 4 per axis), its run of sorted references
+            lane = tl.arange(0, 64)
+            cx = lx.to(tl.int32) + lane % 4
+            cy = ly.to(tl.int32) + (lane // 4) % 4
+            cz = lz.to(tl.int32) + lane // 16
+            inside = (cx <= hx.to(tl.int32)) & (cy <= hy.to(tl.int32)) & (cz <= hz.to(tl.int32))
+            key = _key(b, cx, cy, cz, BITS)
+            start = _lower_bound(keys_ptr, n_keys, key, steps, False)
+            end = _lower_bound(keys_ptr, n_keys, key, steps, True)
+            end = tl.where(inside, end, start)
+            big = n_keys.to(tl.int64) + 1
+            cur = start
+            heads = tl.load(perm_ptr + cur, mask=cur < end, other=big)
+            m = tl.min(heads, axis=0)
+            while (count < k) & (m < big):
+                j = tl.argmin(heads, axis=0)
+                ref = r_ptr + m * 3
+                dx = qx - tl.load(ref + 0)
+                dy = qy - tl.load(ref + 1)
+                dz = qz - tl.load(ref + 2)
+                hit = dx * dx + dy * dy + dz * dz < radius2
+                tl.store(idx_ptr + row * k + count, m - b * nr, mask=hit)
+                count += hit.to(tl.int32)
+                cur = tl.where(lane == j, cur + 1, cur)
+                nxt = tl.load(perm_ptr + cur, mask=(lane == j) & (cur < end), other=big)
+                heads = tl.where(lane == j, nxt, heads)
+                m = tl.min(heads, axis=0)
+        else:  # the scan of every reference, in index order
+            t = 0
+            n_t = tl.cdiv(r_len, BR)
+            while (t < n_t) & (count < k):
+                pos = t * BR + tl.arange(0, BR)
+                valid = pos < r_len
+                rx = tl.load(r_ptr + (b * nr + pos) * 3 + 0, mask=valid, other=0.0)
+                ry = tl.load(r_ptr + (b * nr + pos) * 3 + 1, mask=valid, other=0.0)
+                rz = tl.load(r_ptr + (b * nr + pos) * 3 + 2, mask=valid, other=0.0)
+                dx = qx - rx
+                dy = qy - ry
+                dz = qz - rz
+                hit = (dx * dx + dy * dy + dz * dz < radius2) & valid
+                slot = count + tl.cumsum(hit.to(tl.int32), axis=0) - 1
+                keep = hit & (slot < k)
+                tl.store(idx_ptr + row * k + slot, pos.to(tl.int64), mask=keep)
+                count += tl.sum(keep.to(tl.int32), axis=0)
+                t += 1
+    tl.store(count_ptr + b * nq + qi, count.to(tl.int64))
+
+
+def ball_query(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_lengths: torch.Tensor,
+    ref_lengths: torch.Tensor,
+    radius: float,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`pcops.triton.knn.ball_query` (same arguments, outputs and semantics), on the grid.
+
+    Launches: the key pass, ``torch.sort`` (stable) of ``B · Nr`` keys, the query pass, plus the
+    output fills; no host synchronisation. More than :data:`MAX_BATCH` samples: the scan.
+    """
+    from .knn import ball_query as scan
+
+    batch, nq, _ = query.shape
+    nr = ref.shape[1]
+    if batch > MAX_BATCH or nr == 0 or nq == 0:
+        return scan(query, ref, query_lengths, ref_lengths, radius, k)
+    dev = query.device
+    idx = torch.full((batch, nq, k), -1, dtype=torch.int64, device=dev)
+    counts = torch.empty((batch, nq), dtype=torch.int64, device=dev)
+    radius2 = _f32(radius * radius)
+    rp = _f32(radius * (1.0 + 1e-4) + 1e-18)
+    inv_c = _f32(1.0 / rp)
+    keys = torch.empty(batch * nr, dtype=torch.int64, device=dev)
+    flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    _launch.launch(
+        _ball_cells_kernel,
+        (triton.cdiv(nr, _BLOCK), batch),
+        ref,
+        ref_lengths,
+        keys,
+        flag,
+        nr,
+        inv_c,
+        float(_CELL_LIMIT),
+        BITS=_CELL_BITS,
+        PAD=_KEY_PAD,
+        BLOCK=_BLOCK,
+    )
+    keys, perm = torch.sort(keys, stable=True)
+    _launch.launch(
+        _ball_grid_kernel,
+        (nq, batch),
+        query,
+        ref,
+        query_lengths,
+        ref_lengths,
+        keys,
+        perm,
+        flag,
+        idx,
+        counts,
+        nq,
+        nr,
+        batch * nr,
+        radius2,
+        rp,
+        inv_c,
+        float(_CELL_LIMIT),
+        k,
+        (batch * nr).bit_length(),
+        BITS=_CELL_BITS,
+        BR=_BR,
+        num_warps=2,
+        enable_fp_fusion=False,
+    )
+    return idx, counts
