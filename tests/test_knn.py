@@ -659,7 +659,7 @@ def test_triton_interpreter_ball_query_grid_equals_scan(case):
 def test_gpu_ball_query_grid_equals_scan(radius, k):
     from pcops.triton import ball_query_grid, knn as tri_knn
 
-    pts = torch.from_numpy(load_scan_xyz()).cuda()[None].contiguous()
+    pts = load_scan_xyz().cuda()[None].contiguous()
     n = pts.shape[1]
     centres = pts[:, torch.randperm(n, generator=generator(5))[:2048].cuda()].contiguous()
     ql = torch.tensor([centres.shape[1]], device="cuda")
