@@ -61,6 +61,12 @@ class _Kernel:
 _KERNELS: dict = {}
 
 
+def _hooked() -> bool:
+    """Launch hooks are registered (Triton 3.6: hook chains with ``calls``; older: a callable or None)."""
+    rt = knobs.runtime
+    return any(getattr(h, "calls", h) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+
+
 def _bind(info: _Kernel, compiled, nargs: int, kwargs: dict):
     """The direct launch of ``compiled`` for calls with ``nargs`` positional arguments and these
     keyword names, or ``None`` where Triton's path must stay (scratch memory, descriptors)."""
@@ -104,12 +110,7 @@ def launch(kernel, grid, *args, **kwargs) -> None:
             kernel[grid](*args, **kwargs)
             return
         info = _KERNELS[kernel] = _Kernel(kernel)
-    if (
-        callable(grid)
-        or kernel.pre_run_hooks
-        or knobs.runtime.launch_enter_hook.calls
-        or knobs.runtime.launch_exit_hook.calls
-    ):
+    if callable(grid) or getattr(kernel, "pre_run_hooks", None) or _hooked():
         kernel[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
