@@ -1,6 +1,6 @@
 """How far ``pcops.sim`` scans are from real KITTI scans, statistic by statistic (issue 22).
 
-    python benchmarks/sim_realism.py [--sim 20] [--out benchmarks/results/sim_realism.json]
+    python benchmarks/sim_realism.py [--sim 20] [--scene-version 1|2] [--out benchmarks/results/sim_realism.json]
 
 Pools the real KITTI scans (``../shared/data`` or ``$PCOPS_DATA``; skips with a message when
 absent) and ``--sim`` simulated scans (seeds 0, 1, ...), and reports the total variation of
@@ -74,19 +74,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sim", type=int, default=20, help="simulated scans (seeds 0 ..)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sim_realism.json"))
+    ap.add_argument("--scene-version", type=int, default=1, choices=(1, 2), help="pcops.sim scene version")
     a = ap.parse_args()
     root = data_root() / "kitti" / "training"
     if not (root / "velodyne").is_dir():
         print(f"skipped: no KITTI scans at {root}")
         return 0
     real = real_scans(root)
-    sims = [simulate_scan(seed=s) for s in range(a.sim)]
+    sims = [simulate_scan(seed=s, scene_version=a.scene_version) for s in range(a.sim)]
     rec = report(real, sims)
     try:
         commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
     except (OSError, subprocess.CalledProcessError):
         commit = None
-    rec.update(real_frames=len(real), sim_scans=len(sims), date=str(datetime.date.today()), commit=commit,
+    rec.update(real_frames=len(real), sim_scans=len(sims), scene_version=a.scene_version, date=str(datetime.date.today()), commit=commit,
                torch=torch.__version__)  # fmt: skip
     for k, v in rec["total_variation"].items():
         print(f"total variation {k:14s} {v:.3f}")

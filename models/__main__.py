@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--train", type=int, default=3712, help="training scans")
     g.add_argument("--val", type=int, default=1000, help="validation scans (disjoint seeds)")
+    g.add_argument("--scene-version", type=int, default=1, choices=(1, 2),
+                   help="pcops.sim scenes: 1 (the shipped weights' data) or 2 (vans, trucks, car types, limbs)")  # fmt: skip
     _common(g)
     t = sub.add_parser("train", help="train PointPillars (OpenPCDet's recipe), then evaluate")
     t.add_argument("--data", required=True, help="KITTI-format folder (real KITTI or a generated split)")
@@ -109,7 +111,14 @@ def main(argv=None) -> int:
     if args.command == "generate":
         from .data import generate_split
 
-        summary = generate_split(args.out, args.train, args.val, workers=args.workers, progress=not args.no_progress)
+        summary = generate_split(
+            args.out,
+            args.train,
+            args.val,
+            workers=args.workers,
+            progress=not args.no_progress,
+            scene_version=args.scene_version,
+        )
         print(json.dumps(summary, indent=1))
         return 0
     from . import distributed as dd

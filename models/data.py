@@ -140,10 +140,10 @@ def write_kitti_label(path, boxes: np.ndarray, names, calib_text: str = SIM_CALI
 
 def _generate_one(args) -> dict:
     """Simulate one frame, write its files; return its database entries (train) and counts."""
-    root, frame, seed, with_db, pcr = args
+    root, frame, seed, with_db, pcr, scene_version = args
     from pcops.sim import simulate_scan
 
-    scan = simulate_scan(seed)
+    scan = simulate_scan(seed, scene_version=scene_version)
     pts = scan.points.numpy()
     boxes = scan.boxes.numpy()
     names = list(scan.names)
@@ -188,10 +188,13 @@ def generate_split(
     workers: int | None = None,
     config: PointPillarsConfig | None = None,
     progress: bool = True,
+    scene_version: int = 1,
 ) -> dict:
     """Write a simulated split in the KITTI layout (see the module docstring) and its ground-truth
     database. Frame ``i`` of train is ``pcops.sim.simulate_scan(1_000_000 + i)``, of val
     ``simulate_scan(2_000_000 + i)``: disjoint seeds, the same files on every machine.
+    ``scene_version`` goes to ``simulate_scan`` (2: vans and trucks, labelled ``Van`` / ``Truck``,
+    which training ignores and evaluation treats as KITTI does).
     Returns the split's summary (also written to ``pcops_sim.json``)."""
     cfg = config or PointPillarsConfig()
     root = Path(root)
@@ -203,7 +206,7 @@ def generate_split(
         for i in range(n):
             frame = f"{len(jobs):06d}"
             splits[split].append(frame)
-            jobs.append((str(root), frame, base + i, split == "train", tuple(cfg.point_cloud_range)))
+            jobs.append((str(root), frame, base + i, split == "train", tuple(cfg.point_cloud_range), scene_version))
     for split, frames in splits.items():
         (root / "ImageSets" / f"{split}.txt").write_text("".join(f + "\n" for f in frames))
     workers = workers or max(1, (os.cpu_count() or 2))
@@ -222,6 +225,7 @@ def generate_split(
     summary = {
         "n_train": n_train,
         "n_val": n_val,
+        "scene_version": scene_version,
         "train_seeds": [TRAIN_SEED_BASE, TRAIN_SEED_BASE + n_train],
         "val_seeds": [VAL_SEED_BASE, VAL_SEED_BASE + n_val],
         "objects": class_counts,

@@ -94,24 +94,59 @@ CLASS_SHARE_BOUNDS = {"Car": (0.58, 0.76), "Pedestrian": (0.15, 0.33), "Cyclist"
 DISTANCE_SHARE_BOUNDS = {(0, 30): (0.33, 0.57), (30, 50): (0.2, 0.44), (50, 100): (0.13, 0.35)}
 
 
+CLASS_SHARE_BOUNDS_V2 = {
+    "Car": (0.48, 0.68),
+    "Van": (0.02, 0.11),
+    "Truck": (0.003, 0.05),
+    "Pedestrian": (0.12, 0.3),
+    "Cyclist": (0.06, 0.19),
+}
+
+
 @pytest.mark.slow
-def test_class_mix_and_distances_within_documented_bounds():
+@pytest.mark.parametrize("version", [1, 2])
+def test_class_mix_and_distances_within_documented_bounds(version):
     names, dists = [], []
     for seed in range(1000, 1016):  # fresh seeds, not the samples'
-        s = sim.simulate_scan(seed)
+        s = sim.simulate_scan(seed, scene_version=version)
         names += list(s.names)
         dists += np.hypot(s.boxes[:, 0].numpy(), s.boxes[:, 1].numpy()).tolist()
     n = len(names)
     assert n > 400, n
-    for cls, (lo, hi) in CLASS_SHARE_BOUNDS.items():
+    bounds = CLASS_SHARE_BOUNDS if version == 1 else CLASS_SHARE_BOUNDS_V2
+    for cls, (lo, hi) in bounds.items():
         share = names.count(cls) / n
         assert lo <= share <= hi, (cls, share)
-    assert set(names) <= set(CLASS_SHARE_BOUNDS), set(names)
+    assert set(names) <= set(bounds), set(names)
     d = np.array(dists)
     assert d.max() < 100.0, d.max()
     for (a, b), (lo, hi) in DISTANCE_SHARE_BOUNDS.items():
         share = float(((d >= a) & (d < b)).mean())
         assert lo <= share <= hi, ((a, b), share)
+
+
+def test_scene_version_2_objects_and_determinism():
+    """Version 2 (vans, trucks, car body types, pedestrians with limbs): every object's returns
+    lie inside its box, vehicles of every kind are labelled, and a seed gives the same scan."""
+    seen = set()
+    for seed in (7, 8):
+        s = sim.simulate_scan(seed, scene_version=2)
+        pts, inst, boxes = s.points.numpy(), s.instance.numpy(), s.boxes.numpy()
+        for k in range(len(boxes)):
+            own = pts[inst == k]
+            assert sim.points_in_boxes_count(own, boxes[k : k + 1])[0] == len(own), (seed, k, s.names[k])
+        seen |= set(s.names)
+        for cls, (mean, _sd) in sim.scene.VEHICLE_SIZES_V2.items():
+            sel = [i for i, nm in enumerate(s.names) if nm == cls]
+            if sel:
+                dims = s.boxes[sel, 3:6]
+                assert ((dims > 0.6 * torch.tensor(mean)) & (dims < 1.6 * torch.tensor(mean))).all(), cls
+    assert {"Car", "Van", "Pedestrian", "Cyclist"} <= seen, seen
+    a, b = sim.simulate_scan(8, scene_version=2), sim.simulate_scan(8, scene_version=2)
+    assert torch.equal(a.points, b.points) and torch.equal(a.boxes, b.boxes) and a.names == b.names
+    assert not torch.equal(a.boxes, sim.simulate_scan(8).boxes)  # a different scene from version 1
+    with pytest.raises(ValueError, match="scene_version"):
+        sim.simulate_scan(0, scene_version=3)
 
 
 def test_boxes_do_not_overlap(scan0):

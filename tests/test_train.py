@@ -289,6 +289,19 @@ def test_generated_split_layout_and_labels(tiny_split):
     assert len(db["names"]) > 0 and sizes.min() >= 5
 
 
+def test_generated_split_scene_version_2_keeps_vans_as_ignore_boxes(tmp_path):
+    from pcops.models.data import KittiDataset, generate_split
+
+    summary = generate_split(tmp_path, n_train=2, n_val=1, workers=1, progress=False, scene_version=2)
+    assert json.loads((tmp_path / "pcops_sim.json").read_text())["scene_version"] == 2
+    assert summary["objects"].get("Van", 0) + summary["objects"].get("Truck", 0) > 0, summary["objects"]
+    ds = KittiDataset(tmp_path, "train", CFG, augment=False)
+    items = [ds[i] for i in range(len(ds))]
+    ignored = [n for it in items for n in it["ignore_names"]]
+    assert {"Van", "Truck"} & set(ignored), ignored  # not trained on; the evaluation ignores Car hits on them
+    assert all(0 < int(lab) <= len(CFG.class_names) for it in items for lab in it["labels"])
+
+
 def test_dataset_augmentation_and_batch(tiny_split):
     from pcops.models.augment import augment_batch
     from pcops.models.data import KittiDataset, collate

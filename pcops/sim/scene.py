@@ -24,6 +24,21 @@ CLASS_SIZES = {
 }
 
 
+# Scene version 2 (issue 22): vans and trucks (labelled Van, Truck: ignored for Car, as KITTI
+# does), four car body types and pedestrians with separate legs and arms.
+# type: (share, mean (l, w, h), clearance, belt line / h, cabin rear x / l, windshield base x / l, wheel radius)
+CAR_TYPES = {
+    "compact": (0.3, (3.5, 1.55, 1.5), 0.14, 0.55, -0.45, 0.12, 0.28),
+    "hatchback": (0.3, (3.9, 1.6, 1.52), 0.15, 0.56, -0.44, 0.1, 0.3),
+    "sedan": (0.25, (4.3, 1.68, 1.46), 0.15, 0.58, -0.3, 0.16, 0.31),
+    "suv": (0.15, (4.5, 1.8, 1.75), 0.22, 0.55, -0.44, 0.14, 0.36),
+}
+CAR_TYPE_SD = (0.2, 0.06, 0.06)
+VEHICLE_SIZES_V2 = {"Van": ((5.1, 1.9, 2.2), (0.4, 0.1, 0.15)), "Truck": ((10.1, 2.6, 3.3), (1.8, 0.15, 0.3))}
+CLASS_SHARES_V2 = (("Car", 0.6), ("Van", 0.06), ("Truck", 0.03), ("Pedestrian", 0.2), ("Cyclist", 0.11))
+VEHICLES = ("Car", "Van", "Truck")
+
+
 # ----------------------------------------------------------------------------- surfaces
 
 # name: (albedo low, albedo high, drop probability, porosity, see-through depth)
@@ -101,13 +116,16 @@ def _rect_parts(parts):
     return lo, hi, side, top
 
 
-def _object_group(cls: str, box: np.ndarray, inst: int, surf: _Surfaces) -> _BoxGroup:
-    """Build the parts of a labelled object inside its box (x, y, z, l, w, h, yaw)."""
+def _object_group(cls: str, box: np.ndarray, inst: int, surf: _Surfaces, style: str | None = None) -> _BoxGroup:
+    """Build the parts of a labelled object inside its box (x, y, z, l, w, h, yaw); ``style``: the
+    version-2 shape (a car type of ``CAR_TYPES``, ``"limbs"`` for a pedestrian), else version 1's."""
     l, w, h = box[3], box[4], box[5]
     m = PART_INSET
     hx, hy, hz = l / 2 - m, w / 2 - m, h / 2
     b = -hz  # box bottom in the frame
-    if cls == "Car":
+    if style is not None or cls in ("Van", "Truck"):
+        parts = _parts_v2(cls, style, l, h, hx, hy, hz, inst, surf)
+    elif cls == "Car":
         paint = surf.new("car_paint", inst)
         glass = surf.new("car_glass", inst)
         tyre = surf.new("tyre", inst)
@@ -146,8 +164,79 @@ def _object_group(cls: str, box: np.ndarray, inst: int, surf: _Surfaces) -> _Box
     return _BoxGroup(box[:3].copy(), float(box[6]), lo, hi, side, top)
 
 
-def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,)) -> _Scene:
-    """Random street scene; ``ego_xs`` are the sensor's x positions (kept free of objects)."""
+def _wheels(xs, wr, hy, b, top, tyre) -> list:
+    """Four or more wheels (one pair per axle position in ``xs``), 0.22 m wide, inside the box."""
+    parts = []
+    for x in xs:
+        for sy in (-1, 1):
+            yc = sy * (hy - 0.11)
+            parts.append((x - wr, x + wr, yc - 0.11, yc + 0.11, b + 0.03, top, tyre, tyre))
+    return parts
+
+
+def _parts_v2(cls, style, l, h, hx, hy, hz, inst, surf) -> list:
+    """Version-2 part lists (see ``CAR_TYPES``); every part stays inside the inset box."""
+    b = -hz
+    if cls in VEHICLES:
+        paint = surf.new("car_paint", inst)
+        glass = surf.new("car_glass", inst)
+        tyre = surf.new("tyre", inst)
+    if cls == "Car":
+        _, _, clear, belt, cx0, cx1, wr = CAR_TYPES[style]
+        zb = b + belt * h
+        nose = hx - 0.12 * l  # the hood's front drops toward the bumper
+        wx = hx - max(0.5, 0.14 * l)
+        return [
+            (-hx, nose, -hy, hy, b + clear, zb, paint, paint),
+            (nose, hx, -hy, hy, b + clear, zb - 0.07, paint, paint),
+            (max(cx0 * l, -hx + 0.1), cx1 * l, -hy + 0.08, hy - 0.08, zb, hz - 0.03, glass, paint),
+        ] + _wheels((-wx, wx), wr, hy, b, b + clear + 0.05, tyre)
+    if cls == "Van":
+        zb = b + 0.45 * h
+        wx = hx - 0.7
+        return [
+            (-hx, hx, -hy, hy, b + 0.3, zb, paint, paint),
+            (-hx, hx - 0.75, -hy, hy, zb, hz - 0.03, paint, paint),
+            (hx - 0.75, hx - 0.35, -hy + 0.05, hy - 0.05, zb, hz - 0.25, glass, paint),
+        ] + _wheels((-wx, wx), 0.33, hy, b, b + 0.35, tyre)
+    if cls == "Truck":
+        cab = hx - 2.3
+        cargo = surf.new("wall", inst)
+        return [
+            (-hx, hx, -0.45, 0.45, b + 0.45, b + 1.05, paint, paint),  # chassis
+            (cab, hx, -hy, hy, b + 0.6, b + 0.5 * h, paint, paint),
+            (cab + 0.2, hx - 0.15, -hy + 0.05, hy - 0.05, b + 0.5 * h, b + 0.85 * h, glass, paint),
+            (-hx, cab - 0.2, -hy, hy, b + 1.05, hz - 0.03, cargo, cargo),
+        ] + _wheels((hx - 0.9, -hx + 1.2, -hx + 2.6), 0.5, hy, b, b + 1.0, tyre)
+    if cls == "Pedestrian":  # legs and arms apart, swung by a stride
+        cloth = surf.new("person", inst)
+        skin = surf.new("person", inst)
+        reach = max(hx - 0.08, 0.0)
+        s = float(np.clip(surf.rng.uniform(-0.2, 0.2), -reach, reach))
+        hip, shoulder = b + 0.47 * h, b + 0.8 * h
+        arm_out = min(0.27, hy)
+        arm_in = arm_out - 0.07
+        torso = min(0.19, arm_in - 0.01)
+        parts = [
+            (s - 0.07, s + 0.07, -min(0.16, hy), -0.03, b + 0.03, hip, cloth, cloth),
+            (-s - 0.07, -s + 0.07, 0.03, min(0.16, hy), b + 0.03, hip, cloth, cloth),
+            (-0.12, 0.12, -torso, torso, hip, b + 0.82 * h, cloth, cloth),
+            (-0.1, 0.1, -0.09, 0.09, b + 0.82 * h + 0.02, hz - 0.03, skin, skin),
+        ]
+        a = float(np.clip(0.6 * s, -(hx - 0.05), hx - 0.05))
+        if arm_in > torso:
+            parts += [
+                (-a - 0.05, -a + 0.05, -arm_out, -arm_in, b + 0.5 * h, shoulder, cloth, cloth),
+                (a - 0.05, a + 0.05, arm_in, arm_out, b + 0.5 * h, shoulder, cloth, cloth),
+            ]
+        return parts
+    raise ValueError(cls)  # pragma: no cover
+
+
+def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,), version: int = 1) -> _Scene:
+    """Random street scene; ``ego_xs`` are the sensor's x positions (kept free of objects);
+    ``version`` 2 adds vans, trucks, car body types, pedestrians with limbs and cars turning at
+    the intersection at any heading (version 1 draws exactly what it always drew)."""
     surf = _Surfaces(rng)
     # ground: road along x, ego in the right-hand lane (y = 0), road centre to its left
     half = float(rng.uniform(4.2, 6.5))
@@ -380,8 +469,20 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
         lanes_left.append(y_mid + 4.0)
     for _ in range(n_objects):
         u = rng.random()
-        cls = "Car" if u < 0.68 else ("Pedestrian" if u < 0.9 else "Cyclist")
-        mean, sd = CLASS_SIZES[cls]
+        style = None
+        if version == 1:
+            cls = "Car" if u < 0.68 else ("Pedestrian" if u < 0.9 else "Cyclist")
+            mean, sd = CLASS_SIZES[cls]
+        else:
+            shares = np.cumsum([c for _, c in CLASS_SHARES_V2])
+            cls = CLASS_SHARES_V2[int(np.searchsorted(shares, u * shares[-1], side="right"))][0]
+            mean, sd = VEHICLE_SIZES_V2.get(cls) or CLASS_SIZES[cls]
+            if cls == "Car":
+                types = list(CAR_TYPES)
+                style = types[int(rng.choice(len(types), p=[CAR_TYPES[t][0] for t in types]))]
+                mean, sd = CAR_TYPES[style][1], CAR_TYPE_SD
+            elif cls == "Pedestrian":
+                style = "limbs"
         lwh = np.maximum(np.array(mean) + rng.normal(0, 1, 3) * np.array(sd), np.array(mean) * 0.7)
         l, w, h = (float(v) for v in lwh)
         for _attempt in range(25):
@@ -389,8 +490,12 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
             side = -1 if rng.random() < 0.5 else 1
             edge = y_mid + side * half
             on_sidewalk = False
-            if cls == "Car":
-                if mode < 0.6:  # parked along a curb, facing the travel direction of that side
+            if cls in VEHICLES:
+                if version > 1 and cross is not None and mode >= 0.95:  # turning at the intersection
+                    x = float(rng.uniform(cross[0] + 2.0, cross[1] - 2.0))
+                    y = y_mid + float(rng.uniform(-half + 1.5, half - 1.5))
+                    yaw = float(rng.uniform(-math.pi, math.pi))
+                elif mode < 0.6:  # parked along a curb, facing the travel direction of that side
                     x = float(rng.uniform(-70, 70))
                     y = edge - side * (w / 2 + float(rng.uniform(0.15, 0.45)))
                     yaw = (0.0 if side < 0 else math.pi) + float(rng.normal(0, 0.04))
@@ -433,7 +538,7 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,))
             occupied.append((x, y, r))
             yaw = (yaw + math.pi) % (2 * math.pi) - math.pi
             box = np.array([x, y, zg + h / 2, l, w, h, yaw])
-            prims.append(_object_group(cls, box, len(boxes), surf))
+            prims.append(_object_group(cls, box, len(boxes), surf, style))
             boxes.append(box)
             names.append(cls)
             break
