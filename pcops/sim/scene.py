@@ -135,11 +135,7 @@ def _object_group(cls: str, box: np.ndarray, inst: int, surf: _Surfaces, style: 
         parts = [
             (-hx, hx, -hy, hy, b + 0.28, zb, paint, paint),
             (-0.36 * l, 0.2 * l, -hy + 0.08, hy - 0.08, zb, hz - 0.03, glass, paint),
-        ]
-        for sx in (-1, 1):
-            for sy in (-1, 1):
-                yc = sy * (hy - 0.11)
-                parts.append((sx * wx - wr, sx * wx + wr, yc - 0.11, yc + 0.11, b + 0.03, b + 0.3, tyre, tyre))
+        ] + _wheels((-wx, wx), wr, hy, b, b + 0.3, tyre)
     elif cls == "Pedestrian":
         cloth = surf.new("person", inst)
         skin = surf.new("person", inst)
