@@ -74,7 +74,9 @@ def spconv_encoder(spconv, input_channels=4):
         block(32, 64, 3, 2, 1, "spconv3", "spconv"), block(64, 64, 3, key="subm3"), block(64, 64, 3, key="subm3")
     )
     m.conv4 = sp.SparseSequential(
-        block(64, 64, 3, 2, (0, 1, 1), "spconv4", "spconv"), block(64, 64, 3, key="subm4"), block(64, 64, 3, key="subm4")
+        block(64, 64, 3, 2, (0, 1, 1), "spconv4", "spconv"),
+        block(64, 64, 3, key="subm4"),
+        block(64, 64, 3, key="subm4"),
     )
     m.conv_out = sp.SparseSequential(
         sp.SparseConv3d(64, 128, (3, 1, 1), stride=(2, 1, 1), padding=0, bias=False, indice_key="spconv_down2"),
