@@ -104,6 +104,7 @@ def test_gather_ordered_world_size_one():
     assert dd.all_reduce_mean(torch.ones(2)).tolist() == [1.0, 1.0] and dd.broadcast_object(5) == 5
 
 
+@pytest.mark.slow  # one of the longest: the README's test command stays within 5 minutes
 def test_sync_batchnorm_conversion_of_the_model():
     torch.manual_seed(0)
     model = PointPillars(config=PointPillarsConfig(**SMALL))

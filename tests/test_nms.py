@@ -808,6 +808,7 @@ def emulated_cuda(tmp_path_factory, monkeypatch):
     return cuda_impl
 
 
+@pytest.mark.slow  # one of the longest: the README's test command stays within 5 minutes
 def test_cuda_launchers_emulated_on_the_host(emulated_cuda):
     """The CUDA C++ implementation of pcops::nms_bev / nms_bev_batched (argument order, shapes,
     padding, the rank and the torch.sort paths, groups, pre/post, the variable-length form) on CPU

@@ -536,6 +536,7 @@ def test_second_detector_layout_and_full_size_config():
     assert {f"backbone_3d.{k}" for k in OPENPCDET_KEYS} <= set(sd)
 
 
+@pytest.mark.slow  # one of the longest: the README's test command stays within 5 minutes
 def test_second_detector_runs_and_loads_openpcdet_checkpoints():
     from pcops.models.second import SECOND, second_config
 

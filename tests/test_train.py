@@ -386,6 +386,7 @@ def test_sensor_augmentations_keep_objects_consistent(tiny_split):
     assert beams[0] <= 1 and (beams[:-1] <= beams[1:] + 1).float().mean() > 0.99
 
 
+@pytest.mark.slow  # one of the longest: the README's test command stays within 5 minutes
 def test_second_trains_with_the_same_trainer(tiny_split, tmp_path):
     """SECOND (issue 21's detector) trains with pcops' trainer: targets, loss, optimiser and
     checkpoints as for PointPillars; gradients reach the sparse encoder."""

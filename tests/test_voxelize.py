@@ -559,6 +559,7 @@ def test_triton_interpreter_dense_voxels(small_blocks, p, mode):
         assert got.num_dropped_points.sum() > 0
 
 
+@pytest.mark.slow  # one of the longest interpreter cases
 @pytest.mark.parametrize("reverse", [False, True])
 @interpret
 def test_triton_interpreter_one_huge_voxel(small_blocks, reverse):
