@@ -699,8 +699,16 @@ from pcops.triton import ball_query_grid as g
 
 compile_(g._ball_cells_kernel, ["*fp32", "*i64", "*i64", "*i32", "i32", "fp32", "fp32"],
          dict(BITS=g._CELL_BITS, PAD=g._KEY_PAD, BLOCK=g._BLOCK), 4)
-compile_(g._ball_grid_kernel, ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "*i32", "*i64", "*i64"]
-         + ["i32", "i32", "i32", "fp32", "fp32", "fp32", "fp32", "i32", "i32"], dict(BITS=g._CELL_BITS, BR=g._BR), 2)
+grid_types = ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "*i32", "*i64", "*i64"]
+grid_types += ["i32", "i32", "i32", "fp32", "fp32", "fp32", "fp32", "i32", "i32"]
+compile_(g._ball_grid_kernel, grid_types, dict(BITS=g._CELL_BITS, BR=g._BR), 2)
+# one sample of one reference: Triton passes the ints equal to 1 (n_keys, nr, steps) as constexprs
+names = g._ball_grid_kernel.arg_names
+ones = {n: 1 for n in ("nr", "n_keys", "steps")}
+sig = {n: ("constexpr" if n in ones else t) for n, t in zip(names, grid_types)}
+sig.update(BITS="constexpr", BR="constexpr")
+triton.compile(ASTSource(g._ball_grid_kernel, sig, {**ones, "BITS": g._CELL_BITS, "BR": g._BR}), target=target,
+               options={"num_warps": 2, "enable_fp_fusion": False})
 print("compiled")
 """
 

@@ -31,6 +31,11 @@ def test_specialization_keys():
     assert s(1) != s(2) and s(16) != s(17) and s(2**31) != s(2**31 - 16) and s(2**63) != s(2**62)
     assert s(32) == s(48) and s(3) == s(5)  # Triton compiles these alike
     assert s(0.5) == s(2.0) and s(True) != s(False) and s(None) == s(None)
+    e = _launch._spec_exact
+    assert e(1) != e(1.0) and e(1) != e(True) and e(64) == e(64)  # constexprs: type and value
+    for unkeyed in ((1, 2), 2**64, object()):  # these always take Triton's path
+        with pytest.raises(TypeError):
+            s(unkeyed)
     x = torch.zeros(8)
     assert s(x) != s(x[1:]) and s(x) != s(x.double()) and s(x) == s(torch.ones(8))
     from triton.runtime.jit import JITFunction

@@ -9,8 +9,8 @@ directly (a few µs).
 
 The specialization key is at least as fine as Triton's: for tensors the dtype and whether the
 data pointer is 16-byte aligned, for ints whether they equal 1, are multiples of 16 and fit in
-int32 (or need uint64), for floats only the type, and the exact value of every ``constexpr``
-parameter and launch option (``num_warps`` ...). So a bound call launches the very binary
+int32 (or need uint64), for floats only the type, the type and value of every ``constexpr``
+parameter and launch option (``num_warps`` ...), and Triton's debug and instrumentation settings. So a bound call launches the very binary
 ``kernel[grid]`` would, with the same arguments. Triton's path is kept for the interpreter
 (``TRITON_INTERPRET=1``), autotuned kernels, callable grids, registered launch or pre-run hooks
 (profilers such as proton) and kernels whose launcher needs scratch memory or tensor descriptors.
@@ -28,20 +28,29 @@ _I32 = 2**31
 _U64 = 2**63
 
 
+_EXACT_TYPES = (bool, type(None), str, torch.dtype)
+
+
 def _spec_runtime(a):
-    """The part of a runtime argument's value that Triton specializes on."""
+    """The part of a runtime argument's value that Triton specializes on. Other argument types
+    (tuples, descriptors, huge ints) raise ``TypeError``: Triton's path then runs every call."""
     if isinstance(a, torch.Tensor):
         return (a.dtype, not (a.data_ptr() & 15))
     t = type(a)
     if t is int:
+        if not -_U64 <= a < 2 * _U64:
+            raise TypeError("int outside Triton's range")
         return (a == 1, not (a & 15), -_I32 <= a < _I32, a >= _U64)
     if t is float:
         return float
-    return (t, a)  # bool, None, dtype, ...: exact (hashable or the slow path)
+    if t in _EXACT_TYPES:
+        return (t, a)
+    raise TypeError(f"{t.__name__}: not keyed")
 
 
 def _spec_exact(a):
-    return a
+    """A constexpr: its type and value (1, 1.0 and True compile differently)."""
+    return (type(a), a)
 
 
 class _Kernel:
@@ -100,9 +109,10 @@ def _bind(info: _Kernel, compiled, nargs: int, kwargs: dict):
 def launch(kernel, grid, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, launched directly once this specialization has run.
 
-    ``grid`` is a tuple of 1-3 ints (a callable grid takes Triton's path). Runtime arguments may
-    be passed positionally or by keyword; ``constexpr`` parameters and launch options
-    (``num_warps``, ``num_stages``) by keyword or position.
+    ``grid`` is a tuple of 1-3 ints (a callable grid takes Triton's path). Arguments as for
+    ``kernel[grid]``: parameters by position or keyword (a runtime one by keyword takes Triton's
+    path), launch options (``num_warps``, ``num_stages``, ...) by keyword. Unlike Triton's path, a
+    bound call does not re-check the globals a kernel reads (pcops kernels read constants only).
     """
     info = _KERNELS.get(kernel)
     if info is None:
@@ -115,7 +125,8 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         return
     device = torch.cuda.current_device()
     try:
-        key = (device, len(args), *[f(a) for f, a in zip(info.specs, args)], *[(k, v if info.constexpr.get(k, True)
+        key = (device, len(args), kernel.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+               *[f(a) for f, a in zip(info.specs, args)], *[(k, _spec_exact(v) if info.constexpr.get(k, True)
                else _spec_runtime(v)) for k, v in kwargs.items()])  # fmt: skip
         hit = info.bound.get(key, False)
     except TypeError:  # an unhashable argument: Triton's path

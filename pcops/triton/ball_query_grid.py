@@ -1,4 +1,4 @@
-"""Ball query on a grid of sorted cells (``pcops.ball_query(method="grid")``).
+"""Ball query on a grid of sorted cells (issue 19's B1; not yet the default of ``pcops.ball_query``).
 
 The references are keyed by their cell (cells a little larger than the radius) and sorted with a
 stable sort, so each cell's points are one run in index order. A query visits the at most
@@ -152,7 +152,7 @@ def _ball_grid_kernel(
             start = _lower_bound(keys_ptr, n_keys, key, steps, False)
             end = _lower_bound(keys_ptr, n_keys, key, steps, True)
             end = tl.where(inside, end, start)
-            big = n_keys.to(tl.int64) + 1
+            big = tl.full([], n_keys, tl.int64) + 1  # n_keys may arrive as the constexpr 1
             cur = start
             heads = tl.load(perm_ptr + cur, mask=cur < end, other=big)
             m = tl.min(heads, axis=0)
