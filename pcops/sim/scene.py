@@ -37,6 +37,9 @@ CAR_TYPE_SD = (0.2, 0.06, 0.06)
 VEHICLE_SIZES_V2 = {"Van": ((5.1, 1.9, 2.2), (0.4, 0.1, 0.15)), "Truck": ((10.1, 2.6, 3.3), (1.8, 0.15, 0.3))}
 CLASS_SHARES_V2 = (("Car", 0.6), ("Van", 0.06), ("Truck", 0.03), ("Pedestrian", 0.2), ("Cyclist", 0.11))
 VEHICLES = ("Car", "Van", "Truck")
+_SHARES_V2 = np.cumsum([c for _, c in CLASS_SHARES_V2])
+_CAR_TYPE_NAMES = list(CAR_TYPES)
+_CAR_TYPE_P = [CAR_TYPES[t][0] for t in _CAR_TYPE_NAMES]
 
 
 # ----------------------------------------------------------------------------- surfaces
@@ -470,12 +473,10 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,),
             cls = "Car" if u < 0.68 else ("Pedestrian" if u < 0.9 else "Cyclist")
             mean, sd = CLASS_SIZES[cls]
         else:
-            shares = np.cumsum([c for _, c in CLASS_SHARES_V2])
-            cls = CLASS_SHARES_V2[int(np.searchsorted(shares, u * shares[-1], side="right"))][0]
+            cls = CLASS_SHARES_V2[int(np.searchsorted(_SHARES_V2, u * _SHARES_V2[-1], side="right"))][0]
             mean, sd = VEHICLE_SIZES_V2.get(cls) or CLASS_SIZES[cls]
             if cls == "Car":
-                types = list(CAR_TYPES)
-                style = types[int(rng.choice(len(types), p=[CAR_TYPES[t][0] for t in types]))]
+                style = _CAR_TYPE_NAMES[int(rng.choice(len(_CAR_TYPE_NAMES), p=_CAR_TYPE_P))]
                 mean, sd = CAR_TYPES[style][1], CAR_TYPE_SD
             elif cls == "Pedestrian":
                 style = "limbs"

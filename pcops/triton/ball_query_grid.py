@@ -18,25 +18,20 @@ query of the call to the scan instead (no host sync). Up to 511 samples (the key
 
 from __future__ import annotations
 
-import struct
-
 import torch
 import triton
 import triton.language as tl
 
 from . import _launch
+from .knn import _f32
+from .knn import ball_query as _scan
 
-_F32 = struct.Struct("f")
 _CELL_BITS = 18
 _CELL_LIMIT = (1 << (_CELL_BITS - 1)) - 4  # |cell| below this fits the key
 MAX_BATCH = (1 << (63 - 3 * _CELL_BITS)) - 1  # 511
 _KEY_PAD = (1 << 63) - 1  # references past their sample's length: after every real key
 _BLOCK = 1024
 _BR = 64  # references per step of the scan fallback
-
-
-def _f32(v: float) -> float:
-    return _F32.unpack(_F32.pack(v))[0]
 
 
 @triton.jit
@@ -203,12 +198,10 @@ def ball_query(
     Launches: the key pass, ``torch.sort`` (stable) of ``B · Nr`` keys, the query pass, plus the
     output fills; no host synchronisation. More than :data:`MAX_BATCH` samples: the scan.
     """
-    from .knn import ball_query as scan
-
     batch, nq, _ = query.shape
     nr = ref.shape[1]
     if batch > MAX_BATCH or nr == 0 or nq == 0:
-        return scan(query, ref, query_lengths, ref_lengths, radius, k)
+        return _scan(query, ref, query_lengths, ref_lengths, radius, k)
     dev = query.device
     idx = torch.full((batch, nq, k), -1, dtype=torch.int64, device=dev)
     counts = torch.empty((batch, nq), dtype=torch.int64, device=dev)

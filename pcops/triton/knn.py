@@ -31,6 +31,12 @@ from . import _launch
 
 _F32 = struct.Struct("f")
 
+
+def _f32(v: float) -> float:
+    """``v`` rounded to float32, without a tensor (host-side kernel arguments)."""
+    return _F32.unpack(_F32.pack(v))[0]
+
+
 _KNN_BQ = 32  # sorted queries per program
 _KNN_BR = 32  # sorted references per tile
 _KNN_SB = 16  # tiles per superblock (two-level box test)
@@ -455,7 +461,7 @@ def ball_query(
     if batch == 0 or nq == 0:
         return idx, counts
     # radius² rounded to float32 once, as the reference does
-    radius2 = _F32.unpack(_F32.pack(radius * radius))[0]  # no tensor on the hot path
+    radius2 = _f32(radius * radius)
     grid = (triton.cdiv(nq, _BALL_BQ), batch)
     _launch.launch(
         _ball_query_kernel,
