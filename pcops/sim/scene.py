@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .clutter import add_street_clutter
 from .raycast import _BoxGroup, _Cylinder, _Ellipsoid, _Ground
 from .sensor import MAX_RANGE, MOUNT_POSTS, SENSOR_HEIGHT
 
@@ -234,8 +235,9 @@ def _parts_v2(cls, style, l, h, hx, hy, hz, inst, surf) -> list:
 
 def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,), version: int = 1) -> _Scene:
     """Random street scene; ``ego_xs`` are the sensor's x positions (kept free of objects);
-    ``version`` 2 adds vans, trucks, car body types, pedestrians with limbs and cars turning at
-    the intersection at any heading (version 1 draws exactly what it always drew)."""
+    ``version`` 2 adds vans, trucks, car body types, pedestrians with limbs, cars turning at
+    the intersection at any heading and dense person-sized clutter (:mod:`.clutter`); version 1
+    draws exactly what it always drew."""
     surf = _Surfaces(rng)
     # ground: road along x, ego in the right-hand lane (y = 0), road centre to its left
     half = float(rng.uniform(4.2, 6.5))
@@ -358,6 +360,8 @@ def _build_scene(rng: np.random.Generator, n_objects: int | None, ego_xs=(0.0,),
                 sides = np.array([m_])
             prims.append(_BoxGroup(np.array([x, y, zg]), yaw, lo, hi, sides, sides))
             occupied.append((x, y, r))
+        if version > 1:
+            add_street_clutter(rng, ground, surf, prims, occupied, edge, side, sw, in_cross, free)
         # a row of buildings, walls, hedges and gaps behind the sidewalk
         x = float(rng.uniform(-125, -110))
         while x < 120:
