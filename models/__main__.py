@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         "--time-budget",
         type=float,
         default=None,
-        help="seconds of training: the one-cycle schedule is fitted to it after 40 steps",
+        help="seconds of training: the one-cycle schedule is fitted to it after 70 steps",
     )
     t.add_argument("--sync-bn", action="store_true", help="under torchrun: SyncBatchNorm over all ranks")
     t.add_argument(

@@ -45,6 +45,10 @@ __all__ = ["TrainConfig", "train", "evaluate_dataset", "export_weights"]
 log = logging.getLogger("pcops.models")
 
 
+# steps over which a --time-budget run measures its step time (after the profiled steps 30-49)
+FIT_WINDOW = (50, 70)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Options of :func:`train` (the command line's ``train`` flags, in ``--kebab-case``)."""
@@ -73,7 +77,7 @@ class TrainConfig:
     deterministic: bool = False
     progress: bool = True
     log_every: int = 20
-    time_budget: float | None = None  # seconds of training: the schedule is fitted to it at step 40
+    time_budget: float | None = None  # seconds of training: the schedule is fitted to it at step FIT_WINDOW[1]
     precise_bn_batches: int = 20  # re-estimate BatchNorm statistics over this many batches at the end (0: off)
     sync_bn: bool = False  # several processes: SyncBatchNorm (statistics of the global batch)
     dist_backend: str | None = None  # several processes: "nccl" / "gloo" (default: NCCL on CUDA, gloo on CPU)
@@ -248,7 +252,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     total_steps = steps_per_epoch * cfg.epochs  # the schedule's length
     opt, sched = _build_optimizer(model, cfg, total_steps)
     stop_at = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)  # max_steps stops early only
-    t20 = None
+    t_fit = None
     scaler = torch.amp.GradScaler("cuda") if (device.type == "cuda" and cfg.amp == "fp16") else None
     start_epoch, step = 0, 0
     if cfg.resume:
@@ -322,15 +326,16 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 if not math.isfinite(vals["total"]):
                     raise FloatingPointError(f"loss is {vals['total']} at step {step}")
             timing["steps"] += 1
-            if cfg.time_budget and step == 20:
-                t20 = time.perf_counter()
-            if cfg.time_budget and step == 40 and not cfg.resume:
-                # fit the one-cycle schedule to the budget from the measured step time (steps 20-40)
-                per_step = (time.perf_counter() - t20) / 20
-                fit = 40 + int((cfg.time_budget - (time.perf_counter() - t_start)) / per_step)
+            if cfg.time_budget and step == FIT_WINDOW[0]:
+                t_fit = time.perf_counter()
+            if cfg.time_budget and step == FIT_WINDOW[1] and not cfg.resume:
+                # fit the one-cycle schedule to the budget from the step time measured after the
+                # warm-up and after the profiled (synchronising) steps 30-49
+                per_step = (time.perf_counter() - t_fit) / (FIT_WINDOW[1] - FIT_WINDOW[0])
+                fit = step + int((cfg.time_budget - (time.perf_counter() - t_start)) / per_step)
                 per_step, fit = dd.broadcast_object((per_step, fit))  # rank 0's measurement: one schedule
                 if fit < total_steps:
-                    total_steps = max(fit, 41)
+                    total_steps = max(fit, step + 1)
                     stop_at = min(stop_at, total_steps)
                     opt, sched = _refit_schedule(model, opt, cfg, total_steps, step)
                     log.info(

@@ -570,3 +570,35 @@ def test_gpu_shipped_weights_reproduce_recorded_ap(tmp_path):
     got = evaluate_dataset(model, str(tmp_path), "val", batch_size=16, workers=4, progress=False)
     for c in ("Car", "Pedestrian", "Cyclist"):
         assert abs(got[c]["3d"] - want[c]["3d"]) <= 1.0, (c, got[c]["3d"], want[c]["3d"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_time_budget_fits_the_schedule_after_the_measuring_window(tiny_split, tmp_path):
+    """A tiny ``time_budget`` fits the one-cycle schedule at the end of ``FIT_WINDOW`` (after the
+    warm-up and the synchronising profiled steps): training stops one step later, with the
+    schedule's last learning rate."""
+    import shutil
+
+    from pcops.models.train import FIT_WINDOW, TrainConfig, train
+
+    root = tmp_path / "two"
+    shutil.copytree(tiny_split, root)
+    (root / "ImageSets" / "train.txt").write_text("000000\n000001\n")
+    cfg = TrainConfig(
+        data=str(root),
+        out=str(tmp_path / "run"),
+        epochs=200,
+        batch_size=2,
+        workers=0,
+        eval_split=None,
+        progress=False,
+        log_every=1,
+        augment=False,
+        device="cpu",
+        time_budget=1e-3,
+        precise_bn_batches=0,
+    )
+    rec = train(cfg, PointPillars(config=SMALL))
+    assert rec["steps"] == FIT_WINDOW[1] + 1, rec["steps"]
+    assert rec["history"][-1]["lr"] < 1e-5, rec["history"][-1]
