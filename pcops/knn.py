@@ -187,9 +187,10 @@ def ball_query(
             distance is strictly less than ``radius²``.
         k: ``K`` ≥ 1 slots per query.
         query_lengths, ref_lengths: ``(B,)`` valid counts (``None``: all points).
-        backend: ``"auto"`` (CUDA tensors: Triton; CPU tensors: the numba KD-tree of
-            ``pcops.cpu.knn`` where numba is installed, else the reference; float64 inputs: the
-            reference), ``"triton"`` (CUDA float32/float16/bfloat16 inputs only) or
+        backend: ``"auto"`` (CUDA tensors: Triton, on a grid of sorted cells, or the scan of
+            every reference for more than 511 samples or coordinates beyond 2¹⁷ radii; CPU
+            tensors: the numba KD-tree of ``pcops.cpu.knn`` where numba is installed, else the
+            reference; float64 inputs: the reference), ``"triton"`` (CUDA float32/float16/bfloat16 inputs only) or
             ``"reference"``; there is no CUDA C++ kernel (``"cuda"`` raises).
 
     Returns:
@@ -246,9 +247,9 @@ def _ball_query_cuda(query, ref, query_lengths, ref_lengths, radius, k, backend)
         _backend.log_kernel("ball_query", "reference")
         return _finite.ball_query(_ref.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
     _check_gpu_dtype(backend, "ball_query", query)
-    from .triton import knn as triton_knn
+    from .triton import ball_query_grid
 
-    return _finite.ball_query(triton_knn.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
+    return _finite.ball_query(ball_query_grid.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
 
 
 @_ball_query.register_fake

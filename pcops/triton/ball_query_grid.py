@@ -1,4 +1,4 @@
-"""Ball query on a grid of sorted cells (issue 19's B1; not yet the default of ``pcops.ball_query``).
+"""Ball query on a grid of sorted cells: what ``pcops.ball_query`` runs on CUDA (issue 19's B1).
 
 The references are keyed by their cell (cells a little larger than the radius) and sorted with a
 stable sort, so each cell's points are one run in index order. A query visits the at most
