@@ -9,7 +9,41 @@ import pcops
 from . import box_coder
 from .outputs import Detections
 
-__all__ = ["PostProcessMixin"]
+__all__ = ["PostProcessMixin", "decode_top", "gather_kept"]
+
+
+def decode_top(flat, top, top_logit, label, anchors, n_cls_ch, n_box_ch, num_bins, cfg):
+    """The torch form of :func:`post_kernels.decode_top` (the CPU path, and the reference of the
+    kernel): ``(boxes, scores, labels, nms_scores)`` of the top-k anchors ``top (B, K)``."""
+    bsz, k = top.shape
+    ch, a_loc = flat.shape[2], cfg.num_anchors_per_location
+    top_scores = torch.sigmoid(top_logit)
+    top_labels = torch.gather(label.reshape(bsz, -1), 1, top) + 1
+    cell, loc = top // a_loc, top % a_loc
+    box_idx = (cell * ch + n_cls_ch + loc * 7).unsqueeze(-1) + torch.arange(7, device=flat.device)
+    nb = num_bins
+    dir_idx = (cell * ch + n_cls_ch + n_box_ch + loc * nb).unsqueeze(-1) + torch.arange(nb, device=flat.device)
+    flat1 = flat.reshape(bsz, -1)
+    deltas = torch.gather(flat1, 1, box_idx.view(bsz, -1)).view(bsz, k, 7).float()
+    dir_logits = torch.gather(flat1, 1, dir_idx.view(bsz, -1)).view(bsz, k, nb).float()
+    boxes = box_coder.decode_boxes(deltas, anchors[top])
+    heading = box_coder.apply_direction(boxes[..., 6], dir_logits, cfg.dir_offset, cfg.dir_limit_offset, nb)
+    boxes = torch.cat([boxes[..., :6], heading.unsqueeze(-1)], dim=-1)
+    # below-threshold boxes get a NaN score: pcops.nms_bev never keeps them, and they never suppress
+    nms_scores = top_scores.where(top_scores >= cfg.score_thresh, float("nan"))
+    return boxes, top_scores, top_labels, nms_scores
+
+
+def gather_kept(idx, boxes, top_scores, top_labels, score_thresh):
+    """The torch form of :func:`post_kernels.gather_kept`: the kept rows ``idx (B, KMAX)`` (−1
+    padded) as ``(boxes, scores, labels, count)``, padding rows zero."""
+    kept = idx >= 0
+    safe = idx.clamp(min=0)
+    sc = torch.gather(top_scores, 1, safe)
+    valid = kept & (sc >= score_thresh)
+    vf = valid.to(torch.float32)
+    out_boxes = torch.gather(boxes, 1, safe.unsqueeze(-1).expand(-1, -1, boxes.shape[-1])) * vf.unsqueeze(-1)
+    return out_boxes, sc * vf, torch.gather(top_labels, 1, safe) * valid, valid.sum(dim=1)
 
 
 class PostProcessMixin:
@@ -33,32 +67,17 @@ class PostProcessMixin:
         max_logit = max_logit.reshape(bsz, -1).float()
         k = min(cfg.nms_pre_max_size, max_logit.shape[1])
         top_logit, top = torch.topk(max_logit, k, dim=1)  # sorted, descending
-        top_scores = torch.sigmoid(top_logit)
-        top_labels = torch.gather(label.reshape(bsz, -1), 1, top) + 1
-        cell, loc = top // a_loc, top % a_loc
-        box_idx = (cell * ch + n_cls_ch + loc * 7).unsqueeze(-1) + torch.arange(7, device=dense.device)
-        nb = cfg.num_dir_bins
-        dir_idx = (cell * ch + n_cls_ch + n_box_ch + loc * nb).unsqueeze(-1) + torch.arange(nb, device=dense.device)
-        flat1 = flat.reshape(bsz, -1)
-        deltas = torch.gather(flat1, 1, box_idx.view(bsz, -1)).view(bsz, k, 7).float()
-        dir_logits = torch.gather(flat1, 1, dir_idx.view(bsz, -1)).view(bsz, k, nb).float()
-        anchors = self.anchors(dense.device)[top]  # (B, k, 7)
-        boxes = box_coder.decode_boxes(deltas, anchors)
-        heading = box_coder.apply_direction(boxes[..., 6], dir_logits, cfg.dir_offset, cfg.dir_limit_offset, nb)
-        boxes = torch.cat([boxes[..., :6], heading.unsqueeze(-1)], dim=-1)
-        # below-threshold boxes get a NaN score: pcops.nms_bev never keeps them, and they never suppress
-        above = top_scores >= cfg.score_thresh
-        nms_scores = top_scores.where(above, float("nan"))
-        idx = self._nms_padded(boxes, nms_scores, above)  # (B, kmax), -1 padded
-        kept = idx >= 0
-        safe = idx.clamp(min=0)
-        sc = torch.gather(top_scores, 1, safe)
-        valid = kept & (sc >= cfg.score_thresh)
-        vf = valid.to(torch.float32)
-        out_boxes = torch.gather(boxes, 1, safe.unsqueeze(-1).expand(-1, -1, boxes.shape[-1])) * vf.unsqueeze(-1)
-        return Detections(out_boxes, sc * vf, torch.gather(top_labels, 1, safe) * valid, valid.sum(dim=1))
+        decode, gather = decode_top, gather_kept
+        if dense.is_cuda:  # two Triton launches instead of about 70 torch ops, bit-identical
+            from . import post_kernels
 
-    def _nms_padded(self, boxes: torch.Tensor, nms_scores: torch.Tensor, above: torch.Tensor) -> torch.Tensor:
+            decode, gather = post_kernels.decode_top, post_kernels.gather_kept
+        args = (top, top_logit, label, self.anchors(dense.device), n_cls_ch, n_box_ch, cfg.num_dir_bins, cfg)
+        boxes, top_scores, top_labels, nms_scores = decode(flat.contiguous(), *args)
+        idx = self._nms_padded(boxes, nms_scores)  # (B, kmax), -1 padded
+        return Detections(*gather(idx, boxes, top_scores, top_labels, cfg.score_thresh))
+
+    def _nms_padded(self, boxes: torch.Tensor, nms_scores: torch.Tensor) -> torch.Tensor:
         """Class-agnostic rotated NMS of every scan: ``(B, nms_post_max_size)`` kept indices into
         ``boxes (B, k, 7)``, −1 padded. CUDA: one batched ``pcops.nms_bev`` call (one set of
         launches for all scans, no host sync). CPU: per scan, the invalid tail (NaN scores) cut
@@ -69,7 +88,7 @@ class PostProcessMixin:
             return pcops.nms_bev(boxes, nms_scores, cfg.nms_thresh, post_max_size=kmax, padded=True)[0]
         out = []
         for b in range(boxes.shape[0]):
-            n_valid = int(above[b].sum())
+            n_valid = int((nms_scores[b] == nms_scores[b]).sum())  # not NaN: above the threshold
             idx, _ = pcops.nms_bev(
                 boxes[b, :n_valid], nms_scores[b, :n_valid], cfg.nms_thresh, post_max_size=kmax, padded=True
             )

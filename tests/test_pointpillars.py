@@ -628,3 +628,94 @@ def test_backbone_epilogues_match_torch(gpu_model, mode, dtype, no_tf32):
     scale = float(ref.abs().max())
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, ref, atol=tol * scale, rtol=tol)
+
+
+# --- the post-processing kernels (models/post_kernels.py) against their torch form ---------------
+
+
+@interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_post_kernels_match_the_torch_post_processing(dtype):
+    """Triton's interpreter on the CPU: decoding the top-k and gathering the kept rows give the
+    torch path's outputs up to the last bit of ``exp`` and ``sqrt`` (numpy's, against torch's CPU
+    ones, which are not correctly rounded); on the GPU, ``test_gpu_post_kernels_bit_identical``
+    requires bit equality."""
+    from pcops.models import post_kernels, postprocess
+
+    got, want = _post_kernel_case(dtype, "cpu", post_kernels, postprocess)
+    for name, g, w in zip(("boxes", "scores", "labels", "nms_scores"), got[0], want[0]):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-5, equal_nan=True, msg=lambda m: f"{name}: {m}")
+    for name, g, w in zip(("boxes", "scores", "labels", "count"), got[1], want[1]):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def _post_kernel_case(dtype, device, post_kernels, postprocess, seed=0):
+    """A random head output with a few NaN logits and tied direction bins, decoded and gathered
+    by the kernels and by the torch functions: ``((decoded, kept) kernels, (decoded, kept) torch)``."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = PointPillarsConfig()
+    bsz, hw, a, n_cls, nb = 2, 37, cfg.num_anchors_per_location, cfg.num_classes, cfg.num_dir_bins
+    n_cls_ch, n_box_ch = a * n_cls, a * 7
+    flat = (torch.randn(bsz, hw, n_cls_ch + n_box_ch + a * nb, generator=g) * 2).to(dtype)
+    flat[0, 3, n_cls_ch + n_box_ch : n_cls_ch + n_box_ch + 2] = 0.5  # tied bins: the first wins
+    flat[1, 5, n_cls_ch + n_box_ch + 1] = float("nan")  # a NaN bin wins
+    anchors = torch.rand(hw * a, 7, generator=g) * torch.tensor([60.0, 80, 2, 4, 2, 2, 3]) + 0.1
+    logits = flat[:, :, :n_cls_ch].reshape(bsz, hw, a, n_cls)
+    max_logit, label = logits.max(dim=-1)
+    top_logit, top = torch.topk(max_logit.reshape(bsz, -1).float(), 150, dim=1)
+    flat, top, top_logit, label, anchors = (t.to(device) for t in (flat, top, top_logit, label, anchors))
+    args = (top, top_logit, label, anchors, n_cls_ch, n_box_ch, nb, cfg)
+    idx = torch.randint(-1, 150, (bsz, 60), generator=g).to(device)
+    out = []
+    for mod in (post_kernels, postprocess):
+        dec = mod.decode_top(flat, *args)
+        out.append((dec, mod.gather_kept(idx, dec[0], dec[1], dec[2], cfg.score_thresh)))
+    return out[0], out[1]
+
+
+@pytest.mark.gpu
+@gpu[1]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gpu_post_kernels_bit_identical(dtype):
+    from pcops.models import post_kernels, postprocess
+
+    for seed in range(3):
+        got, want = _post_kernel_case(dtype, "cuda", post_kernels, postprocess, seed)
+        for g, w in zip(got[0] + got[1], want[0] + want[1]):
+            assert torch.equal(g.isnan(), w.isnan()) if g.is_floating_point() else True
+            assert torch.equal(g.nan_to_num(), w.nan_to_num()) if g.is_floating_point() else torch.equal(g, w)
+
+
+_AOT_POST = r"""
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pcops.models import post_kernels as pk
+
+dense_t = sys.argv[1]
+dec = dict(dense_ptr="*" + dense_t, top_ptr="*i64", top_logit_ptr="*fp32", label_ptr="*i64", anchors_ptr="*fp32",
+           boxes_ptr="*fp32", scores_ptr="*fp32", labels_ptr="*i64", nms_scores_ptr="*fp32", k="i32",
+           row_stride="i32", label_stride="i32", score_thresh="fp32", dir_offset="fp32", dir_limit_offset="fp32",
+           period="fp32", inv_period="fp32")
+fin = dict(idx_ptr="*i64", boxes_ptr="*fp32", scores_ptr="*fp32", labels_ptr="*i64", out_boxes_ptr="*fp32",
+           out_scores_ptr="*fp32", out_labels_ptr="*i64", count_ptr="*i64", k="i32", kmax="i32", score_thresh="fp32")
+for fn, sig, consts in (
+    (pk._decode_kernel, dec, dict(A=6, CH=72, N_CLS_CH=18, N_BOX_CH=42, NB=2, BLOCK=pk._BLOCK)),
+    (pk._final_kernel, fin, dict(BLOCK=pk._FINAL_BLOCK)),
+):
+    full = {n: "constexpr" if n in consts else sig[n] for n in fn.arg_names}
+    triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                   options={"enable_fp_fusion": False})
+print("compiled")
+"""
+
+
+@pytest.mark.parametrize("dense_dtype", ["fp32", "fp16"])
+def test_post_kernels_compile_for_sm90(dense_dtype):
+    """The post-processing kernels lower to a CUBIN for sm_90 (libdevice's expf included)."""
+    from _util import run_compiler_script
+
+    run_compiler_script(_AOT_POST, dense_dtype)
