@@ -188,9 +188,11 @@ def simulate_scan(
         scene_version: 1 (default): the scenes the shipped PointPillars weights were trained and
             evaluated on. 2 (issue 22, for the next training run): vans and trucks (labelled
             ``Van``, ``Truck``), four car body types (compact, hatchback, sedan, SUV: clearance,
-            belt line, cabin and a sloping hood), pedestrians with separate legs and arms, and
-            cars turning at the intersection at any heading; class shares Car 60 %, Van 6 %,
-            Truck 3 %, Pedestrian 20 %, Cyclist 11 % of the draws.
+            belt line, cabin and a sloping hood), pedestrians with separate legs and arms,
+            cars turning at the intersection at any heading, dense unlabelled clutter of a
+            person's size on the sidewalks (``pcops.sim.clutter``), and a reflectance model
+            fitted to real KITTI histograms (15 % brighter; some returns read 0); class shares
+            Car 60 %, Van 6 %, Truck 3 %, Pedestrian 20 %, Cyclist 11 % of the draws.
 
     Returns:
         :class:`SimScan`. The default scene has about 100-130 k points and takes well under
@@ -223,7 +225,7 @@ def simulate_scan(
             post.cy = dist * math.sin(math.radians(az))
             post.r, post.z0, post.z1 = rad, origin[2] - 1.0, origin[2] + top
         t, s, cosv = _cast(scene, rays, origin, rng)
-        pts, inst, ring = _measure(rays, origin, t, s, cosv, scene, rng, max_range, range_noise, dropout)
+        pts, inst, ring = _measure(rays, origin, t, s, cosv, scene, rng, max_range, range_noise, dropout, scene_version)
         pts_l.append(pts)
         inst_l.append(inst)
         ring_l.append(ring)

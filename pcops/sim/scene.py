@@ -68,6 +68,12 @@ _MATERIALS = {
 }
 
 
+# scene version 2: probability that a return reads reflectance 0 (dark or weak returns; fitted to
+# the real scans' share of zero readings: about 4 % on the ground, 10-15 % above it within 20 m)
+ZERO_READING_V2 = {"road": 0.04, "lane": 0.02, "sidewalk": 0.04, "curb": 0.04}
+ZERO_READING_V2_OTHER = 0.1
+
+
 class _Surfaces:
     """Table of surfaces (one per material instance): albedo, drop probability, porosity,
     see-through depth, and the labelled object it belongs to (-1 for background)."""
@@ -79,10 +85,12 @@ class _Surfaces:
         self.porosity: list[float] = []
         self.instance: list[int] = []
         self.see_through: list[float] = []
+        self.zero_reading: list[float] = []  # read by scene version 2's reflectance only
 
     def new(self, material: str, instance: int = -1, albedo: float | None = None) -> int:
         lo, hi, drop, por, deep = _MATERIALS[material]
         self.see_through.append(deep)
+        self.zero_reading.append(ZERO_READING_V2.get(material, ZERO_READING_V2_OTHER))
         a = float(self.rng.uniform(lo, hi)) if albedo is None else albedo
         self.albedo.append(a)
         self.drop.append(drop)

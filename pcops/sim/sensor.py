@@ -26,6 +26,10 @@ REFL_SPECKLE = 0.25  # log-normal speckle of the reflectance
 GLASS_PASS = 0.5  # probability that a window return comes from behind the glass
 FADE_START, FADE_PER_M = 15.0, 0.008  # reflectance loses FADE_PER_M per metre beyond FADE_START
 REFL_FLOOR = 0.06  # reflectance readings below this come out as 0 (weak returns)
+# scene version 2's reflectance (issue 22), fitted to the two real KITTI scans' histograms
+# (benchmarks/sim_realism.py): surfaces 15 % brighter, and returns that read 0 (dark or weak) with
+# a per-material probability (scene.ZERO_READING_V2)
+REFL_GAIN_V2 = 1.15
 # sensor mounting posts: (azimuth deg, distance m, radius m, top z relative to the sensor m)
 MOUNT_POSTS = tuple((az, 0.9, 0.12, -0.25) for az in (45.0, -45.0, 135.0, -135.0))
 
@@ -87,8 +91,9 @@ class _Rays:
         return beams, cols
 
 
-def _measure(rays: _Rays, origin, t, s, cosv, scene: _Scene, rng, max_range, range_noise, dropout):
-    """Turn first hits into returns: detection, dropout, noise, quantisation, reflectance."""
+def _measure(rays: _Rays, origin, t, s, cosv, scene: _Scene, rng, max_range, range_noise, dropout, version=1):
+    """Turn first hits into returns: detection, dropout, noise, quantisation, reflectance
+    (``version`` 2: the reflectance model of ``REFL_GAIN_V2``; version 1 draws what it always drew)."""
     albedo, drop, deep, inst = scene.surfaces.arrays()
     hit = np.isfinite(t) & (s >= 0)
     b_idx, c_idx = np.nonzero(hit)  # row-major: beam by beam (top first), columns in azimuth order
@@ -107,7 +112,11 @@ def _measure(rays: _Rays, origin, t, s, cosv, scene: _Scene, rng, max_range, ran
     noise = np.clip(rng.normal(0.0, range_noise, t.shape), -3 * range_noise, 3 * range_noise)
     r = np.round((t + noise) / 0.002) * 0.002  # 2 mm range resolution
     refl = a * (0.6 + 0.4 * cosv) * rays.gain[b_idx] * np.exp(rng.normal(0.0, REFL_SPECKLE, t.shape))
-    refl = refl - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
+    if version > 1:
+        refl = refl * REFL_GAIN_V2 - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
+        refl = np.where(rng.random(t.shape) < np.asarray(scene.surfaces.zero_reading)[s], 0.0, refl)
+    else:
+        refl = refl - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
     refl = np.round(np.clip(np.where(refl < REFL_FLOOR, 0.0, refl), 0.0, 1.0), 2)
     b_idx, c_idx, r, refl, s = b_idx[keep], c_idx[keep], r[keep], refl[keep], s[keep]
     pts = np.stack(
