@@ -163,6 +163,7 @@ def decode_top(flat, top, top_logit, label, anchors, n_cls_ch, n_box_ch, num_bin
     ``cfg.score_thresh``. One launch, no host sync."""
     bsz, hw, ch = flat.shape
     k = top.shape[1]
+    flat, top, top_logit, label, anchors = (t.contiguous() for t in (flat, top, top_logit, label, anchors))
     a_loc = cfg.num_anchors_per_location
     dev = flat.device
     boxes = torch.empty((bsz, k, 7), dtype=torch.float32, device=dev)
@@ -206,6 +207,7 @@ def gather_kept(idx, boxes, scores, labels, score_thresh):
     labels, count)`` with the padding rows zero, as the torch path returns them. One launch."""
     bsz, kmax = idx.shape
     k = boxes.shape[1]
+    idx, boxes, scores, labels = (t.contiguous() for t in (idx, boxes, scores, labels))
     dev = idx.device
     out_boxes = torch.empty((bsz, kmax, 7), dtype=torch.float32, device=dev)
     out_scores = torch.empty((bsz, kmax), dtype=torch.float32, device=dev)

@@ -191,7 +191,18 @@ def train_step(
     return losses
 
 
-def _save(path: Path, model, opt, sched, epoch: int, step: int, cfg: TrainConfig, scaler=None, world: int = 1) -> None:
+def _save(
+    path: Path,
+    model,
+    opt,
+    sched,
+    epoch: int,
+    step: int,
+    cfg: TrainConfig,
+    scaler=None,
+    world: int = 1,
+    total_steps=None,
+) -> None:
     if not dd.current().is_main:
         return
     tmp = path.with_suffix(".tmp")
@@ -205,6 +216,7 @@ def _save(path: Path, model, opt, sched, epoch: int, step: int, cfg: TrainConfig
             "step": step,
             "train_config": dataclasses.asdict(cfg),
             "world_size": world,
+            "total_steps": total_steps,  # the schedule's length (fitted to a time budget, or epochs' steps)
         },
         tmp,
     )
@@ -252,7 +264,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     total_steps = steps_per_epoch * cfg.epochs  # the schedule's length
     opt, sched = _build_optimizer(model, cfg, total_steps)
     stop_at = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)  # max_steps stops early only
-    t_fit = None
+    t_fit = None  # start of the step-time measurement of a --time-budget run (steps FIT_WINDOW)
     scaler = torch.amp.GradScaler("cuda") if (device.type == "cuda" and cfg.amp == "fp16") else None
     start_epoch, step = 0, 0
     if cfg.resume:
@@ -263,6 +275,16 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
         if scaler is not None and ck.get("scaler_state"):
             scaler.load_state_dict(ck["scaler_state"])
         start_epoch, step = int(ck["epoch"]), int(ck["step"])
+        if ck.get("total_steps") is not None:  # a schedule fitted to a time budget keeps its length
+            total_steps = int(ck["total_steps"])
+            stop_at = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)
+        if cfg.time_budget and step >= FIT_WINDOW[0]:
+            log.warning(
+                "resume at step %d: the schedule keeps the checkpoint's length; --time-budget is fitted only "
+                "by a run that passes steps %d-%d",
+                step,
+                *FIT_WINDOW,
+            )
         if int(ck.get("world_size", 1)) != env.world_size:
             log.warning(
                 "resume: the checkpoint was written by %d processes, this run has %d: the run continues, "
@@ -328,7 +350,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
             timing["steps"] += 1
             if cfg.time_budget and step == FIT_WINDOW[0]:
                 t_fit = time.perf_counter()
-            if cfg.time_budget and step == FIT_WINDOW[1] and not cfg.resume:
+            if cfg.time_budget and step == FIT_WINDOW[1] and t_fit is not None:
                 # fit the one-cycle schedule to the budget from the step time measured after the
                 # warm-up and after the profiled (synchronising) steps 30-49
                 per_step = (time.perf_counter() - t_fit) / (FIT_WINDOW[1] - FIT_WINDOW[0])
@@ -355,7 +377,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
             log.info("epoch %d: %.1f s", epoch + 1, time.perf_counter() - t_epoch)
         epoch += 1
         if epoch % cfg.checkpoint_every == 0 or done:
-            _save(out / "checkpoint.pt", model, opt, sched, epoch, step, cfg, scaler, env.world_size)
+            _save(out / "checkpoint.pt", model, opt, sched, epoch, step, cfg, scaler, env.world_size, total_steps)
     if cfg.precise_bn_batches and step > 0:
         recalibrate_batchnorm(model, loader, sampler, epoch, cfg.precise_bn_batches, device)
         if not cfg.sync_bn:

@@ -398,3 +398,34 @@ def test_realism_against_kitti(kitti_dir, version):
     print(f"\n[sim realism v{version}] total variation vs KITTI: " + ", ".join(f"{k} {v:.3f}" for k, v in tv.items()))
     for k, bound in (REALISM_BOUNDS if version == 1 else REALISM_BOUNDS_V2).items():
         assert 0 < tv[k] <= bound, (k, tv[k])
+
+
+def test_version_2_clutter_stays_on_the_sidewalk():
+    """Every clutter object's reserved footprint lies behind the curb and inside the sidewalk's
+    band, and the footprints do not overlap (``pcops.sim.clutter``, scene version 2)."""
+    import numpy as np
+
+    from pcops.sim.clutter import add_street_clutter
+    from pcops.sim.scene import _Surfaces
+
+    class Flat:
+        def height(self, x, y):
+            return -1.73
+
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        side, edge, sw = (1, 5.0, 3.0) if seed % 2 else (-1, -3.0, 2.2)
+        occupied, prims = [], []
+
+        def free(x, y, r):
+            return all((x - a) ** 2 + (y - b) ** 2 > (r + c) ** 2 for a, b, c in occupied)
+
+        add_street_clutter(rng, Flat(), _Surfaces(rng), prims, occupied, edge, side, sw, lambda *a, **k: False, free)
+        assert len(occupied) > 10 and len(prims) >= len(occupied)
+        for x, y, r in occupied:
+            assert (y - edge) * side >= r, (seed, x, y, r)  # behind the curb line
+            assert abs(x) >= 2.0
+        xy = np.array([(x, y) for x, y, _ in occupied])
+        rr = np.array([r for _, _, r in occupied])
+        d = np.hypot(*(xy[:, None] - xy[None]).transpose(2, 0, 1)) + np.eye(len(rr)) * 1e9
+        assert (d >= rr[:, None] + rr[None]).all(), seed

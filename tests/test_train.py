@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -602,3 +603,8 @@ def test_time_budget_fits_the_schedule_after_the_measuring_window(tiny_split, tm
     rec = train(cfg, PointPillars(config=SMALL))
     assert rec["steps"] == FIT_WINDOW[1] + 1, rec["steps"]
     assert rec["history"][-1]["lr"] < 1e-5, rec["history"][-1]
+    # a resumed run keeps the fitted length (it used to train on past it, and the scheduler raised)
+    ck = tmp_path / "run" / "checkpoint.pt"
+    assert torch.load(ck, weights_only=True)["total_steps"] == FIT_WINDOW[1] + 1
+    again = train(dataclasses.replace(cfg, resume=str(ck), out=str(tmp_path / "again")), PointPillars(config=SMALL))
+    assert again["steps"] == FIT_WINDOW[1] + 1, again["steps"]

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _backend
 from . import _launch
 from .knn import _f32
 from .knn import ball_query as _scan
@@ -202,6 +203,7 @@ def ball_query(
     nr = ref.shape[1]
     if batch > MAX_BATCH or nr == 0 or nq == 0:
         return _scan(query, ref, query_lengths, ref_lengths, radius, k)
+    _backend.log_kernel("ball_query", "triton _ball_grid_kernel (sorted cells)")
     dev = query.device
     idx = torch.full((batch, nq, k), -1, dtype=torch.int64, device=dev)
     counts = torch.empty((batch, nq), dtype=torch.int64, device=dev)
