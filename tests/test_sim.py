@@ -429,3 +429,24 @@ def test_version_2_clutter_stays_on_the_sidewalk():
         rr = np.array([r for _, _, r in occupied])
         d = np.hypot(*(xy[:, None] - xy[None]).transpose(2, 0, 1)) + np.eye(len(rr)) * 1e9
         assert (d >= rr[:, None] + rr[None]).all(), seed
+
+
+def test_version_2_laser_blocks():
+    """Scene version 2's sensor: the lower block ends at -24.33 deg, and each block fires from its
+    emitter height above the origin, so a return of beam ``b`` at range ``R`` lies on the ray from
+    ``(0, 0, dz_block)`` at the beam's elevation (version 1: from the origin)."""
+    import numpy as np
+
+    from pcops.sim.sensor import BLOCK_HEIGHTS_V2, LOWEST_BEAM_V2
+
+    assert np.degrees(sim.hdl64_elevations(64, 2))[-1] == pytest.approx(LOWEST_BEAM_V2)
+    assert np.array_equal(sim.hdl64_elevations(64, 1), sim.hdl64_elevations(64))
+    for version in (1, 2):
+        s = sim.simulate_scan(5, scene_version=version)
+        p, ring = s.points.double().numpy(), s.ring.numpy()
+        elev = sim.hdl64_elevations(64, version)
+        dz = np.where(ring < 32, BLOCK_HEIGHTS_V2[0], BLOCK_HEIGHTS_V2[1]) if version == 2 else 0.0
+        z = p[:, 2] - dz
+        e = np.arctan2(z, np.hypot(p[:, 0], p[:, 1]))
+        far = np.hypot(p[:, 0], p[:, 1]) > 5.0  # range noise and the 2 mm quantum are < 0.01 deg there
+        assert np.abs(np.degrees(e - elev[ring])[far]).max() < 0.05, version

@@ -191,7 +191,9 @@ def simulate_scan(
             belt line, cabin and a sloping hood), pedestrians with separate legs and arms,
             cars turning at the intersection at any heading, dense unlabelled clutter of a
             person's size on the sidewalks (``pcops.sim.clutter``), and a reflectance model
-            fitted to real KITTI histograms (15 % brighter; some returns read 0); class shares
+            fitted to real KITTI histograms (15 % brighter; some returns read 0), and the
+            laser head's two blocks firing from 0.21 / 0.05 m above the origin, the lowest beam
+            at -24.33 deg (``sensor.BLOCK_HEIGHTS_V2``); class shares
             Car 60 %, Van 6 %, Truck 3 %, Pedestrian 20 %, Cyclist 11 % of the draws.
 
     Returns:
@@ -216,7 +218,9 @@ def simulate_scan(
     rng = np.random.default_rng(seed)
     ego_xs = [-(n_sweeps - 1 - k) * ego_speed * sweep_period for k in range(n_sweeps)]
     scene = _build_scene(rng, n_objects, ego_xs, scene_version)
-    rays = _Rays(rng, n_beams, azimuth_step_deg)
+    rays = _Rays(rng, n_beams, azimuth_step_deg, scene_version)
+    # version 2 casts each block of lasers from its own emitter height; version 1 all from the origin
+    blocks = rays.blocks() if scene_version > 1 else [(0, rays, 0.0)]
     pts_l, inst_l, ring_l = [], [], []
     for ox in ego_xs:
         origin = np.array([ox, 0.0, ox * scene.ground.sx])  # the sensor follows the road slope
@@ -224,11 +228,13 @@ def simulate_scan(
             post.cx = ox + dist * math.cos(math.radians(az))
             post.cy = dist * math.sin(math.radians(az))
             post.r, post.z0, post.z1 = rad, origin[2] - 1.0, origin[2] + top
-        t, s, cosv = _cast(scene, rays, origin, rng)
-        pts, inst, ring = _measure(rays, origin, t, s, cosv, scene, rng, max_range, range_noise, dropout, scene_version)
-        pts_l.append(pts)
-        inst_l.append(inst)
-        ring_l.append(ring)
+        for b0, block, dz in blocks:
+            o = origin + np.array([0.0, 0.0, dz])
+            t, s, cosv = _cast(scene, block, o, rng)
+            pts, inst, ring = _measure(block, o, t, s, cosv, scene, rng, max_range, range_noise, dropout, scene_version)
+            pts_l.append(pts)
+            inst_l.append(inst)
+            ring_l.append(ring + b0)
     pts = np.concatenate(pts_l).astype(np.float32)
     # boxes rounded to 0.1 mm, as the label files store them, so counts match a file round trip
     boxes32 = np.round(scene.boxes, 4).astype(np.float32)

@@ -4,6 +4,7 @@ into returns (detection, dropout, range noise, quantisation, reflectance)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import TYPE_CHECKING
 
@@ -30,17 +31,24 @@ REFL_FLOOR = 0.06  # reflectance readings below this come out as 0 (weak returns
 # (benchmarks/sim_realism.py): surfaces 15 % brighter, and returns that read 0 (dark or weak) with
 # a per-material probability (scene.ZERO_READING_V2)
 REFL_GAIN_V2 = 1.15
+# scene version 2's laser head (fitted to the real scans' elevations: the top beam reads +2.33 deg
+# at 30-50 m and +4 deg at 6 m, i.e. +2 deg from 0.21 m above the origin; the lowest ground points
+# read -23.7 deg): the lower block ends at -24.33 deg (the data sheet's field of view), and the
+# upper and lower blocks' emitters sit this far above the sensor origin, metres
+LOWEST_BEAM_V2 = -24.33
+BLOCK_HEIGHTS_V2 = (0.21, 0.05)
 # sensor mounting posts: (azimuth deg, distance m, radius m, top z relative to the sensor m)
 MOUNT_POSTS = tuple((az, 0.9, 0.12, -0.25) for az in (45.0, -45.0, 135.0, -135.0))
 
 
-def hdl64_elevations(n_beams: int = 64) -> np.ndarray:
+def hdl64_elevations(n_beams: int = 64, version: int = 1) -> np.ndarray:
     """Beam elevations in radians, top beam first: the HDL-64E table for 64 beams (upper
-    block +2..-8.33 deg at 1/3 deg, lower block -8.83..-24.9 deg), interpolated over the beam
-    index for other counts (keeping the field of view and the denser upper block)."""
+    block +2..-8.33 deg at 1/3 deg, lower block -8.83..-24.9 deg; ``version`` 2: down to the
+    data sheet's -24.33 deg), interpolated over the beam index for other counts (keeping the
+    field of view and the denser upper block)."""
     n_beams = check_int("n_beams", n_beams, min_value=1)
     upper = 2.0 - np.arange(32) / 3.0
-    lower = np.linspace(-8.83, -24.9, 32)
+    lower = np.linspace(-8.83, -24.9 if version == 1 else LOWEST_BEAM_V2, 32)
     table = np.concatenate([upper, lower])
     if n_beams == 64:
         deg = table
@@ -55,8 +63,8 @@ def hdl64_elevations(n_beams: int = 64) -> np.ndarray:
 class _Rays:
     """The sensor's ray grid: beams (B,) x columns (C,), top beam first."""
 
-    def __init__(self, rng, n_beams: int, step_deg: float):
-        self.elev = hdl64_elevations(n_beams)
+    def __init__(self, rng, n_beams: int, step_deg: float, version: int = 1):
+        self.elev = hdl64_elevations(n_beams, version)
         self.B = n_beams
         self.C = int(round(360.0 / step_deg))
         self.step = 2 * math.pi / self.C
@@ -68,6 +76,20 @@ class _Rays:
         self.dx = ce * np.cos(az)
         self.dy = ce * np.sin(az)
         self.dz = np.broadcast_to(np.sin(self.elev)[:, None], (self.B, self.C)).copy()
+
+    def blocks(self):
+        """Scene version 2: ``(first beam, rays of the block, emitter height)`` of the upper and
+        lower blocks (the first and second half of the beams), each a view of these rays."""
+        half = (self.B + 1) // 2
+        out = []
+        for (b0, b1), dz in zip(((0, half), (half, self.B)), BLOCK_HEIGHTS_V2):
+            if b1 > b0:
+                view = copy.copy(self)
+                view.elev, view.gain = self.elev[b0:b1], self.gain[b0:b1]
+                view.dx, view.dy, view.dz = self.dx[b0:b1], self.dy[b0:b1], self.dz[b0:b1]
+                view.B = b1 - b0
+                out.append((b0, view, dz))
+        return out
 
     def cull(self, o, cx, cy, rad, zlo, zhi):
         """Beam and column indices whose rays may reach a primitive's bounding cylinder."""
