@@ -73,7 +73,7 @@ class PostProcessMixin:
 
             decode, gather = post_kernels.decode_top, post_kernels.gather_kept
         args = (top, top_logit, label, self.anchors(dense.device), n_cls_ch, n_box_ch, cfg.num_dir_bins, cfg)
-        boxes, top_scores, top_labels, nms_scores = decode(flat.contiguous(), *args)
+        boxes, top_scores, top_labels, nms_scores = decode(flat, *args)
         idx = self._nms_padded(boxes, nms_scores)  # (B, kmax), -1 padded
         return Detections(*gather(idx, boxes, top_scores, top_labels, cfg.score_thresh))
 

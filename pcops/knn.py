@@ -190,8 +190,9 @@ def ball_query(
         backend: ``"auto"`` (CUDA tensors: Triton, on a grid of sorted cells, or the scan of
             every reference for more than 511 samples or coordinates beyond 2¹⁷ radii; CPU
             tensors: the numba KD-tree of ``pcops.cpu.knn`` where numba is installed, else the
-            reference; float64 inputs: the reference), ``"triton"`` (CUDA float32/float16/bfloat16 inputs only) or
-            ``"reference"``; there is no CUDA C++ kernel (``"cuda"`` raises).
+            reference; float64 inputs: the reference), ``"triton"`` (CUDA float32/float16/
+            bfloat16 inputs only) or ``"reference"``; there is no CUDA C++ kernel (``"cuda"``
+            raises).
 
     Returns:
         ``(idx, counts)``: ``idx (B, Nq, K)`` int64, the first ``K`` hits **in index order**

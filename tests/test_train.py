@@ -520,20 +520,27 @@ def test_untrained_model_warns_once():
 SMALL = PointPillarsConfig(point_cloud_range=(0.0, -10.24, -3.0, 20.48, 10.24, 1.0))  # a 128 x 128 grid
 
 
+def _two_scan_split(tiny_split, tmp_path) -> Path:
+    """A copy of ``tiny_split`` whose train and val splits are its scans 000000 and 000001."""
+    import shutil
+
+    root = tmp_path / "two"
+    shutil.copytree(tiny_split, root)
+    (root / "ImageSets" / "train.txt").write_text("000000\n000001\n")
+    (root / "ImageSets" / "val.txt").write_text("000000\n000001\n")
+    return root
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # 150 CPU steps: about 3 minutes on 2 idle cores, over 10 on a loaded machine
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
 def test_overfit_two_scans(tiny_split, tmp_path, device):
     """Two scans, no augmentation, a small range (fast on the CPU): the loss falls near zero and the
     model finds every car on them."""
-    import shutil
 
     from pcops.models.train import TrainConfig, evaluate_dataset, train
 
-    root = tmp_path / "two"
-    shutil.copytree(tiny_split, root)
-    (root / "ImageSets" / "train.txt").write_text("000000\n000001\n")
-    (root / "ImageSets" / "val.txt").write_text("000000\n000001\n")
+    root = _two_scan_split(tiny_split, tmp_path)
     cfg = TrainConfig(
         data=str(root),
         out=str(tmp_path / "run"),
@@ -579,13 +586,10 @@ def test_time_budget_fits_the_schedule_after_the_measuring_window(tiny_split, tm
     """A tiny ``time_budget`` fits the one-cycle schedule at the end of ``FIT_WINDOW`` (after the
     warm-up and the synchronising profiled steps): training stops one step later, with the
     schedule's last learning rate."""
-    import shutil
 
     from pcops.models.train import FIT_WINDOW, TrainConfig, train
 
-    root = tmp_path / "two"
-    shutil.copytree(tiny_split, root)
-    (root / "ImageSets" / "train.txt").write_text("000000\n000001\n")
+    root = _two_scan_split(tiny_split, tmp_path)
     cfg = TrainConfig(
         data=str(root),
         out=str(tmp_path / "run"),

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .raycast import _BoxGroup, _Cylinder, _Ellipsoid
+from .raycast import _BoxGroup, _Cylinder, _Ellipsoid, _rect_parts
 
 # kind: share of the draws
 _KINDS = (
@@ -32,10 +32,7 @@ SPACING = (2.0, 9.0)  # m between draws along a sidewalk
 def _box(surf, x, y, zg, yaw, parts, mat):
     """A ``_BoxGroup`` of axis-aligned parts ``(x0, x1, y0, y1, z0, z1)`` sharing one material."""
     m = surf.new(mat)
-    lo = np.array([[p[0], p[2], p[4]] for p in parts], dtype=np.float64)
-    hi = np.array([[p[1], p[3], p[5]] for p in parts], dtype=np.float64)
-    ids = np.full(len(parts), m, dtype=np.int64)
-    return _BoxGroup(np.array([x, y, zg]), yaw, lo, hi, ids, ids)
+    return _BoxGroup(np.array([x, y, zg]), yaw, *_rect_parts([(*p, m, m) for p in parts]))
 
 
 def add_street_clutter(rng, ground, surf, prims, occupied, edge, side, sidewalk_w, in_cross, free) -> None:

@@ -18,6 +18,15 @@ if TYPE_CHECKING:
 # ----------------------------------------------------------------------------- primitives
 
 
+def _rect_parts(parts):
+    """parts: list of (x0, x1, y0, y1, z0, z1, side, top[, windows]) -> BoxGroup arrays."""
+    lo = np.array([[p[0], p[2], p[4]] for p in parts], dtype=np.float64)
+    hi = np.array([[p[1], p[3], p[5]] for p in parts], dtype=np.float64)
+    side = np.array([p[6] for p in parts], dtype=np.int64)
+    top = np.array([p[7] for p in parts], dtype=np.int64)
+    return lo, hi, side, top
+
+
 @dataclass
 class _BoxGroup:
     """Axis-aligned parts in one yawed frame (an object, a building, a wall...).

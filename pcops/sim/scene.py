@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .clutter import add_street_clutter
-from .raycast import _BoxGroup, _Cylinder, _Ellipsoid, _Ground
+from .raycast import _BoxGroup, _Cylinder, _Ellipsoid, _Ground, _rect_parts
 from .sensor import MAX_RANGE, MOUNT_POSTS, SENSOR_HEIGHT
 
 # ----------------------------------------------------------------------------- objects
@@ -117,15 +117,6 @@ class _Scene:
     surfaces: _Surfaces
     boxes: np.ndarray  # (M, 7) float64
     names: list = field(default_factory=list)
-
-
-def _rect_parts(parts):
-    """parts: list of (x0, x1, y0, y1, z0, z1, side, top[, windows]) -> BoxGroup arrays."""
-    lo = np.array([[p[0], p[2], p[4]] for p in parts], dtype=np.float64)
-    hi = np.array([[p[1], p[3], p[5]] for p in parts], dtype=np.float64)
-    side = np.array([p[6] for p in parts], dtype=np.int64)
-    top = np.array([p[7] for p in parts], dtype=np.int64)
-    return lo, hi, side, top
 
 
 def _object_group(cls: str, box: np.ndarray, inst: int, surf: _Surfaces, style: str | None = None) -> _BoxGroup:

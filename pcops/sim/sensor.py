@@ -134,11 +134,9 @@ def _measure(rays: _Rays, origin, t, s, cosv, scene: _Scene, rng, max_range, ran
     noise = np.clip(rng.normal(0.0, range_noise, t.shape), -3 * range_noise, 3 * range_noise)
     r = np.round((t + noise) / 0.002) * 0.002  # 2 mm range resolution
     refl = a * (0.6 + 0.4 * cosv) * rays.gain[b_idx] * np.exp(rng.normal(0.0, REFL_SPECKLE, t.shape))
+    refl = refl * (REFL_GAIN_V2 if version > 1 else 1.0) - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
     if version > 1:
-        refl = refl * REFL_GAIN_V2 - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
         refl = np.where(rng.random(t.shape) < np.asarray(scene.surfaces.zero_reading)[s], 0.0, refl)
-    else:
-        refl = refl - FADE_PER_M * np.maximum(t - FADE_START, 0.0)
     refl = np.round(np.clip(np.where(refl < REFL_FLOOR, 0.0, refl), 0.0, 1.0), 2)
     b_idx, c_idx, r, refl, s = b_idx[keep], c_idx[keep], r[keep], refl[keep], s[keep]
     pts = np.stack(
