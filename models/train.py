@@ -163,16 +163,18 @@ def train_step(
     gen = torch.Generator(device=device).manual_seed(dd.rank_seed(cfg.seed, rank) * 1_000_003 + step)
     sensor = SensorAug() if cfg.sensor_aug and cfg.augment else None
     batch = augment_batch(batch, model.config, generator=gen, sensor=sensor)
+    _mark(times, "augment", device)
     amp = device.type == "cuda" and cfg.amp != "none"
     dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
     with torch.autocast(device.type, dtype=dtype, enabled=amp):
         preds = (forward or model.forward_train)(batch.points, batch.lengths)
+    _mark(times, "forward", device)
     anchors = model.anchors(device)
     targets = assign_targets(
         model.config, anchors, batch.gt_boxes, batch.gt_labels, class_slices=batch.class_slices or None
     )
     losses = pointpillars_loss(model.config, preds, targets, anchors)
-    _mark(times, "augment+forward+targets+loss", device)
+    _mark(times, "targets+loss", device)
     opt.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.scale(losses.total).backward()
