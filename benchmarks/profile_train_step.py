@@ -43,7 +43,7 @@ def main() -> None:
 
     def sync():
         if device.type == "cuda":
-            sync()
+            torch.cuda.synchronize()
 
     torch.backends.cudnn.benchmark = True
     cfg = TrainConfig(

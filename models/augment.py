@@ -16,20 +16,6 @@ from .data import FAR, Batch
 __all__ = ["SensorAug", "augment_batch"]
 
 
-def _inside_each(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``(N, 3+)`` points, ``(S, 7)`` boxes → ``(N, S)`` bool: point inside box (faces included)."""
-    d = points[:, None, :3] - boxes[None, :, :3]
-    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
-    lx = c * d[..., 0] + s * d[..., 1]
-    ly = -s * d[..., 0] + c * d[..., 1]
-    return (lx.abs() <= boxes[:, 3] / 2) & (ly.abs() <= boxes[:, 4] / 2) & (d[..., 2].abs() <= boxes[:, 5] / 2)
-
-
-def _inside(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``(N, 3+)`` points, ``(S, 7)`` boxes → ``(N,)`` bool: inside any box (faces included)."""
-    return _inside_each(points, boxes).any(dim=1)
-
-
 @dataclasses.dataclass(frozen=True)
 class SensorAug:
     """Augmentations for the transfer from simulated to real scans (issue 22), drawn per scan
@@ -77,17 +63,14 @@ def _sensor_augment(batch: Batch, pts, boxes, aug: SensorAug, generator):
         return lo + (hi - lo) * torch.rand(shape, device=dev, generator=generator)
 
     idx, far = batch.sample_index, pts[:, 0] >= FAR
-    # objects: scaled about their bottom centres (points inside a box follow its first such box)
+    # objects: scaled about their bottom centres (a point moves with the loader's first box holding it)
     s_obj = torch.where(batch.gt_labels > 0, uniform(*aug.object_scale, bsz, g), 1.0)
-    xyz, start = pts[:, :3].clone(), 0
-    for b, n in enumerate(batch.host_lengths):  # scan by scan: O(n_b * G) memory
-        p, bx = pts[start : start + n, :3], boxes[b]
-        inside = _inside_each(p, bx) & (batch.gt_labels[b] > 0)[None, :]
-        k = inside.to(torch.int8).argmax(dim=1)
-        ref = torch.cat([bx[:, :2], bx[:, 2:3] - bx[:, 5:6] / 2], dim=1)[k]  # bottom centre
-        moved = ref + (p - ref) * s_obj[b, k, None]
-        xyz[start : start + n] = torch.where(inside.any(dim=1, keepdim=True), moved, p)
-        start += n
+    ref = torch.cat([boxes[..., :2], boxes[..., 2:3] - boxes[..., 5:6] / 2], dim=-1).reshape(-1, 3)  # bottom centres
+    if batch.owner is None:
+        raise ValueError("batch.owner: expected each point's box column (collate() sets it), got None")
+    col = idx * g + batch.owner.clamp(min=0).long()
+    p, r = pts[:, :3], ref[col]
+    xyz = torch.where((batch.owner >= 0)[:, None], r + (p - r) * s_obj.reshape(-1)[col, None], p)
     bottom = boxes[..., 2] - boxes[..., 5] / 2
     dims = boxes[..., 3:6] * s_obj[..., None]
     boxes = torch.cat([boxes[..., :2], (bottom + dims[..., 2] / 2)[..., None], dims, boxes[..., 6:]], dim=-1)
@@ -109,20 +92,12 @@ def augment_batch(
     generator: torch.Generator | None = None,
     sensor: SensorAug | None = None,
 ) -> Batch:
-    """The per-point augmentations on the batch's device, vectorised, no host sync: scan points
-    inside pasted boxes are moved out of range (the voxelizer drops them), then (``sensor``) the
+    """The per-point augmentations on the batch's device, vectorised, no host sync (the loader
+    has removed the scan's points inside pasted boxes and found each point's box): (``sensor``) the
     transfer augmentations of :class:`SensorAug`, flip about x, rotation about z, scaling
     (parameters from ``batch.aug``), a per-scan point shuffle, and boxes whose centre leaves
     ``point_cloud_range`` marked as padding."""
     pts, idx = batch.points, batch.sample_index
-    drop = torch.zeros_like(batch.scene)
-    start = 0
-    for b, (n, s) in enumerate(zip(batch.host_lengths, batch.host_sampled)):  # scan by scan: O(n_b * S_b) memory
-        if s:
-            drop[start : start + n] = _inside(pts[start : start + n], batch.sampled_boxes[b, :s])
-        start += n
-    drop &= batch.scene
-    pts = torch.where(drop.unsqueeze(1), torch.full_like(pts, FAR), pts)
     flip, rot, scale = batch.aug.unbind(1)
     boxes = batch.gt_boxes.clone()
     if sensor is not None:

@@ -426,17 +426,22 @@ class KittiDataset(torch.utils.data.Dataset):
         sampled = np.zeros((0, 7), np.float32)
         aug = np.array([0.0, 0.0, 1.0], dtype=np.float32)  # flip, rotation, scale
         n_scene = len(pts)
+        owner = np.full(len(pts), -1, np.int16)
         if self.augment:
             reach = _can_enter_range(boxes, self.config.point_cloud_range)
             boxes, labels, keep = boxes[reach], labels[reach], keep[reach]
+            pts = pts[_points_can_enter_range(pts, self.config.point_cloud_range)]
             rng = np.random.default_rng([self.seed, epoch, i])
             sb, sn, sp = self._sample_objects(rng, boxes)
             if sb:
                 sampled = np.array(sb, np.float32)
+                pts = pts[~points_in_boxes_mask(pts, sampled).any(axis=0)]  # the scan's points inside pasted boxes
                 boxes = np.concatenate([boxes, sampled])
                 labels = np.concatenate([labels, [self.class_names.index(n) + 1 for n in sn]])
                 keep = np.concatenate([keep, np.ones(len(sn), bool)])
-                pts = np.concatenate([pts] + sp)
+            n_scene = len(pts)
+            pts = np.concatenate([pts] + sp) if sb else pts
+            owner = _first_box(pts, boxes[keep])
             aug = np.array([float(rng.random() < 0.5), rng.uniform(*ROT_RANGE), rng.uniform(*SCALE_RANGE)], np.float32)
         return {
             "points": torch.from_numpy(np.ascontiguousarray(pts, dtype=np.float32)),
@@ -449,7 +454,35 @@ class KittiDataset(torch.utils.data.Dataset):
             "aug": torch.from_numpy(aug),
             "frame": self.frames[i],
             "skipped_points": bad,
+            "owner": torch.from_numpy(owner),
         }
+
+
+def _points_can_enter_range(pts: np.ndarray, pcr, margin: float = 1.0) -> np.ndarray:
+    """``(N,)`` bool: points that some flip / rotation (±π/4) / scaling could bring inside the range's
+    x-y rectangle (with a margin; also covers :class:`~pcops.models.augment.SensorAug`'s object
+    scaling): the others only cost memory and time in the batch. A point at distance r and azimuth
+    a ends at azimuth a' with ``|a'| >= |a| - π/4`` and must have ``|a'| <= π/2`` and
+    ``r' |sin a'| < y_max`` with ``r' <= 1.05 r``; the bounds are exact up to the margin."""
+    x, y = pts[:, 0].astype(np.float64), pts[:, 1].astype(np.float64)
+    r = np.hypot(x, y)
+    turn = np.maximum(np.abs(np.arctan2(y, x)) - ROT_RANGE[1], 0.0)  # the smallest |a'| reachable
+    half_width = max(abs(pcr[1]), abs(pcr[4])) + margin
+    far = math.hypot(max(abs(pcr[0]), abs(pcr[3])) + margin, half_width) / SCALE_RANGE[0]
+    lateral = np.sin(np.minimum(turn, math.pi / 2)) * r * SCALE_RANGE[0]  # |y'| at least this much
+    return (turn <= math.pi / 2 + 1e-3) & (r <= far) & (lateral < half_width)
+
+
+def _first_box(pts: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """``(N,)`` int16: the index of the first of ``boxes`` holding each point (faces included), -1
+    for none (the object scaling of :class:`~pcops.models.augment.SensorAug` moves a point with its
+    box)."""
+    owner = np.full(len(pts), -1, np.int16)
+    if len(boxes):
+        inside = points_in_boxes_mask(pts, boxes)
+        hit = inside.any(axis=0)
+        owner[hit] = inside[:, hit].argmax(axis=0)
+    return owner
 
 
 def _can_enter_range(boxes: np.ndarray, pcr, margin: float = 1.0) -> np.ndarray:
@@ -480,12 +513,12 @@ class Batch(NamedTuple):
     sample_index: torch.Tensor  # (N,) int64 scan of each point
     gt_boxes: torch.Tensor  # (B, G, 7) float32, padded
     gt_labels: torch.Tensor  # (B, G) int64 1..C, 0 = padding
-    sampled_boxes: torch.Tensor  # (B, S, 7) pasted boxes (scene points inside them are removed), padded
+    sampled_boxes: torch.Tensor  # (B, S, 7) pasted boxes (the loader removed the scan's points inside them), padded
     sampled_valid: torch.Tensor  # (B, S) bool
     aug: torch.Tensor  # (B, 3) flip, rotation, scale
     frames: list
+    owner: torch.Tensor | None = None  # (N,) int32 column of gt_boxes holding the point (first such box), -1: none
     host_lengths: tuple = ()  # the points per scan as Python ints (host copies: no sync to read)
-    host_sampled: tuple = ()  # pasted boxes per scan as Python ints
     class_slices: tuple = ()  # per class id 1..C: (start, stop) columns of gt_boxes holding that class
 
     def to(self, device, non_blocking: bool = True) -> "Batch":
@@ -507,13 +540,18 @@ def collate(items: list) -> Batch:
     sampled = torch.zeros(bsz, s, 7)
     sampled_valid = torch.zeros(bsz, s, dtype=torch.bool)
     scene = torch.zeros(int(lengths.sum()), dtype=torch.bool)
+    owners = []
     start = 0
     for b, it in enumerate(items):
+        column = torch.full((len(it["labels"]) + 1,), -1, dtype=torch.int32)  # the item's box j -> column; -1 -> -1
         for c in range(1, n_cls + 1):
             sel = it["labels"] == c
             k = int(sel.sum())
             gt_boxes[b, starts[c - 1] : starts[c - 1] + k] = it["boxes"][sel]
             gt_labels[b, starts[c - 1] : starts[c - 1] + k] = c
+            column[:-1][sel] = torch.arange(int(starts[c - 1]), int(starts[c - 1]) + k, dtype=torch.int32)
+        own = it.get("owner")
+        owners.append(column[own.long()] if own is not None else torch.full((len(it["points"]),), -1, dtype=torch.int32))
         sampled[b, : len(it["sampled"])] = it["sampled"]
         sampled_valid[b, : len(it["sampled"])] = True
         scene[start : start + it["n_scene"]] = True
@@ -529,7 +567,7 @@ def collate(items: list) -> Batch:
         sampled_valid=sampled_valid,
         aug=torch.stack([it["aug"] for it in items]),
         frames=[it["frame"] for it in items],
+        owner=torch.cat(owners),
         host_lengths=tuple(int(n) for n in lengths),
-        host_sampled=tuple(len(it["sampled"]) for it in items),
         class_slices=tuple((int(starts[c]), int(starts[c + 1])) for c in range(n_cls)),
     )
