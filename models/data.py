@@ -93,18 +93,49 @@ def box_corners_bev(boxes: np.ndarray) -> np.ndarray:
     return np.einsum("mij,mkj->mki", rot, local) + boxes[:, None, :2]
 
 
-def points_in_boxes_mask(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """``(N, 3+)`` points, ``(M, 7)`` boxes → ``(M, N)`` bool, faces included (NumPy, float64)."""
-    p = np.asarray(points, dtype=np.float64)[:, :3]
-    out = np.zeros((len(boxes), len(p)), dtype=bool)
-    for i, (x, y, z, dx, dy, dz, yaw) in enumerate(np.asarray(boxes, dtype=np.float64)):
-        r = 0.5 * math.hypot(dx, dy)
-        near = np.nonzero((np.abs(p[:, 0] - x) <= r) & (np.abs(p[:, 1] - y) <= r))[0]
-        d = p[near] - (x, y, z)
+def points_in_boxes(points: np.ndarray, boxes: np.ndarray, cell: float = 4.0) -> list:
+    """``(N, 3+)`` points, ``(M, 7)`` boxes → per box, the indices of the points inside it (in no
+    particular order), faces included (NumPy, float64 tests).
+
+    The points are bucketed once into ``cell``-metre squares (a radix sort of 16-bit square
+    numbers); each box then tests only the points of the squares its bounding circle touches."""
+    p = np.asarray(points)[:, :3]
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    if len(boxes) == 0 or len(p) == 0:
+        return [np.zeros(0, np.int64) for _ in boxes]
+    px, py = np.ascontiguousarray(p[:, 0]), np.ascontiguousarray(p[:, 1])  # column by column: fast
+    lo = (float(px.min()), float(py.min()))
+    extent = (float(px.max()) - lo[0], float(py.max()) - lo[1])
+    span = (int(extent[0] / cell) + 1, int(extent[1] / cell) + 1)
+    while span[0] * span[1] >= 2**15:  # 16-bit square numbers: coarser squares for huge extents
+        cell *= 1.5
+        span = (int(extent[0] / cell) + 1, int(extent[1] / cell) + 1)
+    inv = np.float32(1.0 / cell)
+    ii = np.minimum(((px - np.float32(lo[0])) * inv).astype(np.int16), span[0] - 1)
+    jj = np.minimum(((py - np.float32(lo[1])) * inv).astype(np.int16), span[1] - 1)
+    key = ii * np.int16(span[1]) + jj
+    order = np.argsort(key, kind="stable")  # radix sort
+    bounds = np.searchsorted(key[order], np.arange(span[0] * span[1] + 1, dtype=np.int32))
+    out = []
+    for x, y, z, dx, dy, dz, yaw in boxes.tolist():
+        r = 0.5 * math.hypot(dx, dy) + 1e-3  # + the float32 square numbers' rounding
+        i0, i1 = (max(0, min(int(math.floor((v - lo[0]) / cell)), span[0] - 1)) for v in (x - r, x + r))
+        j0, j1 = (max(0, min(int(math.floor((v - lo[1]) / cell)), span[1] - 1)) for v in (y - r, y + r))
+        rows = [order[bounds[a * span[1] + j0] : bounds[a * span[1] + j1 + 1]] for a in range(i0, i1 + 1)]
+        near = np.concatenate(rows)
+        d = p[near].astype(np.float64) - (x, y, z)
         c, s = math.cos(yaw), math.sin(yaw)
         lx = c * d[:, 0] + s * d[:, 1]
         ly = -s * d[:, 0] + c * d[:, 1]
-        out[i, near] = (np.abs(lx) <= dx / 2) & (np.abs(ly) <= dy / 2) & (np.abs(d[:, 2]) <= dz / 2)
+        out.append(near[(np.abs(lx) <= dx / 2) & (np.abs(ly) <= dy / 2) & (np.abs(d[:, 2]) <= dz / 2)])
+    return out
+
+
+def points_in_boxes_mask(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """``(N, 3+)`` points, ``(M, 7)`` boxes → ``(M, N)`` bool, faces included (NumPy, float64)."""
+    out = np.zeros((len(boxes), len(points)), dtype=bool)
+    for i, hit in enumerate(points_in_boxes(points, boxes)):
+        out[i, hit] = True
     return out
 
 
@@ -387,9 +418,11 @@ class KittiDataset(torch.utils.data.Dataset):
     def _sample_objects(self, rng, boxes: np.ndarray):
         """Ground-truth sampling: up to SAMPLE_GROUPS objects per class that overlap nothing."""
         db = self._database()
-        taken = [box_corners_bev(boxes)] if len(boxes) else []
-        lo = [t.min(axis=1) for t in taken]
-        hi = [t.max(axis=1) for t in taken]
+        cap = len(boxes) + sum(GT_SAMPLE_GROUPS.values())
+        lo, hi, m = np.zeros((cap, 2)), np.zeros((cap, 2)), len(boxes)  # BEV rectangles taken so far
+        if m:
+            corners = box_corners_bev(boxes)
+            lo[:m], hi[:m] = corners.min(axis=1), corners.max(axis=1)
         out_boxes, out_names, out_pts = [], [], []
         for cls, n in GT_SAMPLE_GROUPS.items():
             pool = db["by_class"].get(cls, np.zeros(0, np.int64))
@@ -400,17 +433,11 @@ class KittiDataset(torch.utils.data.Dataset):
             corners = box_corners_bev(cand)
             clo, chi = corners.min(axis=1), corners.max(axis=1)
             for j, k in enumerate(pick):
-                ok = True
-                for a, b in zip(lo, hi):
-                    if np.any(
-                        (clo[j, 0] < b[:, 0]) & (chi[j, 0] > a[:, 0]) & (clo[j, 1] < b[:, 1]) & (chi[j, 1] > a[:, 1])
-                    ):
-                        ok = False
-                        break
-                if not ok:
+                a, b = lo[:m], hi[:m]
+                if np.any((clo[j, 0] < b[:, 0]) & (chi[j, 0] > a[:, 0]) & (clo[j, 1] < b[:, 1]) & (chi[j, 1] > a[:, 1])):
                     continue
-                lo.append(clo[j : j + 1])
-                hi.append(chi[j : j + 1])
+                lo[m], hi[m] = clo[j], chi[j]
+                m += 1
                 out_boxes.append(cand[j])
                 out_names.append(cls)
                 out_pts.append(db["points"][db["offsets"][k] : db["offsets"][k + 1]])
@@ -433,15 +460,25 @@ class KittiDataset(torch.utils.data.Dataset):
             pts = pts[_points_can_enter_range(pts, self.config.point_cloud_range)]
             rng = np.random.default_rng([self.seed, epoch, i])
             sb, sn, sp = self._sample_objects(rng, boxes)
+            sampled = np.array(sb, np.float32).reshape(-1, 7)
+            # one pass over the scan for its labelled boxes and the pasted ones: the scan's points inside
+            # pasted boxes are removed; the others keep the first labelled box holding them (owner)
+            hits = points_in_boxes(pts, np.concatenate([boxes[keep], sampled]))
+            k_scene = int(keep.sum())
+            owner = np.full(len(pts), -1, np.int16)
+            for j in range(k_scene - 1, -1, -1):  # the first box written last
+                owner[hits[j]] = j
+            for hit in hits[k_scene:]:
+                owner[hit] = -2
+            live = owner != -2
+            pts, owner = pts[live], owner[live]
+            n_scene = len(pts)
             if sb:
-                sampled = np.array(sb, np.float32)
-                pts = pts[~points_in_boxes_mask(pts, sampled).any(axis=0)]  # the scan's points inside pasted boxes
                 boxes = np.concatenate([boxes, sampled])
                 labels = np.concatenate([labels, [self.class_names.index(n) + 1 for n in sn]])
                 keep = np.concatenate([keep, np.ones(len(sn), bool)])
-            n_scene = len(pts)
-            pts = np.concatenate([pts] + sp) if sb else pts
-            owner = _first_box(pts, boxes[keep])
+                pts = np.concatenate([pts] + sp)  # a pasted object's points: its box's (pasted boxes overlap nothing)
+                owner = np.concatenate([owner] + [np.full(len(q), k_scene + j, np.int16) for j, q in enumerate(sp)])
             aug = np.array([float(rng.random() < 0.5), rng.uniform(*ROT_RANGE), rng.uniform(*SCALE_RANGE)], np.float32)
         return {
             "points": torch.from_numpy(np.ascontiguousarray(pts, dtype=np.float32)),
@@ -464,25 +501,13 @@ def _points_can_enter_range(pts: np.ndarray, pcr, margin: float = 1.0) -> np.nda
     scaling): the others only cost memory and time in the batch. A point at distance r and azimuth
     a ends at azimuth a' with ``|a'| >= |a| - π/4`` and must have ``|a'| <= π/2`` and
     ``r' |sin a'| < y_max`` with ``r' <= 1.05 r``; the bounds are exact up to the margin."""
-    x, y = pts[:, 0].astype(np.float64), pts[:, 1].astype(np.float64)
+    x, y = pts[:, 0], pts[:, 1]  # float32: the margin covers its rounding
     r = np.hypot(x, y)
     turn = np.maximum(np.abs(np.arctan2(y, x)) - ROT_RANGE[1], 0.0)  # the smallest |a'| reachable
     half_width = max(abs(pcr[1]), abs(pcr[4])) + margin
     far = math.hypot(max(abs(pcr[0]), abs(pcr[3])) + margin, half_width) / SCALE_RANGE[0]
     lateral = np.sin(np.minimum(turn, math.pi / 2)) * r * SCALE_RANGE[0]  # |y'| at least this much
     return (turn <= math.pi / 2 + 1e-3) & (r <= far) & (lateral < half_width)
-
-
-def _first_box(pts: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """``(N,)`` int16: the index of the first of ``boxes`` holding each point (faces included), -1
-    for none (the object scaling of :class:`~pcops.models.augment.SensorAug` moves a point with its
-    box)."""
-    owner = np.full(len(pts), -1, np.int16)
-    if len(boxes):
-        inside = points_in_boxes_mask(pts, boxes)
-        hit = inside.any(axis=0)
-        owner[hit] = inside[:, hit].argmax(axis=0)
-    return owner
 
 
 def _can_enter_range(boxes: np.ndarray, pcr, margin: float = 1.0) -> np.ndarray:
