@@ -35,8 +35,9 @@ def main(argv=None) -> int:
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--train", type=int, default=3712, help="training scans")
     g.add_argument("--val", type=int, default=1000, help="validation scans (disjoint seeds)")
-    g.add_argument("--scene-version", type=int, default=1, choices=(1, 2),
-                   help="pcops.sim scenes: 1 (the shipped weights' data) or 2 (vans, trucks, car types, limbs)")  # fmt: skip
+    g.add_argument("--scene-version", type=int, default=2, choices=(1, 2),
+                   help="pcops.sim scenes: 2 (default, the shipped weights' data: vans, trucks, car types, limbs, "
+                        "clutter) or 1 (the earlier, simpler scenes)")  # fmt: skip
     _common(g)
     t = sub.add_parser("train", help="train PointPillars (OpenPCDet's recipe), then evaluate")
     t.add_argument("--data", required=True, help="KITTI-format folder (real KITTI or a generated split)")

@@ -219,13 +219,14 @@ def generate_split(
     workers: int | None = None,
     config: PointPillarsConfig | None = None,
     progress: bool = True,
-    scene_version: int = 1,
+    scene_version: int = 2,
 ) -> dict:
     """Write a simulated split in the KITTI layout (see the module docstring) and its ground-truth
     database. Frame ``i`` of train is ``pcops.sim.simulate_scan(1_000_000 + i)``, of val
     ``simulate_scan(2_000_000 + i)``: disjoint seeds, the same files on every machine.
-    ``scene_version`` goes to ``simulate_scan`` (2: vans and trucks, labelled ``Van`` / ``Truck``,
-    which training ignores and evaluation treats as KITTI does).
+    ``scene_version`` goes to ``simulate_scan`` (2, the default and the shipped weights' data: vans
+    and trucks, labelled ``Van`` / ``Truck``, which training ignores and evaluation treats as KITTI
+    does; 1: the earlier scenes).
     Returns the split's summary (also written to ``pcops_sim.json``)."""
     cfg = config or PointPillarsConfig()
     root = Path(root)

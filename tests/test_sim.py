@@ -44,7 +44,7 @@ def test_scan_layout(scan0):
     assert s.points.dtype == torch.float32 and s.points.shape == (n, 4)
     assert 90_000 <= n <= 140_000
     assert s.boxes.dtype == torch.float32 and s.boxes.shape == (m, 7) and m > 0
-    assert set(s.names) <= {"Car", "Pedestrian", "Cyclist"}
+    assert set(s.names) <= {"Car", "Van", "Truck", "Pedestrian", "Cyclist"}
     assert s.num_points_in_box.dtype == torch.int64 and s.num_points_in_box.shape == (m,)
     assert s.num_object_points.shape == (m,) and s.instance.shape == (n,) and s.ring.shape == (n,)
     assert bool(torch.isfinite(s.points).all())
@@ -144,7 +144,8 @@ def test_scene_version_2_objects_and_determinism():
     assert {"Car", "Van", "Pedestrian", "Cyclist"} <= seen, seen
     a, b = sim.simulate_scan(8, scene_version=2), sim.simulate_scan(8, scene_version=2)
     assert torch.equal(a.points, b.points) and torch.equal(a.boxes, b.boxes) and a.names == b.names
-    assert not torch.equal(a.boxes, sim.simulate_scan(8).boxes)  # a different scene from version 1
+    assert torch.equal(a.points, sim.simulate_scan(8).points)  # the default
+    assert not torch.equal(a.boxes, sim.simulate_scan(8, scene_version=1).boxes)  # a different scene from version 1
     with pytest.raises(ValueError, match="scene_version"):
         sim.simulate_scan(0, scene_version=3)
 

@@ -623,7 +623,8 @@ def test_gpu_shipped_weights_reproduce_recorded_ap(tmp_path):
 
     rec = json.loads((REPO / "benchmarks" / "results" / "train_pointpillars.json").read_text())
     want = rec["eval_val_first50"]
-    generate_split(tmp_path, n_train=0, n_val=50, progress=False)  # seeds 2,000,000..2,000,049, as recorded
+    version = rec.get("scene_version", 1)  # the scenes the shipped weights were trained and evaluated on
+    generate_split(tmp_path, n_train=0, n_val=50, progress=False, scene_version=version)  # seeds 2,000,000..049
     model = PointPillars.pretrained().cuda()
     got = evaluate_dataset(model, str(tmp_path), "val", batch_size=16, workers=4, progress=False)
     for c in ("Car", "Pedestrian", "Cyclist"):
