@@ -435,7 +435,9 @@ class KittiDataset(torch.utils.data.Dataset):
             clo, chi = corners.min(axis=1), corners.max(axis=1)
             for j, k in enumerate(pick):
                 a, b = lo[:m], hi[:m]
-                if np.any((clo[j, 0] < b[:, 0]) & (chi[j, 0] > a[:, 0]) & (clo[j, 1] < b[:, 1]) & (chi[j, 1] > a[:, 1])):
+                if np.any(
+                    (clo[j, 0] < b[:, 0]) & (chi[j, 0] > a[:, 0]) & (clo[j, 1] < b[:, 1]) & (chi[j, 1] > a[:, 1])
+                ):
                     continue
                 lo[m], hi[m] = clo[j], chi[j]
                 m += 1
@@ -577,7 +579,9 @@ def collate(items: list) -> Batch:
             gt_labels[b, starts[c - 1] : starts[c - 1] + k] = c
             column[:-1][sel] = torch.arange(int(starts[c - 1]), int(starts[c - 1]) + k, dtype=torch.int32)
         own = it.get("owner")
-        owners.append(column[own.long()] if own is not None else torch.full((len(it["points"]),), -1, dtype=torch.int32))
+        owners.append(
+            column[own.long()] if own is not None else torch.full((len(it["points"]),), -1, dtype=torch.int32)
+        )
         sampled[b, : len(it["sampled"])] = it["sampled"]
         sampled_valid[b, : len(it["sampled"])] = True
         scene[start : start + it["n_scene"]] = True

@@ -74,6 +74,11 @@ class FastParams(NamedTuple):
 class FastPathMixin:
     """The fast-path pieces of :class:`~pcops.models.pointpillars.PointPillars`."""
 
+    def __getstate__(self):  # copies and pickles leave the eager graphs behind (captured again on use)
+        state = dict(self.__dict__)
+        state["_graphs"] = {}
+        return state
+
     def _head_splits(self) -> tuple[int, int]:
         a = self.config.num_anchors_per_location
         return a * self.config.num_classes, a * 7
@@ -139,12 +144,15 @@ class FastPathMixin:
             return torch.zeros(batch_size, h, w, c, device=device, dtype=fp.dtype).permute(0, 3, 1, 2)
         return torch.zeros(batch_size, c, h, w, device=device, dtype=fp.dtype)
 
-    def _pfn_scatter(self, voxels, num_points, coords, batch_size, fp: FastParams, count=None):
+    def _pfn_scatter(self, voxels, num_points, coords, batch_size, fp: FastParams, count=None, out=None):
+        """Pillar features into the BEV canvas; ``out``: a canvas of :meth:`_new_canvas`'s shape
+        and layout to write into (zeroed here) instead of a new one."""
         if fp.pfn_weight is None:  # a VFE the fused kernel does not cover: unfused, then scatter
             pillars = self.vfe(voxels, num_points, coords).to(fp.dtype)
             canvas = self.map_to_bev_module(pillars, coords, batch_size, reference=False)
-            return canvas.contiguous(memory_format=torch.channels_last) if fp.channels_last else canvas
-        canvas = self._new_canvas(batch_size, voxels.device, fp)
+            canvas = canvas.contiguous(memory_format=torch.channels_last) if fp.channels_last else canvas
+            return canvas if out is None else out.copy_(canvas)
+        canvas = self._new_canvas(batch_size, voxels.device, fp) if out is None else out.zero_()
         if voxels.device.type == "cuda":
             from pcops.triton.pfn import pfn_scatter
 
@@ -167,7 +175,50 @@ class FastPathMixin:
             live = num_points > 0
             pillars, coords = pillars[live], coords[live]
         canvas_nchw = pcops.pillar_scatter(pillars.to(fp.dtype), coords, batch_size, self.config.bev_hw)
-        return canvas_nchw.contiguous(memory_format=torch.channels_last) if fp.channels_last else canvas_nchw
+        canvas = canvas_nchw.contiguous(memory_format=torch.channels_last) if fp.channels_last else canvas_nchw
+        return canvas if out is None else out.copy_(canvas)
+
+    def _backbone_head(self, x: torch.Tensor, fp: FastParams) -> torch.Tensor:
+        """The folded backbone and the fused head conv: canvas → ``(B, H, W, 72)``."""
+        x = self._backbone_fast(x, fp)
+        return F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1)  # a free view when channels-last
+
+    def _graphed_backbone(self, batch_size: int, device: torch.device, fp: FastParams):
+        """The backbone + head as a CUDA graph for eager calls (``eager_graph``), or ``None`` where
+        it does not apply (CPU, graph capture or ``torch.compile`` under way, ``eager_graph=False``).
+
+        Captured at the first call per (device, batch size, dtype, layout, epilogue) and again
+        after the weights change (a new :class:`FastParams`); the replay runs the same kernels on
+        the same shapes as the op-by-op path, so the results are identical. Returns
+        ``(canvas, replay)``: the static canvas to fill, then ``replay()`` → the static ``(B, H, W,
+        72)`` output, overwritten by the next call."""
+        if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
+            return None
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        key = (device, batch_size, fp.dtype, fp.channels_last, self.epilogue, torch.is_inference_mode_enabled())
+        entry = self._graphs.get(key)
+        if entry is None or entry[0] is not fp:
+            self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
+            canvas = self._new_canvas(batch_size, device, fp)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):  # warm-up: cuDNN plans, Triton compiles, workspaces
+                for _ in range(2):
+                    self._backbone_head(canvas, fp)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._backbone_head(canvas, fp)
+            entry = (fp, canvas, graph, out)
+            self._graphs[key] = entry
+        _, canvas, graph, out = entry
+
+        def replay():
+            graph.replay()
+            return out
+
+        return canvas, replay
 
     def _backbone_fast(self, x: torch.Tensor, fp: FastParams) -> torch.Tensor:
         """The folded 2-D backbone. ``epilogue`` (a constructor argument) picks how bias + ReLU (+ concat) run on

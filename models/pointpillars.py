@@ -133,6 +133,13 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             upsampling), ``"triton"`` (convolutions without bias, then one Triton pass each that
             adds the bias, applies ReLU and writes into the concatenated map) or ``"torch"``.
             An explicit ``"cudnn"`` without cuDNN raises ``RuntimeError``. The CPU always uses torch.
+        eager_graph: on CUDA, a call of the fast path (without :meth:`capture`) replays the folded
+            backbone and the head (about 50 kernels) from a CUDA graph captured at the first call
+            per batch size, instead of launching them one by one from Python: about 1.5 ms less
+            host time per call, identical outputs. The graph holds its activations (about 0.3 GB
+            at batch size 1 in float32) while the model lives; it is captured again after the
+            weights change. ``False``: launch op by op. Inside a graph capture or
+            ``torch.compile`` the ops always run op by op.
 
     Modes: ``eval()`` (the default) detects with the BatchNorm running statistics (the fast path
     folds them into the convolutions and refolds after the weights change). ``train()`` makes
@@ -151,6 +158,7 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         dtype: torch.dtype = torch.float32,
         channels_last: bool | None = None,
         epilogue: str = "auto",
+        eager_graph: bool = True,
     ):
         super().__init__()
         if epilogue not in EPILOGUES:
@@ -162,6 +170,8 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         self.impl = impl
         self.dtype = dtype
         self.channels_last = channels_last
+        self.eager_graph = bool(eager_graph)
+        self._graphs: dict = {}  # eager_graph: (device, batch, dtype, layout, epilogue) -> graph
         self.vfe = PillarVFE(self.config)
         self.map_to_bev_module = PointPillarScatter(self.config)
         self.backbone_2d = BaseBEVBackbone(self.config, self.config.vfe_filters[-1])
@@ -334,8 +344,13 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
                     cls, box, dirc = self.dense_head(x)
             return cls.float(), box.float(), dirc.float()
         fp = self._fast_params(points.device)
+        graphed = self._graphed_backbone(batch_size, points.device, fp)
         with timer("pfn+scatter"):
-            canvas = self._pfn_scatter(vox.voxels, vox.num_points, vox.coords, batch_size, fp)
+            out = graphed[0] if graphed is not None else None
+            canvas = self._pfn_scatter(vox.voxels, vox.num_points, vox.coords, batch_size, fp, out=out)
+        if graphed is not None:
+            with timer("backbone+head (graph)"):
+                return graphed[1]()
         with timer("backbone"):
             x = self._backbone_fast(canvas, fp)
         with timer("head"):
