@@ -136,8 +136,9 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         eager_graph: on CUDA, a call of the fast path (without :meth:`capture`) replays the folded
             backbone and the head (about 50 kernels) from a CUDA graph captured at the first call
             per batch size, instead of launching them one by one from Python: about 1.5 ms less
-            host time per call, identical outputs. The graph holds its activations (about 0.3 GB
-            at batch size 1 in float32) while the model lives; it is captured again after the
+            host time per call (KITTI scan, H200: 2.3 → 1.6 ms fp32, 1.3 ms fp16), identical
+            outputs. The graph keeps its activations allocated while the model lives (the
+            allocator held 18 MiB more at batch size 1, float32) and is captured again after the
             weights change. ``False``: launch op by op. Inside a graph capture or
             ``torch.compile`` the ops always run op by op.
 
