@@ -469,6 +469,7 @@ def test_dataset_bad_folders(tiny_split, tmp_path):
     with pytest.raises(FileNotFoundError, match="label_2/000001.txt"):
         KittiDataset(bad, "train")
     # unknown classes are kept as ignore boxes, NaN points are dropped and counted
+    before = KittiDataset(tiny_split, "train", CFG)[0]["ignore_names"]  # scene version 2 has vans and trucks
     lab = bad / "training/label_2/000000.txt"
     lab.write_text(
         lab.read_text() + "Van 0.00 0 0.0 0 0 0 0 2.0 1.9 5.0 1.0 1.7 20.0 0.0\n"
@@ -481,7 +482,7 @@ def test_dataset_bad_folders(tiny_split, tmp_path):
     ds = KittiDataset(bad, "train", CFG)
     item = ds[0]
     assert item["skipped_points"] == 7 and torch.isfinite(item["points"]).all()
-    assert item["ignore_names"] == ["Van"]
+    assert item["ignore_names"] == before + ["Van"]
     assert len(ds[1]["boxes"]) == 0  # an empty scan's labels
 
 
