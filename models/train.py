@@ -47,6 +47,11 @@ log = logging.getLogger("pcops.models")
 
 # steps over which a --time-budget run measures its step time (after the profiled steps 30-49)
 FIT_WINDOW = (50, 70)
+# fractions of a --time-budget at which the run measures its pace again (wall time per step since
+# the last fit, loader waits included: the loader's prefetched batches hide a slow loader from the
+# first fit) and fits the schedule again when the planned end moves by more than REFIT_TOLERANCE
+REFIT_AT = (0.35, 0.65, 0.85)
+REFIT_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class TrainConfig:
     deterministic: bool = False
     progress: bool = True
     log_every: int = 20
-    time_budget: float | None = None  # seconds of training: the schedule is fitted to it at step FIT_WINDOW[1]
+    time_budget: float | None = None  # seconds of training: the schedule is fitted at step FIT_WINDOW[1], then REFIT_AT
     precise_bn_batches: int = 20  # re-estimate BatchNorm statistics over this many batches at the end (0: off)
     sync_bn: bool = False  # several processes: SyncBatchNorm (statistics of the global batch)
     dist_backend: str | None = None  # several processes: "nccl" / "gloo" (default: NCCL on CUDA, gloo on CPU)
@@ -267,6 +272,9 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
     opt, sched = _build_optimizer(model, cfg, total_steps)
     stop_at = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)  # max_steps stops early only
     t_fit = None  # start of the step-time measurement of a --time-budget run (steps FIT_WINDOW)
+    pace = None  # (time, step) of the last fit: where the next measurement of the pace starts
+    refits = list(REFIT_AT)
+    max_total = total_steps  # the epochs asked for: a re-fit never plans past them
     scaler = torch.amp.GradScaler("cuda") if (device.type == "cuda" and cfg.amp == "fp16") else None
     start_epoch, step = 0, 0
     if cfg.resume:
@@ -358,6 +366,7 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                 per_step = (time.perf_counter() - t_fit) / (FIT_WINDOW[1] - FIT_WINDOW[0])
                 fit = step + int((cfg.time_budget - (time.perf_counter() - t_start)) / per_step)
                 per_step, fit = dd.broadcast_object((per_step, fit))  # rank 0's measurement: one schedule
+                pace = (time.perf_counter(), step)
                 if fit < total_steps:
                     total_steps = max(fit, step + 1)
                     stop_at = min(stop_at, total_steps)
@@ -369,6 +378,27 @@ def train(cfg: TrainConfig, model: PointPillars | None = None) -> dict:
                         total_steps,
                         total_steps / steps_per_epoch,
                     )
+            elif cfg.time_budget and pace is not None and refits and step - pace[1] >= 20 and step % 20 == 0:
+                now = time.perf_counter()
+                go = dd.broadcast_object(now - t_start >= refits[0] * cfg.time_budget)  # rank 0's clock
+                if go:
+                    del refits[0]
+                    per_step = (now - pace[0]) / (step - pace[1])
+                    fit = step + int((cfg.time_budget - (now - t_start)) / per_step)
+                    per_step, fit = dd.broadcast_object((per_step, min(max(fit, step + 1), max_total)))
+                    pace = (now, step)
+                    if abs(fit - total_steps) > REFIT_TOLERANCE * total_steps:
+                        log.info(
+                            "time budget %.0f s: %.1f ms per step since the last fit, schedule refitted from "
+                            "%d to %d steps",
+                            cfg.time_budget,
+                            1000 * per_step,
+                            total_steps,
+                            fit,
+                        )
+                        total_steps = fit
+                        stop_at = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)
+                        opt, sched = _refit_schedule(model, opt, cfg, total_steps, step)
             t_data = time.perf_counter()
             if step >= stop_at:
                 done = True

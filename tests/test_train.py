@@ -664,3 +664,53 @@ def test_time_budget_fits_the_schedule_after_the_measuring_window(tiny_split, tm
     assert torch.load(ck, weights_only=True)["total_steps"] == FIT_WINDOW[1] + 1
     again = train(dataclasses.replace(cfg, resume=str(ck), out=str(tmp_path / "again")), PointPillars(config=SMALL))
     assert again["steps"] == FIT_WINDOW[1] + 1, again["steps"]
+
+
+@pytest.mark.slow  # 30 s of data loading: the README's test command stays within 5 minutes
+def test_time_budget_refits_when_the_pace_changes(tiny_split, tmp_path, monkeypatch):
+    """A run that slows down after the first fit (a loader that falls behind once its prefetched
+    batches are used up) re-measures its pace at ``REFIT_AT`` and ends near its budget; one that
+    keeps its pace keeps its schedule. A fake clock: every step costs 0.1 s, then 0.2 s."""
+    import types
+
+    import pcops.models.train as tr
+    from pcops.models.loss import Losses
+
+    root = _two_scan_split(tiny_split, tmp_path)
+    clock = {"t": 0.0}
+    monkeypatch.setattr(tr, "time", types.SimpleNamespace(perf_counter=lambda: clock["t"]))
+
+    def run(slow_from: int):
+        def fake_step(model, batch, opt, sched, cfg, scaler=None, step=0, times=None, forward=None, rank=0):
+            clock["t"] += 0.1 if step < slow_from else 0.2
+            opt.step()  # the scheduler expects an optimizer step first
+            sched.step()
+            z = torch.zeros(())
+            return Losses(z, z, z, z, z)
+
+        monkeypatch.setattr(tr, "train_step", fake_step)
+        cfg = tr.TrainConfig(
+            data=str(root),
+            out=str(tmp_path / f"run{slow_from}"),
+            epochs=5000,
+            batch_size=2,
+            workers=0,
+            eval_split=None,
+            progress=False,
+            log_every=10_000,
+            checkpoint_every=10_000,
+            augment=False,
+            device="cpu",
+            time_budget=60.0,
+            precise_bn_batches=0,
+        )
+        clock["t"] = 0.0
+        rec = tr.train(cfg, PointPillars(config=SMALL))
+        return rec["steps"], clock["t"]
+
+    steady_steps, steady_t = run(slow_from=10**9)
+    assert steady_steps == 600 and abs(steady_t - 60.0) < 0.5, (steady_steps, steady_t)
+    slow_steps, slow_t = run(slow_from=150)
+    # without re-fits: 600 steps, 105 s; with them the run ends within 10 % of its budget
+    assert slow_steps < 420 and abs(slow_t - 60.0) < 6.0, (slow_steps, slow_t)
+
