@@ -713,4 +713,3 @@ def test_time_budget_refits_when_the_pace_changes(tiny_split, tmp_path, monkeypa
     slow_steps, slow_t = run(slow_from=150)
     # without re-fits: 600 steps, 105 s; with them the run ends within 10 % of its budget
     assert slow_steps < 420 and abs(slow_t - 60.0) < 6.0, (slow_steps, slow_t)
-
