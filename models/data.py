@@ -93,16 +93,18 @@ def box_corners_bev(boxes: np.ndarray) -> np.ndarray:
     return np.einsum("mij,mkj->mki", rot, local) + boxes[:, None, :2]
 
 
-def points_in_boxes(points: np.ndarray, boxes: np.ndarray, cell: float = 4.0) -> list:
-    """``(N, 3+)`` points, ``(M, 7)`` boxes → per box, the indices of the points inside it (in no
-    particular order), faces included (NumPy, float64 tests).
+def points_in_boxes(points: np.ndarray, boxes: np.ndarray, cell: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, 3+)`` points, ``(M, 7)`` boxes → ``(point index, box index)`` int64 pairs of the points
+    inside each box, faces included (NumPy, float64 tests), sorted by box.
 
     The points are bucketed once into ``cell``-metre squares (a radix sort of 16-bit square
-    numbers); each box then tests only the points of the squares its bounding circle touches."""
+    numbers); each box then tests only the points of the squares its bounding circle touches, all
+    boxes in one vectorised pass."""
     p = np.asarray(points)[:, :3]
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    none = np.zeros(0, np.int64)
     if len(boxes) == 0 or len(p) == 0:
-        return [np.zeros(0, np.int64) for _ in boxes]
+        return none, none
     px, py = np.ascontiguousarray(p[:, 0]), np.ascontiguousarray(p[:, 1])  # column by column: fast
     lo = (float(px.min()), float(py.min()))
     extent = (float(px.max()) - lo[0], float(py.max()) - lo[1])
@@ -116,26 +118,37 @@ def points_in_boxes(points: np.ndarray, boxes: np.ndarray, cell: float = 4.0) ->
     key = ii * np.int16(span[1]) + jj
     order = np.argsort(key, kind="stable")  # radix sort
     bounds = np.searchsorted(key[order], np.arange(span[0] * span[1] + 1, dtype=np.int32))
-    out = []
-    for x, y, z, dx, dy, dz, yaw in boxes.tolist():
-        r = 0.5 * math.hypot(dx, dy) + 1e-3  # + the float32 square numbers' rounding
-        i0, i1 = (max(0, min(int(math.floor((v - lo[0]) / cell)), span[0] - 1)) for v in (x - r, x + r))
-        j0, j1 = (max(0, min(int(math.floor((v - lo[1]) / cell)), span[1] - 1)) for v in (y - r, y + r))
-        rows = [order[bounds[a * span[1] + j0] : bounds[a * span[1] + j1 + 1]] for a in range(i0, i1 + 1)]
-        near = np.concatenate(rows)
-        d = p[near].astype(np.float64) - (x, y, z)
-        c, s = math.cos(yaw), math.sin(yaw)
-        lx = c * d[:, 0] + s * d[:, 1]
-        ly = -s * d[:, 0] + c * d[:, 1]
-        out.append(near[(np.abs(lx) <= dx / 2) & (np.abs(ly) <= dy / 2) & (np.abs(d[:, 2]) <= dz / 2)])
-    return out
+    # each box's rectangle of squares (its bounding circle + the float32 square numbers' rounding)
+    r = 0.5 * np.hypot(boxes[:, 3], boxes[:, 4]) + 1e-3
+    i0 = np.clip(np.floor((boxes[:, 0] - r - lo[0]) / cell), 0, span[0] - 1).astype(np.int64)
+    i1 = np.clip(np.floor((boxes[:, 0] + r - lo[0]) / cell), 0, span[0] - 1).astype(np.int64)
+    j0 = np.clip(np.floor((boxes[:, 1] - r - lo[1]) / cell), 0, span[1] - 1).astype(np.int64)
+    j1 = np.clip(np.floor((boxes[:, 1] + r - lo[1]) / cell), 0, span[1] - 1).astype(np.int64)
+    # one row of squares (a contiguous run of square numbers) per box and x-index
+    rows = i1 - i0 + 1
+    row_box = np.repeat(np.arange(len(boxes)), rows)
+    row_first = np.cumsum(rows) - rows
+    a = i0[row_box] + np.arange(len(row_box)) - row_first[row_box]
+    start = bounds[a * span[1] + j0[row_box]]
+    count = bounds[a * span[1] + j1[row_box] + 1] - start
+    # the candidates: every point of those runs, with its box
+    cand_box = np.repeat(row_box, count)
+    near = order[np.repeat(start - (np.cumsum(count) - count), count) + np.arange(len(cand_box))]
+    q = p[near].astype(np.float64)
+    c, s, half = np.cos(boxes[:, 6]), np.sin(boxes[:, 6]), boxes[:, 3:6] / 2
+    dx, dy = q[:, 0] - boxes[cand_box, 0], q[:, 1] - boxes[cand_box, 1]
+    cb, sb = c[cand_box], s[cand_box]
+    inside = np.abs(q[:, 2] - boxes[cand_box, 2]) <= half[cand_box, 2]
+    inside &= np.abs(cb * dx + sb * dy) <= half[cand_box, 0]
+    inside &= np.abs(cb * dy - sb * dx) <= half[cand_box, 1]
+    return near[inside], cand_box[inside]
 
 
 def points_in_boxes_mask(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """``(N, 3+)`` points, ``(M, 7)`` boxes → ``(M, N)`` bool, faces included (NumPy, float64)."""
     out = np.zeros((len(boxes), len(points)), dtype=bool)
-    for i, hit in enumerate(points_in_boxes(points, boxes)):
-        out[i, hit] = True
+    pi, bi = points_in_boxes(points, boxes)
+    out[bi, pi] = True
     return out
 
 
@@ -466,14 +479,13 @@ class KittiDataset(torch.utils.data.Dataset):
             sampled = np.array(sb, np.float32).reshape(-1, 7)
             # one pass over the scan for its labelled boxes and the pasted ones: the scan's points inside
             # pasted boxes are removed; the others keep the first labelled box holding them (owner)
-            hits = points_in_boxes(pts, np.concatenate([boxes[keep], sampled]))
+            pi, bi = points_in_boxes(pts, np.concatenate([boxes[keep], sampled]))
             k_scene = int(keep.sum())
-            owner = np.full(len(pts), -1, np.int16)
-            for j in range(k_scene - 1, -1, -1):  # the first box written last
-                owner[hits[j]] = j
-            for hit in hits[k_scene:]:
-                owner[hit] = -2
-            live = owner != -2
+            first = np.full(len(pts), np.iinfo(np.int16).max, np.int16)
+            np.minimum.at(first, pi[bi < k_scene], bi[bi < k_scene].astype(np.int16))  # the first box
+            owner = np.where(first < k_scene, first, -1).astype(np.int16)
+            live = np.ones(len(pts), bool)
+            live[pi[bi >= k_scene]] = False
             pts, owner = pts[live], owner[live]
             n_scene = len(pts)
             if sb:
@@ -503,14 +515,14 @@ def _points_can_enter_range(pts: np.ndarray, pcr, margin: float = 1.0) -> np.nda
     x-y rectangle (with a margin; also covers :class:`~pcops.models.augment.SensorAug`'s object
     scaling): the others only cost memory and time in the batch. A point at distance r and azimuth
     a ends at azimuth a' with ``|a'| >= |a| - π/4`` and must have ``|a'| <= π/2`` and
-    ``r' |sin a'| < y_max`` with ``r' <= 1.05 r``; the bounds are exact up to the margin."""
-    x, y = pts[:, 0], pts[:, 1]  # float32: the margin covers its rounding
-    r = np.hypot(x, y)
-    turn = np.maximum(np.abs(np.arctan2(y, x)) - ROT_RANGE[1], 0.0)  # the smallest |a'| reachable
+    ``r' |sin a'| < y_max`` with ``r' >= 0.95 r``; the bounds are exact up to the margin. Without
+    trigonometry: ``|a| <= 3π/4`` is ``x >= -|y|``, and for ``|a| > π/4``,
+    ``r sin(|a| - π/4) = (|y| - x) / √2``."""
+    x, ay = pts[:, 0], np.abs(pts[:, 1])  # float32: the margin covers its rounding
     half_width = max(abs(pcr[1]), abs(pcr[4])) + margin
     far = math.hypot(max(abs(pcr[0]), abs(pcr[3])) + margin, half_width) / SCALE_RANGE[0]
-    lateral = np.sin(np.minimum(turn, math.pi / 2)) * r * SCALE_RANGE[0]  # |y'| at least this much
-    return (turn <= math.pi / 2 + 1e-3) & (r <= far) & (lateral < half_width)
+    lateral_max = np.float32(half_width * math.sqrt(2.0) / SCALE_RANGE[0])
+    return (x >= -ay) & ((ay - x) < lateral_max) & (x * x + ay * ay <= np.float32(far * far))
 
 
 def _can_enter_range(boxes: np.ndarray, pcr, margin: float = 1.0) -> np.ndarray:

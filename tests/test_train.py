@@ -359,6 +359,32 @@ def test_dataset_augmentation_and_batch(tiny_split):
     assert torch.all((out.gt_boxes[..., 0][live] >= r[0]) & (out.gt_boxes[..., 0][live] < r[3]))
 
 
+@pytest.mark.parametrize("stretch", [1.0, 1000.0])  # 1000: an extent too large for 16-bit square numbers
+def test_points_in_boxes_equals_brute_force(stretch):
+    from pcops.models.data import points_in_boxes, points_in_boxes_mask
+
+    rng = np.random.default_rng(int(stretch))
+    pts = rng.uniform(-50, 50, size=(20_000, 4)).astype(np.float32)
+    pts[:, 2] *= 0.05
+    pts[:, 0] *= stretch
+    boxes = np.concatenate(
+        [
+            rng.uniform(-60, 60, (40, 2)),
+            rng.uniform(-1, 1, (40, 1)),
+            rng.uniform(0.5, 6, (40, 3)),
+            rng.uniform(-4, 4, (40, 1)),
+        ],
+        axis=1,
+    )
+    boxes[:, 0] *= stretch
+    boxes[:3, :3] = pts[:3, :3]  # boxes around points: hits in both cases
+    want = _inside_each(torch.from_numpy(pts).double(), torch.from_numpy(boxes)).T.numpy()
+    assert want.sum() >= 3 and np.array_equal(points_in_boxes_mask(pts, boxes), want)
+    pi, bi = points_in_boxes(pts, boxes)
+    assert np.all(np.diff(bi) >= 0)  # sorted by box
+    assert len(points_in_boxes(pts, boxes[:0])[0]) == 0 and len(points_in_boxes(pts[:0], boxes)[0]) == 0
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_loader_keeps_every_point_an_augmentation_can_bring_into_range(seed):
     """The loader drops points no flip / rotation / scaling can bring into the range's x-y
