@@ -16,6 +16,7 @@ __all__ = ["EPILOGUES", "FastParams", "FastPathMixin"]
 # how the fast backbone runs bias + ReLU + concat on CUDA; "auto" = "cudnn" where cuDNN is
 # available, else "triton" (measurements in benchmarks/NOTES.md)
 EPILOGUES = ("auto", "torch", "triton", "cudnn")
+MAX_EAGER_GRAPHS = 4  # eager_graph: graphs kept per model (one per batch size, dtype, ...; the oldest goes)
 
 
 class _FoldedConv(NamedTuple):
@@ -200,6 +201,8 @@ class FastPathMixin:
         entry = self._graphs.get(key)
         if entry is None or entry[0] is not fp:
             self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
+            while len(self._graphs) >= MAX_EAGER_GRAPHS:  # the oldest batch size's graph makes room
+                self._graphs.pop(next(iter(self._graphs)))
             canvas = self._new_canvas(batch_size, device, fp)
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))

@@ -138,8 +138,8 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             per batch size, instead of launching them one by one from Python: about 1.5 ms less
             host time per call (KITTI scan, H200: 2.3 → 1.6 ms fp32, 1.3 ms fp16), identical
             outputs. The graph keeps its activations allocated while the model lives (the
-            allocator held 18 MiB more at batch size 1, float32) and is captured again after the
-            weights change. ``False``: launch op by op. Inside a graph capture or
+            allocator held 18 MiB more at batch size 1, float32; at most four graphs per model,
+            the oldest batch size's goes first) and is captured again after the weights change. ``False``: launch op by op. Inside a graph capture or
             ``torch.compile`` the ops always run op by op.
 
     Modes: ``eval()`` (the default) detects with the BatchNorm running statistics (the fast path
