@@ -19,6 +19,19 @@ EPILOGUES = ("auto", "torch", "triton", "cudnn")
 MAX_EAGER_GRAPHS = 4  # eager_graph: graphs kept per model (one per batch size, dtype, ...; the oldest goes)
 
 
+def _conv_flags() -> tuple:
+    """The flags that pick the convolutions' kernels: an ``eager_graph`` graph captured under
+    other values would replay other kernels (TF32 or not) than the op-by-op path runs now."""
+    cudnn = torch.backends.cudnn
+    return (
+        cudnn.enabled,
+        cudnn.allow_tf32,
+        cudnn.deterministic,
+        cudnn.benchmark,
+        torch.backends.cuda.matmul.allow_tf32,
+    )
+
+
 class _FoldedConv(NamedTuple):
     weight: torch.Tensor
     bias: torch.Tensor
@@ -188,8 +201,8 @@ class FastPathMixin:
         """The backbone + head as a CUDA graph for eager calls (``eager_graph``), or ``None`` where
         it does not apply (CPU, graph capture or ``torch.compile`` under way, ``eager_graph=False``).
 
-        Captured at the first call per (device, batch size, dtype, layout, epilogue) and again
-        after the weights change (a new :class:`FastParams`); the replay runs the same kernels on
+        Captured at the first call per (device, batch size, dtype, layout, epilogue, cuDNN /
+        TF32 flags: a replay keeps the kernels chosen at capture) and again after the weights change (a new :class:`FastParams`); the replay runs the same kernels on
         the same shapes as the op-by-op path, so the results are identical. Returns
         ``(canvas, replay)``: the static canvas to fill, then ``replay()`` → the static ``(B, H, W,
         72)`` output, overwritten by the next call."""
@@ -197,7 +210,15 @@ class FastPathMixin:
             return None
         if torch.cuda.is_current_stream_capturing():
             return None
-        key = (device, batch_size, fp.dtype, fp.channels_last, self.epilogue, torch.is_inference_mode_enabled())
+        key = (
+            device,
+            batch_size,
+            fp.dtype,
+            fp.channels_last,
+            self.epilogue,
+            torch.is_inference_mode_enabled(),
+            *_conv_flags(),
+        )
         entry = self._graphs.get(key)
         if entry is None or entry[0] is not fp:
             self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
