@@ -105,6 +105,7 @@ def main() -> int:
         names = a.bench or sorted(p.stem[len("bench_") :] for p in (ROOT / "benchmarks").glob("bench_*.py")) + [
             "host_overhead",
             "dispatch_overhead",
+            "autograd_overhead",
             "peer_spconv",  # exits at once unless spconv is on PYTHONPATH (../shared/tools/spconv)
         ]
         for name in names:
