@@ -29,100 +29,99 @@ from pcops import _library  # noqa: E402
 from common import environment  # noqa: E402
 from dispatch_overhead import host_us_per_call  # noqa: E402
 
-ap = argparse.ArgumentParser(description=__doc__)
-ap.add_argument("--out", default=".")
-out_dir = ap.parse_args().out
-if not torch.cuda.is_available():
-    sys.exit("autograd_overhead: needs a CUDA device")
-dev = "cuda"
-g = torch.Generator().manual_seed(0)
-res = {}
+
+def _torch_ln_gelu(x, w, b):
+    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b), approximate="tanh")
 
 
-def T(name, fn, calls=300):
-    res[name] = round(host_us_per_call(fn, dev, calls), 1)
-    print(f"{name:70s} {res[name]:8.1f} us", flush=True)
+def layer_cases(dev: str, res: dict, calls: int = 300) -> None:
+    """Host µs per call of each way to run the forward (+ backward), into ``res``."""
+    g = torch.Generator().manual_seed(0)
+
+    def timed(name, fn):
+        res[name] = round(host_us_per_call(fn, dev, calls), 1)
+        print(f"{name:70s} {res[name]:8.1f} us", flush=True)
+
+    fused = pcops.fused_layer_norm_gelu
+    for rows, n in ((4, 64), (4096, 768)):
+        x = torch.randn(rows, n, generator=g).to(dev)
+        w, b = torch.rand(n, generator=g).to(dev), torch.rand(n, generator=g).to(dev)
+        xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
+        gy = torch.randn(rows, n, device=dev)
+        tag = f"{rows}x{n}"
+        timed(f"{tag} pcops fwd no grad", lambda: fused(x, w, b))
+        timed(f"{tag} torch fwd no grad", lambda: _torch_ln_gelu(x, w, b))
+        timed(f"{tag} pcops fwd (inputs require grad, no backward)", lambda: fused(xg, wg, bg))
+        timed(f"{tag} pcops fwd+bwd sum().backward()", lambda: fused(xg, wg, bg).sum().backward())
+        timed(f"{tag} torch fwd+bwd sum().backward()", lambda: _torch_ln_gelu(xg, wg, bg).sum().backward())
+        timed(f"{tag} pcops fwd+bwd backward(gy)", lambda: fused(xg, wg, bg).backward(gy))
+        timed(f"{tag} torch fwd+bwd backward(gy)", lambda: _torch_ln_gelu(xg, wg, bg).backward(gy))
+        timed(
+            f"{tag} pcops fwd+bwd autograd.grad(gy)", lambda: torch.autograd.grad(fused(xg, wg, bg), (xg, wg, bg), gy)
+        )
+        try:  # the backward on the calling thread instead of the engine's device thread
+            torch.autograd.set_multithreading_enabled(False)
+            off = "autograd multithreading off"
+            timed(f"{tag} pcops fwd+bwd backward(gy), {off}", lambda: fused(xg, wg, bg).backward(gy))
+            timed(f"{tag} torch fwd+bwd backward(gy), {off}", lambda: _torch_ln_gelu(xg, wg, bg).backward(gy))
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+        _, mean, rstd = torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None)
+        args = (gy, x, w, b, mean, rstd, "tanh", 0.0, None)
+        timed(f"{tag} backward op direct (torch.ops)", lambda: torch.ops.pcops.layer_norm_gelu_backward(*args))
+        kernel = _library.OPS["layer_norm_gelu_backward"].kernels[dev]
+        timed(f"{tag} backward kernel fn direct", lambda: kernel(*args))
 
 
-for rows, n in ((4, 64), (4096, 768)):
-    x = torch.randn(rows, n, generator=g).to(dev)
-    w = torch.rand(n, generator=g).to(dev)
-    b = torch.rand(n, generator=g).to(dev)
-    xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
-    gy = torch.randn(rows, n, device=dev)
-    tag = f"{rows}x{n}"
-    T(f"{tag} pcops fwd no grad", lambda: pcops.fused_layer_norm_gelu(x, w, b))
-    T(f"{tag} torch fwd no grad", lambda: F.gelu(F.layer_norm(x, (n,), w, b), approximate="tanh"))
-    T(f"{tag} pcops fwd (inputs require grad, no backward)", lambda: pcops.fused_layer_norm_gelu(xg, wg, bg))
-    T(f"{tag} pcops fwd+bwd sum().backward()", lambda: pcops.fused_layer_norm_gelu(xg, wg, bg).sum().backward())
-    T(
-        f"{tag} torch fwd+bwd sum().backward()",
-        lambda: F.gelu(F.layer_norm(xg, (n,), wg, bg), approximate="tanh").sum().backward(),
-    )
-    T(f"{tag} pcops fwd+bwd backward(gy)", lambda: pcops.fused_layer_norm_gelu(xg, wg, bg).backward(gy))
-    T(
-        f"{tag} torch fwd+bwd backward(gy)",
-        lambda: F.gelu(F.layer_norm(xg, (n,), wg, bg), approximate="tanh").backward(gy),
-    )
-    T(
-        f"{tag} pcops fwd+bwd autograd.grad(gy)",
-        lambda: torch.autograd.grad(pcops.fused_layer_norm_gelu(xg, wg, bg), (xg, wg, bg), gy),
-    )
+def inside_formula(dev: str, res: dict, calls: int = 300) -> None:
+    """Median µs per call spent inside the registered backward formula and ``setup_context``."""
+    op = _library.OPS["layer_norm_gelu"]
+    inner = {"bwd": [], "setup": []}
+    backward, setup = op._backward, op._setup_context
+
+    def timed_backward(ctx, *grads):
+        t = time.perf_counter()
+        out = backward(ctx, *grads)
+        inner["bwd"].append(time.perf_counter() - t)
+        return out
+
+    def timed_setup(ctx, inputs, output):
+        t = time.perf_counter()
+        setup(ctx, inputs, output)
+        inner["setup"].append(time.perf_counter() - t)
+
+    op._backward, op._setup_context = timed_backward, timed_setup
     try:
-        torch.autograd.set_multithreading_enabled(False)
-        T(
-            f"{tag} pcops fwd+bwd backward(gy), autograd multithreading off",
-            lambda: pcops.fused_layer_norm_gelu(xg, wg, bg).backward(gy),
-        )
-        T(
-            f"{tag} torch fwd+bwd backward(gy), autograd multithreading off",
-            lambda: F.gelu(F.layer_norm(xg, (n,), wg, bg), approximate="tanh").backward(gy),
-        )
+        x = torch.randn(4, 64, device=dev, requires_grad=True)
+        w = torch.rand(64, device=dev, requires_grad=True)
+        b = torch.rand(64, device=dev, requires_grad=True)
+        gy = torch.randn(4, 64, device=dev)
+        for _ in range(calls):
+            pcops.fused_layer_norm_gelu(x, w, b).backward(gy)
+        if dev == "cuda":
+            torch.cuda.synchronize()
     finally:
-        torch.autograd.set_multithreading_enabled(True)
-    y, mean, rstd = torch.ops.pcops.layer_norm_gelu(x, w, b, 1e-5, "tanh", 0.0, None)
-    T(
-        f"{tag} backward op direct (torch.ops)",
-        lambda: torch.ops.pcops.layer_norm_gelu_backward(gy, x, w, b, mean, rstd, "tanh", 0.0, None),
-    )
-    T(
-        f"{tag} backward kernel fn direct",
-        lambda: _library.OPS["layer_norm_gelu_backward"].kernels["cuda"](gy, x, w, b, mean, rstd, "tanh", 0.0, None),
-    )
-
-# time spent inside the Python backward formula and setup_context, per call
-op = _library.OPS["layer_norm_gelu"]
-inner = {"bwd": [], "setup": []}
-ob, osu = op._backward, op._setup_context
+        op._backward, op._setup_context = backward, setup
+    for k, v in inner.items():
+        res[f"inside {k} (median us)"] = round(statistics.median(v[50:]) * 1e6, 1)
+        print(k, res[f"inside {k} (median us)"])
 
 
-def tb(ctx, *a):
-    t = time.perf_counter()
-    r = ob(ctx, *a)
-    inner["bwd"].append(time.perf_counter() - t)
-    return r
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=".")
+    out_dir = Path(ap.parse_args().out)
+    if not torch.cuda.is_available():
+        sys.exit("autograd_overhead: needs a CUDA device")
+    res: dict = {}
+    layer_cases("cuda", res)
+    inside_formula("cuda", res)
+    env = environment()
+    record = {"benchmark": "autograd_overhead", **{k: env[k] for k in ("device", "torch", "triton", "date", "commit")}}
+    record["rows"] = [{"case": k, "host_us_per_call": v} for k, v in res.items()]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "autograd_overhead_cuda.json").write_text(json.dumps(record, indent=1))
 
 
-def ts(ctx, i, o):
-    t = time.perf_counter()
-    osu(ctx, i, o)
-    inner["setup"].append(time.perf_counter() - t)
-
-
-op._backward, op._setup_context = tb, ts
-x = torch.randn(4, 64, device=dev, requires_grad=True)
-w = torch.rand(64, device=dev, requires_grad=True)
-b = torch.rand(64, device=dev, requires_grad=True)
-gy = torch.randn(4, 64, device=dev)
-for _ in range(300):
-    pcops.fused_layer_norm_gelu(x, w, b).backward(gy)
-torch.cuda.synchronize()
-for k, v in inner.items():
-    res[f"inside {k} (median us)"] = round(statistics.median(v[50:]) * 1e6, 1)
-    print(k, res[f"inside {k} (median us)"])
-op._backward, op._setup_context = ob, osu
-Path(out_dir).mkdir(parents=True, exist_ok=True)
-env = environment()
-record = {"benchmark": "autograd_overhead", **{k: env[k] for k in ("device", "torch", "triton", "date", "commit")}}
-record["rows"] = [{"case": k, "host_us_per_call": v} for k, v in res.items()]
-(Path(out_dir) / "autograd_overhead_cuda.json").write_text(json.dumps(record, indent=1))
+if __name__ == "__main__":
+    main()
