@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -26,12 +25,9 @@ sys.path.insert(0, str(HERE))
 import pcops  # noqa: E402
 from pcops import _library  # noqa: E402
 
+from bench_layer_norm_gelu import torch_ln_gelu as _torch_ln_gelu  # noqa: E402
 from common import environment  # noqa: E402
 from dispatch_overhead import host_us_per_call  # noqa: E402
-
-
-def _torch_ln_gelu(x, w, b):
-    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b), approximate="tanh")
 
 
 def layer_cases(dev: str, res: dict, calls: int = 300) -> None:

@@ -202,8 +202,9 @@ class FastPathMixin:
         it does not apply (CPU, graph capture or ``torch.compile`` under way, ``eager_graph=False``).
 
         Captured at the first call per (device, batch size, dtype, layout, epilogue, cuDNN /
-        TF32 flags: a replay keeps the kernels chosen at capture) and again after the weights change (a new :class:`FastParams`); the replay runs the same kernels on
-        the same shapes as the op-by-op path, so the results are identical. Returns
+        TF32 flags: a replay keeps the kernels chosen at capture) and again after the weights
+        change (a new :class:`FastParams`); the replay runs the same kernels on the same shapes
+        as the op-by-op path, so the results are identical. Returns
         ``(canvas, replay)``: the static canvas to fill, then ``replay()`` → the static ``(B, H, W,
         72)`` output, overwritten by the next call."""
         if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
