@@ -66,9 +66,19 @@ class KernelMap(NamedTuple):
         shape = _triple("spatial_shape", spatial_shape, min_value=1)
         _backend.resolve(backend, "kernel_map_pairs", self.out_in, supported=_MAP_BACKENDS)
         coords = coords.to(device=self.out_in.device, dtype=torch.int32).contiguous()
-        inv = _ref.inverse_table(self.out_in, coords.shape[0])
+        inv = _inverse_table(self.out_in, coords.shape[0])
         pair_in, pair_out, offsets = _library.call(torch.ops.pcops.kernel_map_pairs.default, inv, backend)
         return KernelMap(coords.clone(), shape, pair_in, pair_out, offsets, inv)
+
+
+def _inverse_table(out_in: torch.Tensor, num_in: int) -> torch.Tensor:
+    """``pcops.reference.kernel_map.inverse_table``: one Triton launch on CUDA (the same table),
+    the plain-torch scatter on the CPU and while ``torch.compile`` traces."""
+    if out_in.is_cuda and not torch.compiler.is_compiling():
+        from .triton.sparse_conv3d import inverse_table
+
+        return inverse_table(out_in.contiguous(), num_in)
+    return _ref.inverse_table(out_in, num_in)
 
 
 def _triple(name: str, v, *, min_value: int) -> tuple[int, int, int]:

@@ -131,6 +131,7 @@ def _sparse_conv3d(
     out_in: torch.Tensor,
     backend: str = "auto",
     activation: str = "none",
+    symmetric: bool = False,
 ) -> torch.Tensor:
     impl = _impl(backend, features)
     relu = _activation(activation) == "relu"
@@ -143,7 +144,7 @@ def _sparse_conv3d(
 
 
 @_sparse_conv3d.register_fake
-def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto", activation="none"):
+def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto", activation="none", symmetric=False):
     torch._check(features.dim() == 2 and weight.dim() == 3, lambda: "features (N, C_in), weight (K, C_in, C_out)")
     torch._check(weight.shape[0] == out_in.shape[1], lambda: "weight: expected K rows (one per kernel offset)")
     torch._check(weight.shape[1] == features.shape[1], lambda: "weight: expected C_in = features.shape[1]")
@@ -152,26 +153,31 @@ def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto", activati
 
 @_library.custom_op("pcops::sparse_conv3d_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def _sparse_conv3d_backward(
-    grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, out_in: torch.Tensor, backend: str = "auto"
+    grad_out: torch.Tensor,
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    out_in: torch.Tensor,
+    backend: str = "auto",
+    symmetric: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = _impl(backend, features)
     _backend.log_kernel(_OP + "_backward", impl)
     if impl == "triton":
         from .triton import sparse_conv3d as tri
 
-        inverse = _ref.inverse_table(out_in, features.shape[0])
-        return tri.sparse_conv3d_backward(grad_out, features, weight, out_in, inverse)
+        return tri.sparse_conv3d_backward(grad_out, features, weight, out_in, symmetric)
     return _ref.sparse_conv3d_backward(grad_out, features, weight, out_in, True, True)
 
 
 @_sparse_conv3d_backward.register_fake
-def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in, backend="auto"):
+def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in, backend="auto", symmetric=False):
     return torch.empty_like(features), torch.empty_like(weight)
 
 
 def _conv_setup_context(ctx, inputs, output):
-    features, weight, bias, out_in, backend, activation = inputs
+    features, weight, bias, out_in, backend, activation, symmetric = inputs
     ctx.relu = activation == "relu"
+    ctx.symmetric = symmetric
     ctx.save_for_backward(features, weight, out_in, output if ctx.relu else None)
     ctx.has_bias = bias is not None
     ctx.backend = backend
@@ -182,10 +188,16 @@ def _conv_backward(ctx, grad_out):
     if ctx.relu:  # the epilogue's ReLU: no gradient where the output was clamped to 0
         grad_out = torch.where(out > 0, grad_out, torch.zeros((), dtype=grad_out.dtype, device=grad_out.device))
     grad_features, grad_weight = _library.call(
-        torch.ops.pcops.sparse_conv3d_backward.default, grad_out.contiguous(), features, weight, out_in, ctx.backend
+        torch.ops.pcops.sparse_conv3d_backward.default,
+        grad_out.contiguous(),
+        features,
+        weight,
+        out_in,
+        ctx.backend,
+        ctx.symmetric,
     )
     grad_bias = grad_out.sum(0) if ctx.has_bias else None
-    return grad_features, grad_weight, grad_bias, None, None, None
+    return grad_features, grad_weight, grad_bias, None, None, None, None
 
 
 _sparse_conv3d.register_autograd(_conv_backward, setup_context=_conv_setup_context)

@@ -278,6 +278,7 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in))
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, None, km.out_in))
     torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in, "auto", "relu"))
+    torch.library.opcheck(torch.ops.pcops.sparse_conv3d, (f, w, b, km.out_in, "auto", "none", True))
     torch.library.opcheck(
         torch.ops.pcops.sparse_conv_kernel_map,
         (

@@ -29,20 +29,21 @@ def conv_case(n, c_in, c_out, seed, subm=True, device="cpu", dtype=torch.float32
     return [t.to(device) for t in (feats, weight, bias, out_in)]
 
 
-def check_against_reference(tri, feats, weight, bias, out_in, tol):
+def check_against_reference(tri, feats, weight, bias, out_in, tol, subm=False):
     out = tri.sparse_conv3d(feats, weight, bias, out_in)
     exp = ref.sparse_conv3d(feats.cpu().float(), weight.cpu().float(), bias.cpu().float(), out_in.cpu())
     torch.testing.assert_close(out.cpu().float(), exp, **tol)
     assert torch.equal(out, tri.sparse_conv3d(feats, weight, bias, out_in))  # run to run
     g = torch.randn(out.shape, generator=generator(99)).to(feats.dtype).to(feats.device)
-    inverse = ref.inverse_table(out_in, feats.shape[0])
-    gf, gw = tri.sparse_conv3d_backward(g, feats, weight, out_in, inverse)
     ef, ew = ref.sparse_conv3d_backward(g.cpu().float(), feats.cpu().float(), weight.cpu().float(), out_in.cpu(),
                                         True, True)  # fmt: skip
-    torch.testing.assert_close(gf.cpu().float(), ef, **tol)
-    torch.testing.assert_close(gw.cpu().float(), ew, **tol)
-    again = tri.sparse_conv3d_backward(g, feats, weight, out_in, inverse)
-    assert torch.equal(gf, again[0]) and torch.equal(gw, again[1])
+    # the inverse table, and for a submanifold map (3³: its own inverse) the mirrored offsets
+    for symmetric in (False, True) if subm else (False,):
+        gf, gw = tri.sparse_conv3d_backward(g, feats, weight, out_in, symmetric)
+        torch.testing.assert_close(gf.cpu().float(), ef, **tol)
+        torch.testing.assert_close(gw.cpu().float(), ew, **tol)
+        again = tri.sparse_conv3d_backward(g, feats, weight, out_in, symmetric)
+        assert torch.equal(gf, again[0]) and torch.equal(gw, again[1])
 
 
 @pytest.mark.parametrize("n,c_in,c_out,subm", [(60, 4, 16, True), (90, 19, 5, False), (1, 3, 3, True)])
@@ -50,7 +51,7 @@ def check_against_reference(tri, feats, weight, bias, out_in, tol):
 def test_triton_sparse_conv3d_interpreter(n, c_in, c_out, subm):
     from pcops.triton import sparse_conv3d as tri
 
-    check_against_reference(tri, *conv_case(n, c_in, c_out, seed=n + c_in, subm=subm), TOL[torch.float32])
+    check_against_reference(tri, *conv_case(n, c_in, c_out, seed=n + c_in, subm=subm), TOL[torch.float32], subm)
 
 
 @interpret
@@ -62,8 +63,23 @@ def test_triton_sparse_conv3d_empty_interpreter():
     assert tri.sparse_conv3d(feats, weight, bias, empty).shape == (0, 4)
     none = torch.full_like(out_in, -1)  # no pairs at all: bias only, zero gradients
     assert torch.equal(tri.sparse_conv3d(feats, weight, bias, none), bias.expand(20, 4))
-    gf, gw = tri.sparse_conv3d_backward(torch.ones(20, 4), feats, weight, none, ref.inverse_table(none, 20))
-    assert not gf.any() and not gw.any()
+    for symmetric in (False, True):
+        gf, gw = tri.sparse_conv3d_backward(torch.ones(20, 4), feats, weight, none, symmetric)
+        assert not gf.any() and not gw.any()
+
+
+@pytest.mark.parametrize("subm,n_in", [(True, 50), (False, 70), (False, 1)])
+@interpret
+def test_triton_inverse_table_interpreter(subm, n_in):
+    from pcops.triton import sparse_conv3d as tri
+
+    out_in = conv_case(n_in, 2, 2, seed=n_in, subm=subm)[3]
+    exp = ref.inverse_table(out_in, n_in)
+    got = tri.inverse_table(out_in, n_in)
+    assert got.dtype == torch.int32 and torch.equal(got, exp)
+    if subm:  # a 3³ submanifold map is its own inverse with the offsets mirrored
+        assert torch.equal(got, out_in.flip(1))
+    assert tri.inverse_table(out_in[:0], n_in).eq(-1).all()
 
 
 def test_backend_choice_and_refusals():
@@ -84,7 +100,7 @@ def test_gpu_triton_sparse_conv3d(dtype, subm):
 
     for n, c_in, c_out in ((3000, 16, 16), (2000, 4, 33), (5000, 64, 64)):
         case = conv_case(n, c_in, c_out, seed=n, subm=subm, device="cuda", dtype=dtype, shape=(20, 30, 40))
-        check_against_reference(tri, *case, TOL[dtype])
+        check_against_reference(tri, *case, TOL[dtype], subm)
 
 
 @gpu[0]
@@ -102,11 +118,22 @@ def test_gpu_layers_run_triton_and_match_reference(caplog):
     net = pnn.SparseSequential(pnn.SubMConv3d(4, 16, 3, indice_key="a"), torch.nn.ReLU(),
                                pnn.SparseConv3d(16, 32, 3, 2, 1, indice_key="b"),
                                pnn.SparseInverseConv3d(32, 8, 3, indice_key="b"))  # fmt: skip
-    cpu = net(pnn.SparseConvTensor(feats, coords, (20, 30, 40), 1)).features
+    gy = torch.randn(4000, 8, generator=g)
+    x = feats.clone().requires_grad_(True)
+    cpu = net(pnn.SparseConvTensor(x, coords, (20, 30, 40), 1)).features
+    cpu_grads = torch.autograd.grad(cpu, [x, *net.parameters()], gy)
+    net.cuda()
+    xc = feats.cuda().requires_grad_(True)
     with caplog.at_level(logging.DEBUG, logger="pcops"):
-        out = net.cuda()(pnn.SparseConvTensor(feats.cuda(), coords.cuda(), (20, 30, 40), 1)).features
-    assert "sparse_conv3d: triton" in [r.getMessage() for r in caplog.records]
+        out = net(pnn.SparseConvTensor(xc, coords.cuda(), (20, 30, 40), 1)).features
+        # backward: the subm conv's feature gradient on its own (mirrored) map, the strided and
+        # inverse convs' through the Triton inverse table
+        grads = torch.autograd.grad(out, [xc, *net.parameters()], gy.cuda())
+    messages = [r.getMessage() for r in caplog.records]
+    assert "sparse_conv3d: triton" in messages and "sparse_conv3d_backward: triton" in messages
     torch.testing.assert_close(out.cpu(), cpu, atol=1e-4, rtol=1e-4)
+    for got, exp in zip(grads, cpu_grads):
+        torch.testing.assert_close(got.cpu(), exp, atol=1e-3, rtol=1e-4)
 
 
 # --- the ReLU epilogue ---------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from torch import nn
 
 from .. import _checks, _library
 from ..kernel_map import KernelMap, _triple, sparse_conv_kernel_map
-from ..reference.kernel_map import inverse_table
+from ..kernel_map import _inverse_table as inverse_table
 
 __all__ = [
     "SparseConvTensor",
@@ -317,7 +317,12 @@ class _SparseConv3d(SparseModule):
             feats = feats.to(torch.get_autocast_dtype(feats.device.type))
         w, bias = self._gemm_weight(feats.dtype)
         act = self.activation or "none"
-        out = _library.call(torch.ops.pcops.sparse_conv3d.default, feats.contiguous(), w, bias, out_in, "auto", act)
+        # a submanifold map with odd kernel sizes is its own inverse (offsets mirrored): the backward
+        # runs the feature gradient on it instead of building the inverse table
+        symmetric = self.subm and all(k % 2 for k in self.kernel_size)
+        out = _library.call(
+            torch.ops.pcops.sparse_conv3d.default, feats.contiguous(), w, bias, out_in, "auto", act, symmetric
+        )
         return SparseConvTensor(
             out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static, num_dropped=num_dropped
         )

@@ -2,17 +2,25 @@
 and wgrad, deterministic (no atomics; one fixed tile configuration per shape class).
 
 - ``gather_gemm``: ``out[m] = bias + Σ_k x[table[m, k]] @ W[k]`` (then ``max(·, 0)`` with the
-  ReLU epilogue); a program owns a tile of
-  ``BLOCK_M`` output rows × ``BLOCK_N`` channels and, for each kernel offset in order, gathers
-  its rows' inputs (``BLOCK_C`` channels at a time) into a ``tl.dot`` on tensor cores
-  (fp16/bf16; fp32 as IEEE or TF32 by ``torch.backends.cuda.matmul.allow_tf32``), float32
-  accumulation. An offset none of the tile's rows uses is skipped (the submanifold maps of
-  LiDAR voxels leave most (tile, offset) pairs empty). The forward runs it on ``out_in``; the
-  feature gradient runs it on the inverse table with ``Wᵀ``.
+  ReLU epilogue); a program owns a tile of ``BLOCK_M`` output rows × ``BLOCK_N`` channels and,
+  for each kernel offset in order, gathers its rows' inputs (``BLOCK_C`` channels at a time; −1
+  rows masked to zero) into a ``tl.dot`` on tensor cores (fp16/bf16; fp32 as IEEE or TF32 by
+  ``torch.backends.cuda.matmul.allow_tf32``), float32 accumulation. The forward runs it on
+  ``out_in``; the feature gradient runs it on the inverse table with ``Wᵀ``, or, for a
+  submanifold map (its own inverse with the offsets mirrored), on ``out_in`` itself with the
+  offsets of ``Wᵀ`` reversed.
+- ``inverse_table``: the ``(N, K)`` inverse of an out-in table in one launch (each cell is
+  written by at most one output row: no atomics).
 - ``wgrad``: ``∂W[k] = Σ_m x[out_in[m, k]]ᵀ @ g[m]``, split over fixed chunks of rows into
   partial sums that one ``torch.sum`` adds in a fixed order.
 
-The order of every sum depends only on the shapes, so results are bit-identical run to run.
+Tiles (``_gemm_config``; H200 sweep in ``benchmarks/NOTES.md``, stop 31): ``num_stages=1`` (the
+gathers are not software-pipelined: 1.6-1.9× faster than the default 3 stages), 4 warps, 128 rows
+per tile for 16-bit inputs from 131,072 rows, else 64. No offset is skipped: a per-tile test of
+the table was slower than the masked loads it saves on every measured map, subm and strided. Each
+output element sums its offsets in order and its channels in ``BLOCK_C`` chunks whatever the
+tile, so every configuration gives the same bits (checked on the H200 for all the sweep's
+configurations); results are bit-identical run to run.
 """
 
 from __future__ import annotations
@@ -64,21 +72,20 @@ def _gather_gemm_kernel(
     for k in range(K):
         src = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=rmask, other=-1)
         valid = src >= 0
-        if tl.max(valid.to(tl.int32), axis=0) > 0:  # skip offsets no row of the tile uses
-            for c0 in range(0, C_IN, BLOCK_C):
-                cc = c0 + tl.arange(0, BLOCK_C)
-                ccm = cc < C_IN
-                a = tl.load(
-                    x_ptr + src.to(tl.int64)[:, None] * C_IN + cc[None, :],
-                    mask=valid[:, None] & ccm[None, :],
-                    other=0.0,
-                )
-                b = tl.load(
-                    w_ptr + k * s_wk + cc[:, None] * s_wi + cols[None, :] * s_wo,
-                    mask=ccm[:, None] & cmask[None, :],
-                    other=0.0,
-                )
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        for c0 in range(0, C_IN, BLOCK_C):
+            cc = c0 + tl.arange(0, BLOCK_C)
+            ccm = cc < C_IN
+            a = tl.load(
+                x_ptr + src.to(tl.int64)[:, None] * C_IN + cc[None, :],
+                mask=valid[:, None] & ccm[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                w_ptr + k * s_wk + cc[:, None] * s_wi + cols[None, :] * s_wo,
+                mask=ccm[:, None] & cmask[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if RELU:
@@ -87,7 +94,12 @@ def _gather_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = False, block_m: int = 64):
+def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(BLOCK_M, num_warps)`` of ``gather_gemm`` for ``m`` rows of ``dtype`` (fixed per shape class)."""
+    return (128 if m >= 131072 and dtype != torch.float32 else 64), 4
+
+
+def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = False):
     """``out (M, c_out)`` of ``x.dtype``: ``bias + Σ_k x[table[:, k]] @ W[k]`` (``relu``: then
     ``max(·, 0)``) where ``W[k][i, o]`` is at ``weight_view + k * strides[0] + i * strides[1] +
     o * strides[2]``. One launch."""
@@ -101,6 +113,7 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
         return out.clamp_(min=0) if relu else out
     block_n = _pow2(c_out, 16, 128)
     block_c = _pow2(c_in, 16, 64)
+    block_m, num_warps = _gemm_config(m, x.dtype)
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
     _launch.launch(
         _gather_gemm_kernel,
@@ -121,7 +134,8 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_C=block_c,
-        num_warps=4,
+        num_warps=num_warps,
+        num_stages=1,
     )
     return out
 
@@ -169,7 +183,7 @@ def _wgrad_kernel(
     tl.store(part, acc, mask=cim[:, None] & com[None, :])
 
 
-def wgrad(x, grad_out, table, weight_dtype, block_m: int = 64):
+def wgrad(x, grad_out, table, weight_dtype, block_m: int = 128):
     """``(K, C_in, C_out)`` of ``weight_dtype``: ``Σ_m x[table[m, k]]ᵀ @ grad_out[m]`` per offset."""
     m, k = table.shape
     c_in, c_out = x.shape[1], grad_out.shape[1]
@@ -206,9 +220,39 @@ def sparse_conv3d(features, weight, bias, out_in, relu: bool = False):
     return gather_gemm(features, weight, bias, out_in, weight.shape[2], strides=(s[0], s[1], s[2]), relu=relu)
 
 
-def sparse_conv3d_backward(grad_out, features, weight, out_in, inverse):
-    """``(∂features, ∂weight)``; ``inverse`` is the ``(N, K)`` inverse table of ``out_in``."""
+@triton.jit
+def _inverse_table_kernel(table_ptr, inv_ptr, M, K, BLOCK: tl.constexpr):
+    # inv[table[m, k], k] = m for every used cell; inv starts at -1 (each cell has one writer)
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = idx < M * K
+    src = tl.load(table_ptr + idx, mask=inside, other=-1)
+    k = idx % K
+    tl.store(inv_ptr + src.to(tl.int64) * K + k, (idx // K).to(tl.int32), mask=inside & (src >= 0))
+
+
+def inverse_table(table: torch.Tensor, num_in: int) -> torch.Tensor:
+    """``(num_in, K)`` int32: for each input row and offset the output row it feeds (−1: none);
+    ``pcops.reference.kernel_map.inverse_table`` in one fill and one launch."""
+    m, k = table.shape
+    inv = torch.full((num_in, k), -1, dtype=torch.int32, device=table.device)
+    if m and k and num_in:
+        block = 1024
+        _launch.launch(_inverse_table_kernel, (triton.cdiv(m * k, block),), table, inv, m, k, BLOCK=block)
+    return inv
+
+
+def sparse_conv3d_backward(grad_out, features, weight, out_in, symmetric: bool = False):
+    """``(∂features, ∂weight)``. ``symmetric``: ``out_in`` is a submanifold map with odd kernel
+    sizes, its own inverse with offset ``k`` mirrored to ``K - 1 - k``; else the inverse table
+    is built (``inverse_table``)."""
     s = weight.stride()
-    # Wᵀ[k][o, i] = W[k][i, o]: the rows of the GEMM run over C_out
-    grad_features = gather_gemm(grad_out, weight, None, inverse, weight.shape[1], strides=(s[0], s[2], s[1]))
+    if symmetric:
+        # ∂x[i] = Σ_k g[inv[i, k]] Wᵀ[k] = Σ_j g[out_in[i, j]] Wᵀ[K-1-j]: offsets of Wᵀ reversed
+        k = weight.shape[0]
+        view, strides = weight[k - 1], (-s[0], s[2], s[1])
+        grad_features = gather_gemm(grad_out, view, None, out_in, weight.shape[1], strides=strides)
+    else:
+        inverse = inverse_table(out_in, features.shape[0])
+        # Wᵀ[k][o, i] = W[k][i, o]: the rows of the GEMM run over C_out
+        grad_features = gather_gemm(grad_out, weight, None, inverse, weight.shape[1], strides=(s[0], s[2], s[1]))
     return grad_features, wgrad(features, grad_out, out_in, weight.dtype)
