@@ -87,6 +87,34 @@ def _capture(fns):
     return g, outs
 
 
+def captured_train_step(model, run) -> dict:
+    """A training step captured in one CUDA graph (PyTorch's whole-network capture recipe): ``run()``
+    does the forward and ``backward()`` of ``model`` (train mode) on static tensors. Warm-up on a
+    side stream, gradients set to None before the capture so that the graph owns them; replays
+    accumulate nothing (each replay rewrites the gradients). Returns ``bench``'s keys for the
+    replays and ``grads_bit_identical``: two replays give the same gradients, bit for bit."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            run()
+    torch.cuda.current_stream().wait_stream(s)
+    model.zero_grad(set_to_none=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    grads = []
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    times = _event_times(g.replay, 5, 50)
+    same = len(grads[0]) > 0 and all(torch.equal(a, b) for a, b in zip(*grads))
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": 50,
+            "grads_bit_identical": same}  # fmt: skip
+
+
 def _event_times(run, warmup: int, rep: int) -> list[float]:
     """ms of ``rep`` calls of ``run()``, each between two CUDA events and a synchronisation, after
     ``warmup`` untimed calls."""

@@ -33,7 +33,7 @@ import torch
 import pcops
 from pcops import nn as pnn
 
-from common import bench, load_scan
+from common import bench, captured_train_step, load_scan
 
 V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5,
           max_voxels=40000)  # fmt: skip
@@ -133,6 +133,8 @@ def main() -> None:
     v = pcops.voxelize(pts, **V3)
     feats, coords = mean_vfe(v.voxels, v.num_points), v.coords
     n = int(coords.shape[0])
+    vp = pcops.voxelize(pts, pad_to_max=True, **V3)  # pcops' static form (CUDA-graph rows)
+    feats_p = mean_vfe(vp.voxels, vp.num_points)
 
     # S1 kernel maps
     def sp_pairs(subm):
@@ -182,8 +184,8 @@ def main() -> None:
             po_ = pnet.forward_voxels(f, coords, 1)["encoded_spconv_tensor"]
             diff = float((so_.dense().float() - po_.dense().float()).abs().max())
             scale = float(so_.dense().float().abs().max())
-            add(f"S2 forward eval {str(dtype)[6:]}",
-                med(lambda: snet(spconv.pytorch.SparseConvTensor(f, coords, SHAPE, 1)).features, rep),
+            spconv_eval = med(lambda: snet(spconv.pytorch.SparseConvTensor(f, coords, SHAPE, 1)).features, rep)
+            add(f"S2 forward eval {str(dtype)[6:]}", spconv_eval,
                 med(lambda: pnet.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features, rep),
                 max_abs_diff=diff, max_abs=scale)  # fmt: skip
         pnet.train()
@@ -201,8 +203,30 @@ def main() -> None:
 
         same_s = all(torch.equal(x, y) for x, y in zip(step_s(), step_s()))
         same_p = all(torch.equal(x, y) for x, y in zip(step_p(), step_p()))
-        add(f"S2 forward+backward train {str(dtype)[6:]}", med(step_s, 30, 5), med(step_p, 30, 5),
+        spconv_train = med(step_s, 30, 5)
+        add(f"S2 forward+backward train {str(dtype)[6:]}", spconv_train, med(step_p, 30, 5),
             grads_bit_identical_spconv=same_s, grads_bit_identical_pcops=same_p)  # fmt: skip
+        # pcops' static form (pad_to_max voxels, strided convs capped at max_voxels rows), whole
+        # step / forward in one CUDA graph, against spconv's eager rows (spconv cannot be captured)
+        snet_static = VoxelBackBone8x(4, (1408, 1600, 40), static_capacity=V3["max_voxels"]).cuda().to(dtype)
+        snet_static.load_state_dict(pnet.state_dict())
+        fp = feats_p.to(dtype)
+
+        def step_static():
+            t = pnn.SparseConvTensor(fp, vp.coords, SHAPE, 1, static=True)
+            snet_static(t)["encoded_spconv_tensor"].features.float().square().mean().backward()
+
+        r = captured_train_step(snet_static.train(), step_static)
+        add(f"S2 forward+backward train {str(dtype)[6:]}: pcops static form, CUDA graph", spconv_train,
+            r["median_ms"], grads_bit_identical_pcops=r["grads_bit_identical"])  # fmt: skip
+        fused = pnn.fuse_for_inference(snet_static.eval())
+
+        def fwd_static():
+            with torch.no_grad():
+                return fused(pnn.SparseConvTensor(fp, vp.coords, SHAPE, 1, static=True))["encoded_spconv_tensor"]
+
+        add(f"S2 forward eval {str(dtype)[6:]}: pcops static form, fuse_for_inference, CUDA graph", spconv_eval,
+            bench(fwd_static, graph=True)["median_ms"])  # fmt: skip
     # S3: one SubMConv3d 64 -> 64 fp16 on BIG, map kept
     sys.path.insert(0, str(Path(__file__).parent))
     from sparse_conv_floor import GRID, big_scan

@@ -24,6 +24,7 @@ _OP_MODULES = (
     "knn",
     "kernel_map",
     "sparse_conv3d",
+    "masked_batch_norm",
     "pfn",
     "epilogue",
     "layer_norm_gelu",

@@ -432,20 +432,20 @@ class SparseSequential(nn.Sequential):
 
 def _masked_batch_norm(bn: nn.BatchNorm1d, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Training-mode ``bn(x)`` with the statistics (and the running-statistics update) of the
-    ``valid`` rows only, in plain torch ops with no host sync; every row is normalised."""
-    n = valid.sum().to(x.dtype)
-    w = valid.to(x.dtype)[:, None]
-    mean = (x * w).sum(0) / n.clamp(min=1)
-    var = ((x - mean).square() * w).sum(0) / n.clamp(min=1)
+    ``valid`` rows only (``pcops.masked_batch_norm``: Triton on CUDA), no host sync; every row is
+    normalised."""
+    y, mean, var = _library.call(
+        torch.ops.pcops.masked_batch_norm.default, x.contiguous(), valid, bn.weight, bn.bias, float(bn.eps), "auto"
+    )
     if bn.track_running_stats:
         with torch.no_grad():
+            n = valid.sum().to(var.dtype)
             bn.num_batches_tracked += 1
             m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
-            bn.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
-            unbiased = var.detach() * n / (n - 1).clamp(min=1)
-            bn.running_var.mul_(1 - m).add_(unbiased, alpha=m)
-    y = (x - mean) * torch.rsqrt(var + bn.eps)
-    return y * bn.weight + bn.bias if bn.affine else y
+            bn.running_mean.mul_(1 - m).add_(mean.to(bn.running_mean.dtype), alpha=m)
+            unbiased = var * n / (n - 1).clamp(min=1)
+            bn.running_var.mul_(1 - m).add_(unbiased.to(bn.running_var.dtype), alpha=m)
+    return y
 
 
 def fuse_for_inference(module: nn.Module) -> nn.Module:
