@@ -66,6 +66,11 @@ def test_triton_sparse_conv3d_empty_interpreter():
     for symmetric in (False, True):
         gf, gw = tri.sparse_conv3d_backward(torch.ones(20, 4), feats, weight, none, symmetric)
         assert not gf.any() and not gw.any()
+    # padding rows (as the static form has) between real ones: whole tiles and parts of tiles
+    # skip the offsets none of their rows uses
+    padded = torch.cat([out_in[:7], torch.full((150, 27), -1, dtype=torch.int32), out_in[7:]])
+    exp = ref.sparse_conv3d(feats, weight, bias, padded)
+    torch.testing.assert_close(tri.sparse_conv3d(feats, weight, bias, padded), exp, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("subm,n_in", [(True, 50), (False, 70), (False, 1)])

@@ -16,8 +16,10 @@ and wgrad, deterministic (no atomics; one fixed tile configuration per shape cla
 
 Tiles (``_gemm_config``; H200 sweep in ``benchmarks/NOTES.md``, stop 31): ``num_stages=1`` (the
 gathers are not software-pipelined: 1.6-1.9× faster than the default 3 stages), 4 warps, 128 rows
-per tile for 16-bit inputs from 131,072 rows, else 64. No offset is skipped: a per-tile test of
-the table was slower than the masked loads it saves on every measured map, subm and strided. Each
+per tile for 16-bit inputs from 131,072 rows, else 64. A tile first loads its rows' whole table
+once and ORs it into a bit per offset (``K ≤ 32``), then skips the offsets none of its rows uses:
+all of them on the padding rows of the static form, none on a dense submanifold map (a test per
+offset, a reduction across the tile each time, was slower than the masked loads it saved). Each
 output element sums its offsets in order and its channels in ``BLOCK_C`` chunks whatever the
 tile, so every configuration gives the same bits (checked on the H200 for all the sweep's
 configurations); results are bit-identical run to run.
@@ -60,6 +62,8 @@ def _gather_gemm_kernel(
     HAS_BIAS: tl.constexpr,
     RELU: tl.constexpr,
     PRECISION: tl.constexpr,
+    SKIP: tl.constexpr,  # skip the offsets no row of the tile uses (K ≤ KPAD ≤ 32)
+    KPAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -69,23 +73,35 @@ def _gather_gemm_kernel(
     rmask = rows < M
     cmask = cols < C_OUT
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SKIP:
+        # bit k set where some row of the tile uses offset k: one load of the tile's table rows
+        kk = tl.arange(0, KPAD)
+        tab = tl.load(
+            table_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
+            mask=rmask[:, None] & (kk < K)[None, :],
+            other=-1,
+        )
+        used = tl.sum(tl.max((tab >= 0).to(tl.int32), axis=0) << kk, axis=0)
+    else:
+        used = -1
     for k in range(K):
-        src = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=rmask, other=-1)
-        valid = src >= 0
-        for c0 in range(0, C_IN, BLOCK_C):
-            cc = c0 + tl.arange(0, BLOCK_C)
-            ccm = cc < C_IN
-            a = tl.load(
-                x_ptr + src.to(tl.int64)[:, None] * C_IN + cc[None, :],
-                mask=valid[:, None] & ccm[None, :],
-                other=0.0,
-            )
-            b = tl.load(
-                w_ptr + k * s_wk + cc[:, None] * s_wi + cols[None, :] * s_wo,
-                mask=ccm[:, None] & cmask[None, :],
-                other=0.0,
-            )
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if ((used >> k) & 1) != 0:
+            src = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=rmask, other=-1)
+            valid = src >= 0
+            for c0 in range(0, C_IN, BLOCK_C):
+                cc = c0 + tl.arange(0, BLOCK_C)
+                ccm = cc < C_IN
+                a = tl.load(
+                    x_ptr + src.to(tl.int64)[:, None] * C_IN + cc[None, :],
+                    mask=valid[:, None] & ccm[None, :],
+                    other=0.0,
+                )
+                b = tl.load(
+                    w_ptr + k * s_wk + cc[:, None] * s_wi + cols[None, :] * s_wo,
+                    mask=ccm[:, None] & cmask[None, :],
+                    other=0.0,
+                )
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if RELU:
@@ -114,6 +130,7 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
     block_n = _pow2(c_out, 16, 128)
     block_c = _pow2(c_in, 16, 64)
     block_m, num_warps = _gemm_config(m, x.dtype)
+    kpad = triton.next_power_of_2(k)
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
     _launch.launch(
         _gather_gemm_kernel,
@@ -131,6 +148,8 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
         HAS_BIAS=bias is not None,
         RELU=relu,
         PRECISION=_precision(x.dtype),
+        SKIP=kpad <= 32,
+        KPAD=kpad,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_C=block_c,
