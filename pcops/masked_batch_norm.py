@@ -56,7 +56,7 @@ def masked_batch_norm(
 
     Statistics in float32, summed over fixed chunks of rows: deterministic. Non-finite inputs
     propagate (a NaN in a valid row makes that column's statistics NaN). On CUDA 5 Triton
-    launches forward and 2 backward plus a few torch ops on ``(C,)`` vectors; no host sync.
+    launches forward and 3 backward, no other kernel, no host sync.
     Gradients with respect to ``x``, ``weight`` and ``bias``; no double backward.
     """
     _backend.check(backend, _OP, _SUPPORTED)
@@ -74,9 +74,10 @@ def masked_batch_norm(
         raise ValueError(f"eps: expected a number ≥ 0, got {eps!r}")
     chosen = _backend.resolve(backend, _OP, x, supported=_SUPPORTED)
     _backend.refuse_float64(chosen, x, "x")
-    return _library.call(
+    y, mean, var, _ = _library.call(
         torch.ops.pcops.masked_batch_norm.default, x.contiguous(), valid.contiguous(), weight, bias, float(eps), backend
     )
+    return y, mean, var
 
 
 def _impl(backend: str, x: torch.Tensor) -> str:
@@ -92,7 +93,8 @@ def _masked_batch_norm(
     bias: Optional[torch.Tensor],
     eps: float,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # (y, mean, var, count of valid rows): the public function drops the count
     impl = _impl(backend, x)
     _backend.log_kernel(_OP, impl)
     if impl == "triton":
@@ -108,8 +110,8 @@ def _stats_dtype(x: torch.Tensor) -> torch.dtype:
 
 @_masked_batch_norm.register_fake
 def _masked_batch_norm_fake(x, valid, weight, bias, eps, backend="auto"):
-    c = x.shape[1]
-    return torch.empty_like(x), x.new_empty((c,), dtype=_stats_dtype(x)), x.new_empty((c,), dtype=_stats_dtype(x))
+    c, dt = x.shape[1], _stats_dtype(x)
+    return torch.empty_like(x), x.new_empty((c,), dtype=dt), x.new_empty((c,), dtype=dt), x.new_empty((), dtype=dt)
 
 
 @_library.custom_op("pcops::masked_batch_norm_backward", mutates_args=(), device_types=("cpu", "cuda"))
@@ -120,6 +122,7 @@ def _masked_batch_norm_backward(
     weight: Optional[torch.Tensor],
     mean: torch.Tensor,
     var: torch.Tensor,
+    count: torch.Tensor,
     eps: float,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,27 +131,27 @@ def _masked_batch_norm_backward(
     if impl == "triton":
         from .triton import masked_batch_norm as tri
 
-        return tri.masked_batch_norm_backward(grad_y, x, valid, weight, mean, var, eps)
-    return _ref.masked_batch_norm_backward(grad_y, x, valid, weight, mean, var, eps)
+        return tri.masked_batch_norm_backward(grad_y, x, valid, weight, mean, var, count, eps)
+    return _ref.masked_batch_norm_backward(grad_y, x, valid, weight, mean, var, count, eps)
 
 
 @_masked_batch_norm_backward.register_fake
-def _masked_batch_norm_backward_fake(grad_y, x, valid, weight, mean, var, eps, backend="auto"):
+def _masked_batch_norm_backward_fake(grad_y, x, valid, weight, mean, var, count, eps, backend="auto"):
     c = x.shape[1]
     return torch.empty_like(x), x.new_empty((c,), dtype=_stats_dtype(x)), x.new_empty((c,), dtype=_stats_dtype(x))
 
 
 def _setup_context(ctx, inputs, output):
     x, valid, weight, bias, eps, backend = inputs
-    _, mean, var = output
-    ctx.save_for_backward(x, valid, weight, mean, var)
+    _, mean, var, count = output
+    ctx.save_for_backward(x, valid, weight, mean, var, count)
     ctx.eps, ctx.backend = eps, backend
     ctx.weight_dtype = weight.dtype if weight is not None else None
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
-def _backward(ctx, grad_y, grad_mean, grad_var):
-    x, valid, weight, mean, var = ctx.saved_tensors
+def _backward(ctx, grad_y, grad_mean, grad_var, grad_count):
+    x, valid, weight, mean, var, count = ctx.saved_tensors
     dx, dw, db = _library.call(
         torch.ops.pcops.masked_batch_norm_backward.default,
         grad_y.contiguous(),
@@ -157,6 +160,7 @@ def _backward(ctx, grad_y, grad_mean, grad_var):
         weight,
         mean,
         var,
+        count,
         ctx.eps,
         ctx.backend,
     )

@@ -76,18 +76,19 @@ def test_opcheck_and_errors():
 
 
 def check_triton(tri, x, valid, w, b, tol):
-    y, mean, var = tri.masked_batch_norm(x, valid, w, b, 1e-5)
-    ey, emean, evar = ref.masked_batch_norm(x.cpu(), valid.cpu(), _cpu(w), _cpu(b), 1e-5)
+    y, mean, var, count = tri.masked_batch_norm(x, valid, w, b, 1e-5)
+    ey, emean, evar, ecount = ref.masked_batch_norm(x.cpu(), valid.cpu(), _cpu(w), _cpu(b), 1e-5)
+    assert count.item() == ecount.item() == valid.sum().item()
     torch.testing.assert_close(mean.cpu(), emean, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(var.cpu(), evar, atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(y.cpu().float(), ey.float(), **tol)
     gy = torch.randn(x.shape, generator=generator(7)).to(x.dtype).to(x.device)
-    got = tri.masked_batch_norm_backward(gy, x, valid, w, mean, var, 1e-5)
-    exp = ref.masked_batch_norm_backward(gy.cpu(), x.cpu(), valid.cpu(), _cpu(w), emean, evar, 1e-5)
+    got = tri.masked_batch_norm_backward(gy, x, valid, w, mean, var, count, 1e-5)
+    exp = ref.masked_batch_norm_backward(gy.cpu(), x.cpu(), valid.cpu(), _cpu(w), emean, evar, ecount, 1e-5)
     for a, e in zip(got, exp):
         torch.testing.assert_close(a.cpu().float(), e.float(), **tol)
     again = tri.masked_batch_norm(x, valid, w, b, 1e-5)[0], tri.masked_batch_norm_backward(
-        gy, x, valid, w, mean, var, 1e-5)  # fmt: skip
+        gy, x, valid, w, mean, var, count, 1e-5)  # fmt: skip
     assert torch.equal(again[0], y) and all(torch.equal(a, e) for a, e in zip(again[1], got))  # run to run
 
 

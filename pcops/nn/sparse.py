@@ -434,12 +434,11 @@ def _masked_batch_norm(bn: nn.BatchNorm1d, x: torch.Tensor, valid: torch.Tensor)
     """Training-mode ``bn(x)`` with the statistics (and the running-statistics update) of the
     ``valid`` rows only (``pcops.masked_batch_norm``: Triton on CUDA), no host sync; every row is
     normalised."""
-    y, mean, var = _library.call(
+    y, mean, var, n = _library.call(
         torch.ops.pcops.masked_batch_norm.default, x.contiguous(), valid, bn.weight, bn.bias, float(bn.eps), "auto"
     )
     if bn.track_running_stats:
         with torch.no_grad():
-            n = valid.sum().to(var.dtype)
             bn.num_batches_tracked += 1
             m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
             bn.running_mean.mul_(1 - m).add_(mean.to(bn.running_mean.dtype), alpha=m)

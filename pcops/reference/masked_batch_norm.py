@@ -14,12 +14,14 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 
 def masked_batch_norm(
     x: torch.Tensor, valid: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(y, mean, var)``: ``mean``/``var`` (biased) over the rows where ``valid``; every row
-    normalised with them, ``y = (x - mean) / sqrt(var + eps) * weight + bias``."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, mean, var, count)``: ``mean``/``var`` (biased) over the ``count`` rows where ``valid``
+    (a 0-d tensor of the statistics' dtype); every row normalised with them,
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``."""
     xf = x.to(_acc(x))
     w = valid.to(xf.dtype)[:, None]
-    n = valid.sum().to(xf.dtype).clamp(min=1)
+    count = valid.sum().to(xf.dtype)
+    n = count.clamp(min=1)
     mean = (xf * w).sum(0) / n
     var = ((xf - mean).square() * w).sum(0) / n
     y = (xf - mean) * torch.rsqrt(var + eps)
@@ -27,7 +29,7 @@ def masked_batch_norm(
         y = y * weight.to(xf.dtype)
     if bias is not None:
         y = y + bias.to(xf.dtype)
-    return y.to(x.dtype), mean, var
+    return y.to(x.dtype), mean, var, count
 
 
 def masked_batch_norm_backward(
@@ -37,6 +39,7 @@ def masked_batch_norm_backward(
     weight: Optional[torch.Tensor],
     mean: torch.Tensor,
     var: torch.Tensor,
+    count: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(∂x, ∂weight, ∂bias)`` of the forward above. Every row's output depends on the valid rows'
@@ -47,7 +50,7 @@ def masked_batch_norm_backward(
     r = torch.rsqrt(var + eps)
     xhat = (x.to(acc) - mean) * r
     g = grad_y.to(acc)
-    n = valid.sum().to(acc).clamp(min=1)
+    n = count.to(acc).clamp(min=1)
     sg, sgx = g.sum(0), (g * xhat).sum(0)
     wr = r * weight.to(acc) if weight is not None else r
     dx = wr * (g - valid.to(acc)[:, None] * (sg + xhat * sgx) / n)
