@@ -104,13 +104,9 @@ def _masked_batch_norm(
     return _ref.masked_batch_norm(x, valid, weight, bias, eps)
 
 
-def _stats_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 @_masked_batch_norm.register_fake
 def _masked_batch_norm_fake(x, valid, weight, bias, eps, backend="auto"):
-    c, dt = x.shape[1], _stats_dtype(x)
+    c, dt = x.shape[1], _ref._acc(x)
     return torch.empty_like(x), x.new_empty((c,), dtype=dt), x.new_empty((c,), dtype=dt), x.new_empty((), dtype=dt)
 
 
@@ -137,8 +133,8 @@ def _masked_batch_norm_backward(
 
 @_masked_batch_norm_backward.register_fake
 def _masked_batch_norm_backward_fake(grad_y, x, valid, weight, mean, var, count, eps, backend="auto"):
-    c = x.shape[1]
-    return torch.empty_like(x), x.new_empty((c,), dtype=_stats_dtype(x)), x.new_empty((c,), dtype=_stats_dtype(x))
+    c, dt = x.shape[1], _ref._acc(x)
+    return torch.empty_like(x), x.new_empty((c,), dtype=dt), x.new_empty((c,), dtype=dt)
 
 
 def _setup_context(ctx, inputs, output):

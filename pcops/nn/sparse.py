@@ -34,8 +34,7 @@ import torch
 from torch import nn
 
 from .. import _checks, _library
-from ..kernel_map import KernelMap, _triple, sparse_conv_kernel_map
-from ..kernel_map import _inverse_table as inverse_table
+from ..kernel_map import KernelMap, _inverse_table, _triple, sparse_conv_kernel_map
 
 __all__ = [
     "SparseConvTensor",
@@ -259,7 +258,7 @@ class _SparseConv3d(SparseModule):
                     f"({entry.geometry[0]})"
                 )
             if entry.inverse is None:  # the layer needs the table only: no pairs, no host sync
-                entry = entry._replace(inverse=inverse_table(entry.out_in, entry.in_indices.shape[0]))
+                entry = entry._replace(inverse=_inverse_table(entry.out_in, entry.in_indices.shape[0]))
                 x.indice_dict[key] = entry
             return entry.inverse, entry.in_indices, list(entry.in_shape), None
         kind = "subm" if self.subm else "conv"

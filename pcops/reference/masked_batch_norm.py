@@ -9,6 +9,7 @@ import torch
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
+    """The statistics' dtype: float64 for float64 ``x``, else float32 (also the fake functions')."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 

@@ -14,15 +14,13 @@ and wgrad, deterministic (no atomics; one fixed tile configuration per shape cla
 - ``wgrad``: ``∂W[k] = Σ_m x[out_in[m, k]]ᵀ @ g[m]``, split over fixed chunks of rows into
   partial sums that one ``torch.sum`` adds in a fixed order.
 
-Tiles (``_gemm_config``; H200 sweep in ``benchmarks/NOTES.md``, stop 31): ``num_stages=1`` (the
-gathers are not software-pipelined: 1.6-1.9× faster than the default 3 stages), 4 warps, 128 rows
-per tile for 16-bit inputs from 131,072 rows, else 64. A tile first loads its rows' whole table
-once and ORs it into a bit per offset (``K ≤ 32``), then skips the offsets none of its rows uses:
-all of them on the padding rows of the static form, none on a dense submanifold map (a test per
-offset, a reduction across the tile each time, was slower than the masked loads it saved). Each
+Tiles (``_gemm_config``, fixed per shape class from an H200 sweep recorded in
+``benchmarks/NOTES.md``): one pipeline stage (the gathers are not software-pipelined), 4 warps,
+128 rows per tile for 16-bit inputs from 131,072 rows, else 64. A tile first loads its rows' whole
+table once and ORs it into a bit per offset (``K ≤ 32``), then skips the offsets none of its rows
+uses: all of them on the padding rows of the static form, none on a dense submanifold map. Each
 output element sums its offsets in order and its channels in ``BLOCK_C`` chunks whatever the
-tile, so every configuration gives the same bits (checked on the H200 for all the sweep's
-configurations); results are bit-identical run to run.
+tile, so every configuration gives the same bits; results are bit-identical run to run.
 """
 
 from __future__ import annotations
