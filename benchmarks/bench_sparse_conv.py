@@ -24,10 +24,8 @@ import torch
 import pcops
 from pcops import nn as pnn
 
-from common import bench, captured_train_step, load_scan
-
-V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5,
-          max_voxels=40000)  # fmt: skip
+from common import S2_STATIC_CAPACITY, bench, captured_train_step, load_scan
+from common import S2_V3 as V3
 
 
 def timed(fn, warmup=5, rep=50):
@@ -56,8 +54,8 @@ def main() -> None:
     feats_p = mean_vfe(vp.voxels, vp.num_points)
     rows, results = [], {"voxels": int(coords.shape[0])}
     torch.manual_seed(0)
-    # static rows: each strided conv keeps at most max_voxels rows (the variable form never has more here)
-    net = VoxelBackBone8x(4, (1408, 1600, 40), static_capacity=V3["max_voxels"]).cuda()
+    # static rows: the strided convs keep S2_STATIC_CAPACITY rows (each row records the dropped count: 0)
+    net = VoxelBackBone8x(4, (1408, 1600, 40), static_capacity=S2_STATIC_CAPACITY).cuda()
     for dtype in (torch.float32, torch.float16):
         model = net.to(dtype)
         f = feats.to(dtype)
@@ -67,8 +65,14 @@ def main() -> None:
                 return model.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features
 
         model.eval()
-        med, lo, hi = timed(fwd)
+        med, lo, hi = timed(fwd)  # the default eager call: the encoder replays its graph (eager_graph)
         rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}", ms=med, min=lo, max=hi))
+        model.eager_graph = False
+        op_by_op = fwd()
+        med, lo, hi = timed(fwd)
+        model.eager_graph = True
+        rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, op by op (eager_graph=False)", ms=med, min=lo,
+                         max=hi, graph_equals_op_by_op=bool(torch.equal(op_by_op, fwd()))))  # fmt: skip
         fused = pnn.fuse_for_inference(model)  # BN folded, ReLU in the GEMM epilogue
 
         def fwd_fused():
@@ -81,6 +85,12 @@ def main() -> None:
                          max_abs_diff_vs_unfused=err))  # fmt: skip
         fp = feats_p.to(dtype)
 
+        def fwd_static_out():
+            with torch.no_grad():
+                return model(pnn.SparseConvTensor(fp, vp.coords, model.sparse_shape, 1, static=True))
+
+        dropped = int(fwd_static_out()["encoded_spconv_tensor"].num_dropped)
+
         def fwd_static():
             with torch.no_grad():
                 t = pnn.SparseConvTensor(fp, vp.coords, model.sparse_shape, 1, static=True)
@@ -88,7 +98,7 @@ def main() -> None:
 
         r = bench(fwd_static, graph=True)
         rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, static form, CUDA graph", ms=r["median_ms"],
-                         min=r["min_ms"], max=r["max_ms"]))  # fmt: skip
+                         min=r["min_ms"], max=r["max_ms"], dropped_voxels=dropped))  # fmt: skip
         med, lo, hi = timed(fwd_static)
         rows.append(dict(row=f"S2 forward eval {str(dtype)[6:]}, static form, eager", ms=med, min=lo, max=hi))
 
@@ -117,7 +127,7 @@ def main() -> None:
         r = captured_train_step(model, step_static)
         rows.append(dict(row=f"S2 forward+backward train {str(dtype)[6:]}, static form, CUDA graph",
                          ms=r["median_ms"], min=r["min_ms"], max=r["max_ms"],
-                         grads_bit_identical=r["grads_bit_identical"]))  # fmt: skip
+                         grads_bit_identical=r["grads_bit_identical"], dropped_voxels=dropped))  # fmt: skip
 
         def step():
             model.zero_grad(set_to_none=True)

@@ -33,10 +33,9 @@ import torch
 import pcops
 from pcops import nn as pnn
 
-from common import bench, captured_train_step, load_scan
+from common import S2_STATIC_CAPACITY, bench, captured_train_step, load_scan
+from common import S2_V3 as V3
 
-V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5,
-          max_voxels=40000)  # fmt: skip
 V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1), max_points_per_voxel=32,
           max_voxels=16000)  # fmt: skip
 SHAPE = [41, 1600, 1408]
@@ -185,9 +184,21 @@ def main() -> None:
             diff = float((so_.dense().float() - po_.dense().float()).abs().max())
             scale = float(so_.dense().float().abs().max())
             spconv_eval = med(lambda: snet(spconv.pytorch.SparseConvTensor(f, coords, SHAPE, 1)).features, rep)
+            # pcops eager: the default call replays the encoder's graph (eager_graph); op by op too
             add(f"S2 forward eval {str(dtype)[6:]}", spconv_eval,
                 med(lambda: pnet.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features, rep),
                 max_abs_diff=diff, max_abs=scale)  # fmt: skip
+            pnet.eager_graph = False
+            op_by_op = pnet.forward_voxels(f, coords, 1)["encoded_spconv_tensor"]
+            add(f"S2 forward eval {str(dtype)[6:]}: pcops op by op (eager_graph=False)", spconv_eval,
+                med(lambda: pnet.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features, rep))  # fmt: skip
+            pnet.eager_graph = True
+            rows[-2]["pcops_graph_equals_op_by_op"] = bool(
+                torch.equal(op_by_op.features, po_.features) and torch.equal(op_by_op.indices, po_.indices)
+            )
+            pfused = pnn.fuse_for_inference(pnet)
+            add(f"S2 forward eval {str(dtype)[6:]}: pcops fuse_for_inference, eager", spconv_eval,
+                med(lambda: pfused.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features, rep))  # fmt: skip
         pnet.train()
         snet.train()
 
@@ -206,11 +217,14 @@ def main() -> None:
         spconv_train = med(step_s, 30, 5)
         add(f"S2 forward+backward train {str(dtype)[6:]}", spconv_train, med(step_p, 30, 5),
             grads_bit_identical_spconv=same_s, grads_bit_identical_pcops=same_p)  # fmt: skip
-        # pcops' static form (pad_to_max voxels, strided convs capped at max_voxels rows), whole
+        # pcops' static form (pad_to_max voxels, strided convs capped at S2_STATIC_CAPACITY rows), whole
         # step / forward in one CUDA graph, against spconv's eager rows (spconv cannot be captured)
-        snet_static = VoxelBackBone8x(4, (1408, 1600, 40), static_capacity=V3["max_voxels"]).cuda().to(dtype)
+        snet_static = VoxelBackBone8x(4, (1408, 1600, 40), static_capacity=S2_STATIC_CAPACITY).cuda().to(dtype)
         snet_static.load_state_dict(pnet.state_dict())
         fp = feats_p.to(dtype)
+        with torch.no_grad():  # the capacities hold every voxel (recorded with the static rows)
+            dropped = int(snet_static.eval()(pnn.SparseConvTensor(fp, vp.coords, SHAPE, 1, static=True))[
+                "encoded_spconv_tensor"].num_dropped)  # fmt: skip
 
         def step_static():
             t = pnn.SparseConvTensor(fp, vp.coords, SHAPE, 1, static=True)
@@ -218,7 +232,7 @@ def main() -> None:
 
         r = captured_train_step(snet_static.train(), step_static)
         add(f"S2 forward+backward train {str(dtype)[6:]}: pcops static form, CUDA graph", spconv_train,
-            r["median_ms"], grads_bit_identical_pcops=r["grads_bit_identical"])  # fmt: skip
+            r["median_ms"], grads_bit_identical_pcops=r["grads_bit_identical"], dropped_voxels=dropped)  # fmt: skip
         fused = pnn.fuse_for_inference(snet_static.eval())
 
         def fwd_static():
@@ -226,7 +240,7 @@ def main() -> None:
                 return fused(pnn.SparseConvTensor(fp, vp.coords, SHAPE, 1, static=True))["encoded_spconv_tensor"]
 
         add(f"S2 forward eval {str(dtype)[6:]}: pcops static form, fuse_for_inference, CUDA graph", spconv_eval,
-            bench(fwd_static, graph=True)["median_ms"])  # fmt: skip
+            bench(fwd_static, graph=True)["median_ms"], dropped_voxels=dropped)  # fmt: skip
     # S3: one SubMConv3d 64 -> 64 fp16 on BIG, map kept
     sys.path.insert(0, str(Path(__file__).parent))
     from sparse_conv_floor import GRID, big_scan

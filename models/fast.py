@@ -11,6 +11,8 @@ from torch import nn
 
 import pcops
 
+from .graph import capture_graph
+
 __all__ = ["EPILOGUES", "FastParams", "FastPathMixin"]
 
 # how the fast backbone runs bias + ReLU + concat on CUDA; "auto" = "cudnn" where cuDNN is
@@ -226,15 +228,7 @@ class FastPathMixin:
             while len(self._graphs) >= MAX_EAGER_GRAPHS:  # the oldest batch size's graph makes room
                 self._graphs.pop(next(iter(self._graphs)))
             canvas = self._new_canvas(batch_size, device, fp)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):  # warm-up: cuDNN plans, Triton compiles, workspaces
-                for _ in range(2):
-                    self._backbone_head(canvas, fp)
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self._backbone_head(canvas, fp)
+            graph, out = capture_graph(lambda: self._backbone_head(canvas, fp), device)
             entry = (fp, canvas, graph, out)
             self._graphs[key] = entry
         _, canvas, graph, out = entry

@@ -12,7 +12,22 @@ import pcops
 from .config import PointPillarsConfig
 from .outputs import Detections
 
-__all__ = ["GraphedPointPillars"]
+__all__ = ["GraphedPointPillars", "capture_graph"]
+
+
+def capture_graph(fn, device: torch.device, warmup: int = 2):
+    """``fn()`` run ``warmup`` times on a side stream (Triton compiles, cuDNN plans, workspaces),
+    then captured: returns ``(graph, outputs of the captured call)``."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 @contextlib.contextmanager
@@ -88,16 +103,8 @@ class GraphedPointPillars:
         self._copy_in(example_points, example_lengths)
         if not isinstance(cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark: expected a bool, got {type(cudnn_benchmark).__name__}")
-        with cudnn_benchmark_mode(cudnn_benchmark):
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream), torch.no_grad():
-                for _ in range(3):
-                    self._run()
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
-                self.outputs = self._run()
+        with cudnn_benchmark_mode(cudnn_benchmark), torch.no_grad():
+            self.graph, self.outputs = capture_graph(self._run, self.device, warmup=3)
 
     def _run(self) -> Detections:
         det, self.dropped_voxels = self.model._forward_static(self.static_points, self.static_lengths, self._fp)

@@ -15,12 +15,14 @@ layers convert the latter on load and raise ``ValueError`` for any other shape.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import math
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
 
 import pcops
+from pcops import _checks
 from pcops import nn as pnn
 
 from . import box_coder
@@ -40,6 +42,41 @@ def mean_vfe(voxels: torch.Tensor, num_points: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"voxels, num_points: expected (M, T, C) and (M,), got {tuple(voxels.shape)}, "
                          f"{tuple(num_points.shape)}")  # fmt: skip
     return voxels.sum(dim=1) / num_points.clamp(min=1).to(voxels.dtype)[:, None]
+
+
+_GRAPH_ROWS = 8192  # eager_graph: capacities are multiples of this many rows
+_LEVEL_FACTORS = (2.0, 1.5, 1.0, 1.0)  # eager_graph: first strided capacities, × the input rows
+
+
+def _round_rows(n: float) -> int:
+    return max(1, math.ceil(n / _GRAPH_ROWS)) * _GRAPH_ROWS
+
+
+def _capacities(static_capacity) -> tuple:
+    """``static_capacity`` (None, an int or four ints) → four capacities (``None``: exact)."""
+    if static_capacity is None:
+        return (None,) * 4
+    if isinstance(static_capacity, int) and not isinstance(static_capacity, bool):
+        static_capacity = (static_capacity,) * 4
+    if not isinstance(static_capacity, (tuple, list)) or len(static_capacity) != 4:
+        raise TypeError(
+            f"static_capacity: expected None, an int or four ints (conv2, conv3, conv4, conv_out), "
+            f"got {static_capacity!r}"
+        )
+    return tuple(_checks.check_int("static_capacity", c, min_value=1) for c in static_capacity)
+
+
+class _EncoderGraph(NamedTuple):
+    """``VoxelBackBone8x``'s eager graph: the static form on ``rows`` input rows."""
+
+    signature: tuple  # the parameters' and buffers' (data_ptr, version) at capture
+    rows: int
+    capacities: tuple  # of the four strided convs
+    feats: torch.Tensor  # (rows, C) static input
+    coords: torch.Tensor  # (rows, 4) int32 static input, −1 padding
+    graph: torch.cuda.CUDAGraph
+    outputs: dict  # forward's dict of static tensors
+    counts: torch.Tensor  # (5,) int64: real rows of conv2, conv3, conv4, conv_out; dropped voxels
 
 
 def _block(c_in, c_out, kernel, *, stride=1, padding=0, indice_key=None, conv="subm", capacity=None):
@@ -62,9 +99,23 @@ class VoxelBackBone8x(nn.Module):
             ``(1408, 1600, 40)`` for KITTI's SECOND grid); the sparse grid is
             ``(nz + 1, ny, nx)``, as OpenPCDet's.
         static_capacity: in the static form (``SparseConvTensor(static=True)``), the most rows
-            each strided conv keeps (e.g. the voxelizer's ``max_voxels``); voxels past it are
-            counted in the output's ``num_dropped``. ``None``: the exact bound, which grows 8×
-            per strided conv.
+            each strided conv keeps: one int for all four, or four (``conv2``, ``conv3``,
+            ``conv4``, ``conv_out``); voxels past it are dropped and counted in the output's
+            ``num_dropped``. A strided conv can have more outputs than inputs: on KITTI scans at
+            40,000 voxels ``conv2`` gives up to 1.8× (71,146 on scan 000001), so size them from
+            your data, e.g. ``(80_000, 60_000, 40_000, 40_000)`` for ``max_voxels=40_000``.
+            ``None``: the exact bound, which grows 8× per strided conv.
+        eager_graph: on CUDA, an eval-mode call on the variable form without autograd (e.g. under
+            ``torch.no_grad()``) replays the static form from a CUDA graph instead of launching
+            about 150 kernels one by one from Python. The graph is captured at the first call per
+            (device, dtype, batch size, TF32 / cuDNN flags) and again when the voxels outgrow its
+            capacities (input rows rounded up to 8,192; strided outputs starting at 2, 1.5, 1 and
+            1 times that) or the parameters change. The outputs are the op-by-op path's, bit for
+            bit, as new tensors; reading their sizes is one host sync per call (the op-by-op
+            path syncs for the strided maps' sizes too). A call whose voxels overflow a capacity
+            reruns op by op and the next call captures larger capacities. The outputs' kernel
+            maps (``indice_dict``) are not kept: later layers build their own. The graph keeps
+            its buffers while the model lives (at most four graphs per model). ``False``: op by op.
 
     ``forward(x)`` takes a ``pcops.nn.SparseConvTensor`` of the voxels (``indices`` ``(b, z, y,
     x)``) and returns ``{"encoded_spconv_tensor": (128 channels, grid / (8, 8, 16)),
@@ -74,9 +125,21 @@ class VoxelBackBone8x(nn.Module):
     ``HeightCompression``; ``num_bev_features`` is its ``128 · D`` (256 for KITTI).
     """
 
-    def __init__(self, input_channels: int = 4, grid_size: Sequence[int] = (1408, 1600, 40), *, static_capacity=None):
+    def __init__(
+        self,
+        input_channels: int = 4,
+        grid_size: Sequence[int] = (1408, 1600, 40),
+        *,
+        static_capacity=None,
+        eager_graph: bool = True,
+    ):
         super().__init__()
-        cap = static_capacity
+        caps = _capacities(static_capacity)
+        if not isinstance(eager_graph, bool):
+            raise TypeError(f"eager_graph: expected a bool, got {type(eager_graph).__name__}")
+        self.eager_graph = eager_graph
+        self._graphs: dict = {}  # eager_graph: key -> _EncoderGraph
+        self._graph_caps: dict = {}  # eager_graph: key -> capacities an overflow asked for
         nx, ny, nz = (int(v) for v in grid_size)
         self.sparse_shape = [nz + 1, ny, nx]
         self.conv_input = pnn.SparseSequential(
@@ -86,23 +149,23 @@ class VoxelBackBone8x(nn.Module):
         )
         self.conv1 = pnn.SparseSequential(_block(16, 16, 3, padding=1, indice_key="subm1"))
         self.conv2 = pnn.SparseSequential(
-            _block(16, 32, 3, stride=2, padding=1, indice_key="spconv2", conv="spconv", capacity=cap),
+            _block(16, 32, 3, stride=2, padding=1, indice_key="spconv2", conv="spconv", capacity=caps[0]),
             _block(32, 32, 3, padding=1, indice_key="subm2"),
             _block(32, 32, 3, padding=1, indice_key="subm2"),
         )
         self.conv3 = pnn.SparseSequential(
-            _block(32, 64, 3, stride=2, padding=1, indice_key="spconv3", conv="spconv", capacity=cap),
+            _block(32, 64, 3, stride=2, padding=1, indice_key="spconv3", conv="spconv", capacity=caps[1]),
             _block(64, 64, 3, padding=1, indice_key="subm3"),
             _block(64, 64, 3, padding=1, indice_key="subm3"),
         )
         self.conv4 = pnn.SparseSequential(
-            _block(64, 64, 3, stride=2, padding=(0, 1, 1), indice_key="spconv4", conv="spconv", capacity=cap),
+            _block(64, 64, 3, stride=2, padding=(0, 1, 1), indice_key="spconv4", conv="spconv", capacity=caps[2]),
             _block(64, 64, 3, padding=1, indice_key="subm4"),
             _block(64, 64, 3, padding=1, indice_key="subm4"),
         )
         self.conv_out = pnn.SparseSequential(
             pnn.SparseConv3d(
-                64, 128, (3, 1, 1), stride=(2, 1, 1), padding=0, bias=False, indice_key="spconv_down2", capacity=cap
+                64, 128, (3, 1, 1), stride=(2, 1, 1), padding=0, bias=False, indice_key="spconv_down2", capacity=caps[3]
             ),
             nn.BatchNorm1d(128, eps=1e-3, momentum=0.01),
             nn.ReLU(),
@@ -115,9 +178,125 @@ class VoxelBackBone8x(nn.Module):
             d = (d + 2 * pad - 3) // 2 + 1
         self.num_bev_features = self.num_point_features * d
 
+    def __getstate__(self):  # copies and pickles leave the eager graphs behind (captured again on use)
+        state = dict(self.__dict__)
+        state["_graphs"], state["_graph_caps"] = {}, {}
+        return state
+
+    def _strided(self) -> list:
+        """The four strided convs (``conv2``, ``conv3``, ``conv4``, ``conv_out``)."""
+        return [self.conv2[0][0], self.conv3[0][0], self.conv4[0][0], self.conv_out[0]]
+
     def forward(self, x: pnn.SparseConvTensor) -> dict:
+        if not isinstance(x, pnn.SparseConvTensor):
+            raise TypeError(f"x: expected a pcops.nn.SparseConvTensor, got {type(x).__name__}")
         if list(x.spatial_shape) != self.sparse_shape:
             raise ValueError(f"x: expected spatial_shape {self.sparse_shape} (grid_size), got {x.spatial_shape}")
+        if self._graph_applies(x):
+            out = self._graph_forward(x)
+            if out is not None:
+                return out
+        return self._forward(x)
+
+    def _graph_applies(self, x: pnn.SparseConvTensor) -> bool:
+        if not self.eager_graph or self.training or x.static or x.indice_dict or x.num_dropped is not None:
+            return False
+        if x.indices.shape[0] == 0 or x.features.device.type != "cuda" or torch.compiler.is_compiling():
+            return False
+        if torch.is_autocast_enabled("cuda"):
+            return False
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        if torch.is_grad_enabled() and (x.features.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return False  # autograd needs the op-by-op path
+        return True
+
+    def _graph_forward(self, x: pnn.SparseConvTensor) -> dict | None:
+        """``forward`` replayed from the static form's CUDA graph (``eager_graph``); ``None`` when
+        a capacity overflowed (the caller then runs op by op)."""
+        from .fast import MAX_EAGER_GRAPHS, _conv_flags
+
+        feats = x.features
+        n = x.indices.shape[0]
+        key = (
+            feats.device,
+            feats.dtype,
+            feats.shape[1],
+            x.batch_size,
+            torch.is_inference_mode_enabled(),
+            *_conv_flags(),
+        )
+        signature = tuple((t.data_ptr(), t._version) for t in (*self.parameters(), *self.buffers()))
+        entry = self._graphs.get(key)
+        asked = self._graph_caps.get(key)
+        grown = asked is not None and entry is not None and any(a > c for a, c in zip(asked, entry.capacities))
+        if entry is None or entry.signature != signature or n > entry.rows or grown:
+            self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
+            while len(self._graphs) >= MAX_EAGER_GRAPHS:
+                self._graphs.pop(next(iter(self._graphs)))
+            rows = _round_rows(max(n, entry.rows if entry is not None else 0))
+            caps = tuple(_round_rows(f * rows) for f in _LEVEL_FACTORS)
+            if asked:
+                caps = tuple(max(a, b) for a, b in zip(caps, asked))
+            entry = self._capture(x, rows, caps, signature)
+            self._graphs[key] = entry
+        entry.feats[:n].copy_(feats)
+        entry.coords[:n].copy_(x.indices)
+        entry.coords[n:].fill_(-1)
+        entry.graph.replay()
+        counts = entry.counts.tolist()  # the host sync: the output sizes
+        if counts[-1] > 0:  # a strided conv's capacity overflowed: op by op now, larger next time
+            out = self._forward(x)
+            sizes = [t.indices.shape[0] for t in (*list(out["multi_scale_3d_features"].values())[1:],
+                                                  out["encoded_spconv_tensor"])]  # fmt: skip
+            self._graph_caps[key] = tuple(max(c, _round_rows(1.25 * m)) for c, m in zip(entry.capacities, sizes))
+            return None
+        static = entry.outputs
+
+        def take(t: pnn.SparseConvTensor, m: int) -> pnn.SparseConvTensor:
+            return pnn.SparseConvTensor(t.features[:m].clone(), t.indices[:m].clone(), t.spatial_shape, x.batch_size)
+
+        scales = static["multi_scale_3d_features"]
+        levels = {name: take(t, m) for (name, t), m in zip(scales.items(), [n, *counts[:3]])}
+        return {
+            "encoded_spconv_tensor": take(static["encoded_spconv_tensor"], counts[3]),
+            "encoded_spconv_tensor_stride": 8,
+            "multi_scale_3d_features": levels,
+        }
+
+    def _capture(self, x: pnn.SparseConvTensor, rows: int, caps: tuple, signature: tuple) -> "_EncoderGraph":
+        from .graph import capture_graph
+
+        device = x.features.device
+        feats = torch.zeros((rows, x.features.shape[1]), dtype=x.features.dtype, device=device)
+        coords = torch.full((rows, 4), -1, dtype=torch.int32, device=device)
+        n = x.indices.shape[0]
+        feats[:n].copy_(x.features)
+        coords[:n].copy_(x.indices)
+        strided = self._strided()
+
+        def run():  # the strided convs hold the graph's capacities while it runs (host-side only)
+            saved = [conv.capacity for conv in strided]
+            try:
+                for conv, cap in zip(strided, caps):
+                    conv.capacity = cap
+                out = self._forward(pnn.SparseConvTensor(feats, coords, self.sparse_shape, x.batch_size, static=True))
+            finally:
+                for conv, cap in zip(strided, saved):
+                    conv.capacity = cap
+            tensors = [*list(out["multi_scale_3d_features"].values())[1:], out["encoded_spconv_tensor"]]
+            real = [t.valid.sum() for t in tensors]
+            dropped = tensors[-1].num_dropped
+            real.append(
+                dropped.reshape(()) if dropped is not None else torch.zeros((), dtype=torch.int64, device=device)
+            )
+            return out, torch.stack([r.to(torch.int64) for r in real])
+
+        with torch.no_grad():
+            graph, (out, counts) = capture_graph(run, device)
+        return _EncoderGraph(signature, rows, caps, feats, coords, graph, out, counts)
+
+    def _forward(self, x: pnn.SparseConvTensor) -> dict:
         x1 = self.conv1(self.conv_input(x))
         x2 = self.conv2(x1)
         x3 = self.conv3(x2)

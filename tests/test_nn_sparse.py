@@ -5,6 +5,8 @@ where no voxel) with the same weights; the backward equals the dense backward; k
 reused per ``indice_key``; spconv 1.x weights load converted.
 """
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -446,6 +448,42 @@ def test_gpu_static_training_step_captured():
         torch.testing.assert_close(pb, pa.grad, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gpu_second_eager_graph_equals_op_by_op(dtype):
+    """SECOND's encoder called eagerly on a simulated scan: the replayed graph gives the op-by-op
+    outputs bit for bit, on a second scan too (one graph), and after an overflow."""
+    from pcops.models import second
+    from pcops.models.second import VoxelBackBone8x, mean_vfe
+    from pcops.sim import simulate_scan
+
+    v3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 40, 1), max_points_per_voxel=5)
+    torch.manual_seed(0)
+    net = VoxelBackBone8x(4, (1408, 1600, 40)).cuda().to(dtype).eval()
+    ref_net = VoxelBackBone8x(4, (1408, 1600, 40), eager_graph=False).cuda().to(dtype).eval()
+    ref_net.load_state_dict(net.state_dict())
+    for seed in (5, 6):
+        v = pcops.voxelize(simulate_scan(seed=seed).points.cuda(), max_voxels=40000, **v3)
+        feats = mean_vfe(v.voxels, v.num_points).to(dtype)
+        with torch.no_grad():
+            out = net.forward_voxels(feats, v.coords, 1)
+            ref = ref_net.forward_voxels(feats, v.coords, 1)
+        assert_same_encoding(out, ref, exact=True)
+    assert len(net._graphs) == 1
+    small = VoxelBackBone8x(4, (1408, 1600, 40)).cuda().to(dtype).eval()
+    small.load_state_dict(net.state_dict())
+    factors = second._LEVEL_FACTORS
+    try:
+        second._LEVEL_FACTORS = (0.2, 0.2, 0.2, 0.2)
+        with torch.no_grad():
+            for _ in range(2):  # overflow: op by op; then a larger graph
+                assert_same_encoding(small.forward_voxels(feats, v.coords, 1), ref, exact=True)
+    finally:
+        second._LEVEL_FACTORS = factors
+    assert small._graph_caps and len(small._graphs) == 1
+
+
 def test_static_capacity_keeps_the_first_rows_and_counts_the_rest():
     x = random_voxels(2, (7, 8, 9), (60, 35), 3, seed=20)
     xs, _ = with_padding(x, 5, seed=21)
@@ -483,6 +521,104 @@ def test_second_static_capacity_matches_when_nothing_is_dropped():
     assert out.indices.shape[0] <= 3000 and int(out.num_dropped) == 0
     assert torch.equal(out.indices[:m], ref.indices)
     torch.testing.assert_close(out.features[:m], ref.features)
+
+
+def test_second_static_capacity_per_strided_conv():
+    from pcops.models.second import VoxelBackBone8x
+
+    net = VoxelBackBone8x(4, grid_size=(24, 20, 40), static_capacity=(50, 40, 30, 20))
+    assert [c.capacity for c in net._strided()] == [50, 40, 30, 20]
+    assert [c.capacity for c in VoxelBackBone8x(static_capacity=7)._strided()] == [7] * 4
+    with pytest.raises(TypeError, match="static_capacity"):
+        VoxelBackBone8x(static_capacity=(1, 2, 3))
+    with pytest.raises(ValueError, match="static_capacity"):
+        VoxelBackBone8x(static_capacity=(1, 2, 3, 0))
+    with pytest.raises(TypeError, match="eager_graph"):
+        VoxelBackBone8x(eager_graph=1)
+
+
+class _ReplayGraph:
+    """``torch.cuda.CUDAGraph`` on the CPU: ``replay()`` reruns the captured function and writes
+    its results into the tensors the capture returned, as a replay overwrites its static outputs."""
+
+    replays = 0
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.outputs = fn()
+
+    def replay(self):
+        _ReplayGraph.replays += 1
+        (out, counts), (static, static_counts) = self.fn(), self.outputs
+        pairs = list(zip(out["multi_scale_3d_features"].values(), static["multi_scale_3d_features"].values()))
+        for new, old in pairs + [(out["encoded_spconv_tensor"], static["encoded_spconv_tensor"])]:
+            old.features.copy_(new.features)
+            old.indices.copy_(new.indices)
+        static_counts.copy_(counts)
+
+
+def _fake_capture(fn, device, warmup=2):
+    g = _ReplayGraph(fn)
+    return g, g.outputs
+
+
+def assert_same_encoding(out, ref, exact=False):
+    check = torch.equal if exact else lambda a, b: torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12) is None
+    pairs = list(zip(out["multi_scale_3d_features"].values(), ref["multi_scale_3d_features"].values()))
+    for a, b in pairs + [(out["encoded_spconv_tensor"], ref["encoded_spconv_tensor"])]:
+        assert not a.static and a.spatial_shape == b.spatial_shape
+        assert torch.equal(a.indices, b.indices) and check(a.features, b.features)
+
+
+def test_second_eager_graph_bookkeeping(monkeypatch):
+    """The eager graph's padding, counts, slicing, overflow fallback and recapture rules, run on
+    the CPU with a stand-in graph that reruns the static form (the GPU test replays a real one)."""
+    from pcops.models import graph as graph_mod
+    from pcops.models import second
+
+    monkeypatch.setattr(graph_mod, "capture_graph", _fake_capture)
+    monkeypatch.setattr(
+        second.VoxelBackBone8x, "_graph_applies", lambda self, x: self.eager_graph and not self.training
+    )
+    monkeypatch.setattr(second, "_GRAPH_ROWS", 64)
+    monkeypatch.setattr(second, "_LEVEL_FACTORS", (4, 2, 1, 1))  # random voxels are denser than a scan's
+    net, ref_net = small_second(), small_second()
+    ref_net.eager_graph = False
+
+    def voxels(seed, counts=(300, 200)):
+        return random_voxels(2, net.sparse_shape, counts, 4, seed=seed)
+
+    with torch.no_grad():
+        ref = ref_net(voxels(40))
+        out = net(voxels(40))
+        assert_same_encoding(out, ref)
+        (entry,) = net._graphs.values()
+        assert entry.rows == 512 and entry.capacities == (2048, 1024, 512, 512) and int(entry.counts[-1]) == 0
+        replays = _ReplayGraph.replays
+        assert_same_encoding(net(voxels(41)), ref_net(voxels(41)))  # fewer voxels: the same graph
+        assert _ReplayGraph.replays == replays + 1 and next(iter(net._graphs.values())) is entry
+        assert_same_encoding(net(voxels(42, (400, 300))), ref_net(voxels(42, (400, 300))))  # more: captured again
+        assert next(iter(net._graphs.values())).rows == 704
+        with torch.no_grad():  # a parameter changes in place: captured again
+            net.conv2[0][0].weight.mul_(0.5)
+            ref_net.conv2[0][0].weight.mul_(0.5)
+        assert_same_encoding(net(voxels(43)), ref_net(voxels(43)))
+        # capacities too small: the call runs op by op, the next one captures larger capacities
+        monkeypatch.setattr(second, "_LEVEL_FACTORS", (0.1, 0.1, 0.1, 0.1))
+        small, ref_small = small_second(), small_second()
+        ref_small.eager_graph = False
+        assert_same_encoding(small(voxels(44)), ref_small(voxels(44)))
+        asked = next(iter(small._graph_caps.values()))
+        assert all(c % 64 == 0 for c in asked) and asked[0] > 64
+        replays = _ReplayGraph.replays
+        assert_same_encoding(small(voxels(44)), ref_small(voxels(44)))
+        assert _ReplayGraph.replays == replays + 1 and next(iter(small._graphs.values())).capacities == asked
+    # copies (fuse_for_inference, deepcopy) leave the graphs behind
+    assert small._graphs and not copy.deepcopy(small)._graphs and not pnn.fuse_for_inference(small)._graphs
+    # training mode and autograd take the op-by-op path
+    small.train()
+    small(voxels(45))
+    assert _ReplayGraph.replays == replays + 1
 
 
 # --- inference fusion: conv + BatchNorm + ReLU in one convolution ---------------------------------
