@@ -128,6 +128,7 @@ def sparse_conv_kernel_map(
     pad_pairs: bool = False,
     static_shapes: bool = False,
     batch_size: Optional[int] = None,
+    pairs: bool = True,
     backend: str = "auto",
 ) -> KernelMap:
     """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
@@ -168,6 +169,10 @@ def sparse_conv_kernel_map(
             (batch indices ``0 … batch_size - 1``); the GPU marks outputs in a bitmap of that
             many output grids (``batch_size · D'H'W' < 2^31``). Like an out-of-grid voxel, an
             input of a later sample is an error on the CPU path and never an input on the GPU.
+        pairs: ``False`` builds the out-in table only (what ``pcops.sparse_conv3d`` and the
+            ``pcops.nn`` layers read): ``pair_in``, ``pair_out`` and ``offsets`` are ``None``,
+            the GPU skips the compaction launch, and a submanifold map makes no host sync
+            without ``pad_pairs`` (``KernelMap.inverse`` still builds its pairs).
         backend: ``"auto"`` (default: Triton on CUDA, the reference on the CPU), ``"triton"``
             (CUDA tensors only) or ``"reference"`` (plain torch, any device; it syncs and checks
             like the CPU path). There is no CUDA C++ implementation.
@@ -243,6 +248,8 @@ def sparse_conv_kernel_map(
         raise TypeError(f"pad_pairs: expected a bool, got {type(pad_pairs).__name__}")
     if not isinstance(static_shapes, bool):
         raise TypeError(f"static_shapes: expected a bool, got {type(static_shapes).__name__}")
+    if not isinstance(pairs, bool):
+        raise TypeError(f"pairs: expected a bool, got {type(pairs).__name__}")
     if static_shapes and not subm:
         if batch_size is None:
             raise ValueError(
@@ -268,7 +275,10 @@ def sparse_conv_kernel_map(
         static_shapes,
         batch_size,
         backend,
+        pairs,
     )
+    if not pairs:
+        return KernelMap(out_coords, tuple(out_shape), None, None, None, out_in)
     return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
 
 
@@ -336,6 +346,7 @@ def _kernel_map(
     static_shapes: bool = False,
     batch_size: int = 0,
     backend: str = "auto",
+    pairs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if _map_impl("sparse_conv_kernel_map", backend, coords) == "reference":
         impl = _ref
@@ -354,6 +365,7 @@ def _kernel_map(
         pad_pairs,
         static_shapes,
         batch_size,
+        pairs,
     )
 
 
@@ -372,6 +384,7 @@ def _kernel_map_fake(
     static_shapes=False,
     batch_size=0,
     backend="auto",
+    pairs=True,
 ):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
     torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
@@ -381,12 +394,14 @@ def _kernel_map_fake(
         num_out = num_pairs = coords.shape[0] * _ref.outputs_per_input(kernel_size, stride, dilation, transposed)
     else:
         num_out = coords.shape[0] if subm else ctx.new_dynamic_size()
-        num_pairs = num_out * num_k if (pad_pairs or static_shapes) else ctx.new_dynamic_size()
+        num_pairs = num_out * num_k if (pad_pairs or static_shapes or not pairs) else ctx.new_dynamic_size()
+    if not pairs:
+        num_pairs = 0
     return (
         coords.new_empty((num_out, 4)),
         coords.new_empty((num_pairs,)),
         coords.new_empty((num_pairs,)),
-        coords.new_empty((num_k + 1,)),
+        coords.new_empty((num_k + 1 if pairs else 0,)),
         coords.new_empty((num_out, num_k)),
     )
 

@@ -577,6 +577,47 @@ def test_triton_interpreter_static_shapes(cfg, num):
             assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[9]], ids=_cfg_id)
+@pytest.mark.parametrize("static", [False, True])
+@interpret
+def test_triton_interpreter_table_only(cfg, static):
+    """``pairs=False``: the same out-in table and outputs, no pair arrays (no compaction)."""
+    from pcops.triton import kernel_map as tri
+
+    kernel, stride, padding, dilation, subm, transposed = cfg
+    coords = make_coords(2, (5, 6, 7), 37, seed=51)
+    _, args = _launch(coords[:0], (5, 6, 7), kernel, stride, padding, dilation, subm, transposed)
+    args = (coords, *args[1:])
+    kw = dict(static_shapes=static, batch_size=2 if static else 0)
+    got = tri.sparse_conv_kernel_map(*args, **kw, pairs=False)
+    expected = ref.sparse_conv_kernel_map(*args, **kw)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[4], expected[4])
+    assert all(t.numel() == 0 and t.dtype == torch.int32 for t in got[1:4])
+    got_ref = ref.sparse_conv_kernel_map(*args, **kw, pairs=False)
+    assert torch.equal(got_ref[0], expected[0]) and torch.equal(got_ref[4], expected[4])
+    assert all(t.numel() == 0 for t in got_ref[1:4])
+
+
+@pytest.mark.parametrize("kwargs", [dict(subm=True), dict(stride=2, padding=1), dict(transposed=True, stride=2)])
+def test_table_only_public(kwargs):
+    coords = make_coords(2, (5, 6, 7), 40, seed=52)
+    full = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, **kwargs)
+    km = pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, **kwargs, pairs=False)
+    assert km.pair_in is None and km.pair_out is None and km.offsets is None
+    assert torch.equal(km.out_in, full.out_in) and torch.equal(km.out_coords, full.out_coords)
+    assert km.out_spatial_shape == full.out_spatial_shape
+    if not kwargs.get("subm") and not kwargs.get("transposed"):  # the inverse still gets its pairs
+        inv, inv_full = km.inverse(coords, (5, 6, 7)), full.inverse(coords, (5, 6, 7))
+        for a, b in zip(inv[2:], inv_full[2:]):
+            assert torch.equal(a, b)
+    args = (coords, [5, 6, 7], list(km.out_spatial_shape), [3, 3, 3], [kwargs.get("stride", 1)] * 3,
+            [kwargs.get("padding", 0) if not kwargs.get("subm") else 1] * 3, [1, 1, 1],
+            kwargs.get("subm", False), kwargs.get("transposed", False), False, False, 0, "auto", False)  # fmt: skip
+    torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
+    with pytest.raises(TypeError, match="pairs"):
+        pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, subm=True, pairs=1)
+
+
 @interpret
 def test_triton_interpreter_static_shapes_sparse_grid():
     """A bitmap of several chunks, most of them empty (voxels in a few z-slabs of a larger grid)."""

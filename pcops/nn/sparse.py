@@ -14,9 +14,9 @@
 
 Kernel maps are built once per ``indice_key`` and kept in the tensor's ``indice_dict``, which
 every output shares with its input: the SubM layers of one resolution reuse one map, and an
-inverse conv finds the map of its strided conv (the layers use the maps' out-in tables only:
-submanifold maps are built with ``pad_pairs=True``, so without a host sync, and an inverse conv
-takes the inverse table without pairs). The convolution is ``pcops.sparse_conv3d`` (implicit
+inverse conv finds the map of its strided conv (the layers build and use the maps' out-in
+tables only, ``pairs=False``: a submanifold map makes no host sync, and an inverse conv takes the
+inverse table without pairs; ``indice_dict[key].kernel_map`` has no pair arrays). The convolution is ``pcops.sparse_conv3d`` (implicit
 GEMM on the out-in table; deterministic forward and backward, no atomics).
 
 Indices: any row order is accepted. Duplicate voxels and voxels outside ``spatial_shape`` raise
@@ -279,9 +279,9 @@ class _SparseConv3d(SparseModule):
             self.padding,
             self.dilation,
             subm=self.subm,
-            pad_pairs=self.subm,  # the submanifold map's only host sync is its pair count
             static_shapes=x.static and not self.subm,
             batch_size=x.batch_size if x.static and not self.subm else None,
+            pairs=False,  # the GEMM reads the out-in table only: no compaction, no pair-count sync
         )
         out_in, out_coords, dropped = km.out_in, km.out_coords, None
         if x.static and self.capacity is not None:

@@ -158,8 +158,10 @@ def sparse_conv_kernel_map(
     pad_pairs: bool = False,
     static_shapes: bool = False,
     batch_size: int = 0,
+    pairs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(out_coords, pair_in, pair_out, offsets, out_in)``; see ``pcops.sparse_conv_kernel_map``.
+    ``pairs=False``: the three pair arrays are empty.
 
     For ``subm`` the caller passes stride 1 and the centred padding ``(K - 1) // 2 * d``.
     ``pad_pairs``: the pair arrays get ``M·K`` entries, −1 past ``P``.
@@ -178,6 +180,12 @@ def sparse_conv_kernel_map(
     else:
         out_coords = output_coords(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, transposed)
     out_in = out_in_table(out_coords, sorted_keys, perm, in_shape, kernel_size, stride, padding, dilation, transposed)
+    if not pairs:
+        empty = out_in.new_empty((0,))
+        if static_shapes and not subm:
+            cap = coords.shape[0] * outputs_per_input(kernel_size, stride, dilation, transposed)
+            out_coords, out_in = _pad_rows(out_coords, cap), _pad_rows(out_in, cap)
+        return out_coords, empty, empty.clone(), empty.clone(), out_in
     pair_in, pair_out, offsets = pairs_from_table(out_in)
     if static_shapes and not subm:
         cap = coords.shape[0] * outputs_per_input(kernel_size, stride, dilation, transposed)

@@ -167,7 +167,7 @@ def _plan(
     )
 
 
-def _empty_map(dev, num_out: int, num_k: int, out_coords=None):
+def _empty_map(dev, num_out: int, num_k: int, out_coords=None, pairs: bool = True):
     empty = torch.empty(0, dtype=torch.int32, device=dev)
     if out_coords is None:
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
@@ -175,7 +175,7 @@ def _empty_map(dev, num_out: int, num_k: int, out_coords=None):
         out_coords,
         empty,
         empty.clone(),
-        torch.zeros(num_k + 1, dtype=torch.int32, device=dev),
+        torch.zeros(num_k + 1 if pairs else 0, dtype=torch.int32, device=dev),
         torch.empty((num_out, num_k), dtype=torch.int32, device=dev),
     )
 
@@ -258,6 +258,7 @@ def sparse_conv_kernel_map(
     pad_pairs: bool = False,
     static_shapes: bool = False,
     batch_size: int = 0,
+    pairs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Kernel map on the GPU (or on CPU tensors under the Triton interpreter).
 
@@ -275,6 +276,8 @@ def sparse_conv_kernel_map(
             device. 6 launches.
         batch_size: static regular/transposed maps: the samples covered (inputs of later
             samples are never inputs).
+        pairs: ``False``: no compaction launch (and no host sync for a submanifold map); the
+            three pair arrays are empty.
     Returns:
         ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
         int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``.
@@ -298,7 +301,7 @@ def sparse_conv_kernel_map(
     )
     num_k, block, kpad = plan["num_k"], plan["block"], plan["kpad"]
     if n == 0:
-        return _empty_map(dev, 0, num_k)
+        return _empty_map(dev, 0, num_k, pairs=pairs)
     # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
     cap_in, log_in = _capacity(n, 4)
     static_out = static_shapes and not subm
@@ -405,7 +408,7 @@ def sparse_conv_kernel_map(
         last, max_batch, last_pair = counters[::_COUNTER_STRIDE]
         num_out, num_pairs = last + 1, last_pair + 1
         if num_out == 0:
-            return _empty_map(dev, 0, num_k)
+            return _empty_map(dev, 0, num_k, pairs=pairs)
         # linear keys sort lexicographically by (b, z, y, x); int32 keys when they fit (half the radix passes)
         fits32 = (max_batch + 1) * math.prod(out_shape) < 2**31
         keys = torch.sort((out_keys32 if fits32 else out_keys)[:num_out]).values
@@ -435,6 +438,9 @@ def sparse_conv_kernel_map(
         TAIL=1024,
         num_warps=_NUM_WARPS,
     )
+    if not pairs:  # the table only: no compaction, no pair count to read
+        empty = out_in.new_empty((0,))
+        return out_coords, empty, empty.clone(), empty.clone(), out_in
     if static_out:
         cap_pairs = bound  # one pair per valid (input, offset)
     else:
