@@ -24,7 +24,7 @@ import torch
 import pcops
 from pcops import nn as pnn
 
-from common import S2_STATIC_CAPACITY, bench, captured_train_step, load_scan
+from common import S2_STATIC_CAPACITY, bench, captured_train_step, load_scan, set_sparse_precision
 from common import S2_V3 as V3
 
 
@@ -118,6 +118,17 @@ def main() -> None:
                 torch.backends.cuda.matmul.allow_tf32 = False
             rows.append(dict(row="S2 forward eval float32 TF32, static form, fuse_for_inference, CUDA graph",
                              ms=r["median_ms"], min=r["min_ms"], max=r["max_ms"], tf32=True))  # fmt: skip
+            # 3×TF32 (precision="tf32x3"): float32's accuracy on tensor cores, TF32 flags off
+            ieee_out = fwd_static_fused()[:2000].double()
+            set_sparse_precision(fused, "tf32x3")
+            set_sparse_precision(model, "tf32x3")
+            err = float((fwd_static_fused()[:2000].double() - ieee_out).abs().max() / ieee_out.abs().max())
+            r = bench(fwd_static_fused, graph=True)
+            rows.append(dict(row="S2 forward eval float32 tf32x3, static form, fuse_for_inference, CUDA graph",
+                             ms=r["median_ms"], min=r["min_ms"], max=r["max_ms"], max_rel_diff_vs_ieee=err))  # fmt: skip
+            med, lo, hi = timed(fwd)
+            rows.append(dict(row="S2 forward eval float32 tf32x3", ms=med, min=lo, max=hi))
+            set_sparse_precision(model, "auto")
         model.train()
 
         def step_static():
@@ -128,6 +139,13 @@ def main() -> None:
         rows.append(dict(row=f"S2 forward+backward train {str(dtype)[6:]}, static form, CUDA graph",
                          ms=r["median_ms"], min=r["min_ms"], max=r["max_ms"],
                          grads_bit_identical=r["grads_bit_identical"], dropped_voxels=dropped))  # fmt: skip
+        if dtype == torch.float32:
+            set_sparse_precision(model, "tf32x3")
+            r = captured_train_step(model, step_static)
+            set_sparse_precision(model, "auto")
+            rows.append(dict(row="S2 forward+backward train float32 tf32x3, static form, CUDA graph",
+                             ms=r["median_ms"], min=r["min_ms"], max=r["max_ms"],
+                             grads_bit_identical=r["grads_bit_identical"]))  # fmt: skip
 
         def step():
             model.zero_grad(set_to_none=True)

@@ -35,6 +35,15 @@ S2_V3 = dict(voxel_size=(0.05, 0.05, 0.1), point_cloud_range=(0, -40, -3, 70.4, 
 S2_STATIC_CAPACITY = (80_000, 60_000, 40_000, 40_000)
 
 
+def set_sparse_precision(module, precision: str) -> None:
+    """Every ``pcops.nn`` sparse conv of ``module`` multiplies float32 as ``precision``."""
+    from pcops.nn.sparse import _SparseConv3d
+
+    for m in module.modules():
+        if isinstance(m, _SparseConv3d):
+            m.precision = precision
+
+
 def data_root() -> Path:
     """Real data: ``$PCOPS_DATA`` or ``../shared/data``, else the git-ignored copy ``.gpu/data``."""
     for p in (os.environ.get("PCOPS_DATA"), ROOT.parent / "shared" / "data", ROOT / ".gpu" / "data"):

@@ -33,7 +33,7 @@ import torch
 import pcops
 from pcops import nn as pnn
 
-from common import S2_STATIC_CAPACITY, bench, captured_train_step, load_scan
+from common import S2_STATIC_CAPACITY, bench, captured_train_step, load_scan, set_sparse_precision
 from common import S2_V3 as V3
 
 V1 = dict(voxel_size=(0.16, 0.16, 4.0), point_cloud_range=(0, -39.68, -3, 69.12, 39.68, 1), max_points_per_voxel=32,
@@ -241,6 +241,20 @@ def main() -> None:
 
         add(f"S2 forward eval {str(dtype)[6:]}: pcops static form, fuse_for_inference, CUDA graph", spconv_eval,
             bench(fwd_static, graph=True)["median_ms"], dropped_voxels=dropped)  # fmt: skip
+        if dtype == torch.float32:  # pcops' float32 as 3×TF32 (precision="tf32x3"; TF32 flags stay off)
+            set_sparse_precision(fused, "tf32x3")
+            add("S2 forward eval float32: pcops tf32x3, static form, fuse_for_inference, CUDA graph", spconv_eval,
+                bench(fwd_static, graph=True)["median_ms"])  # fmt: skip
+            set_sparse_precision(pnet, "tf32x3")
+            pnet.eval()
+            with torch.no_grad():
+                add("S2 forward eval float32: pcops tf32x3, eager", spconv_eval,
+                    med(lambda: pnet.forward_voxels(f, coords, 1)["encoded_spconv_tensor"].features, rep))  # fmt: skip
+            set_sparse_precision(pnet, "auto")
+            set_sparse_precision(snet_static, "tf32x3")
+            r = captured_train_step(snet_static.train(), step_static)
+            add("S2 forward+backward train float32: pcops tf32x3, static form, CUDA graph", spconv_train,
+                r["median_ms"], grads_bit_identical_pcops=r["grads_bit_identical"])  # fmt: skip
     # S3: one SubMConv3d 64 -> 64 fp16 on BIG, map kept
     sys.path.insert(0, str(Path(__file__).parent))
     from sparse_conv_floor import GRID, big_scan

@@ -24,6 +24,7 @@ from torch import nn
 import pcops
 from pcops import _checks
 from pcops import nn as pnn
+from pcops.sparse_conv3d import check_precision
 
 from . import box_coder
 from .config import KITTI_ANCHORS, PointPillarsConfig
@@ -116,6 +117,10 @@ class VoxelBackBone8x(nn.Module):
             reruns op by op and the next call captures larger capacities. The outputs' kernel
             maps (``indice_dict``) are not kept: later layers build their own. The graph keeps
             its buffers while the model lives (at most four graphs per model). ``False``: op by op.
+        precision: every conv's ``precision`` for float32 features (``"auto"``, ``"ieee"``,
+            ``"tf32"``, ``"tf32x3"``; see ``pcops.sparse_conv3d``). ``"tf32x3"`` keeps float32's
+            accuracy (about 1e-6 relative) at 1.4× the IEEE speed in eval and 2.2× in training
+            (KITTI, H200, ``benchmarks/NOTES.md``).
 
     ``forward(x)`` takes a ``pcops.nn.SparseConvTensor`` of the voxels (``indices`` ``(b, z, y,
     x)``) and returns ``{"encoded_spconv_tensor": (128 channels, grid / (8, 8, 16)),
@@ -132,6 +137,7 @@ class VoxelBackBone8x(nn.Module):
         *,
         static_capacity=None,
         eager_graph: bool = True,
+        precision: str = "auto",
     ):
         super().__init__()
         caps = _capacities(static_capacity)
@@ -171,6 +177,8 @@ class VoxelBackBone8x(nn.Module):
             nn.ReLU(),
         )
         self.num_point_features = 128
+        for conv in self._convs():
+            conv.precision = check_precision(precision)
         # HeightCompression's channels: 128 × the encoded depth (nz + 1 through three (3, s2, p1)
         # convs, one (3, s2, p0) and the (3, 1, 1) s(2, 1, 1) output conv: 2 for KITTI's 40 cells)
         d = nz + 1
@@ -182,6 +190,9 @@ class VoxelBackBone8x(nn.Module):
         state = dict(self.__dict__)
         state["_graphs"], state["_graph_caps"] = {}, {}
         return state
+
+    def _convs(self) -> list:
+        return [m for m in self.modules() if isinstance(m, pnn.sparse._SparseConv3d)]
 
     def _strided(self) -> list:
         """The four strided convs (``conv2``, ``conv3``, ``conv4``, ``conv_out``)."""
@@ -227,6 +238,7 @@ class VoxelBackBone8x(nn.Module):
             *_conv_flags(),
         )
         signature = tuple((t.data_ptr(), t._version) for t in (*self.parameters(), *self.buffers()))
+        signature += tuple(conv.precision for conv in self._convs())
         entry = self._graphs.get(key)
         asked = self._graph_caps.get(key)
         grown = asked is not None and entry is not None and any(a > c for a, c in zip(asked, entry.capacities))

@@ -30,6 +30,7 @@ def sparse_conv3d(
     bias: Optional[torch.Tensor] = None,
     *,
     activation: Optional[str] = None,
+    precision: str = "auto",
     backend: str = "auto",
 ) -> torch.Tensor:
     """Sparse 3D convolution with a kernel map: ``out[o] = bias + sum_k features[in(o, k)] @ weight[k]``.
@@ -45,6 +46,14 @@ def sparse_conv3d(
             separate pass; the gradient is masked where the output is 0). With an eval-mode
             BatchNorm folded into ``weight`` and ``bias`` this is conv + BN + ReLU in one launch
             (``pcops.nn.fuse_for_inference`` does that for a whole network).
+        precision: how the Triton GEMMs multiply float32 inputs (forward and backward; 16-bit
+            inputs always use tensor cores with float32 accumulation): ``"auto"`` (default: TF32
+            where ``torch.backends.cuda.matmul.allow_tf32`` is set, else IEEE), ``"ieee"`` (FMA,
+            exact float32 products), ``"tf32"`` (tensor cores, 10-bit mantissas: about 1e-3
+            relative error), ``"tf32x3"`` (each operand split into a TF32 high and low part,
+            three tensor-core products: about float32's accuracy, 1e-6 relative, at 2-3× the
+            IEEE path's speed on the H200; results differ from IEEE's in the last bits). The
+            reference path ignores it (torch's matmul).
         backend: ``"auto"`` (default: the Triton implicit GEMM on CUDA for float32/float16/
             bfloat16, the reference on the CPU and for float64), ``"triton"`` (CUDA tensors only;
             float64 raises ``TypeError``) or ``"reference"`` (plain torch, any device). There is no
@@ -64,14 +73,14 @@ def sparse_conv3d(
     fixed by the shapes), forward and backward (features: through the inverse table; weight:
     gathered rows ᵀ @ grad). Triton (``pcops.triton.sparse_conv3d``): a tile of output rows ×
     channels gathers its inputs offset by offset into tensor-core dots (float32 accumulation;
-    float32 inputs as IEEE float32, or TF32 where ``torch.backends.cuda.matmul.allow_tf32`` is
-    set), skipping offsets none of its rows uses; 1 launch forward, 3 backward plus the inverse
-    table. Reference: gather ``(M, K_chunk, C_in)`` and one matmul per chunk of offsets.
+    float32 inputs as ``precision`` says), skipping offsets none of its rows uses; 1 launch
+    forward, 3 backward plus the inverse table. Reference: gather ``(M, K_chunk, C_in)`` and one matmul per chunk of offsets.
     Gradients w.r.t. features, weight and bias; no double backward. No host synchronisation
     on CUDA.
     """
     _backend.check(backend, _OP, _SUPPORTED)
     act = _activation(activation)
+    check_precision(precision)
     if not isinstance(kernel_map, KernelMap):
         raise TypeError(f"kernel_map: expected a KernelMap, got {type(kernel_map).__name__}")
     out_in = kernel_map.out_in
@@ -99,8 +108,28 @@ def sparse_conv3d(
     chosen = _backend.resolve(backend, _OP, features, supported=_SUPPORTED)
     _backend.refuse_float64(chosen, features, "features")
     return _library.call(
-        torch.ops.pcops.sparse_conv3d.default, features.contiguous(), weight.contiguous(), bias, out_in, backend, act
+        torch.ops.pcops.sparse_conv3d.default,
+        features.contiguous(),
+        weight.contiguous(),
+        bias,
+        out_in,
+        backend,
+        act,
+        False,
+        precision,
     )
+
+
+PRECISIONS = ("auto", "ieee", "tf32", "tf32x3")
+
+
+def check_precision(precision) -> str:
+    """``precision`` checked against ``PRECISIONS``."""
+    if not isinstance(precision, str):
+        raise TypeError(f"precision: expected one of {PRECISIONS}, got {type(precision).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    return precision
 
 
 _ACTIVATIONS = {None: "none", "none": "none", "relu": "relu"}
@@ -132,19 +161,23 @@ def _sparse_conv3d(
     backend: str = "auto",
     activation: str = "none",
     symmetric: bool = False,
+    precision: str = "auto",
 ) -> torch.Tensor:
     impl = _impl(backend, features)
     relu = _activation(activation) == "relu"
+    check_precision(precision)
     _backend.log_kernel(_OP, impl)
     if impl == "triton":
         from .triton import sparse_conv3d as tri
 
-        return tri.sparse_conv3d(features, weight, bias, out_in, relu)
+        return tri.sparse_conv3d(features, weight, bias, out_in, relu, precision)
     return _ref.sparse_conv3d(features, weight, bias, out_in, relu=relu)
 
 
 @_sparse_conv3d.register_fake
-def _sparse_conv3d_fake(features, weight, bias, out_in, backend="auto", activation="none", symmetric=False):
+def _sparse_conv3d_fake(
+    features, weight, bias, out_in, backend="auto", activation="none", symmetric=False, precision="auto"
+):
     torch._check(features.dim() == 2 and weight.dim() == 3, lambda: "features (N, C_in), weight (K, C_in, C_out)")
     torch._check(weight.shape[0] == out_in.shape[1], lambda: "weight: expected K rows (one per kernel offset)")
     torch._check(weight.shape[1] == features.shape[1], lambda: "weight: expected C_in = features.shape[1]")
@@ -159,25 +192,27 @@ def _sparse_conv3d_backward(
     out_in: torch.Tensor,
     backend: str = "auto",
     symmetric: bool = False,
+    precision: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = _impl(backend, features)
     _backend.log_kernel(_OP + "_backward", impl)
     if impl == "triton":
         from .triton import sparse_conv3d as tri
 
-        return tri.sparse_conv3d_backward(grad_out, features, weight, out_in, symmetric)
+        return tri.sparse_conv3d_backward(grad_out, features, weight, out_in, symmetric, precision)
     return _ref.sparse_conv3d_backward(grad_out, features, weight, out_in, True, True)
 
 
 @_sparse_conv3d_backward.register_fake
-def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in, backend="auto", symmetric=False):
+def _sparse_conv3d_backward_fake(grad_out, features, weight, out_in, backend="auto", symmetric=False, precision="auto"):
     return torch.empty_like(features), torch.empty_like(weight)
 
 
 def _conv_setup_context(ctx, inputs, output):
-    features, weight, bias, out_in, backend, activation, symmetric = inputs
+    features, weight, bias, out_in, backend, activation, symmetric, precision = inputs
     ctx.relu = activation == "relu"
     ctx.symmetric = symmetric
+    ctx.precision = precision
     ctx.save_for_backward(features, weight, out_in, output if ctx.relu else None)
     ctx.has_bias = bias is not None
     ctx.backend = backend
@@ -195,9 +230,10 @@ def _conv_backward(ctx, grad_out):
         out_in,
         ctx.backend,
         ctx.symmetric,
+        ctx.precision,
     )
     grad_bias = grad_out.sum(0) if ctx.has_bias else None
-    return grad_features, grad_weight, grad_bias, None, None, None, None
+    return grad_features, grad_weight, grad_bias, None, None, None, None, None
 
 
 _sparse_conv3d.register_autograd(_conv_backward, setup_context=_conv_setup_context)

@@ -183,6 +183,73 @@ def test_activation_relu_forward_and_gradients():
         pcops.sparse_conv3d(feats, km, weight, bias, activation=torch.relu)
 
 
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
+@interpret
+def test_triton_precision_interpreter(precision):
+    """Every float32 precision runs the same kernels (forward, dgrad, wgrad) to the reference's
+    result; the interpreter multiplies in float32 whatever the precision (the GPU test checks the
+    tensor-core rounding)."""
+    from pcops.triton import sparse_conv3d as tri
+
+    feats, weight, bias, out_in = conv_case(40, 5, 7, seed=61)
+    out = tri.sparse_conv3d(feats, weight, bias, out_in, precision=precision)
+    torch.testing.assert_close(out, ref.sparse_conv3d(feats, weight, bias, out_in), **TOL[torch.float32])
+    g = torch.randn(out.shape, generator=generator(62))
+    ef, ew = ref.sparse_conv3d_backward(g, feats, weight, out_in, True, True)
+    gf, gw = tri.sparse_conv3d_backward(g, feats, weight, out_in, True, precision)
+    torch.testing.assert_close(gf, ef, **TOL[torch.float32])
+    torch.testing.assert_close(gw, ew, **TOL[torch.float32])
+
+
+def test_precision_argument():
+    feats, weight, bias, out_in = conv_case(30, 3, 4, seed=63)
+    km = pcops.sparse_conv_kernel_map(torch.zeros(0, 4, dtype=torch.int32), (8, 9, 10), 3, subm=True)
+    coords_km = km._replace(out_in=out_in)
+    base = pcops.sparse_conv3d(feats, coords_km, weight, bias)
+    for precision in ("ieee", "tf32", "tf32x3"):  # the reference (CPU) ignores it
+        assert torch.equal(pcops.sparse_conv3d(feats, coords_km, weight, bias, precision=precision), base)
+    with pytest.raises(ValueError, match="precision"):
+        pcops.sparse_conv3d(feats, coords_km, weight, bias, precision="bf16")
+    with pytest.raises(TypeError, match="precision"):
+        pcops.sparse_conv3d(feats, coords_km, weight, bias, precision=None)
+    conv = pcops.nn.SubMConv3d(3, 4, 3, precision="tf32x3")
+    assert conv.precision == "tf32x3" and "precision='tf32x3'" in repr(conv)
+    with pytest.raises(ValueError, match="precision"):
+        pcops.nn.SparseConv3d(3, 4, 3, precision="fp32")
+    f = feats.double().requires_grad_(True)
+    torch.library.opcheck(
+        torch.ops.pcops.sparse_conv3d, (f, weight.double(), bias.double(), out_in, "auto", "none", False, "tf32x3")
+    )
+
+
+@pytest.mark.parametrize("subm", [True, False])
+@gpu[0]
+@gpu[1]
+def test_gpu_fp32_precisions(subm):
+    """float32 on tensor cores: 3×TF32 within float32 rounding of the float64 reference (like
+    IEEE), TF32 within its 10-bit mantissa; every precision bit-identical run to run."""
+    from pcops.triton import sparse_conv3d as tri
+
+    feats, weight, bias, out_in = conv_case(5000, 64, 64, seed=64, subm=subm, device="cuda", shape=(20, 30, 40))
+    exp = ref.sparse_conv3d(feats.double(), weight.double(), bias.double(), out_in)
+    g = torch.randn(exp.shape, generator=generator(65)).cuda()
+    ef, ew = ref.sparse_conv3d_backward(g.double(), feats.double(), weight.double(), out_in, True, True)
+    scale = exp.abs().max()
+    errors = {}
+    for precision in ("ieee", "tf32x3", "tf32"):
+        out = tri.sparse_conv3d(feats, weight, bias, out_in, precision=precision)
+        gf, gw = tri.sparse_conv3d_backward(g, feats, weight, out_in, subm, precision)
+        again = tri.sparse_conv3d(feats, weight, bias, out_in, precision=precision)
+        assert torch.equal(out, again)
+        errors[precision] = max(
+            float((out.double() - exp).abs().max() / scale),
+            float((gf.double() - ef).abs().max() / ef.abs().max()),
+            float((gw.double() - ew).abs().max() / ew.abs().max()),
+        )
+    assert errors["ieee"] < 1e-5 and errors["tf32x3"] < 1e-5, errors
+    assert 1e-5 < errors["tf32"] < 1e-2, errors
+
+
 _AOT_SCRIPT = r"""
 import triton
 from triton.backends.compiler import GPUTarget
@@ -197,7 +264,7 @@ def compile_(fn, types, constexprs, num_warps=4):
     triton.compile(ASTSource(fn, sig, constexprs), target=target, options={"num_warps": num_warps})
 
 
-for ptr, prec in (("*fp16", "tf32"), ("*bf16", "tf32"), ("*fp32", "ieee"), ("*fp32", "tf32")):
+for ptr, prec in (("*fp16", "tf32"), ("*bf16", "tf32"), ("*fp32", "ieee"), ("*fp32", "tf32"), ("*fp32", "tf32x3")):
     for relu in (False, True):
         for bias in (False, True):
             types = [ptr, ptr, ptr, "*i32", ptr] + ["i32"] * 7

@@ -12,6 +12,11 @@
 - ``SparseSequential`` (non-sparse modules such as ``nn.BatchNorm1d`` or ``nn.ReLU`` act on
   ``.features``), ``ToDense``.
 
+Each conv also takes ``precision`` (keyword; the attribute of that name can be changed later):
+how its GEMMs multiply float32 features, ``"auto"`` (TF32 where
+``torch.backends.cuda.matmul.allow_tf32`` is set, else IEEE), ``"ieee"``, ``"tf32"`` or
+``"tf32x3"`` (float32's accuracy on tensor cores); see ``pcops.sparse_conv3d``.
+
 Kernel maps are built once per ``indice_key`` and kept in the tensor's ``indice_dict``, which
 every output shares with its input: the SubM layers of one resolution reuse one map, and an
 inverse conv finds the map of its strided conv (the layers build and use the maps' out-in
@@ -35,6 +40,7 @@ from torch import nn
 
 from .. import _checks, _library
 from ..kernel_map import KernelMap, _inverse_table, _triple, sparse_conv_kernel_map
+from ..sparse_conv3d import check_precision
 
 __all__ = [
     "SparseConvTensor",
@@ -192,11 +198,13 @@ class _SparseConv3d(SparseModule):
         subm: bool = False,
         inverse: bool = False,
         capacity: Optional[int] = None,
+        precision: str = "auto",
         algo=None,
         device=None,
         dtype=None,
     ):
         super().__init__()
+        self.precision = check_precision(precision)
         if capacity is not None:
             capacity = _checks.check_int("capacity", capacity, min_value=1)
         self.capacity = capacity
@@ -232,6 +240,7 @@ class _SparseConv3d(SparseModule):
         if self.bias is None:
             s += ", bias=False"
         s += f", indice_key={self.indice_key!r}" if self.indice_key else ""
+        s += f", precision={self.precision!r}" if self.precision != "auto" else ""
         return s + (f", activation={self.activation!r}" if self.activation else "")
 
     def _geometry(self) -> tuple:
@@ -320,7 +329,15 @@ class _SparseConv3d(SparseModule):
         # runs the feature gradient on it instead of building the inverse table
         symmetric = self.subm and all(k % 2 for k in self.kernel_size)
         out = _library.call(
-            torch.ops.pcops.sparse_conv3d.default, feats.contiguous(), w, bias, out_in, "auto", act, symmetric
+            torch.ops.pcops.sparse_conv3d.default,
+            feats.contiguous(),
+            w,
+            bias,
+            out_in,
+            "auto",
+            act,
+            symmetric,
+            self.precision,
         )
         return SparseConvTensor(
             out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static, num_dropped=num_dropped
@@ -377,9 +394,9 @@ class SubMConv3d(_SparseConv3d):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, indice_key=None, algo=None, *, device=None, dtype=None):  # fmt: skip
+                 bias=True, indice_key=None, algo=None, *, precision="auto", device=None, dtype=None):  # fmt: skip
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         indice_key, subm=True, algo=algo, device=device, dtype=dtype)  # fmt: skip
+                         indice_key, subm=True, precision=precision, algo=algo, device=device, dtype=dtype)  # fmt: skip
 
 
 class SparseConv3d(_SparseConv3d):
@@ -395,9 +412,11 @@ class SparseConv3d(_SparseConv3d):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, indice_key=None, algo=None, *, capacity=None, device=None, dtype=None):  # fmt: skip
+                 bias=True, indice_key=None, algo=None, *, capacity=None, precision="auto", device=None,
+                 dtype=None):  # fmt: skip
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         indice_key, capacity=capacity, algo=algo, device=device, dtype=dtype)  # fmt: skip
+                         indice_key, capacity=capacity, precision=precision, algo=algo, device=device,
+                         dtype=dtype)  # fmt: skip
 
 
 class SparseInverseConv3d(_SparseConv3d):
@@ -407,9 +426,9 @@ class SparseInverseConv3d(_SparseConv3d):
     out_channels, kernel_size, indice_key, bias=True)``."""
 
     def __init__(self, in_channels, out_channels, kernel_size, indice_key=None, bias=True, algo=None, *,
-                 device=None, dtype=None):  # fmt: skip
+                 precision="auto", device=None, dtype=None):  # fmt: skip
         super().__init__(in_channels, out_channels, kernel_size, 1, 0, 1, 1, bias, indice_key, inverse=True,
-                         algo=algo, device=device, dtype=dtype)  # fmt: skip
+                         precision=precision, algo=algo, device=device, dtype=dtype)  # fmt: skip
 
 
 class SparseSequential(nn.Sequential):

@@ -33,10 +33,15 @@ from . import _launch
 _WGRAD_ROWS = 4096  # rows per wgrad partial sum (fixed: the sum order depends on M alone)
 
 
-def _precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"  # ignored for 16-bit inputs (tensor cores with float32 accumulation)
+def _precision(dtype: torch.dtype, precision: str = "auto") -> str:
+    """``tl.dot``'s input precision: float32 as asked (``"auto"``: TF32 where
+    ``torch.backends.cuda.matmul.allow_tf32`` is set, else IEEE); ignored for 16-bit inputs
+    (tensor cores with float32 accumulation)."""
+    if dtype != torch.float32:
+        return "tf32"
+    if precision == "auto":
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    return precision
 
 
 def _pow2(n: int, lo: int, hi: int) -> int:
@@ -113,7 +118,7 @@ def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int]:
     return (128 if m >= 131072 and dtype != torch.float32 else 64), 4
 
 
-def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = False):
+def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = False, precision: str = "auto"):
     """``out (M, c_out)`` of ``x.dtype``: ``bias + Σ_k x[table[:, k]] @ W[k]`` (``relu``: then
     ``max(·, 0)``) where ``W[k][i, o]`` is at ``weight_view + k * strides[0] + i * strides[1] +
     o * strides[2]``. One launch."""
@@ -145,7 +150,7 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
         *strides,
         HAS_BIAS=bias is not None,
         RELU=relu,
-        PRECISION=_precision(x.dtype),
+        PRECISION=_precision(x.dtype, precision),
         SKIP=kpad <= 32,
         KPAD=kpad,
         BLOCK_M=block_m,
@@ -200,7 +205,7 @@ def _wgrad_kernel(
     tl.store(part, acc, mask=cim[:, None] & com[None, :])
 
 
-def wgrad(x, grad_out, table, weight_dtype, block_m: int = 128):
+def wgrad(x, grad_out, table, weight_dtype, block_m: int = 128, precision: str = "auto"):
     """``(K, C_in, C_out)`` of ``weight_dtype``: ``Σ_m x[table[m, k]]ᵀ @ grad_out[m]`` per offset."""
     m, k = table.shape
     c_in, c_out = x.shape[1], grad_out.shape[1]
@@ -222,7 +227,7 @@ def wgrad(x, grad_out, table, weight_dtype, block_m: int = 128):
             c_in,
             c_out,
             ROWS=_WGRAD_ROWS,
-            PRECISION=_precision(x.dtype),
+            PRECISION=_precision(x.dtype, precision),
             BLOCK_M=block_m,
             BLOCK_I=block_i,
             BLOCK_O=block_o,
@@ -231,10 +236,13 @@ def wgrad(x, grad_out, table, weight_dtype, block_m: int = 128):
     return part.sum(0).to(weight_dtype)
 
 
-def sparse_conv3d(features, weight, bias, out_in, relu: bool = False):
-    """Forward: ``(M, C_out)``; ``weight (K, C_in, C_out)`` contiguous; ``relu``: the epilogue."""
+def sparse_conv3d(features, weight, bias, out_in, relu: bool = False, precision: str = "auto"):
+    """Forward: ``(M, C_out)``; ``weight (K, C_in, C_out)`` contiguous; ``relu``: the epilogue;
+    ``precision``: float32's ``tl.dot`` input precision (``_precision``)."""
     s = weight.stride()
-    return gather_gemm(features, weight, bias, out_in, weight.shape[2], strides=(s[0], s[1], s[2]), relu=relu)
+    return gather_gemm(
+        features, weight, bias, out_in, weight.shape[2], strides=(s[0], s[1], s[2]), relu=relu, precision=precision
+    )
 
 
 @triton.jit
@@ -258,7 +266,7 @@ def inverse_table(table: torch.Tensor, num_in: int) -> torch.Tensor:
     return inv
 
 
-def sparse_conv3d_backward(grad_out, features, weight, out_in, symmetric: bool = False):
+def sparse_conv3d_backward(grad_out, features, weight, out_in, symmetric: bool = False, precision: str = "auto"):
     """``(∂features, ∂weight)``. ``symmetric``: ``out_in`` is a submanifold map with odd kernel
     sizes, its own inverse with offset ``k`` mirrored to ``K - 1 - k``; else the inverse table
     is built (``inverse_table``)."""
@@ -267,9 +275,11 @@ def sparse_conv3d_backward(grad_out, features, weight, out_in, symmetric: bool =
         # ∂x[i] = Σ_k g[inv[i, k]] Wᵀ[k] = Σ_j g[out_in[i, j]] Wᵀ[K-1-j]: offsets of Wᵀ reversed
         k = weight.shape[0]
         view, strides = weight[k - 1], (-s[0], s[2], s[1])
-        grad_features = gather_gemm(grad_out, view, None, out_in, weight.shape[1], strides=strides)
+        grad_features = gather_gemm(grad_out, view, None, out_in, weight.shape[1], strides=strides, precision=precision)
     else:
         inverse = inverse_table(out_in, features.shape[0])
         # Wᵀ[k][o, i] = W[k][i, o]: the rows of the GEMM run over C_out
-        grad_features = gather_gemm(grad_out, weight, None, inverse, weight.shape[1], strides=(s[0], s[2], s[1]))
-    return grad_features, wgrad(features, grad_out, out_in, weight.dtype)
+        grad_features = gather_gemm(
+            grad_out, weight, None, inverse, weight.shape[1], strides=(s[0], s[2], s[1]), precision=precision
+        )
+    return grad_features, wgrad(features, grad_out, out_in, weight.dtype, precision=precision)
