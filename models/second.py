@@ -111,8 +111,9 @@ class VoxelBackBone8x(nn.Module):
             about 150 kernels one by one from Python. The graph is captured at the first call per
             (device, dtype, batch size, TF32 / cuDNN flags) and again when the voxels outgrow its
             capacities (input rows rounded up to 8,192; strided outputs starting at 2, 1.5, 1 and
-            1 times that) or the parameters change. The outputs are the op-by-op path's, bit for
-            bit, as new tensors; reading their sizes is one host sync per call (the op-by-op
+            1 times that) or the parameters or precisions change. The outputs are the op-by-op path's, bit for
+            bit, in new tensors (the real rows of copies of the graph's padded buffers); reading
+            their sizes is one host sync per call (the op-by-op
             path syncs for the strided maps' sizes too). A call whose voxels overflow a capacity
             reruns op by op and the next call captures larger capacities. The outputs' kernel
             maps (``indice_dict``) are not kept: later layers build their own. The graph keeps
@@ -256,6 +257,12 @@ class VoxelBackBone8x(nn.Module):
         entry.coords[:n].copy_(x.indices)
         entry.coords[n:].fill_(-1)
         entry.graph.replay()
+        static = entry.outputs
+        scales = static["multi_scale_3d_features"]
+        tensors = [*scales.values(), static["encoded_spconv_tensor"]]
+        # the outputs leave the static buffers whole, queued behind the replay (their launches
+        # overlap the GPU's work; the results are cut to their real rows after the sync)
+        copies = [(t.features.clone(), t.indices.clone()) for t in tensors]
         counts = entry.counts.tolist()  # the host sync: the output sizes
         if counts[-1] > 0:  # a strided conv's capacity overflowed: op by op now, larger next time
             out = self._forward(x)
@@ -263,17 +270,14 @@ class VoxelBackBone8x(nn.Module):
                                                   out["encoded_spconv_tensor"])]  # fmt: skip
             self._graph_caps[key] = tuple(max(c, _round_rows(1.25 * m)) for c, m in zip(entry.capacities, sizes))
             return None
-        static = entry.outputs
-
-        def take(t: pnn.SparseConvTensor, m: int) -> pnn.SparseConvTensor:
-            return pnn.SparseConvTensor(t.features[:m].clone(), t.indices[:m].clone(), t.spatial_shape, x.batch_size)
-
-        scales = static["multi_scale_3d_features"]
-        levels = {name: take(t, m) for (name, t), m in zip(scales.items(), [n, *counts[:3]])}
+        outs = [
+            pnn.SparseConvTensor._unchecked(f[:m], i[:m], t.spatial_shape, x.batch_size)
+            for (f, i), t, m in zip(copies, tensors, [n, *counts[:4]])
+        ]
         return {
-            "encoded_spconv_tensor": take(static["encoded_spconv_tensor"], counts[3]),
+            "encoded_spconv_tensor": outs[4],
             "encoded_spconv_tensor_stride": 8,
-            "multi_scale_3d_features": levels,
+            "multi_scale_3d_features": dict(zip(scales, outs[:4])),
         }
 
     def _capture(self, x: pnn.SparseConvTensor, rows: int, caps: tuple, signature: tuple) -> "_EncoderGraph":

@@ -116,6 +116,15 @@ class SparseConvTensor:
         # (1,) int64 on the device: voxels dropped by static capacities on the way here (None: none)
         self.num_dropped = num_dropped
 
+    @classmethod
+    def _unchecked(cls, features, indices, spatial_shape, batch_size: int) -> "SparseConvTensor":
+        """A variable-form tensor from parts a layer or model made itself (int32 contiguous
+        indices, a list shape): the constructor's checks skipped (host time per call)."""
+        t = cls.__new__(cls)
+        t.features, t.indices, t.spatial_shape, t.batch_size = features, indices, list(spatial_shape), batch_size
+        t.indice_dict, t.static, t.num_dropped = {}, False, None
+        return t
+
     def replace_feature(self, features: torch.Tensor) -> "SparseConvTensor":
         """The same voxels (and kernel maps) with new features of as many rows."""
         if not isinstance(features, torch.Tensor) or features.dim() != 2 or features.shape[0] != self.indices.shape[0]:
