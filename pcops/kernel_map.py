@@ -130,6 +130,7 @@ def sparse_conv_kernel_map(
     batch_size: Optional[int] = None,
     pairs: bool = True,
     backend: str = "auto",
+    max_outputs: int = 0,  # private: _static_table's
 ) -> KernelMap:
     """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
     which kernel offset (spconv / torchsparse index generation).
@@ -276,10 +277,31 @@ def sparse_conv_kernel_map(
         batch_size,
         backend,
         pairs,
+        max_outputs,
     )
     if not pairs:
-        return KernelMap(out_coords, tuple(out_shape), None, None, None, out_in)
+        km = KernelMap(out_coords, tuple(out_shape), None, None, None, out_in)
+        return (km, offsets) if max_outputs else km
     return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
+
+
+def _static_table(coords, spatial_shape, kernel_size, stride, padding, dilation, batch_size: int, max_outputs: int):
+    """A static regular map's out-in table cut to ``max_outputs`` rows (the first in key order),
+    and ``(1,)`` int32 ``M``, its output count before the cut, on the device (``pcops.nn``'s
+    strided convs with a capacity: the count of the dropped voxels without a pass over ``N·J``
+    rows)."""
+    return sparse_conv_kernel_map(
+        coords,
+        spatial_shape,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        static_shapes=True,
+        batch_size=batch_size,
+        pairs=False,
+        max_outputs=_checks.check_int("max_outputs", max_outputs, min_value=1),
+    )
 
 
 def _plain(v):
@@ -347,6 +369,7 @@ def _kernel_map(
     batch_size: int = 0,
     backend: str = "auto",
     pairs: bool = True,
+    max_outputs: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if _map_impl("sparse_conv_kernel_map", backend, coords) == "reference":
         impl = _ref
@@ -366,6 +389,7 @@ def _kernel_map(
         static_shapes,
         batch_size,
         pairs,
+        max_outputs,
     )
 
 
@@ -385,13 +409,17 @@ def _kernel_map_fake(
     batch_size=0,
     backend="auto",
     pairs=True,
+    max_outputs=0,
 ):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4, lambda: "coords: expected shape (N, 4)")
     torch._check(coords.dtype == torch.int32, lambda: "coords: expected int32")
     ctx = torch.library.get_ctx()
     num_k = math.prod(kernel_size)
-    if static_shapes and not subm:
+    static_out = static_shapes and not subm
+    if static_out:
         num_out = num_pairs = coords.shape[0] * _ref.outputs_per_input(kernel_size, stride, dilation, transposed)
+        if max_outputs > 0:
+            num_out = torch.sym_min(num_out, max_outputs)
     else:
         num_out = coords.shape[0] if subm else ctx.new_dynamic_size()
         num_pairs = num_out * num_k if (pad_pairs or static_shapes or not pairs) else ctx.new_dynamic_size()
@@ -401,7 +429,7 @@ def _kernel_map_fake(
         coords.new_empty((num_out, 4)),
         coords.new_empty((num_pairs,)),
         coords.new_empty((num_pairs,)),
-        coords.new_empty((num_k + 1 if pairs else 0,)),
+        coords.new_empty((num_k + 1 if pairs else (1 if static_out else 0),)),
         coords.new_empty((num_out, num_k)),
     )
 

@@ -592,10 +592,42 @@ def test_triton_interpreter_table_only(cfg, static):
     got = tri.sparse_conv_kernel_map(*args, **kw, pairs=False)
     expected = ref.sparse_conv_kernel_map(*args, **kw)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[4], expected[4])
-    assert all(t.numel() == 0 and t.dtype == torch.int32 for t in got[1:4])
+    assert all(t.numel() == 0 and t.dtype == torch.int32 for t in got[1:3])
     got_ref = ref.sparse_conv_kernel_map(*args, **kw, pairs=False)
     assert torch.equal(got_ref[0], expected[0]) and torch.equal(got_ref[4], expected[4])
-    assert all(t.numel() == 0 for t in got_ref[1:4])
+    assert all(t.numel() == 0 for t in got_ref[1:3])
+    if static and not subm:  # offsets carries M, the real output count
+        m = int((expected[0][:, 0] >= 0).sum())
+        assert got[3].tolist() == [m] and got_ref[3].tolist() == [m] and got[3].dtype == torch.int32
+    else:
+        assert got[3].numel() == 0 and got_ref[3].numel() == 0
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[3], CONFIGS[9]], ids=_cfg_id)
+@pytest.mark.parametrize("pairs", [False, True])
+@interpret
+def test_triton_interpreter_static_max_outputs(cfg, pairs):
+    """A static map cut to ``max_outputs`` rows: the first rows of the uncut map, its pairs only
+    for those rows, and (without pairs) the uncut count; as the reference."""
+    from pcops.triton import kernel_map as tri
+
+    kernel, stride, padding, dilation, subm, transposed = cfg
+    coords = make_coords(2, (5, 6, 7), 37, seed=53)
+    _, args = _launch(coords[:0], (5, 6, 7), kernel, stride, padding, dilation, subm, transposed)
+    args = (coords, *args[1:])
+    full = ref.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2)
+    m = int((full[0][:, 0] >= 0).sum())
+    for cut in (m - 5, m, m + 7, 10**6):
+        kw = dict(static_shapes=True, batch_size=2, pairs=pairs, max_outputs=cut)
+        got = tri.sparse_conv_kernel_map(*args, **kw)
+        expected = ref.sparse_conv_kernel_map(*args, **kw)
+        rows = min(cut, full[0].shape[0])
+        assert got[0].shape[0] == rows and torch.equal(got[0], full[0][:rows])
+        assert torch.equal(got[4], full[4][:rows])
+        for name, a, b in zip(("out_coords", "pair_in", "pair_out", "offsets", "out_in"), got, expected):
+            assert a.dtype == b.dtype and torch.equal(a, b), (name, cut)
+        if not pairs:
+            assert got[3].tolist() == [m]
 
 
 @pytest.mark.parametrize("kwargs", [dict(subm=True), dict(stride=2, padding=1), dict(transposed=True, stride=2)])
@@ -614,6 +646,18 @@ def test_table_only_public(kwargs):
             [kwargs.get("padding", 0) if not kwargs.get("subm") else 1] * 3, [1, 1, 1],
             kwargs.get("subm", False), kwargs.get("transposed", False), False, False, 0, "auto", False)  # fmt: skip
     torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, args)
+    if not kwargs.get("subm"):  # a static map cut to 20 rows, with its count
+        static = (*args[:10], True, 2, "auto", False, 20)
+        torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, static)
+        km20, count = (
+            pcops.kernel_map._static_table(
+                coords, (5, 6, 7), 3, kwargs.get("stride", 1), kwargs.get("padding", 0), 1, 2, 20
+            )
+            if not kwargs.get("transposed")
+            else (None, None)
+        )
+        if km20 is not None:
+            assert torch.equal(km20.out_in, full.out_in[:20]) and count.tolist() == [full.out_coords.shape[0]]
     with pytest.raises(TypeError, match="pairs"):
         pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, subm=True, pairs=1)
 

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .. import _checks, _library
-from ..kernel_map import KernelMap, _inverse_table, _triple, sparse_conv_kernel_map
+from ..kernel_map import KernelMap, _inverse_table, _static_table, _triple, sparse_conv_kernel_map
 from ..sparse_conv3d import check_precision
 
 __all__ = [
@@ -289,24 +289,26 @@ class _SparseConv3d(SparseModule):
                 f"indice_key: {key!r} holds a submanifold map of another kernel or input "
                 f"({entry.geometry[0]} on {entry.in_indices.shape[0]} voxels); use another key"
             )
-        km = sparse_conv_kernel_map(
-            x.indices,
-            x.spatial_shape,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.dilation,
-            subm=self.subm,
-            static_shapes=x.static and not self.subm,
-            batch_size=x.batch_size if x.static and not self.subm else None,
-            pairs=False,  # the GEMM reads the out-in table only: no compaction, no pair-count sync
-        )
-        out_in, out_coords, dropped = km.out_in, km.out_coords, None
-        if x.static and self.capacity is not None:
-            # the real rows come first (sorted): keep the first `capacity`, count the rest (no sync)
-            real = (out_coords[:, 0] >= 0).sum()
-            dropped = (real - self.capacity).clamp(min=0).reshape(1)
-            out_in, out_coords = out_in[: self.capacity], out_coords[: self.capacity]
+        dropped = None
+        if x.static and self.capacity is not None and not self.subm:
+            # the map keeps the first `capacity` rows (sorted) and counts all (no sync)
+            geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
+            km, count = _static_table(x.indices, x.spatial_shape, *geometry, x.batch_size, self.capacity)
+            dropped = (count.to(torch.int64) - self.capacity).clamp(min=0)
+        else:
+            km = sparse_conv_kernel_map(
+                x.indices,
+                x.spatial_shape,
+                self.kernel_size,
+                self.stride,
+                self.padding,
+                self.dilation,
+                subm=self.subm,
+                static_shapes=x.static and not self.subm,
+                batch_size=x.batch_size if x.static and not self.subm else None,
+                pairs=False,  # the GEMM reads the out-in table only: no compaction, no pair-count sync
+            )
+        out_in, out_coords = km.out_in, km.out_coords
         if key is not None:
             x.indice_dict[key] = _IndiceEntry(
                 kind, self._geometry(), km, x.indices, tuple(x.spatial_shape), None, out_in, out_coords

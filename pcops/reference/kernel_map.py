@@ -159,9 +159,12 @@ def sparse_conv_kernel_map(
     static_shapes: bool = False,
     batch_size: int = 0,
     pairs: bool = True,
+    max_outputs: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(out_coords, pair_in, pair_out, offsets, out_in)``; see ``pcops.sparse_conv_kernel_map``.
-    ``pairs=False``: the three pair arrays are empty.
+    ``pairs=False``: the pair arrays are empty, and so is ``offsets`` except for a static
+    regular/transposed map: ``(1,)`` int32, the output count ``M`` (before the cut below).
+    ``max_outputs`` (static regular/transposed): at most this many output rows (``0``: ``N·J``).
 
     For ``subm`` the caller passes stride 1 and the centred padding ``(K - 1) // 2 * d``.
     ``pad_pairs``: the pair arrays get ``M·K`` entries, −1 past ``P``.
@@ -180,17 +183,22 @@ def sparse_conv_kernel_map(
     else:
         out_coords = output_coords(coords, in_shape, out_shape, kernel_size, stride, padding, dilation, transposed)
     out_in = out_in_table(out_coords, sorted_keys, perm, in_shape, kernel_size, stride, padding, dilation, transposed)
+    static_out = static_shapes and not subm
+    if static_out:
+        bound = cap = coords.shape[0] * outputs_per_input(kernel_size, stride, dilation, transposed)
+        if max_outputs > 0:
+            cap = min(bound, max_outputs)
+        count = torch.tensor([out_coords.shape[0]], dtype=torch.int32, device=out_in.device)
+        out_coords, out_in = out_coords[:cap], out_in[:cap]
     if not pairs:
         empty = out_in.new_empty((0,))
-        if static_shapes and not subm:
-            cap = coords.shape[0] * outputs_per_input(kernel_size, stride, dilation, transposed)
+        if static_out:
             out_coords, out_in = _pad_rows(out_coords, cap), _pad_rows(out_in, cap)
-        return out_coords, empty, empty.clone(), empty.clone(), out_in
+        return out_coords, empty, empty.clone(), count if static_out else empty.clone(), out_in
     pair_in, pair_out, offsets = pairs_from_table(out_in)
-    if static_shapes and not subm:
-        cap = coords.shape[0] * outputs_per_input(kernel_size, stride, dilation, transposed)
+    if static_out:
         out_coords, out_in = _pad_rows(out_coords, cap), _pad_rows(out_in, cap)
-        pair_in, pair_out = _pad_rows(pair_in, cap), _pad_rows(pair_out, cap)
+        pair_in, pair_out = _pad_rows(pair_in, bound), _pad_rows(pair_out, bound)  # one per (input, offset)
     elif pad_pairs or static_shapes:
         pair_in, pair_out = _pad_rows(pair_in, out_in.numel()), _pad_rows(pair_out, out_in.numel())
     return out_coords, pair_in, pair_out, offsets, out_in

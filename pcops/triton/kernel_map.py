@@ -167,7 +167,9 @@ def _plan(
     )
 
 
-def _empty_map(dev, num_out: int, num_k: int, out_coords=None, pairs: bool = True):
+def _empty_map(dev, num_out: int, num_k: int, out_coords=None, pairs: bool = True, count: bool = False):
+    """No outputs. ``offsets``: ``K + 1`` zeros with pairs; without, ``(1,)`` zero (``count``:
+    a static regular map's ``M``) or empty."""
     empty = torch.empty(0, dtype=torch.int32, device=dev)
     if out_coords is None:
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
@@ -175,7 +177,7 @@ def _empty_map(dev, num_out: int, num_k: int, out_coords=None, pairs: bool = Tru
         out_coords,
         empty,
         empty.clone(),
-        torch.zeros(num_k + 1 if pairs else 0, dtype=torch.int32, device=dev),
+        torch.zeros(num_k + 1 if pairs else int(count), dtype=torch.int32, device=dev),
         torch.empty((num_out, num_k), dtype=torch.int32, device=dev),
     )
 
@@ -259,6 +261,7 @@ def sparse_conv_kernel_map(
     static_shapes: bool = False,
     batch_size: int = 0,
     pairs: bool = True,
+    max_outputs: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Kernel map on the GPU (or on CPU tensors under the Triton interpreter).
 
@@ -277,7 +280,11 @@ def sparse_conv_kernel_map(
         batch_size: static regular/transposed maps: the samples covered (inputs of later
             samples are never inputs).
         pairs: ``False``: no compaction launch (and no host sync for a submanifold map); the
-            three pair arrays are empty.
+            pair arrays are empty, and so is ``offsets`` except for a static regular/transposed
+            map, where it is ``(1,)`` int32: the output count ``M`` on the device (before any
+            ``max_outputs`` cut).
+        max_outputs: static regular/transposed maps: at most this many output rows (``0``: the
+            bound ``N·J``); the outputs past it, last in key order, are dropped.
     Returns:
         ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
         int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``.
@@ -301,7 +308,7 @@ def sparse_conv_kernel_map(
     )
     num_k, block, kpad = plan["num_k"], plan["block"], plan["kpad"]
     if n == 0:
-        return _empty_map(dev, 0, num_k, pairs=pairs)
+        return _empty_map(dev, 0, num_k, pairs=pairs, count=static_shapes and not subm)
     # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
     cap_in, log_in = _capacity(n, 4)
     static_out = static_shapes and not subm
@@ -400,7 +407,7 @@ def sparse_conv_kernel_map(
             SUMS=min(1024, _pow2(chunks)),
             num_warps=8,
         )
-        num_out = bound
+        num_out = min(bound, max_outputs) if max_outputs > 0 else bound
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     else:
         # the one host sync: the output count M (with P and the largest batch index)
@@ -440,7 +447,8 @@ def sparse_conv_kernel_map(
     )
     if not pairs:  # the table only: no compaction, no pair count to read
         empty = out_in.new_empty((0,))
-        return out_coords, empty, empty.clone(), empty.clone(), out_in
+        count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()
+        return out_coords, empty, empty.clone(), count, out_in
     if static_out:
         cap_pairs = bound  # one pair per valid (input, offset)
     else:

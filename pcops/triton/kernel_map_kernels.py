@@ -335,7 +335,7 @@ def _kmap_lookup_kernel(
     if DEV_M:
         # only the blocks holding the M live rows are looked up (a stride over the programs); the
         # rows [M, m_total) are set to -1 by flat strides below
-        m_dev = tl.load(ws_ptr + m_off) + 1
+        m_dev = tl.minimum(tl.load(ws_ptr + m_off) + 1, m_total)  # a row capacity may cut M
         live_blocks = tl.cdiv(m_dev, BLOCK_M)
         # `sub` is the group count G here: groups of ceil(live blocks / G) blocks (as the compaction)
         sub_d = tl.maximum((live_blocks + sub - 1) // sub, 1)
@@ -494,7 +494,7 @@ def _kmap_compact_kernel(
     m_read = m_total
     if DEV_M:
         # only the first M rows hold hits: this group's share of them, as the lookup counted
-        m_read = tl.load(counts_ptr + m_off).to(tl.int32) + 1
+        m_read = tl.minimum(tl.load(counts_ptr + m_off).to(tl.int32) + 1, m_total)  # as the lookup cut it
         sub = (tl.cdiv(m_read, BLOCK_M) + num_groups - 1) // num_groups
         # the padded pair entries [P, cap_pairs), shared out by a stride over the programs
         for t0 in range(num_pairs + pid * TAIL, cap_pairs, num_groups * TAIL):
