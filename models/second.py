@@ -67,6 +67,11 @@ def _capacities(static_capacity) -> tuple:
     return tuple(_checks.check_int("static_capacity", c, min_value=1) for c in static_capacity)
 
 
+def _encoder_outputs(out: dict) -> list:
+    """``VoxelBackBone8x.forward``'s five tensors: ``x_conv1`` … ``x_conv4``, the encoded one."""
+    return [*out["multi_scale_3d_features"].values(), out["encoded_spconv_tensor"]]
+
+
 class _EncoderGraph(NamedTuple):
     """``VoxelBackBone8x``'s eager graph: the static form on ``rows`` input rows."""
 
@@ -111,17 +116,17 @@ class VoxelBackBone8x(nn.Module):
             about 150 kernels one by one from Python. The graph is captured at the first call per
             (device, dtype, batch size, TF32 / cuDNN flags) and again when the voxels outgrow its
             capacities (input rows rounded up to 8,192; strided outputs starting at 2, 1.5, 1 and
-            1 times that) or the parameters or precisions change. The outputs are the op-by-op path's, bit for
-            bit, in new tensors (the real rows of copies of the graph's padded buffers); reading
-            their sizes is one host sync per call (the op-by-op
-            path syncs for the strided maps' sizes too). A call whose voxels overflow a capacity
+            1 times that) or the parameters or precisions change. The outputs are the op-by-op
+            path's, bit for bit, in new tensors (the real rows of copies of the graph's padded
+            buffers); reading their sizes is one host sync per call (the op-by-op path syncs for
+            the strided maps' sizes too). A call whose voxels overflow a capacity
             reruns op by op and the next call captures larger capacities. The outputs' kernel
             maps (``indice_dict``) are not kept: later layers build their own. The graph keeps
             its buffers while the model lives (at most four graphs per model). ``False``: op by op.
         precision: every conv's ``precision`` for float32 features (``"auto"``, ``"ieee"``,
             ``"tf32"``, ``"tf32x3"``; see ``pcops.sparse_conv3d``). ``"tf32x3"`` keeps float32's
-            accuracy (about 1e-6 relative) at 1.4× the IEEE speed in eval and 2.2× in training
-            (KITTI, H200, ``benchmarks/NOTES.md``).
+            accuracy (about 1e-6 relative) on tensor cores; its speed against IEEE is in
+            ``benchmarks/NOTES.md``.
 
     ``forward(x)`` takes a ``pcops.nn.SparseConvTensor`` of the voxels (``indices`` ``(b, z, y,
     x)``) and returns ``{"encoded_spconv_tensor": (128 channels, grid / (8, 8, 16)),
@@ -195,6 +200,17 @@ class VoxelBackBone8x(nn.Module):
     def _convs(self) -> list:
         return [m for m in self.modules() if isinstance(m, pnn.sparse._SparseConv3d)]
 
+    def _signature(self) -> tuple:
+        """What an eager graph bakes in, in one walk over the modules: every parameter's and
+        buffer's (data_ptr, version) and every conv's precision."""
+        sig = []
+        for m in self.modules():
+            tensors = (*m._parameters.values(), *m._buffers.values())
+            sig.extend((t.data_ptr(), t._version) for t in tensors if t is not None)
+            if isinstance(m, pnn.sparse._SparseConv3d):
+                sig.append(m.precision)
+        return tuple(sig)
+
     def _strided(self) -> list:
         """The four strided convs (``conv2``, ``conv3``, ``conv4``, ``conv_out``)."""
         return [self.conv2[0][0], self.conv3[0][0], self.conv4[0][0], self.conv_out[0]]
@@ -238,8 +254,7 @@ class VoxelBackBone8x(nn.Module):
             torch.is_inference_mode_enabled(),
             *_conv_flags(),
         )
-        signature = tuple((t.data_ptr(), t._version) for t in (*self.parameters(), *self.buffers()))
-        signature += tuple(conv.precision for conv in self._convs())
+        signature = self._signature()
         entry = self._graphs.get(key)
         asked = self._graph_caps.get(key)
         grown = asked is not None and entry is not None and any(a > c for a, c in zip(asked, entry.capacities))
@@ -259,15 +274,14 @@ class VoxelBackBone8x(nn.Module):
         entry.graph.replay()
         static = entry.outputs
         scales = static["multi_scale_3d_features"]
-        tensors = [*scales.values(), static["encoded_spconv_tensor"]]
+        tensors = _encoder_outputs(static)
         # the outputs leave the static buffers whole, queued behind the replay (their launches
         # overlap the GPU's work; the results are cut to their real rows after the sync)
         copies = [(t.features.clone(), t.indices.clone()) for t in tensors]
         counts = entry.counts.tolist()  # the host sync: the output sizes
         if counts[-1] > 0:  # a strided conv's capacity overflowed: op by op now, larger next time
             out = self._forward(x)
-            sizes = [t.indices.shape[0] for t in (*list(out["multi_scale_3d_features"].values())[1:],
-                                                  out["encoded_spconv_tensor"])]  # fmt: skip
+            sizes = [t.indices.shape[0] for t in _encoder_outputs(out)[1:]]
             self._graph_caps[key] = tuple(max(c, _round_rows(1.25 * m)) for c, m in zip(entry.capacities, sizes))
             return None
         outs = [
@@ -300,7 +314,7 @@ class VoxelBackBone8x(nn.Module):
             finally:
                 for conv, cap in zip(strided, saved):
                     conv.capacity = cap
-            tensors = [*list(out["multi_scale_3d_features"].values())[1:], out["encoded_spconv_tensor"]]
+            tensors = _encoder_outputs(out)[1:]
             real = [t.valid.sum() for t in tensors]
             dropped = tensors[-1].num_dropped
             real.append(

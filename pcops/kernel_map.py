@@ -130,7 +130,6 @@ def sparse_conv_kernel_map(
     batch_size: Optional[int] = None,
     pairs: bool = True,
     backend: str = "auto",
-    max_outputs: int = 0,  # private: _static_table's
 ) -> KernelMap:
     """Kernel map of a sparse 3D convolution: which input voxel feeds which output voxel through
     which kernel offset (spconv / torchsparse index generation).
@@ -228,6 +227,34 @@ def sparse_conv_kernel_map(
       in a bitmap of the output grids; a count and a ranking pass over the bitmap write the
       output keys in order and ``M``; lookup and compaction read ``M`` on the device), no sort.
     """
+    out_shape, (out_coords, pair_in, pair_out, offsets, out_in) = _map_outputs(
+        coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,
+        batch_size, pairs, backend, 0,
+    )  # fmt: skip
+    if not pairs:
+        return KernelMap(out_coords, out_shape, None, None, None, out_in)
+    return KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
+
+
+def _static_table(coords, spatial_shape, kernel_size, stride, padding, dilation, batch_size: int, max_outputs: int):
+    """A static regular map's out-in table cut to ``max_outputs`` rows (the first in key order),
+    and ``(1,)`` int32 ``M``, its output count before the cut, on the device (``pcops.nn``'s
+    strided convs with a capacity: the count of the dropped voxels without a pass over ``N·J``
+    rows)."""
+    max_outputs = _checks.check_int("max_outputs", max_outputs, min_value=1)
+    out_shape, (out_coords, _, _, count, out_in) = _map_outputs(
+        coords, spatial_shape, kernel_size, stride, padding, dilation, False, False, False, True, batch_size, False,
+        "auto", max_outputs,
+    )  # fmt: skip
+    return KernelMap(out_coords, out_shape, None, None, None, out_in), count
+
+
+def _map_outputs(
+    coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,
+    batch_size, pairs, backend, max_outputs,
+) -> tuple:  # fmt: skip
+    """``sparse_conv_kernel_map``'s checks and op call: ``(out_spatial_shape, the op's five
+    outputs)`` (``max_outputs``: the op's cut of a static regular/transposed map)."""
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
     if type(subm) is not bool or type(transposed) is not bool or type(pad_pairs) is not bool:
         key = None
@@ -265,8 +292,7 @@ def sparse_conv_kernel_map(
         coords = coords.to(torch.int32)
     if not coords.is_contiguous():
         coords = coords.contiguous()
-    out_shape = op_args[1]
-    out_coords, pair_in, pair_out, offsets, out_in = _library.call(
+    outputs = _library.call(
         torch.ops.pcops.sparse_conv_kernel_map.default,
         coords,
         *op_args,
@@ -279,29 +305,7 @@ def sparse_conv_kernel_map(
         pairs,
         max_outputs,
     )
-    if not pairs:
-        km = KernelMap(out_coords, tuple(out_shape), None, None, None, out_in)
-        return (km, offsets) if max_outputs else km
-    return KernelMap(out_coords, tuple(out_shape), pair_in, pair_out, offsets, out_in)
-
-
-def _static_table(coords, spatial_shape, kernel_size, stride, padding, dilation, batch_size: int, max_outputs: int):
-    """A static regular map's out-in table cut to ``max_outputs`` rows (the first in key order),
-    and ``(1,)`` int32 ``M``, its output count before the cut, on the device (``pcops.nn``'s
-    strided convs with a capacity: the count of the dropped voxels without a pass over ``N·J``
-    rows)."""
-    return sparse_conv_kernel_map(
-        coords,
-        spatial_shape,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        static_shapes=True,
-        batch_size=batch_size,
-        pairs=False,
-        max_outputs=_checks.check_int("max_outputs", max_outputs, min_value=1),
-    )
+    return tuple(op_args[1]), outputs
 
 
 def _plain(v):

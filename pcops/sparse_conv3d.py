@@ -51,8 +51,8 @@ def sparse_conv3d(
             where ``torch.backends.cuda.matmul.allow_tf32`` is set, else IEEE), ``"ieee"`` (FMA,
             exact float32 products), ``"tf32"`` (tensor cores, 10-bit mantissas: about 1e-3
             relative error), ``"tf32x3"`` (each operand split into a TF32 high and low part,
-            three tensor-core products: about float32's accuracy, 1e-6 relative, at 2-3× the
-            IEEE path's speed on the H200; results differ from IEEE's in the last bits). The
+            three tensor-core products: about float32's accuracy, 1e-6 relative, faster than
+            IEEE (``benchmarks/NOTES.md``); results differ from IEEE's in the last bits). The
             reference path ignores it (torch's matmul).
         backend: ``"auto"`` (default: the Triton implicit GEMM on CUDA for float32/float16/
             bfloat16, the reference on the CPU and for float64), ``"triton"`` (CUDA tensors only;
@@ -74,7 +74,8 @@ def sparse_conv3d(
     gathered rows ᵀ @ grad). Triton (``pcops.triton.sparse_conv3d``): a tile of output rows ×
     channels gathers its inputs offset by offset into tensor-core dots (float32 accumulation;
     float32 inputs as ``precision`` says), skipping offsets none of its rows uses; 1 launch
-    forward, 3 backward plus the inverse table. Reference: gather ``(M, K_chunk, C_in)`` and one matmul per chunk of offsets.
+    forward, 3 backward plus the inverse table. Reference: gather ``(M, K_chunk, C_in)`` and one
+    matmul per chunk of offsets.
     Gradients w.r.t. features, weight and bias; no double backward. No host synchronisation
     on CUDA.
     """
