@@ -250,7 +250,7 @@ def _ball_query_cuda(query, ref, query_lengths, ref_lengths, radius, k, backend)
     _check_gpu_dtype(backend, "ball_query", query)
     from .triton import ball_query_grid
 
-    return _finite.ball_query(ball_query_grid.ball_query, query, ref, query_lengths, ref_lengths, radius, k)
+    return ball_query_grid.ball_query(query, ref, query_lengths, ref_lengths, radius, k)  # the policy inside
 
 
 @_ball_query.register_fake

@@ -638,17 +638,28 @@ def _grid_case(case: str, gen: torch.Generator):
     if case == "far":  # one reference beyond the key's range: every query takes the scan
         r[1, 7] = torch.tensor([3.0e5, 0.0, 0.0])
         return q, r, torch.tensor([nq, nq]), torch.tensor([nr, nr]), 1e-3 + 0.6, 7
+    if case == "dense":  # many hits per cell and per merge step: K reached after several steps
+        r = torch.rand(b, 600, 3, generator=gen) * 1.5 - 0.75
+        return q * 0.4, r, torch.tensor([nq, 17]), torch.tensor([600, 451]), 0.45, 40
+    if case == "nonfinite":  # NaN / ±inf coordinates: absent references, queries with no hit
+        for t, i in ((r, 3), (r, 40), (r, 151), (q, 2), (q, 11)):
+            t[i % 2, i % t.shape[1], i % 3] = (float("nan"), float("inf"), -float("inf"))[i % 3]
+        r[:, 60:90] = q[:, :1] + 0.01 * torch.randn(b, 30, 3, generator=gen)  # one busy ball
+        r[0, 70, 1] = float("nan")
+        return q, r, torch.tensor([nq, nq]), torch.tensor([nr, 120]), 0.5, 8
     raise ValueError(case)
 
 
 @interpret
-@pytest.mark.parametrize("case", ["clustered", "aligned", "far"])
+@pytest.mark.parametrize("case", ["clustered", "aligned", "far", "dense", "nonfinite"])
 def test_triton_interpreter_ball_query_grid_equals_scan(case):
+    """The grid (which applies the non-finite policy itself) against the reference under the policy."""
+    from pcops import _finite
     from pcops.triton import ball_query_grid
 
     q, r, ql, rl, radius, k = _grid_case(case, generator(40 + len(case)))
     got = ball_query_grid.ball_query(q, r, ql, rl, radius, k)
-    want = ref.ball_query(q, r, ql, rl, radius, k)
+    want = _finite.ball_query(ref.ball_query, q, r, ql, rl, radius, k)
     assert int(want[1].sum()) > 20  # the case has hits
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -701,14 +712,15 @@ compile_(g._ball_cells_kernel, ["*fp32", "*i64", "*i64", "*i32", "i32", "fp32", 
          dict(BITS=g._CELL_BITS, PAD=g._KEY_PAD, BLOCK=g._BLOCK), 4)
 grid_types = ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "*i32", "*i64", "*i64"]
 grid_types += ["i32", "i32", "i32", "fp32", "fp32", "fp32", "fp32", "i32", "i32"]
-compile_(g._ball_grid_kernel, grid_types, dict(BITS=g._CELL_BITS, BR=g._BR), 2)
+compile_(g._ball_grid_kernel, grid_types, dict(BITS=g._CELL_BITS, BR=g._BR, W=g._W, KPAD=32), 1)
 # one sample of one reference: Triton passes the ints equal to 1 (n_keys, nr, steps) as constexprs
 names = g._ball_grid_kernel.arg_names
 ones = {n: 1 for n in ("nr", "n_keys", "steps")}
 sig = {n: ("constexpr" if n in ones else t) for n, t in zip(names, grid_types)}
-sig.update(BITS="constexpr", BR="constexpr")
-triton.compile(ASTSource(g._ball_grid_kernel, sig, {**ones, "BITS": g._CELL_BITS, "BR": g._BR}), target=target,
-               options={"num_warps": 2, "enable_fp_fusion": False})
+sig.update(BITS="constexpr", BR="constexpr", W="constexpr", KPAD="constexpr")
+consts = {**ones, "BITS": g._CELL_BITS, "BR": g._BR, "W": g._W, "KPAD": 1}
+triton.compile(ASTSource(g._ball_grid_kernel, sig, consts), target=target,
+               options={"num_warps": 1, "enable_fp_fusion": False})
 print("compiled")
 """
 

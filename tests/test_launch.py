@@ -6,6 +6,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from pcops.triton import _launch
 
@@ -44,6 +45,143 @@ def test_specialization_keys():
     k = _launch._Kernel(jit)
     assert [f is _launch._spec_exact for f in k.specs] == [False] * 5 + [True] * 3
     assert k.defaults == {"SQUARE": False}
+
+
+def _axpy_info():
+    from triton.runtime.jit import JITFunction
+
+    jit = _axpy_kernel if isinstance(_axpy_kernel, JITFunction) else JITFunction(_axpy_kernel.fn)
+    return _launch._Kernel(jit)
+
+
+def _reference_key(info, device, args, kwargs):
+    """The key as ``launch`` built it before ``_key``: one spec function call per argument."""
+    s, e = _launch._spec_runtime, _launch._spec_exact
+    return (
+        device,
+        len(args),
+        info.fn.debug or knobs.runtime.debug,
+        knobs.compilation.instrumentation_mode,
+        *[f(a) for f, a in zip(info.specs, args)],
+        *[(k, e(v) if info.constexpr.get(k, True) else s(v)) for k, v in kwargs.items()],
+    )
+
+
+def _hashed(key_fn, info, args, kwargs):
+    """The key as ``launch`` uses it (hashed by the lookup), or ``TypeError`` (Triton's path)."""
+    try:
+        key = key_fn(info, 0, args, kwargs)
+        hash(key)
+        return key
+    except TypeError:
+        return TypeError
+
+
+def test_key_as_fine_as_the_per_argument_specs():
+    """Random calls of the axpy kernel, each with a twin (every runtime argument swapped for one
+    with the same reference spec) and a mutant (one argument redrawn or a launch option renamed):
+    two calls get equal ``_key`` keys exactly when the reference keys are equal, and the same calls
+    raise ``TypeError``."""
+    import random
+
+    rng = random.Random(0)
+    base = torch.zeros(64)
+    tensors = [base, base[1:], base[4:], base.double(), torch.zeros(8, dtype=torch.int32), torch.nn.Parameter(base)]
+    tensors += [torch.nn.Parameter(base[1:]), torch.ones(64), base[16:], base[5:]]
+    ints = [0, 1, 2, 3, 5, 16, 17, 32, 48, -1, -16, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 1]
+    ints += [-(2**31) - 16, 2**62, 2**63 - 1, 2**63, 2**63 + 16, 2**64 - 1, 2**64 - 16, -(2**63), -(2**63) + 1]
+    runtime = tensors + ints + [0.5, 2.0, True, False, None, "s", torch.float16]
+    unkeyed = [(1, 2), [1], object(), 2**64, -(2**63) - 1]
+    consts = [1, 1.0, True, False, 0, 0.0, 64, 128, None, "a", torch.float32, (1, 2)]
+    options = [1, 2, 4, True, 4.0]
+    spec = _launch._spec_runtime
+    same = {id(v): [w for w in runtime if spec(w) == spec(v)] for v in runtime}
+
+    def pick(pool):
+        return rng.choice(unkeyed if rng.random() < 0.02 else pool)
+
+    def draw():
+        npos = rng.choice([3, 5, 5, 6, 6, 7, 8])
+        args = [pick(runtime if i < 5 else consts) for i in range(npos)]
+        kwargs = {}
+        if npos < 6:
+            kwargs["OFFSET"] = pick(consts)
+        if npos < 7 and rng.random() < 0.8:
+            kwargs["BLOCK"] = pick(consts)
+        if npos < 8 and rng.random() < 0.5:
+            kwargs["SQUARE"] = pick(consts)
+        if npos == 3 and rng.random() < 0.5:
+            kwargs["n"] = pick(runtime)  # a runtime parameter by keyword: its runtime spec
+        for opt in ("num_warps", "num_stages", "enable_fp_fusion"):
+            if rng.random() < 0.3:
+                kwargs[opt] = rng.choice(options)
+        items = list(kwargs.items())
+        rng.shuffle(items)  # the keyword order is part of both keys
+        return args, dict(items)
+
+    calls = []
+    for _ in range(250):
+        args, kwargs = draw()
+        twin = [rng.choice(same[id(a)]) if i < 5 and id(a) in same else a for i, a in enumerate(args)]
+        twin_kw = {k: rng.choice(same[id(v)]) if k == "n" and id(v) in same else v for k, v in kwargs.items()}
+        mutant, mutant_kw = list(args), dict(kwargs)
+        i = rng.randrange(len(args) + len(kwargs))
+        opts = [k for k in kwargs if k.islower() and k != "n"]
+        if opts and rng.random() < 0.3:  # another launch option with the same value
+            other = rng.choice(["num_warps", "num_stages", "enable_fp_fusion", "num_ctas"])
+            mutant_kw = {other if k == opts[0] else k: v for k, v in kwargs.items()}
+        elif i < len(args):
+            mutant[i] = rng.choice(runtime if i < 5 else consts)
+        else:
+            k = list(kwargs)[i - len(args)]
+            mutant_kw[k] = rng.choice(runtime if k == "n" else options if k.islower() else consts)
+        calls += [(tuple(args), kwargs), (tuple(twin), twin_kw), (tuple(mutant), mutant_kw)]
+    info = _axpy_info()
+    ref = [_hashed(_reference_key, info, a, kw) for a, kw in calls]
+    new = [_hashed(_launch._key, info, a, kw) for a, kw in calls]
+    assert [r is TypeError for r in ref] == [n is TypeError for n in new]
+    ok = [i for i, r in enumerate(ref) if r is not TypeError]
+    assert len(ok) > len(calls) // 2
+    pairs = [(i, j) for i in ok for j in ok if i < j]
+    equal = sum(ref[i] == ref[j] for i, j in pairs)
+    assert 200 < equal < len(pairs) // 2  # both outcomes are well covered
+    for i, j in pairs:
+        assert (ref[i] == ref[j]) == (new[i] == new[j]), (calls[i], calls[j])
+
+
+def test_key_distinguishes_what_triton_specializes():
+    info = _axpy_info()
+
+    def key(*args, **kwargs):
+        return _launch._key(info, 0, args, kwargs)
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, generator=gen)
+    y = torch.randn(64, generator=gen)
+    k = lambda a, **kw: key(a, y, y, 100, 0.5, **(kw or dict(OFFSET=1, BLOCK=64)))  # noqa: E731
+    assert k(x) == k(y) and k(x) != k(x[1:]) and k(x) != k(x.double()) and k(x[4:]) == k(x)
+    assert k(torch.nn.Parameter(x)) == k(x) and k(torch.nn.Parameter(x[1:])) == k(x[1:])
+    n = lambda v, **kw: key(x, y, y, v, 0.5, OFFSET=1, BLOCK=64, **kw)  # noqa: E731
+    assert n(1) != n(2) and n(16) != n(17) and n(2**31) != n(2**31 - 16) and n(2**63) != n(2**62)
+    assert n(32) == n(48) and n(3) == n(5) and n(2**31 + 16) == n(2**32) and n(1) != n(True)
+    assert n(-(2**31)) != n(-(2**31) - 16) and n(0) == n(-16)
+    assert n(4, num_warps=4) != n(4, num_warps=4.0) and n(4, num_warps=4) != n(4, num_warps=2)
+    c = lambda v: key(x, y, y, 100, 0.5, OFFSET=v, BLOCK=64)  # noqa: E731
+    assert c(1) != c(1.0) and c(1) != c(True) and c(1.0) != c(True) and c(64) == c(64) and c(32) != c(48)
+    assert c(64) != key(x, y, y, 100, 0.5, BLOCK=64, OFFSET=64)  # keyword order: a different key
+    assert n(4, num_warps=4) != n(4, num_stages=4) and n(4, num_warps=4) == n(4, num_warps=4)
+    assert key(x, y, y, 100, 0.5, 1, BLOCK=64) != key(x, y, y, 100, 0.5, 3, BLOCK=64)  # constexpr by position
+    assert key(x, y, y, 100, 0.5, 1, BLOCK=64) == key(y, y, x, 116, 2.0, 1, BLOCK=64)
+    # a runtime parameter by keyword is keyed by its runtime spec, not its value
+    r = lambda v: key(x, y, y, n=v, alpha=0.5, OFFSET=1, BLOCK=64)  # noqa: E731
+    assert r(32) == r(48) and r(3) == r(5) and r(1) != r(2) and r(16) != r(17)
+    for bad in ([1], (1, 2), 2**64, -(2**63) - 1, object()):  # Triton's path
+        with pytest.raises(TypeError):
+            hash(n(bad))
+        with pytest.raises(TypeError):
+            hash(r(bad))
+    with pytest.raises(TypeError):
+        hash(c([1]))  # an unhashable constexpr: the lookup raises
 
 
 @pytest.mark.gpu

@@ -2,18 +2,28 @@
 
 The references are keyed by their cell (cells a little larger than the radius) and sorted with a
 stable sort, so each cell's points are one run in index order. A query visits the at most
-4 × 4 × 4 cells that its ball's bounding box overlaps (one lane each, bounds by binary search)
-and merges those runs by index: it takes the smallest head index, tests that point, and stops
-at ``K`` hits or when the runs are exhausted. The hits are therefore the first ``K`` in index
-order, the same set and order as the scan of every reference (``knn.ball_query``), with the
-same distance arithmetic (no FMA).
+3 × 3 × 3 cells that its ball's bounding box overlaps (one lane of a warp each, both ends of the
+run found by one interleaved binary search) and merges those runs by index, many references per
+step: each lane reads the next ``W`` entries of its run; every entry up to ``t``, the smallest
+``W``-th entry of a lane holding ``W``, comes next in index order over all cells (any entry not
+read is above its lane's ``W``-th, so above ``t``). Those are tested at once, the hits sorted
+(at most ``32 W``) and appended, until ``K`` hits or every run is read. The hits are therefore
+the first ``K`` in index order, the same set and order as the scan of every reference
+(``knn.ball_query``), with the same distance arithmetic (no FMA). The kernel writes every slot
+(−1 past the count).
+
+Non-finite points follow ``pcops._finite``'s policy without its partition: a reference with a
+NaN or ±inf coordinate gets no cell (and never hits in the scan fallback: its distance is not
+below ``r²``), and a non-finite query gets no hit. Indices are those of the inputs, as the
+policy's mapping back gives.
 
 A computed hit lies strictly inside ``(q - r', q + r')`` on every axis for
 ``r' = r · (1 + 1e-4) + 1e-18``: ``fl(dx²) ≤ d² < fl(r²)`` bounds ``|dx|`` by
 ``r (1 + 2⁻²²)``. Cell indices are ``floor(fl(x · (1 / r')))``, a monotone function of ``x``, so
 every hit's cell lies within the box's cells. Cells must fit 18 bits per axis
 (``|x| / r' < 2¹⁷ - 4``): a reference outside that range sets a device flag that sends every
-query of the call to the scan instead (no host sync). Up to 511 samples (the key's batch bits).
+query of the call to the scan instead (no host sync); so does a query whose box rounds to a
+fourth cell on an axis (rare). Up to 511 samples (the key's batch bits).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _backend
+from .. import _backend, _finite
 from . import _launch
 from .knn import _f32
 from .knn import ball_query as _scan
@@ -33,6 +43,7 @@ MAX_BATCH = (1 << (63 - 3 * _CELL_BITS)) - 1  # 511
 _KEY_PAD = (1 << 63) - 1  # references past their sample's length: after every real key
 _BLOCK = 1024
 _BR = 64  # references per step of the scan fallback
+_W = 4  # sorted references per cell per step of the merge (a 32 x 4 tile)
 
 
 @triton.jit
@@ -47,6 +58,11 @@ def _key(b, cx, cy, cz, BITS: tl.constexpr):
     k = (k << BITS) + (cz.to(tl.int64) + half)
     k = (k << BITS) + (cy.to(tl.int64) + half)
     return (k << BITS) + (cx.to(tl.int64) + half)
+
+
+@triton.jit
+def _finite3(x, y, z):
+    return (tl.abs(x) < float("inf")) & (tl.abs(y) < float("inf")) & (tl.abs(z) < float("inf"))
 
 
 @triton.jit
@@ -68,9 +84,13 @@ def _ball_cells_kernel(
     live = i < nr
     valid = i < r_len
     base = ref_ptr + (b * nr + i) * 3
-    cx = _cell_of(tl.load(base + 0, mask=valid, other=0.0), inv_c)
-    cy = _cell_of(tl.load(base + 1, mask=valid, other=0.0), inv_c)
-    cz = _cell_of(tl.load(base + 2, mask=valid, other=0.0), inv_c)
+    x = tl.load(base + 0, mask=valid, other=0.0)
+    y = tl.load(base + 1, mask=valid, other=0.0)
+    z = tl.load(base + 2, mask=valid, other=0.0)
+    valid = valid & _finite3(x, y, z)  # a non-finite reference is absent: never in a cell
+    cx = _cell_of(x, inv_c)
+    cy = _cell_of(y, inv_c)
+    cz = _cell_of(z, inv_c)
     fits = (tl.abs(cx) < limit) & (tl.abs(cy) < limit) & (tl.abs(cz) < limit)
     key = _key(b, cx.to(tl.int32), cy.to(tl.int32), cz.to(tl.int32), BITS)
     key = tl.where(valid & fits, key, PAD)
@@ -81,21 +101,32 @@ def _ball_cells_kernel(
 
 
 @triton.jit
-def _lower_bound(keys_ptr, n, key, steps, STRICT: tl.constexpr):
-    """First position whose key is ``>= key`` (``> key`` with ``STRICT``), per lane."""
+def _bounds(keys_ptr, n, key, steps):
+    """Per lane, the first position whose key is ``>= key`` and the first ``> key`` (the run of
+    ``key``): the two binary searches interleaved, one chain of ``steps`` dependent loads."""
     lo = tl.zeros(key.shape, tl.int64)
     hi = tl.full(key.shape, 0, tl.int64) + n
+    lo2 = lo
+    hi2 = hi
     for _ in range(steps):
         active = lo < hi
         mid = (lo + hi) // 2
         v = tl.load(keys_ptr + mid, mask=active, other=0)
-        if STRICT:
-            right = active & (v <= key)
-        else:
-            right = active & (v < key)
+        right = active & (v < key)
         lo = tl.where(right, mid + 1, lo)
         hi = tl.where(active & ~right, mid, hi)
-    return lo
+        active2 = lo2 < hi2
+        mid2 = (lo2 + hi2) // 2
+        v2 = tl.load(keys_ptr + mid2, mask=active2, other=0)
+        right2 = active2 & (v2 <= key)
+        lo2 = tl.where(right2, mid2 + 1, lo2)
+        hi2 = tl.where(active2 & ~right2, mid2, hi2)
+    return lo, lo2
+
+
+@triton.jit
+def _finite3(x, y, z):
+    return (tl.abs(x) < float("inf")) & (tl.abs(y) < float("inf")) & (tl.abs(z) < float("inf"))
 
 
 @triton.jit
@@ -107,7 +138,7 @@ def _ball_grid_kernel(
     keys_ptr,  # (B * Nr,) int64, sorted
     perm_ptr,  # (B * Nr,) int64: flat reference index of each sorted key
     flag_ptr,  # (1,) int32: 1 = some reference's cell does not fit: scan instead
-    idx_ptr,  # (B, Nq, K) int64 out, pre-filled with -1
+    idx_ptr,  # (B, Nq, K) int64 out (every slot written)
     count_ptr,  # (B, Nq) int64 out
     nq,
     nr,
@@ -120,70 +151,82 @@ def _ball_grid_kernel(
     steps,  # binary-search steps: bit length of B * Nr
     BITS: tl.constexpr,
     BR: tl.constexpr,
+    W: tl.constexpr,  # sorted entries per cell read per step of the merge
+    KPAD: tl.constexpr,  # next power of two >= k
 ):
     qi = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     q_len = tl.minimum(tl.maximum(tl.load(q_len_ptr + b), 0), nq)
+    row = b * nq + qi
     count = tl.zeros([], tl.int32)
     if qi < q_len:
         r_len = tl.minimum(tl.maximum(tl.load(r_len_ptr + b), 0), nr)
-        row = b * nq + qi
         qx = tl.load(q_ptr + row * 3 + 0)
         qy = tl.load(q_ptr + row * 3 + 1)
         qz = tl.load(q_ptr + row * 3 + 2)
-        lx, hx = _cell_of(qx - rp, inv_c), _cell_of(qx + rp, inv_c)
-        ly, hy = _cell_of(qy - rp, inv_c), _cell_of(qy + rp, inv_c)
-        lz, hz = _cell_of(qz - rp, inv_c), _cell_of(qz + rp, inv_c)
-        fits = (tl.maximum(tl.abs(lx), tl.abs(hx)) < limit) & (tl.maximum(tl.abs(ly), tl.abs(hy)) < limit)
-        fits = fits & (tl.maximum(tl.abs(lz), tl.abs(hz)) < limit)
-        fits = fits & (hx - lx < 4) & (hy - ly < 4) & (hz - lz < 4)
-        if fits & (tl.load(flag_ptr) == 0):
-            # one lane per cell of the box (at most 4 per axis), its run of sorted references
-            lane = tl.arange(0, 64)
-            cx = lx.to(tl.int32) + lane % 4
-            cy = ly.to(tl.int32) + (lane // 4) % 4
-            cz = lz.to(tl.int32) + lane // 16
-            inside = (cx <= hx.to(tl.int32)) & (cy <= hy.to(tl.int32)) & (cz <= hz.to(tl.int32))
-            key = _key(b, cx, cy, cz, BITS)
-            start = _lower_bound(keys_ptr, n_keys, key, steps, False)
-            end = _lower_bound(keys_ptr, n_keys, key, steps, True)
-            end = tl.where(inside, end, start)
-            big = tl.full([], n_keys, tl.int64) + 1  # n_keys may arrive as the constexpr 1
-            cur = start
-            heads = tl.load(perm_ptr + cur, mask=cur < end, other=big)
-            m = tl.min(heads, axis=0)
-            while (count < k) & (m < big):
-                j = tl.argmin(heads, axis=0)
-                ref = r_ptr + m * 3
-                dx = qx - tl.load(ref + 0)
-                dy = qy - tl.load(ref + 1)
-                dz = qz - tl.load(ref + 2)
-                hit = dx * dx + dy * dy + dz * dz < radius2
-                tl.store(idx_ptr + row * k + count, m - b * nr, mask=hit)
-                count += hit.to(tl.int32)
-                cur = tl.where(lane == j, cur + 1, cur)
-                nxt = tl.load(perm_ptr + cur, mask=(lane == j) & (cur < end), other=big)
-                heads = tl.where(lane == j, nxt, heads)
-                m = tl.min(heads, axis=0)
-        else:  # the scan of every reference, in index order
-            t = 0
-            n_t = tl.cdiv(r_len, BR)
-            while (t < n_t) & (count < k):
-                pos = t * BR + tl.arange(0, BR)
-                valid = pos < r_len
-                rx = tl.load(r_ptr + (b * nr + pos) * 3 + 0, mask=valid, other=0.0)
-                ry = tl.load(r_ptr + (b * nr + pos) * 3 + 1, mask=valid, other=0.0)
-                rz = tl.load(r_ptr + (b * nr + pos) * 3 + 2, mask=valid, other=0.0)
-                dx = qx - rx
-                dy = qy - ry
-                dz = qz - rz
-                hit = (dx * dx + dy * dy + dz * dz < radius2) & valid
-                slot = count + tl.cumsum(hit.to(tl.int32), axis=0) - 1
-                keep = hit & (slot < k)
-                tl.store(idx_ptr + row * k + slot, pos.to(tl.int64), mask=keep)
-                count += tl.sum(keep.to(tl.int32), axis=0)
-                t += 1
-    tl.store(count_ptr + b * nq + qi, count.to(tl.int64))
+        if _finite3(qx, qy, qz):  # a non-finite query: no hit (count 0, every slot -1)
+            lx, hx = _cell_of(qx - rp, inv_c), _cell_of(qx + rp, inv_c)
+            ly, hy = _cell_of(qy - rp, inv_c), _cell_of(qy + rp, inv_c)
+            lz, hz = _cell_of(qz - rp, inv_c), _cell_of(qz + rp, inv_c)
+            fits = (tl.maximum(tl.abs(lx), tl.abs(hx)) < limit) & (tl.maximum(tl.abs(ly), tl.abs(hy)) < limit)
+            fits = fits & (tl.maximum(tl.abs(lz), tl.abs(hz)) < limit)
+            fits = fits & (hx - lx < 3) & (hy - ly < 3) & (hz - lz < 3)
+            if fits & (tl.load(flag_ptr) == 0):
+                # one lane per cell of the box (at most 3 per axis), its run of sorted references
+                lane = tl.arange(0, 32)
+                cx = lx.to(tl.int32) + lane % 3
+                cy = ly.to(tl.int32) + (lane // 3) % 3
+                cz = lz.to(tl.int32) + lane // 9
+                inside = (lane < 27) & (cx <= hx.to(tl.int32)) & (cy <= hy.to(tl.int32)) & (cz <= hz.to(tl.int32))
+                start, end = _bounds(keys_ptr, n_keys, _key(b, cx, cy, cz, BITS), steps)
+                end = tl.where(inside, end, start)
+                cur = start
+                big = 2147483647
+                offs = tl.arange(0, W)
+                j = tl.arange(0, 32 * W)
+                go = tl.max(end - cur, axis=0) > 0
+                while go:
+                    # each cell's next W references (ascending index); every one up to the
+                    # smallest W-th index of a full row comes next in index order, across cells
+                    pos = cur[:, None] + offs[None, :]
+                    live = pos < end[:, None]
+                    cand = tl.load(perm_ptr + pos, mask=live, other=big).to(tl.int32)
+                    t = tl.min(tl.max(cand, axis=1), axis=0)  # rows short of W entries read big
+                    take = live & (cand <= t)
+                    cur += tl.sum(take.to(tl.int64), axis=1)
+                    ref = r_ptr + cand.to(tl.int64) * 3
+                    dx = qx - tl.load(ref + 0, mask=take, other=0.0)
+                    dy = qy - tl.load(ref + 1, mask=take, other=0.0)
+                    dz = qz - tl.load(ref + 2, mask=take, other=0.0)
+                    hit = take & (dx * dx + dy * dy + dz * dz < radius2)
+                    nh = tl.sum(tl.sum(hit.to(tl.int32), axis=1), axis=0)
+                    if nh > 0:
+                        s = tl.sort(tl.reshape(tl.where(hit, cand, big), [32 * W]))
+                        slot = count + j
+                        tl.store(idx_ptr + row * k + slot, s.to(tl.int64) - b * nr, mask=(j < nh) & (slot < k))
+                        count = tl.minimum(count + nh, k)
+                    go = (count < k) & (tl.max(end - cur, axis=0) > 0)
+            else:  # the scan of every reference, in index order (non-finite ones never hit)
+                t = 0
+                n_t = tl.cdiv(r_len, BR)
+                while (t < n_t) & (count < k):
+                    pos = t * BR + tl.arange(0, BR)
+                    valid = pos < r_len
+                    rx = tl.load(r_ptr + (b * nr + pos) * 3 + 0, mask=valid, other=0.0)
+                    ry = tl.load(r_ptr + (b * nr + pos) * 3 + 1, mask=valid, other=0.0)
+                    rz = tl.load(r_ptr + (b * nr + pos) * 3 + 2, mask=valid, other=0.0)
+                    dx = qx - rx
+                    dy = qy - ry
+                    dz = qz - rz
+                    hit = (dx * dx + dy * dy + dz * dz < radius2) & valid
+                    slot = count + tl.cumsum(hit.to(tl.int32), axis=0) - 1
+                    keep = hit & (slot < k)
+                    tl.store(idx_ptr + row * k + slot, pos.to(tl.int64), mask=keep)
+                    count += tl.sum(keep.to(tl.int32), axis=0)
+                    t += 1
+    pad = tl.arange(0, KPAD)
+    tl.store(idx_ptr + row * k + pad, tl.full([KPAD], -1, tl.int64), mask=(pad >= count) & (pad < k))
+    tl.store(count_ptr + row, count.to(tl.int64))
 
 
 def ball_query(
@@ -194,18 +237,20 @@ def ball_query(
     radius: float,
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As :func:`pcops.triton.knn.ball_query` (same arguments, outputs and semantics), on the grid.
+    """:func:`pcops.triton.knn.ball_query` under ``pcops._finite``'s non-finite policy (same
+    arguments, outputs and semantics), on the grid.
 
-    Launches: the key pass, ``torch.sort`` (stable) of ``B · Nr`` keys, the query pass, plus the
-    output fills; no host synchronisation. More than :data:`MAX_BATCH` samples: the scan.
+    Launches: the key pass (and the flag's fill), ``torch.sort`` (stable) of ``B · Nr`` keys,
+    the query pass; no host synchronisation. More than :data:`MAX_BATCH` samples, ``B · Nr ≥
+    2³¹`` or an empty side: the scan, with the policy's partition.
     """
     batch, nq, _ = query.shape
     nr = ref.shape[1]
-    if batch > MAX_BATCH or nr == 0 or nq == 0:
-        return _scan(query, ref, query_lengths, ref_lengths, radius, k)
+    if batch > MAX_BATCH or nr == 0 or nq == 0 or batch * nr >= 2**31:
+        return _finite.ball_query(_scan, query, ref, query_lengths, ref_lengths, radius, k)
     _backend.log_kernel("ball_query", "triton _ball_grid_kernel (sorted cells)")
     dev = query.device
-    idx = torch.full((batch, nq, k), -1, dtype=torch.int64, device=dev)
+    idx = torch.empty((batch, nq, k), dtype=torch.int64, device=dev)
     counts = torch.empty((batch, nq), dtype=torch.int64, device=dev)
     radius2 = _f32(radius * radius)
     rp = _f32(radius * (1.0 + 1e-4) + 1e-18)
@@ -214,7 +259,7 @@ def ball_query(
     flag = torch.zeros(1, dtype=torch.int32, device=dev)
     _launch.launch(
         _ball_cells_kernel,
-        (triton.cdiv(nr, _BLOCK), batch),
+        (-(-nr // _BLOCK), batch),
         ref,
         ref_lengths,
         keys,
@@ -250,7 +295,9 @@ def ball_query(
         (batch * nr).bit_length(),
         BITS=_CELL_BITS,
         BR=_BR,
-        num_warps=2,
+        W=_W,
+        KPAD=1 << max(0, k - 1).bit_length(),
+        num_warps=1,
         enable_fp_fusion=False,
     )
     return idx, counts
