@@ -89,7 +89,7 @@ def dropout_keep_mask(seed: torch.Tensor, shape, dropout_p: float) -> torch.Tens
     if numel:
         _launch.launch(
             _dropout_keep_kernel,
-            (triton.cdiv(numel, ELEMENTWISE_BLOCK),),
+            (_launch.cdiv(numel, ELEMENTWISE_BLOCK),),
             seed,
             keep,
             numel,

@@ -26,7 +26,7 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch"]
+__all__ = ["launch", "cdiv", "next_power_of_2"]
 
 _I32 = 2**31
 _U64 = 2**63
@@ -50,6 +50,17 @@ def _spec_runtime(a):
     if t in _EXACT_TYPES:
         return (t, a)
     raise TypeError(f"{t.__name__}: not keyed")
+
+
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` for host ints: a plain function (Triton's is a ``ConstexprFunction`` whose
+    call unwraps its arguments, about 1-2 µs of host time each; launchers call it per launch)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for host ints ≥ 0 (0 for 0), a plain function like :func:`cdiv`."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def _spec_exact(a):

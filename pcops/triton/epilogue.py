@@ -82,9 +82,9 @@ def bias_relu(
     num_pixels = bsz * height * width
     if num_pixels == 0 or channels == 0:
         return out
-    block_c = min(64, triton.next_power_of_2(channels))
+    block_c = min(64, _launch.next_power_of_2(channels))
     block_p = max(16, 4096 // block_c)
-    grid = (triton.cdiv(num_pixels, block_p), triton.cdiv(channels, block_c))
+    grid = (_launch.cdiv(num_pixels, block_p), _launch.cdiv(channels, block_c))
     _launch.launch(
         _bias_relu_kernel,
         grid,

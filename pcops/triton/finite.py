@@ -102,7 +102,7 @@ def partition(points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tens
     start = start_idx if start_idx is not None else counts
     new_start = torch.empty_like(start)
     if batch and n:
-        chunks = triton.cdiv(n, _BLOCK)
+        chunks = _launch.cdiv(n, _BLOCK)
         per_chunk = torch.empty((batch, chunks), dtype=torch.int32, device=points.device)
         grid = (chunks, batch)
         _launch.launch(_count_kernel, grid, points, lengths, per_chunk, n, chunks, BLOCK=_BLOCK)
@@ -121,7 +121,7 @@ def partition(points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tens
             n,
             chunks,
             BLOCK=_BLOCK,
-            CHUNKS_P2=triton.next_power_of_2(chunks),
+            CHUNKS_P2=_launch.next_power_of_2(chunks),
         )
     else:
         counts.zero_()
@@ -186,7 +186,7 @@ def restore(idx, perm, dists=None, rows=None, query=None):
     out_d = torch.empty_like(dists) if dists is not None else out_idx
     total = idx.numel()
     if total:
-        grid = (triton.cdiv(total, _BLOCK),)
+        grid = (_launch.cdiv(total, _BLOCK),)
         _launch.launch(
             _restore_kernel,
             grid,

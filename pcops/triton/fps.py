@@ -142,7 +142,7 @@ def farthest_point_sample(
     if batch == 0 or n == 0:
         return out
     if n <= reg_max:
-        block = max(16, triton.next_power_of_2(n))
+        block = max(16, _launch.next_power_of_2(n))
         num_warps = min(32, max(4, block // 512))
         _launch.launch(
             _fps_kernel,

@@ -262,7 +262,7 @@ def _morton_sort(points: torch.Tensor, lengths: torch.Tensor, tile: int, group: 
     """
     batch, n, _ = points.shape
     perm = _morton_order(points, lengths)
-    num_sb = triton.cdiv(triton.cdiv(n, tile), group)
+    num_sb = _launch.cdiv(_launch.cdiv(n, tile), group)
     ordered = torch.empty_like(points)
     boxes = torch.empty((batch, num_sb * group, 8), dtype=torch.float32, device=points.device)
     _launch.launch(
@@ -299,7 +299,7 @@ def _morton_order(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     code = torch.empty((batch, n), dtype=torch.int32, device=points.device)
     _launch.launch(
         _morton_kernel,
-        (triton.cdiv(n, _MORTON_BLOCK), batch),
+        (_launch.cdiv(n, _MORTON_BLOCK), batch),
         points,
         lengths,
         lo,
@@ -357,8 +357,8 @@ def knn(
         q_sorted, q_perm = r_sorted, r_perm
     else:
         q_sorted, q_perm, _, _ = _morton_sort(query, query_lengths, bq)
-    kp = max(2, triton.next_power_of_2(k))
-    grid = (triton.cdiv(nq, bq), batch)
+    kp = max(2, _launch.next_power_of_2(k))
+    grid = (_launch.cdiv(nq, bq), batch)
     _launch.launch(
         _knn_kernel,
         grid,
@@ -462,7 +462,7 @@ def ball_query(
         return idx, counts
     # radius² rounded to float32 once, as the reference does
     radius2 = _f32(radius * radius)
-    grid = (triton.cdiv(nq, _BALL_BQ), batch)
+    grid = (_launch.cdiv(nq, _BALL_BQ), batch)
     _launch.launch(
         _ball_query_kernel,
         grid,

@@ -132,7 +132,7 @@ def _prune_fwd(configs, named_args, **kwargs):
     multi = _row_space([c for c in configs if c.kwargs["TILES"] > 1], block_n, **_FWD_MULTI_SPACE, fallback=False)
     m_rows = named_args.get("M", _MULTI_TILE_MIN_ROWS)
     multi = [
-        c for c in multi if triton.cdiv(m_rows, c.kwargs["BLOCK_M"] * c.kwargs["TILES"]) >= _MULTI_TILE_MIN_PROGRAMS
+        c for c in multi if _launch.cdiv(m_rows, c.kwargs["BLOCK_M"] * c.kwargs["TILES"]) >= _MULTI_TILE_MIN_PROGRAMS
     ]
     return one + [c for c in multi if c not in one]
 
@@ -343,7 +343,7 @@ def _fast_tanh(
 
 def _row_block_n(n: int, max_block_n: int | None) -> tuple[int, bool]:
     cap = _MAX_BLOCK_N if max_block_n is None else max_block_n
-    block_n = triton.next_power_of_2(max(1, n))
+    block_n = _launch.next_power_of_2(max(1, n))
     return (block_n, True) if block_n <= cap else (cap, False)
 
 
@@ -403,26 +403,26 @@ def layer_norm_gelu(
         key = (n, m_class, x.dtype, weight.dtype, bias.dtype, seed is None, *meta.values())
         cfg = _FWD_TUNED.get(key)
         if cfg is None:  # first call of this shape class: the autotuner times its configs (or finds its cache)
-            _layer_norm_gelu_fwd_tuned[lambda c: (triton.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](
+            _layer_norm_gelu_fwd_tuned[lambda c: (_launch.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](
                 *args, **meta, M_CLASS=m_class
             )
             _FWD_TUNED[key] = _layer_norm_gelu_fwd_tuned.best_config
         else:  # its choice, launched without the autotuner's per-call work (≈ 40 µs of host time)
             _launch.launch(
                 _layer_norm_gelu_fwd_kernel,
-                (triton.cdiv(m_rows, cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"]),),
+                (_launch.cdiv(m_rows, cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"]),),
                 *args,
                 **meta,
                 M_CLASS=m_class,
                 **cfg.all_kwargs(),
             )
     else:
-        bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), triton.next_power_of_2(m_rows))
+        bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), _launch.next_power_of_2(m_rows))
         t = (tiles or 1) if one_tile else 1
         # M_CLASS as the autotuner passes it: a fixed config it has timed reuses its compiled kernel
         _launch.launch(
             _layer_norm_gelu_fwd_kernel,
-            (triton.cdiv(m_rows, bm * t),),
+            (_launch.cdiv(m_rows, bm * t),),
             *args,
             **meta,
             BLOCK_M=bm,

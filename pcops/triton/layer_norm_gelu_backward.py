@@ -418,8 +418,8 @@ def layer_norm_gelu_backward(
         )
     if num_programs is None:
         num_programs = _num_sms(x.device) * (_BWD_PROGRAMS_PER_SM if x.device.type == "cuda" else 3)
-    rows_per_program = triton.cdiv(max(m_rows, 1), max(1, min(num_programs, m_rows)))
-    g = triton.cdiv(m_rows, rows_per_program)
+    rows_per_program = _launch.cdiv(max(m_rows, 1), max(1, min(num_programs, m_rows)))
+    g = _launch.cdiv(m_rows, rows_per_program)
     dw_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((g, n), dtype=torch.float32, device=x.device)
     if g:
@@ -444,7 +444,7 @@ def layer_norm_gelu_backward(
             _layer_norm_gelu_bwd_tuned[(g,)](*args, **meta)
         else:
             bm = block_m or min(
-                _default_block_m(block_n, _BWD_SPACE["tiles"][1]), triton.next_power_of_2(rows_per_program)
+                _default_block_m(block_n, _BWD_SPACE["tiles"][1]), _launch.next_power_of_2(rows_per_program)
             )
             _launch.launch(
                 _layer_norm_gelu_bwd_kernel,
@@ -532,9 +532,9 @@ def _backward_tiled(
     """``layer_norm_gelu_backward`` with ``_layer_norm_gelu_bwd_tiled_kernel``."""
     m_rows, n = x.shape
     bm, warps = _tiled_shape(block_n)
-    bm = min(block_m or bm, triton.next_power_of_2(max(m_rows, 1)))
+    bm = min(block_m or bm, _launch.next_power_of_2(max(m_rows, 1)))
     warps = num_warps or warps
-    tiles = triton.cdiv(m_rows, bm)
+    tiles = _launch.cdiv(m_rows, bm)
     fast = _fast_tanh(x.dtype, x.device, approximate, FAST_TANH_BWD_DTYPES)
     meta = dict(
         APPROX_TANH=approximate == "tanh",

@@ -49,12 +49,12 @@ def _column_sum(dw_part, db_part, dweight, dbias, g: int, n: int) -> None:
     """
     if not n:
         return
-    block_g = min(_SUM_MAX_BLOCK_G, triton.next_power_of_2(max(g, 16)))
+    block_g = min(_SUM_MAX_BLOCK_G, _launch.next_power_of_2(max(g, 16)))
     block_n = max(1, min(8, _SUM_ELEMENTS // block_g))
     warps = max(1, min(16, block_g * block_n // (32 * 8)))
     _launch.launch(
         _column_sum_kernel,
-        (triton.cdiv(n, block_n),),
+        (_launch.cdiv(n, block_n),),
         dw_part,
         db_part,
         dweight,

@@ -20,7 +20,7 @@ _BLOCK_S = 64
 
 
 def _block_c(c: int) -> int:
-    return max(16, min(64, triton.next_power_of_2(c)))
+    return max(16, min(64, _launch.next_power_of_2(c)))
 
 
 @triton.jit
@@ -151,7 +151,7 @@ def masked_batch_norm(x, valid, weight, bias, eps: float):
     """``(y, mean, var, count)`` (float32 statistics, count of valid rows as a float32 0-d
     tensor); ``x (N, C)`` contiguous, ``valid (N,)`` bool."""
     rows, c = x.shape
-    s = max(1, triton.cdiv(rows, _ROWS))
+    s = max(1, _launch.cdiv(rows, _ROWS))
     bc = _block_c(c)
     dev = x.device
     part = torch.empty((2, s, c), dtype=torch.float32, device=dev)
@@ -161,8 +161,8 @@ def masked_batch_norm(x, valid, weight, bias, eps: float):
     y = torch.empty_like(x)
     if c == 0:
         return y, stats[0], stats[1], count.zero_()
-    grid = (s, triton.cdiv(c, bc))
-    fin = (triton.cdiv(c, bc), 1)
+    grid = (s, _launch.cdiv(c, bc))
+    fin = (_launch.cdiv(c, bc), 1)
     common = dict(ROWS=_ROWS, BLOCK_R=_BLOCK_R, BLOCK_C=bc)
     _launch.launch(_sums_kernel, grid, x, valid, stats[0], part[0], cnt_part, rows, c, SQUARE=False, **common)
     _launch.launch(_finish_kernel, fin, part[0], cnt_part, count, stats[0], stats[2], s, c, float(eps), COUNT=True,
@@ -171,7 +171,7 @@ def masked_batch_norm(x, valid, weight, bias, eps: float):
     _launch.launch(_finish_kernel, fin, part[1], cnt_part, count, stats[1], stats[2], s, c, float(eps), COUNT=False,
                    DIVIDE=True, RSQRT=True, BLOCK_S=_BLOCK_S, BLOCK_C=bc)  # fmt: skip
     if rows:
-        _launch.launch(_apply_kernel, (triton.cdiv(rows, _BLOCK_R), triton.cdiv(c, bc)), x, stats[0], stats[2],
+        _launch.launch(_apply_kernel, (_launch.cdiv(rows, _BLOCK_R), _launch.cdiv(c, bc)), x, stats[0], stats[2],
                        weight if weight is not None else x, bias if bias is not None else x, y, rows, c,
                        HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_R=_BLOCK_R, BLOCK_C=bc)  # fmt: skip
     return y, stats[0], stats[1], count
@@ -180,19 +180,19 @@ def masked_batch_norm(x, valid, weight, bias, eps: float):
 def masked_batch_norm_backward(grad_y, x, valid, weight, mean, var, count, eps: float):
     """``(∂x, ∂weight, ∂bias)``, the last two float32."""
     rows, c = x.shape
-    s = max(1, triton.cdiv(rows, _ROWS))
+    s = max(1, _launch.cdiv(rows, _ROWS))
     bc = _block_c(c)
     part = torch.empty((2, s, c), dtype=torch.float32, device=x.device)
     sums = torch.empty((2, c), dtype=torch.float32, device=x.device)  # Σg, Σg·x̂
     dx = torch.empty_like(x)
     if c == 0:
         return dx, sums[1], sums[0]
-    _launch.launch(_grad_sums_kernel, (s, triton.cdiv(c, bc)), grad_y, x, mean, var, part, rows, c, s, float(eps),
+    _launch.launch(_grad_sums_kernel, (s, _launch.cdiv(c, bc)), grad_y, x, mean, var, part, rows, c, s, float(eps),
                    ROWS=_ROWS, BLOCK_R=_BLOCK_R, BLOCK_C=bc)  # fmt: skip
-    _launch.launch(_finish_kernel, (triton.cdiv(c, bc), 2), part, part, count, sums, sums, s, c, 0.0, COUNT=False,
+    _launch.launch(_finish_kernel, (_launch.cdiv(c, bc), 2), part, part, count, sums, sums, s, c, 0.0, COUNT=False,
                    DIVIDE=False, RSQRT=False, BLOCK_S=_BLOCK_S, BLOCK_C=bc)  # fmt: skip
     if rows:
-        _launch.launch(_dx_kernel, (triton.cdiv(rows, _BLOCK_R), triton.cdiv(c, bc)), grad_y, x, valid, mean, var,
+        _launch.launch(_dx_kernel, (_launch.cdiv(rows, _BLOCK_R), _launch.cdiv(c, bc)), grad_y, x, valid, mean, var,
                        weight if weight is not None else x, sums, count, dx, rows, c, float(eps),
                        HAS_W=weight is not None, BLOCK_R=_BLOCK_R, BLOCK_C=bc)  # fmt: skip
     return dx, sums[1], sums[0]

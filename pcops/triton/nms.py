@@ -394,7 +394,7 @@ def boxes_iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor, three_d: bool) -> to
             a = a if a.shape[1] == 5 else a[:, [0, 1, 3, 4, 6]].contiguous()
             b = b if b.shape[1] == 5 else b[:, [0, 1, 3, 4, 6]].contiguous()
         bev5 = a.shape[1] == 5
-        grid = (triton.cdiv(n, _IOU_BLOCK), triton.cdiv(m, _IOU_BLOCK))
+        grid = (_launch.cdiv(n, _IOU_BLOCK), _launch.cdiv(m, _IOU_BLOCK))
         _launch.launch(
             _boxes_iou_kernel,
             grid,
@@ -430,7 +430,7 @@ def nms_mask(
         groups: ``(M,)`` int64 group per sorted box, or None.
     """
     m = order.shape[0]
-    words = triton.cdiv(m, _WORD)
+    words = _launch.cdiv(m, _WORD)
     mask = torch.empty((m, words), dtype=torch.int64, device=boxes.device)
     if m:
         g = groups if groups is not None else order

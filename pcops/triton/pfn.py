@@ -212,10 +212,10 @@ def pfn_scatter(
         vy / 2 + y0,
         vz / 2 + z0,
     )
-    block_t, block_c = triton.next_power_of_2(num_slots), triton.next_power_of_2(num_channels)
+    block_t, block_c = _launch.next_power_of_2(num_slots), _launch.next_power_of_2(num_channels)
     _launch.launch(
         _pfn_scatter_dot_kernel,
-        (triton.cdiv(num_rows, _DOT_PILLARS),),
+        (_launch.cdiv(num_rows, _DOT_PILLARS),),
         *args,
         num_rows,
         *geometry,

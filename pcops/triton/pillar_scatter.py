@@ -129,7 +129,7 @@ def pillar_winner_map(coords: torch.Tensor, batch_size: int, grid_h: int, grid_w
     winner = torch.full((batch_size * grid_h * grid_w,), -1, dtype=torch.int32, device=coords.device)
     num_pillars = coords.shape[0]
     if num_pillars:
-        grid = (triton.cdiv(num_pillars, _PILLAR_BLOCK),)
+        grid = (_launch.cdiv(num_pillars, _PILLAR_BLOCK),)
         _launch.launch(
             _pillar_winner_kernel, grid, coords, winner, num_pillars, batch_size, grid_h, grid_w, BLOCK=_PILLAR_BLOCK
         )
@@ -166,8 +166,8 @@ def pillar_scatter(
     hw = grid_h * grid_w
     if canvas.numel():
         per = c_per_program or _CANVAS_C_PER_PROGRAM
-        per = triton.cdiv(per, block_c) * block_c
-        grid = (triton.cdiv(hw, block_hw), batch_size, triton.cdiv(num_channels, per))
+        per = _launch.cdiv(per, block_c) * block_c
+        grid = (_launch.cdiv(hw, block_hw), batch_size, _launch.cdiv(num_channels, per))
         _launch.launch(
             _pillar_canvas_kernel,
             grid,
@@ -202,7 +202,7 @@ def pillar_gather(
     if out.numel() and canvas.numel():
         _launch.launch(
             _pillar_gather_cells_kernel,
-            (triton.cdiv(hw, block_hw), batch_size),
+            (_launch.cdiv(hw, block_hw), batch_size),
             canvas,
             winner,
             out,

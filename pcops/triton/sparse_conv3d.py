@@ -45,7 +45,7 @@ def _precision(dtype: torch.dtype, precision: str = "auto") -> str:
 
 
 def _pow2(n: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
+    return max(lo, min(hi, _launch.next_power_of_2(max(n, 1))))
 
 
 @triton.jit
@@ -133,8 +133,8 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
     block_n = _pow2(c_out, 16, 128)
     block_c = _pow2(c_in, 16, 64)
     block_m, num_warps = _gemm_config(m, x.dtype)
-    kpad = triton.next_power_of_2(k)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
+    kpad = _launch.next_power_of_2(k)
+    grid = (_launch.cdiv(m, block_m), _launch.cdiv(c_out, block_n))
     _launch.launch(
         _gather_gemm_kernel,
         grid,
@@ -209,12 +209,12 @@ def wgrad(x, grad_out, table, weight_dtype, block_m: int = 128, precision: str =
     """``(K, C_in, C_out)`` of ``weight_dtype``: ``Σ_m x[table[m, k]]ᵀ @ grad_out[m]`` per offset."""
     m, k = table.shape
     c_in, c_out = x.shape[1], grad_out.shape[1]
-    splits = max(1, triton.cdiv(m, _WGRAD_ROWS))
+    splits = max(1, _launch.cdiv(m, _WGRAD_ROWS))
     part = torch.zeros((splits, k, c_in, c_out), dtype=torch.float32, device=x.device)
     if m and k and c_in and c_out and x.shape[0]:
         block_i = _pow2(c_in, 16, 64)
         block_o = _pow2(c_out, 16, 64)
-        grid = (k, splits, triton.cdiv(c_in, block_i) * triton.cdiv(c_out, block_o))
+        grid = (k, splits, _launch.cdiv(c_in, block_i) * _launch.cdiv(c_out, block_o))
         _launch.launch(
             _wgrad_kernel,
             grid,
@@ -262,7 +262,7 @@ def inverse_table(table: torch.Tensor, num_in: int) -> torch.Tensor:
     inv = torch.full((num_in, k), -1, dtype=torch.int32, device=table.device)
     if m and k and num_in:
         block = 1024
-        _launch.launch(_inverse_table_kernel, (triton.cdiv(m * k, block),), table, inv, m, k, BLOCK=block)
+        _launch.launch(_inverse_table_kernel, (_launch.cdiv(m * k, block),), table, inv, m, k, BLOCK=block)
     return inv
 
 

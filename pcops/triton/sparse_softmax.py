@@ -186,11 +186,11 @@ def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps,
         sub, vpt = _group_shape(rows, nnz)
     vpt = vpt or 8
     if block_r is None and num_warps is None and autotuning():
-        tuned[lambda c: (triton.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len, SUB=sub, VPT=vpt)
+        tuned[lambda c: (_launch.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len, SUB=sub, VPT=vpt)
     else:
         w = num_warps or 4
         br = block_r or 32 // sub * w
-        _launch.launch(kernel, (triton.cdiv(rows, br),), *args, avg_len, SUB=sub, VPT=vpt, BLOCK_R=br, num_warps=w)
+        _launch.launch(kernel, (_launch.cdiv(rows, br),), *args, avg_len, SUB=sub, VPT=vpt, BLOCK_R=br, num_warps=w)
     _backend.log_kernel("sparse_softmax", f"{kernel.__name__} SUB={sub} VPT={vpt}")
 
 
@@ -265,4 +265,4 @@ def sparse_softmax_backward(
 
 def _avg_len(nnz: int, rows: int) -> int:
     # bucketed to a power of two, so nearby sizes share one autotuning result
-    return triton.next_power_of_2(max(1, nnz // max(rows, 1)))
+    return _launch.next_power_of_2(max(1, nnz // max(rows, 1)))

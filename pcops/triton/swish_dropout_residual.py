@@ -75,7 +75,7 @@ def swish_dropout_residual(
     if numel:
         _launch.launch(
             _swish_dropout_residual_kernel,
-            (triton.cdiv(numel, ELEMENTWISE_BLOCK),),
+            (_launch.cdiv(numel, ELEMENTWISE_BLOCK),),
             x,
             residual,
             y,
@@ -98,7 +98,7 @@ def swish_dropout_backward(
     if numel:
         _launch.launch(
             _swish_dropout_bwd_kernel,
-            (triton.cdiv(numel, ELEMENTWISE_BLOCK),),
+            (_launch.cdiv(numel, ELEMENTWISE_BLOCK),),
             grad,
             x,
             dx,

@@ -356,10 +356,10 @@ def _run_main(
     batch = 1 if lengths is None else lengths.numel()
     gx, gy, gz = _grid_size(voxel_size, point_cloud_range)
     # open addressing at load <= 1/2: twice the most voxels there can be (points, or grid cells)
-    cap = max(triton.next_power_of_2(2 * min(n, batch * gx * gy * gz)), 64)
+    cap = max(_launch.next_power_of_2(2 * min(n, batch * gx * gy * gz)), 64)
     block, num_warps = tuning.main(n, hard)
-    num_blocks = triton.cdiv(n, block)
-    pb = triton.next_power_of_2(max_points) if hard else 1
+    num_blocks = _launch.cdiv(n, block)
+    pb = _launch.next_power_of_2(max_points) if hard else 1
     list_stride = min(max_voxels, n) if hard else 0
     csr = hard and _use_csr(mode, n, batch)
     list_len = batch * list_stride * pb if hard and not csr else 0
@@ -493,7 +493,7 @@ def voxelize(
         seg = torch.empty(n, dtype=torch.int32, device=device)
         _launch.launch(
             _voxel_scatter_kernel,
-            (triton.cdiv(n, tuning.scatter_block),),
+            (_launch.cdiv(n, tuning.scatter_block),),
             lrb,
             posb,
             cnt,
@@ -511,7 +511,7 @@ def voxelize(
     )
     _launch.launch(
         _voxel_rows_kernel,
-        (max(triton.cdiv(rows, rows_per_program), 1),),
+        (max(_launch.cdiv(rows, rows_per_program), 1),),
         points,
         w["stats"],
         w["drop"],
@@ -534,11 +534,11 @@ def voxelize(
         max_voxels,
         w["list_stride"],
         PB=w["pb"],
-        CB=triton.next_power_of_2(num_channels),
+        CB=_launch.next_power_of_2(num_channels),
         ROWS=rows_per_program,
         SB=128,
         BMAX=_bmax(batch),
-        C_EXACT=num_channels == triton.next_power_of_2(num_channels),
+        C_EXACT=num_channels == _launch.next_power_of_2(num_channels),
         CSR=w["csr"] is not None,
         num_warps=rows_warps,
     )

@@ -20,7 +20,7 @@ def _voxel_cell(v, lo, hi, size, cells):
 
 def _bmax(batch: int) -> int:
     """Samples as one vector up to 16 of them (one round trip instead of one per sample)."""
-    return triton.next_power_of_2(batch) if batch <= 16 else 0
+    return _launch.next_power_of_2(batch) if batch <= 16 else 0
 
 
 def _grid_size(voxel_size, point_cloud_range):
@@ -94,7 +94,7 @@ def point_cells(points, lengths, voxel_size, point_cloud_range, block: int = 512
     gx, gy, gz = _grid_size(voxel_size, point_cloud_range)
     _launch.launch(
         _point_cells_kernel,
-        (triton.cdiv(n, block),),
+        (_launch.cdiv(n, block),),
         points,
         lengths if lengths is not None else out,
         out,
