@@ -139,7 +139,7 @@ class _Record(TorchDispatchMode):
 # autograd engine's gradient fills.
 LAUNCHES = {
     "knn": 11,
-    "ball_query": 20,
+    "ball_query": 6,
     "gather_points": 6,
     "farthest_point_sample": 11,
     "voxelize": 6,

@@ -82,10 +82,8 @@ def table() -> str:
         for r in res["results"]:
             tp = f"{r['throughput']:.3g} {r.get('throughput_unit', '')}" if "throughput" in r else ""
             sp = f"{r['speedup_vs_baseline']:.2f}" if "speedup_vs_baseline" in r else ""
-            lines.append(
-                f"| {r['workload']} | {r['impl']} | {r['median_ms']:.4f} | {r['min_ms']:.4f}–{r['max_ms']:.4f} "
-                f"| {tp} | {sp} |"
-            )
+            spread = f"{r['min_ms']:.4f}–{r['max_ms']:.4f}" if "min_ms" in r else "–"
+            lines.append(f"| {r['workload']} | {r['impl']} | {r['median_ms']:.4f} | {spread} | {tp} | {sp} |")
     return "\n".join(lines) + "\n"
 
 
