@@ -13,9 +13,8 @@ int32 (or need uint64), for floats only the type, the type and value of every ``
 parameter and launch option (``num_warps`` ...), and Triton's debug and instrumentation
 settings. So a bound call launches the very binary ``kernel[grid]`` would, with the same arguments.
 ``_key`` builds it in one pass with the common cases inlined (plain tensors, int32 ints, keywords
-that are all constexprs or launch options: one tuple of their values and one of their types), about
-4 µs on the CPU machine for a launch of 20 arguments and 35 keywords (kernel_map's insert) where a
-spec function per argument took 11 µs. Triton's path is kept for the interpreter
+that are all constexprs or launch options: one tuple of their values and one of their types; the
+cost per launch is in ``benchmarks/NOTES.md``). Triton's path is kept for the interpreter
 (``TRITON_INTERPRET=1``), autotuned kernels, callable grids, registered launch or pre-run hooks
 (profilers such as proton) and kernels whose launcher needs scratch memory or tensor descriptors.
 """
@@ -54,7 +53,7 @@ def _spec_runtime(a):
 
 def cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` for host ints: a plain function (Triton's is a ``ConstexprFunction`` whose
-    call unwraps its arguments, about 1-2 µs of host time each; launchers call it per launch)."""
+    every call unwraps its arguments; launchers call it per launch)."""
     return -(-a // b)
 
 

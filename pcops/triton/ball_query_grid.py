@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .. import _backend, _finite
 from . import _launch
+from .finite import _finite3
 from .knn import _f32
 from .knn import ball_query as _scan
 
@@ -58,11 +59,6 @@ def _key(b, cx, cy, cz, BITS: tl.constexpr):
     k = (k << BITS) + (cz.to(tl.int64) + half)
     k = (k << BITS) + (cy.to(tl.int64) + half)
     return (k << BITS) + (cx.to(tl.int64) + half)
-
-
-@triton.jit
-def _finite3(x, y, z):
-    return (tl.abs(x) < float("inf")) & (tl.abs(y) < float("inf")) & (tl.abs(z) < float("inf"))
 
 
 @triton.jit
@@ -101,6 +97,20 @@ def _ball_cells_kernel(
 
 
 @triton.jit
+def _search_step(keys_ptr, lo, hi, key, STRICT: tl.constexpr):
+    """One step of a per-lane binary search for the first position whose key is ``>= key``
+    (``> key`` with ``STRICT``) within ``[lo, hi)``."""
+    active = lo < hi
+    mid = (lo + hi) // 2
+    v = tl.load(keys_ptr + mid, mask=active, other=0)
+    if STRICT:
+        right = active & (v <= key)
+    else:
+        right = active & (v < key)
+    return tl.where(right, mid + 1, lo), tl.where(active & ~right, mid, hi)
+
+
+@triton.jit
 def _bounds(keys_ptr, n, key, steps):
     """Per lane, the first position whose key is ``>= key`` and the first ``> key`` (the run of
     ``key``): the two binary searches interleaved, one chain of ``steps`` dependent loads."""
@@ -109,24 +119,9 @@ def _bounds(keys_ptr, n, key, steps):
     lo2 = lo
     hi2 = hi
     for _ in range(steps):
-        active = lo < hi
-        mid = (lo + hi) // 2
-        v = tl.load(keys_ptr + mid, mask=active, other=0)
-        right = active & (v < key)
-        lo = tl.where(right, mid + 1, lo)
-        hi = tl.where(active & ~right, mid, hi)
-        active2 = lo2 < hi2
-        mid2 = (lo2 + hi2) // 2
-        v2 = tl.load(keys_ptr + mid2, mask=active2, other=0)
-        right2 = active2 & (v2 <= key)
-        lo2 = tl.where(right2, mid2 + 1, lo2)
-        hi2 = tl.where(active2 & ~right2, mid2, hi2)
+        lo, hi = _search_step(keys_ptr, lo, hi, key, False)
+        lo2, hi2 = _search_step(keys_ptr, lo2, hi2, key, True)
     return lo, lo2
-
-
-@triton.jit
-def _finite3(x, y, z):
-    return (tl.abs(x) < float("inf")) & (tl.abs(y) < float("inf")) & (tl.abs(z) < float("inf"))
 
 
 @triton.jit
@@ -259,7 +254,7 @@ def ball_query(
     flag = torch.zeros(1, dtype=torch.int32, device=dev)
     _launch.launch(
         _ball_cells_kernel,
-        (-(-nr // _BLOCK), batch),
+        (_launch.cdiv(nr, _BLOCK), batch),
         ref,
         ref_lengths,
         keys,
@@ -296,7 +291,7 @@ def ball_query(
         BITS=_CELL_BITS,
         BR=_BR,
         W=_W,
-        KPAD=1 << max(0, k - 1).bit_length(),
+        KPAD=_launch.next_power_of_2(k),
         num_warps=1,
         enable_fp_fusion=False,
     )

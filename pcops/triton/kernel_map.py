@@ -53,11 +53,6 @@ _NUM_COUNTERS = 3 * _COUNTER_STRIDE
 # --- launchers ------------------------------------------------------------------------------
 
 
-def _cdiv(a: int, b: int) -> int:
-    # plain Python: triton.cdiv / next_power_of_2 are ConstexprFunctions costing µs per call
-    return -(-a // b)
-
-
 def _pow2(v: int) -> int:
     """The next power of two ≥ ``v`` (1 for ``v ≤ 1``)."""
     return 1 << max(0, v - 1).bit_length()
@@ -77,8 +72,8 @@ def _capacity(count: int, slack: int = 2) -> tuple[int, int]:
 
 def _groups(num_blocks: int) -> tuple[int, int]:
     """``(blocks per count group, groups)`` with at most ``_MAX_GROUPS`` groups."""
-    sub = _cdiv(num_blocks, _MAX_GROUPS)
-    return sub, _cdiv(num_blocks, sub)
+    sub = _launch.cdiv(num_blocks, _MAX_GROUPS)
+    return sub, _launch.cdiv(num_blocks, sub)
 
 
 @functools.lru_cache(maxsize=256)
@@ -234,7 +229,7 @@ def pairs_from_table(out_in: torch.Tensor, pad_pairs: bool = False) -> tuple[tor
     if num_out == 0:
         return _empty_map(dev, 0, num_k)[1:4]
     block_m, kpad = _tile(num_k)
-    nb = _cdiv(num_out, block_m)
+    nb = _launch.cdiv(num_out, block_m)
     sub, num_groups = _groups(nb)
     counts = torch.full((num_groups * kpad,), -1, dtype=torch.int64, device=dev)
     _launch.launch(
@@ -315,12 +310,12 @@ def sparse_conv_kernel_map(
     pad_pairs = pad_pairs or static_shapes
     if subm:
         bound, cap_out, log_out = 0, 0, 0
-        sub, num_groups = _groups(_cdiv(n, block))
+        sub, num_groups = _groups(_launch.cdiv(n, block))
     elif static_out:
         bound = n * plan["per_input"]
         cap_out, log_out = 0, 0  # no output table: a bitmap of the output cells
         # groups split the M rows on the device; the lookup gets the group count as `sub`
-        num_groups = min(_MAX_GROUPS, _cdiv(bound, block))
+        num_groups = min(_MAX_GROUPS, _launch.cdiv(bound, block))
         sub = num_groups
         cells = batch_size * math.prod(out_shape)
         if cells >= 2**31:
@@ -328,8 +323,8 @@ def sparse_conv_kernel_map(
                 f"batch_size: {batch_size} samples of the output grid {tuple(out_shape)} exceed the "
                 f"static form's bitmap (2^31 cells); use static_shapes=False"
             )
-        words = _cdiv(cells, 32)
-        chunks = _cdiv(words, _BITS_WORDS)
+        words = _launch.cdiv(cells, 32)
+        chunks = _launch.cdiv(words, _BITS_WORDS)
     else:
         bound = n * plan["per_input"]
         # ≥ bound + 1 slots can never fill up; the real load is far lower (S1: 73k outputs of 354k candidates)
@@ -341,8 +336,8 @@ def sparse_conv_kernel_map(
     # static shapes: the N·J output keys (the first M used), then the bitmap and the chunk sums (int32)
     keys_off = sink_off + plan["sink"]
     bits_off = keys_off + bound
-    sums_off = bits_off + (_cdiv(words, 2) if static_out else 0)
-    ws_len = sums_off + (_cdiv(chunks, 2) if static_out else 0)
+    sums_off = bits_off + (_launch.cdiv(words, 2) if static_out else 0)
+    ws_len = sums_off + (_launch.cdiv(chunks, 2) if static_out else 0)
     if ws_len >= 2**31:
         raise ValueError(f"coords: {n} voxels need hash tables of {2 * cap_in + cap_out} slots (limit 2^31)")
     ws = torch.full((ws_len,), -1, dtype=torch.int64, device=dev)  # launch 1 (the bitmap: all ones = empty)
@@ -360,7 +355,7 @@ def sparse_conv_kernel_map(
     block_n = plan["block_n"]
     _launch.launch(
         _kmap_insert_kernel,
-        (_cdiv(n, block_n),),  # launch 2
+        (_launch.cdiv(n, block_n),),  # launch 2
         coords,
         ws,
         out_keys,
@@ -420,9 +415,9 @@ def sparse_conv_kernel_map(
         fits32 = (max_batch + 1) * math.prod(out_shape) < 2**31
         keys = torch.sort((out_keys32 if fits32 else out_keys)[:num_out]).values
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
-        sub, num_groups = _groups(_cdiv(num_out, block))
+        sub, num_groups = _groups(_launch.cdiv(num_out, block))
     out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
-    nb = _cdiv(num_out, block)
+    nb = _launch.cdiv(num_out, block)
     _launch.launch(
         _kmap_lookup_kernel,
         (nb,),  # launch 3
