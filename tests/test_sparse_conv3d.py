@@ -54,6 +54,46 @@ def test_triton_sparse_conv3d_interpreter(n, c_in, c_out, subm):
     check_against_reference(tri, *conv_case(n, c_in, c_out, seed=n + c_in, subm=subm), TOL[torch.float32], subm)
 
 
+@pytest.mark.parametrize("c_in,c_out,k", [(16, 32, 27), (80, 24, 27), (8, 16, 10)])
+@interpret
+def test_triton_gemm_configs_interpreter(c_in, c_out, k):
+    """Every tile configuration the tuner may pick (U = 1-4 offsets per step, K not a multiple of
+    U, offsets no row uses, more channels than one BLOCK_C chunk) against the reference."""
+    from pcops.triton import sparse_conv3d as tri
+
+    g = generator(c_in + k)
+    n, m = 40, 70
+    table = torch.randint(-n // 2, n, (m, k), generator=g, dtype=torch.int32).clamp_(min=-1)
+    table[:, 2] = -1  # an offset that no row uses
+    x = torch.randn(n, c_in, generator=g)
+    w = torch.randn(k, c_in, c_out, generator=g)
+    b = torch.randn(c_out, generator=g)
+    exp = ref.sparse_conv3d(x, w, b, table)
+    for cfg in tri.GEMM_CONFIGS:
+        out = tri.gather_gemm(x, w, b, table, c_out, strides=w.stride(), relu=True, config=cfg)
+        torch.testing.assert_close(out, exp.clamp(min=0), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@gpu[0]
+@gpu[1]
+def test_gpu_gemm_tuner_bit_identical(dtype):
+    """The tuner times its configurations on the first call of a shape class, keeps one, and every
+    configuration gives the same bits, forward and the mirrored dgrad."""
+    from pcops.triton import sparse_conv3d as tri
+
+    feats, weight, bias, out_in = conv_case(4000, 32, 48, seed=5, device="cuda", dtype=dtype, shape=(20, 30, 40))
+    tri._TUNED.clear()
+    out = tri.gather_gemm(feats, weight, bias, out_in, 48, strides=weight.stride())
+    assert len(tri._TUNED) == 1 and next(iter(tri._TUNED.values())) in tri.GEMM_CONFIGS
+    s = weight.stride()
+    view, strides = weight[26], (-s[0], s[2], s[1])
+    grad = tri.gather_gemm(out, view, None, out_in, 32, strides=strides)
+    for cfg in tri.GEMM_CONFIGS:
+        assert torch.equal(out, tri.gather_gemm(feats, weight, bias, out_in, 48, strides=weight.stride(), config=cfg))
+        assert torch.equal(grad, tri.gather_gemm(out, view, None, out_in, 32, strides=strides, config=cfg))
+
+
 @interpret
 def test_triton_sparse_conv3d_empty_interpreter():
     from pcops.triton import sparse_conv3d as tri
@@ -268,8 +308,9 @@ for ptr, prec in (("*fp16", "tf32"), ("*bf16", "tf32"), ("*fp32", "ieee"), ("*fp
     for relu in (False, True):
         for bias in (False, True):
             types = [ptr, ptr, ptr, "*i32", ptr] + ["i32"] * 7
-            compile_(tri._gather_gemm_kernel, types, dict(HAS_BIAS=bias, RELU=relu, PRECISION=prec, BLOCK_M=64,
-                     BLOCK_N=64, BLOCK_C=32))
+            for u in (1, 3, 4):
+                compile_(tri._gather_gemm_kernel, types, dict(HAS_BIAS=bias, RELU=relu, PRECISION=prec, BLOCK_M=64,
+                         BLOCK_N=64, BLOCK_C=32, SKIP=True, KPAD=32, U=u))
     compile_(tri._wgrad_kernel, [ptr, ptr, "*i32", "*fp32"] + ["i32"] * 4,
              dict(ROWS=4096, PRECISION=prec, BLOCK_M=64, BLOCK_I=32, BLOCK_O=64))
 print("compiled")

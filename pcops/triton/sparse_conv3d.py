@@ -1,5 +1,5 @@
 """Triton kernels of ``pcops.sparse_conv3d``: implicit GEMM on the out-in table, forward, dgrad
-and wgrad, deterministic (no atomics; one fixed tile configuration per shape class).
+and wgrad, deterministic (no atomics; bit-identical whatever tile configuration the tuner picks).
 
 - ``gather_gemm``: ``out[m] = bias + Σ_k x[table[m, k]] @ W[k]`` (then ``max(·, 0)`` with the
   ReLU epilogue); a program owns a tile of ``BLOCK_M`` output rows × ``BLOCK_N`` channels and,
@@ -14,13 +14,14 @@ and wgrad, deterministic (no atomics; one fixed tile configuration per shape cla
 - ``wgrad``: ``∂W[k] = Σ_m x[out_in[m, k]]ᵀ @ g[m]``, split over fixed chunks of rows into
   partial sums that one ``torch.sum`` adds in a fixed order.
 
-Tiles (``_gemm_config``, fixed per shape class from an H200 sweep recorded in
-``benchmarks/NOTES.md``): one pipeline stage (the gathers are not software-pipelined), 4 warps,
-128 rows per tile for 16-bit inputs from 131,072 rows, else 64. A tile first loads its rows' whole
-table once and ORs it into a bit per offset (``K ≤ 32``), then skips the offsets none of its rows
-uses: all of them on the padding rows of the static form, none on a dense submanifold map. Each
-output element sums its offsets in order and its channels in ``BLOCK_C`` chunks whatever the
-tile, so every configuration gives the same bits; results are bit-identical run to run.
+Tiles: one pipeline stage (software pipelining of the gathers measured slower), ``BLOCK_M`` rows,
+``num_warps`` and ``U`` offsets per step (their gathers issued before their dots), tuned per shape
+class on first use among ``GEMM_CONFIGS`` (``gather_gemm``; the sweeps are in
+``benchmarks/NOTES.md``). A tile first loads its rows' whole table once and ORs it into a bit per
+offset (``K ≤ 32``), then skips the offsets none of its rows uses: all of them on the padding rows
+of the static form, none on a dense submanifold map. Each output element sums its offsets in
+order and its channels in ``BLOCK_C`` chunks whatever the tile, so every configuration gives the
+same bits; results are bit-identical run to run.
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def _pow2(n: int, lo: int, hi: int) -> int:
 
 
 @triton.jit
+def _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo):
+    """Offset ``k``'s gathered rows ``(BLOCK_M, BLOCK_C)`` and weight slice ``(BLOCK_C, BLOCK_N)``;
+    all zero (every load masked: no memory traffic) where ``k ≥ K`` or no row of the tile uses it."""
+    u = (k < K) & (((used >> k) & 1) != 0)
+    src = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=rmask & u, other=-1)
+    a = tl.load(
+        x_ptr + src.to(tl.int64)[:, None] * C_IN + cc[None, :], mask=(src >= 0)[:, None] & ccm[None, :], other=0.0
+    )
+    b = tl.load(
+        w_ptr + k * s_wk + cc[:, None] * s_wi + cols[None, :] * s_wo, mask=ccm[:, None] & cmask[None, :] & u, other=0.0
+    )
+    return a, b
+
+
+@triton.jit
 def _gather_gemm_kernel(
     x_ptr,  # (R, C_IN) gathered rows
     w_ptr,  # weight, element (k, i, o) at k * s_wk + i * s_wi + o * s_wo
@@ -70,6 +86,7 @@ def _gather_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    U: tl.constexpr = 1,  # offsets per step (1-4): their gathers are issued before their dots
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -87,24 +104,27 @@ def _gather_gemm_kernel(
         used = tl.sum(tl.max((tab >= 0).to(tl.int32), axis=0) << kk, axis=0)
     else:
         used = -1
-    for k in range(K):
-        if ((used >> k) & 1) != 0:
-            src = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=rmask, other=-1)
-            valid = src >= 0
+    for k0 in range(0, K, U):
+        if ((used >> k0) & ((1 << U) - 1)) != 0:
             for c0 in range(0, C_IN, BLOCK_C):
                 cc = c0 + tl.arange(0, BLOCK_C)
                 ccm = cc < C_IN
-                a = tl.load(
-                    x_ptr + src.to(tl.int64)[:, None] * C_IN + cc[None, :],
-                    mask=valid[:, None] & ccm[None, :],
-                    other=0.0,
-                )
-                b = tl.load(
-                    w_ptr + k * s_wk + cc[:, None] * s_wi + cols[None, :] * s_wo,
-                    mask=ccm[:, None] & cmask[None, :],
-                    other=0.0,
-                )
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+                # the step's U gathers first, then its dots in offset order; an offset that no row
+                # uses adds exact zeros, so every U gives the same bits
+                a0, b0 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+                if U > 1:
+                    a1, b1 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0 + 1, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+                if U > 2:
+                    a2, b2 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0 + 2, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+                if U > 3:
+                    a3, b3 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0 + 3, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+                acc = tl.dot(a0, b0, acc, input_precision=PRECISION)
+                if U > 1:
+                    acc = tl.dot(a1, b1, acc, input_precision=PRECISION)
+                if U > 2:
+                    acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
+                if U > 3:
+                    acc = tl.dot(a3, b3, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if RELU:
@@ -113,15 +133,50 @@ def _gather_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BLOCK_M, num_warps)`` of ``gather_gemm`` for ``m`` rows of ``dtype`` (fixed per shape class)."""
-    return (128 if m >= 131072 and dtype != torch.float32 else 64), 4
+# gather_gemm's tile configurations (BLOCK_M, num_warps, U), all one pipeline stage; each won on
+# some S2 / S3 layer in the H200 sweeps recorded in benchmarks/NOTES.md (few: each is compiled on
+# first use)
+GEMM_CONFIGS = ((64, 4, 1), (128, 4, 1), (64, 4, 3))
+# the tuner's choice per shape class, filled on first use (``gather_gemm``)
+_TUNED: dict = {}
 
 
-def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = False, precision: str = "auto"):
+def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """The untuned ``(BLOCK_M, num_warps, U)``: 128 rows for 16-bit inputs from 131,072 rows, else 64."""
+    return (128 if m >= 131072 and dtype != torch.float32 else 64), 4, 1
+
+
+def _fastest(run, configs) -> tuple:
+    """The fastest of ``configs`` by CUDA-event time of ``run(cfg)``: one warm-up call each
+    (compiles), then 3 rounds of 3 calls per config, the median round; one host sync."""
+    for cfg in configs:
+        run(cfg)
+    events = {cfg: [] for cfg in configs}
+    for _ in range(3):
+        for cfg in configs:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(3):
+                run(cfg)
+            stop.record()
+            events[cfg].append((start, stop))
+    torch.cuda.synchronize()
+    return min(configs, key=lambda c: sorted(a.elapsed_time(b) for a, b in events[c])[1])
+
+
+def gather_gemm(
+    x, weight_view, bias, table, c_out, *, strides, relu: bool = False, precision: str = "auto", config=None
+):
     """``out (M, c_out)`` of ``x.dtype``: ``bias + Σ_k x[table[:, k]] @ W[k]`` (``relu``: then
     ``max(·, 0)``) where ``W[k][i, o]`` is at ``weight_view + k * strides[0] + i * strides[1] +
-    o * strides[2]``. One launch."""
+    o * strides[2]``. One launch.
+
+    Tuned per shape class ``(C_in, C_out, K, bit length of M, dtype, precision, bias, relu)``: the
+    first call of a class on a GPU, unless a CUDA graph is being captured, times every
+    ``GEMM_CONFIGS`` entry on its own inputs (one host sync) and keeps the fastest; until then,
+    and under the interpreter, ``_gemm_config``; ``config``: that ``(BLOCK_M, num_warps, U)``
+    instead. Every configuration gives the same bits (each output element sums its offsets in
+    order and its channels in ``BLOCK_C`` chunks), so the choice changes only the time."""
     m, k = table.shape
     c_in = x.shape[1]
     out = torch.empty((m, c_out), dtype=x.dtype, device=x.device)
@@ -132,33 +187,45 @@ def gather_gemm(x, weight_view, bias, table, c_out, *, strides, relu: bool = Fal
         return out.clamp_(min=0) if relu else out
     block_n = _pow2(c_out, 16, 128)
     block_c = _pow2(c_in, 16, 64)
-    block_m, num_warps = _gemm_config(m, x.dtype)
     kpad = _launch.next_power_of_2(k)
-    grid = (_launch.cdiv(m, block_m), _launch.cdiv(c_out, block_n))
-    _launch.launch(
-        _gather_gemm_kernel,
-        grid,
-        x,
-        weight_view,
-        bias if bias is not None else x,
-        table,
-        out,
-        m,
-        k,
-        c_in,
-        c_out,
-        *strides,
-        HAS_BIAS=bias is not None,
-        RELU=relu,
-        PRECISION=_precision(x.dtype, precision),
-        SKIP=kpad <= 32,
-        KPAD=kpad,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_C=block_c,
-        num_warps=num_warps,
-        num_stages=1,
-    )
+    prec = _precision(x.dtype, precision)
+    has_bias = bias is not None
+
+    def run(cfg):
+        block_m, num_warps, u = cfg
+        _launch.launch(
+            _gather_gemm_kernel,
+            (_launch.cdiv(m, block_m), _launch.cdiv(c_out, block_n)),
+            x,
+            weight_view,
+            bias if has_bias else x,
+            table,
+            out,
+            m,
+            k,
+            c_in,
+            c_out,
+            *strides,
+            HAS_BIAS=has_bias,
+            RELU=relu,
+            PRECISION=prec,
+            SKIP=kpad <= 32,
+            KPAD=kpad,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_C=block_c,
+            U=u,
+            num_warps=num_warps,
+            num_stages=1,
+        )
+
+    key = (c_in, c_out, k, m.bit_length(), x.dtype, prec, has_bias, relu)
+    cfg = config or _TUNED.get(key)
+    if cfg is None:
+        cfg = _gemm_config(m, x.dtype)
+        if x.is_cuda and not torch.cuda.is_current_stream_capturing():
+            cfg = _TUNED[key] = _fastest(run, GEMM_CONFIGS)
+    run(cfg)
     return out
 
 
