@@ -22,8 +22,8 @@ from .kernel_map_kernels import (
 )
 
 # (row, offset) lanes per program in the 2-D passes (32 rows × 32 offsets for 3×3×3: 8 lanes
-# per thread at 4 warps, few enough int64 temporaries to stay in registers; twice as many programs
-# as 2048 lanes at 8 warps: S2's static encoder 5 % faster in two H200 runs, benchmarks/NOTES.md)
+# per thread at 4 warps, few enough int64 temporaries to stay in registers; the tile sweep is in
+# benchmarks/NOTES.md)
 _TILE = 1024
 _NUM_WARPS = 4
 # the hash tables hold at least this many slots

@@ -14,9 +14,8 @@ claimed with ``atomic_cas`` from −1 and the row is merged with ``atomic_max`` 
 ``2^40 - row``, so among duplicate voxels the lowest row wins whatever order the atomics ran
 in (deterministic). Input keys start probing at the first slot of a 2-slot bucket (one
 aligned 32-byte sector) and lookups read a whole bucket per round: the same sectors as
-slot-by-slot probing, but a 2048-lane lookup tile (the tile then), which loops until its slowest lane is
-done, needs 2.9 rounds on S1 instead of 5.3 (host simulation of the S1 table: 1.04 rounds
-per lookup on average). The output table (regular and transposed
+slot-by-slot probing, but a lookup tile, which loops until its slowest lane is done, needs
+about half the rounds (``benchmarks/NOTES.md`` has the host simulation of the S1 table). The output table (regular and transposed
 conv) stores candidate output *keys*; each program appends the keys it newly claimed to a list
 at a position from one ``atomic_add`` per probe round, and the list is then sorted
 (``torch.sort``), which makes the output order deterministic whatever the atomics did (as int32
