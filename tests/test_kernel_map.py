@@ -714,6 +714,37 @@ def test_triton_interpreter_duplicates_and_out_of_grid():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=_cfg_id)
+@pytest.mark.parametrize("dirt", ["clean", "duplicates", "out_of_grid", "no_batch"])
+@interpret
+def test_triton_interpreter_subm_mirror(cfg, dirt):
+    """A submanifold table-only map probes the offsets up to the centre and mirrors the rest: the
+    same table as the reference. Duplicate voxels and out-of-grid rows break the symmetry (the
+    full probe takes over); rows with batch -1 (static padding) do not."""
+    from pcops.triton import kernel_map as tri
+
+    coords = make_coords(2, (5, 6, 7), 41, seed=61)
+    g = torch.Generator().manual_seed(62)
+    if dirt == "duplicates":
+        coords = torch.cat([coords, coords[torch.randint(0, 41, (3,), generator=g)]])
+    elif dirt == "out_of_grid":
+        coords = torch.cat([coords, torch.tensor([[0, 5, 2, 2], [1, 2, -1, 3]], dtype=torch.int32)])
+    elif dirt == "no_batch":
+        coords = torch.cat([coords, torch.full((5, 4), -1, dtype=torch.int32)])
+    coords = coords[torch.randperm(coords.shape[0], generator=g)].contiguous()
+    _, args = _launch(coords[:0], (5, 6, 7), *cfg)
+    args = (coords, *args[1:])
+    assert tri._plan(*(tuple(a) for a in args[1:7]), True, False)["mirror"]
+    got = tri.sparse_conv_kernel_map(*args, pairs=False)
+    full = tri.sparse_conv_kernel_map(*args)  # with pairs: every offset probed (checked against the reference)
+    assert torch.equal(got[0], full[0]) and torch.equal(got[4], full[4])
+    if dirt == "clean":
+        expected = ref.sparse_conv_kernel_map(*args)
+        assert torch.equal(got[4], expected[4])
+    n_hits = int((got[4] >= 0).sum())
+    assert n_hits > coords.shape[0] // 2  # neighbours are found, not only centres
+
+
 @interpret
 def test_triton_interpreter_full_tables(monkeypatch):
     """Nearly full hash tables: long probe chains that wrap around the table end."""
@@ -807,10 +838,20 @@ for case in cases:
     # static shapes (regular/transposed): no int32 keys, M read on the device
     for static in ((False,) if subm else (False, True)):
         build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
-                                           BITMAP=static, **plan["insert_consts"]), plan["insert_warps"])
-        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, TAIL=1024, **plan["lookup_consts"]), 8)
+                                           BITMAP=static, MIRROR=False, **plan["insert_consts"]), plan["insert_warps"])
+        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, TAIL=1024, BLOCK_M=plan["block"],
+                                           KPAD=plan["kpad"], HALF=False, COUNT=True, CSTRIDE=16,
+                                           **plan["lookup_consts"]), 4)
+    if plan["mirror"]:  # the submanifold table-only map: half the offsets probed, the rest mirrored
+        build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=False, BITMAP=False,
+                                           MIRROR=True, **plan["insert_consts"]), plan["insert_warps"])
+        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, TAIL=1024, BLOCK_M=plan["block_half"],
+                                           KPAD=plan["kpad_half"], HALF=True, COUNT=False, CSTRIDE=16,
+                                           **plan["lookup_consts"]), 4)
 PTRS["keys_ptr"] = "*i32"
-build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, TAIL=1024, **km._plan(*cases[1])["lookup_consts"]), 8)
+plan = km._plan(*cases[1])
+build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, TAIL=1024, BLOCK_M=plan["block"], KPAD=plan["kpad"],
+                                   HALF=False, COUNT=False, CSTRIDE=16, **plan["lookup_consts"]), 4)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
 build(km._kmap_bits_count_kernel, dict(WORDS=km._BITS_WORDS), 4)
 PTRS["keys_ptr"] = "*i64"

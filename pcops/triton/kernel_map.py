@@ -45,10 +45,11 @@ _ROW_BASE = 1 << 40
 # static-shape maps: bitmap words per program of the count and ranking passes, cells ranked per step
 _BITS_WORDS = 512
 _BITS_CELLS = 4096
-# counter cells (after the group counts): M - 1, max batch, P - 1 (all start at -1), each on
-# its own 128-byte line (the M counter takes an atomic per probe round of every program)
+# counter cells (after the group counts): M - 1, max batch, P - 1 and the submanifold mirror flag
+# (all start at -1), each on its own 128-byte line (the M counter takes an atomic per probe round
+# of every program)
 _COUNTER_STRIDE = 16
-_NUM_COUNTERS = 3 * _COUNTER_STRIDE
+_NUM_COUNTERS = 4 * _COUNTER_STRIDE
 
 
 # --- launchers ------------------------------------------------------------------------------
@@ -115,6 +116,10 @@ def _plan(
     block, kpad = _tile(num_k)
     axes = _axis_enumeration(kernel_size, stride, dilation, transposed)
     per_input = 0 if subm else math.prod(a[3] for a in axes)
+    # a submanifold table-only map of an odd kernel (centred: offsets k and K - 1 - k are opposite)
+    # probes half the offsets and mirrors the rest (kernel_map_kernels._kmap_lookup_kernel)
+    mirror = subm and all(k % 2 == 1 for k in kernel_size)
+    kpad_half = max(2, _pow2(num_k // 2 + 1))
     jpad = _pow2(per_input) if per_input else 1
     # candidate generation: 2x the lanes (one counter atomic per program)
     block_n = _INSERT_LANES if subm else max(2, 2 * _INSERT_LANES // jpad)
@@ -128,6 +133,9 @@ def _plan(
         num_k=num_k,
         block=block,
         kpad=kpad,
+        mirror=mirror,
+        block_half=max(2, _TILE // kpad_half),
+        kpad_half=kpad_half,
         per_input=per_input,
         jpad=jpad,
         block_n=block_n,
@@ -149,6 +157,8 @@ def _plan(
             COPY=subm,
             BLOCK_N=block_n,
             JPAD=jpad,
+            K=num_k,
+            KHPAD=max(2, _pow2(num_k // 2)),
         ),
         lookup_consts=dict(
             K=num_k,
@@ -157,8 +167,6 @@ def _plan(
             **geometry,
             FROM_KEYS=not subm,
             TRANSPOSED=transposed,
-            BLOCK_M=block,
-            KPAD=kpad,
         ),
     )
 
@@ -343,9 +351,13 @@ def sparse_conv_kernel_map(
         raise ValueError(f"coords: {n} voxels need hash tables of {2 * cap_in + cap_out} slots (limit 2^31)")
     ws = torch.full((ws_len,), -1, dtype=torch.int64, device=dev)  # launch 1 (the bitmap: all ones = empty)
     bits = ws[bits_off:sums_off].view(torch.int32) if static_out else ws
+    mirror = plan["mirror"] and not pairs
+    out_in = None
     if subm:  # no candidate keys: any pointer will do for the unused arguments
         out_keys, out_keys32 = ws, coords
         out_coords = torch.empty((n, 4), dtype=torch.int32, device=dev)
+        if mirror:  # the insert pass sets its upper half to -1
+            out_in = torch.empty((n, num_k), dtype=torch.int32, device=dev)
     elif static_out:
         out_keys, out_keys32 = ws[keys_off:], coords
         out_coords = coords  # unused (COPY is off)
@@ -363,6 +375,7 @@ def sparse_conv_kernel_map(
         out_keys32,
         out_coords,
         bits,
+        out_in if mirror else coords,
         n,
         batch_size,
         *plan["in_shape"],
@@ -379,6 +392,7 @@ def sparse_conv_kernel_map(
         CSTRIDE=_COUNTER_STRIDE,
         KEYS32=not (subm or static_out),
         BITMAP=static_out,
+        MIRROR=mirror,
         num_warps=plan["insert_warps"],
     )
     if subm:
@@ -407,8 +421,8 @@ def sparse_conv_kernel_map(
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     else:
         # the one host sync: the output count M (with P and the largest batch index)
-        counters = ws[counters_off : counters_off + _NUM_COUNTERS].tolist()  # contiguous: one plain copy
-        last, max_batch, last_pair = counters[::_COUNTER_STRIDE]
+        counters = ws[counters_off : counters_off + 3 * _COUNTER_STRIDE].tolist()  # contiguous: one plain copy
+        last, max_batch, last_pair = counters[: 3 * _COUNTER_STRIDE : _COUNTER_STRIDE]
         num_out, num_pairs = last + 1, last_pair + 1
         if num_out == 0:
             return _empty_map(dev, 0, num_k, pairs=pairs)
@@ -417,7 +431,10 @@ def sparse_conv_kernel_map(
         keys = torch.sort((out_keys32 if fits32 else out_keys)[:num_out]).values
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
         sub, num_groups = _groups(_launch.cdiv(num_out, block))
-    out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
+    if out_in is None:
+        out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
+    if mirror:  # rows of K // 2 + 1 offsets (padded), twice as many per program
+        block, kpad = plan["block_half"], plan["kpad_half"]
     nb = _launch.cdiv(num_out, block)
     _launch.launch(
         _kmap_lookup_kernel,
@@ -438,7 +455,12 @@ def sparse_conv_kernel_map(
         **plan["lookup_consts"],
         ROW_BASE=_ROW_BASE,
         DEV_M=static_out,
+        BLOCK_M=block,
+        KPAD=kpad,
         TAIL=1024,
+        HALF=mirror,
+        COUNT=pairs,
+        CSTRIDE=_COUNTER_STRIDE,
         num_warps=_NUM_WARPS,
     )
     if not pairs:  # the table only: no compaction, no pair count to read

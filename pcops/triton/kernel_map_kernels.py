@@ -75,6 +75,7 @@ def _kmap_insert_kernel(
     out_keys32_ptr,  # (bound,) int32 out: the same keys truncated (used when the key space fits)
     out_coords_ptr,  # (N, 4) int32 out: a copy of coords (COPY: submanifold)
     bits_ptr,  # BITMAP: (words,) int32 output-cell bitmap, all ones = empty; a cleared bit = an output
+    out_in_ptr,  # MIRROR: (N, K) int32 out-in table: its upper half (offsets past the centre) set to -1
     n,  # N
     nbatch,  # BITMAP: samples covered by the bitmap (inputs of later samples are never inputs)
     D,
@@ -124,6 +125,9 @@ def _kmap_insert_kernel(
     JPAD: tl.constexpr,  # next power of two >= J
     SINK_COPIES: tl.constexpr,
     CSTRIDE: tl.constexpr,  # counter spacing (int64 words)
+    MIRROR: tl.constexpr,  # submanifold table-only map with a symmetric kernel (see the lookup)
+    K: tl.constexpr,  # MIRROR: offsets
+    KHPAD: tl.constexpr,  # MIRROR: next power of two > K // 2
 ):
     pid = tl.program_id(0)
     r = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -164,6 +168,16 @@ def _kmap_insert_kernel(
         tl.atomic_max(ws_ptr + slot.to(tl.int64) * 2 + 1, ROW_BASE - r.to(tl.int64), mask=done, sem="relaxed")
         active = active & ~done
         slot = tl.where(active, (slot + 1) & (cap_in - 1), slot)
+    if MIRROR:
+        # the lookup writes the upper half of a row only where a neighbour finds it: -1 first
+        jh = tl.arange(0, KHPAD)
+        up = live[:, None] & (jh < K // 2)[None, :]
+        tl.store(out_in_ptr + r[:, None] * K + (K // 2 + 1) + jh[None, :], tl.full(up.shape, -1, tl.int32), mask=up)
+        # a voxel held twice (a row that is not the lowest of its voxel) or a row outside the grid
+        # breaks the symmetry: the flag counter tells the lookup to probe every offset
+        dup = inside & ~first
+        bad = tl.max((dup | (live & (b >= 0) & ~inside)).to(tl.int32), axis=0)
+        tl.atomic_max(ws_ptr + counters_off + 3 * CSTRIDE, bad.to(tl.int64), mask=bad > 0, sem="relaxed")
 
     # 2) candidate outputs of every (input, offset), deduplicated in the output table
     if GEN:
@@ -292,6 +306,102 @@ def _kmap_bits_emit_kernel(
 
 
 @triton.jit
+def _lookup_offsets(
+    ws_ptr,
+    out_in_ptr,
+    m,
+    rows,
+    live,
+    b,
+    oz,
+    oy,
+    ox,
+    rk,
+    k_live,
+    full,
+    counts_off,
+    group,
+    D,
+    H,
+    W,
+    cap_in,
+    log_in,
+    K: tl.constexpr,
+    Ky: tl.constexpr,
+    Kx: tl.constexpr,
+    sz: tl.constexpr,
+    sy: tl.constexpr,
+    sx: tl.constexpr,
+    pz: tl.constexpr,
+    py: tl.constexpr,
+    px: tl.constexpr,
+    dz: tl.constexpr,
+    dy: tl.constexpr,
+    dx: tl.constexpr,
+    ROW_BASE: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    HALF: tl.constexpr,
+    COUNT: tl.constexpr,
+    KPAD: tl.constexpr,
+):
+    # one (row, offset) tile of the lookup: offsets `rk` of the rows `m` (see _kmap_lookup_kernel)
+    kx = rk % Kx
+    ky = (rk // Kx) % Ky
+    kz = rk // (Kx * Ky)
+    valid = (live & (b >= 0))[:, None] & k_live[None, :]
+    if TRANSPOSED:
+        # i = (o + p - k * d) / s when it divides (non-negative numerators only)
+        nz = oz[:, None] + pz - kz[None, :] * dz
+        ny = oy[:, None] + py - ky[None, :] * dy
+        nx = ox[:, None] + px - kx[None, :] * dx
+        valid = valid & (nz >= 0) & (ny >= 0) & (nx >= 0)
+        nz = tl.where(valid, nz, 0)
+        ny = tl.where(valid, ny, 0)
+        nx = tl.where(valid, nx, 0)
+        valid = valid & (nz % sz == 0) & (ny % sy == 0) & (nx % sx == 0)
+        iz = nz // sz
+        iy = ny // sy
+        ix = nx // sx
+    else:
+        # i = o * s - p + k * d (submanifold: s = 1, p = the centred padding)
+        iz = oz[:, None] * sz - pz + kz[None, :] * dz
+        iy = oy[:, None] * sy - py + ky[None, :] * dy
+        ix = ox[:, None] * sx - px + kx[None, :] * dx
+    valid = valid & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+    key = ((b[:, None] * D + iz) * H + iy) * W + ix
+
+    # probe bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys
+    # loaded in one round trip) until the key or an empty slot; with inserts only, a key never
+    # sits after an empty slot of its probe sequence, so a match anywhere in the bucket is it.
+    # Only the hits (S1 subm: 14 % of the lanes) read their row, once, after the probing.
+    bucket = _slot(key, log_in - 1, cap_in >> 1)
+    hit_word = tl.full(key.shape, -1, tl.int32)  # workspace index of the hit's key word
+    active = valid
+    while _any2d(active):
+        cell = bucket * 4
+        e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
+        e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
+        hit0 = active & (e0 == key)
+        hit1 = active & (e1 == key)
+        hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
+        active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
+        bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
+    found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
+
+    out_mask = rows[:, None] & k_live[None, :]
+    tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
+    if HALF:
+        # the mirrored entry: row `found` reaches row m at the opposite offset
+        mirror = (found >= 0) & (rk < K // 2)[None, :] & ~full
+        tl.store(
+            out_in_ptr + found * K + (K - 1 - rk)[None, :], (m[:, None] + rk[None, :] * 0).to(tl.int32), mask=mirror
+        )
+    if COUNT:
+        cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
+        tl.atomic_add(ws_ptr + counts_off + group * KPAD + rk, cnt, mask=k_live & (cnt > 0), sem="relaxed")
+
+
+@triton.jit
 def _kmap_lookup_kernel(
     coords_ptr,  # (N, 4) int32 input voxels (submanifold: also the outputs)
     ws_ptr,  # (ws,) int64 workspace: input table (key, ROW_BASE - row) pairs at [0, 2 cap_in); group counts
@@ -327,9 +437,18 @@ def _kmap_lookup_kernel(
     TRANSPOSED: tl.constexpr,
     DEV_M: tl.constexpr,  # M is read on the device (static shapes): rows [M, m_total) get -1
     BLOCK_M: tl.constexpr,
-    KPAD: tl.constexpr,
+    KPAD: tl.constexpr,  # lanes per row: K padded (HALF: K // 2 + 1 padded)
     TAIL: tl.constexpr,  # DEV_M: entries set to -1 per step in the rows past M
+    HALF: tl.constexpr,  # submanifold, symmetric kernel, table only: probe the offsets up to the centre
+    COUNT: tl.constexpr,  # add the hits per offset into the group counts (for the compaction)
+    CSTRIDE: tl.constexpr,  # counter spacing (HALF: the flag counter is at m_off + 3 CSTRIDE)
 ):
+    # HALF: offsets k and K - 1 - k are opposite displacements, so when row i finds row j at k,
+    # row j finds row i at K - 1 - k, provided every voxel is held once and every row with a batch
+    # index is inside the grid (the insert pass raises a flag otherwise). Each row probes the
+    # offsets up to the centre and writes the mirrored entry into its neighbour's row, whose upper
+    # half the insert pass set to -1: half the probes, and each entry is written by exactly one
+    # row (deterministic). With the flag raised, a second pass probes the upper half instead.
     pid = tl.program_id(0)
     if DEV_M:
         # only the blocks holding the M live rows are looked up (a stride over the programs); the
@@ -345,6 +464,12 @@ def _kmap_lookup_kernel(
         sub_d = sub
         blk_end = pid + 1
         blk_step = 1
+    if HALF:
+        full = tl.load(ws_ptr + m_off + 3 * CSTRIDE) >= 0  # the flag: probe every offset
+        npass = 1 + full.to(tl.int32)
+    else:
+        full = False
+        npass = 1
     for blk in range(pid, blk_end, blk_step):
         m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         rows = m < m_total  # rows written
@@ -369,56 +494,51 @@ def _kmap_lookup_kernel(
             oz = tl.load(coords_ptr + m * 4 + 1, mask=live, other=0).to(tl.int64)
             oy = tl.load(coords_ptr + m * 4 + 2, mask=live, other=0).to(tl.int64)
             ox = tl.load(coords_ptr + m * 4 + 3, mask=live, other=0).to(tl.int64)
-        rk = tl.arange(0, KPAD)
-        k_live = rk < K
-        kx = rk % Kx
-        ky = (rk // Kx) % Ky
-        kz = rk // (Kx * Ky)
-        valid = (live & (b >= 0))[:, None] & k_live[None, :]
-        if TRANSPOSED:
-            # i = (o + p - k * d) / s when it divides (non-negative numerators only)
-            nz = oz[:, None] + pz - kz[None, :] * dz
-            ny = oy[:, None] + py - ky[None, :] * dy
-            nx = ox[:, None] + px - kx[None, :] * dx
-            valid = valid & (nz >= 0) & (ny >= 0) & (nx >= 0)
-            nz = tl.where(valid, nz, 0)
-            ny = tl.where(valid, ny, 0)
-            nx = tl.where(valid, nx, 0)
-            valid = valid & (nz % sz == 0) & (ny % sy == 0) & (nx % sx == 0)
-            iz = nz // sz
-            iy = ny // sy
-            ix = nx // sx
-        else:
-            # i = o * s - p + k * d (submanifold: s = 1, p = the centred padding)
-            iz = oz[:, None] * sz - pz + kz[None, :] * dz
-            iy = oy[:, None] * sy - py + ky[None, :] * dy
-            ix = ox[:, None] * sx - px + kx[None, :] * dx
-        valid = valid & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-        key = ((b[:, None] * D + iz) * H + iy) * W + ix
-
-        # probe bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys
-        # loaded in one round trip) until the key or an empty slot; with inserts only, a key never
-        # sits after an empty slot of its probe sequence, so a match anywhere in the bucket is it.
-        # Only the hits (S1 subm: 14 % of the lanes) read their row, once, after the probing.
-        bucket = _slot(key, log_in - 1, cap_in >> 1)
-        hit_word = tl.full((BLOCK_M, KPAD), -1, tl.int32)  # workspace index of the hit's key word
-        active = valid
-        while _any2d(active):
-            cell = bucket * 4
-            e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
-            e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
-            hit0 = active & (e0 == key)
-            hit1 = active & (e1 == key)
-            hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
-            active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
-            bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
-        found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
-
-        out_mask = rows[:, None] & k_live[None, :]
-        tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
-        cnt = tl.sum((found >= 0).to(tl.int64), axis=0)
-        group = blk // sub_d
-        tl.atomic_add(ws_ptr + counts_off + group * KPAD + rk, cnt, mask=k_live & (cnt > 0), sem="relaxed")
+        for ps in range(0, npass):
+            if HALF:
+                rk = ps * (K // 2 + 1) + tl.arange(0, KPAD)  # pass 0: offsets 0..K/2; pass 1: the rest
+                k_live = (tl.arange(0, KPAD) <= K // 2) & (rk < K)
+            else:
+                rk = tl.arange(0, KPAD)
+                k_live = rk < K
+            _lookup_offsets(
+                ws_ptr,
+                out_in_ptr,
+                m,
+                rows,
+                live,
+                b,
+                oz,
+                oy,
+                ox,
+                rk,
+                k_live,
+                full,
+                counts_off,
+                blk // sub_d,
+                D,
+                H,
+                W,
+                cap_in,
+                log_in,
+                K,
+                Ky,
+                Kx,
+                sz,
+                sy,
+                sx,
+                pz,
+                py,
+                px,
+                dz,
+                dy,
+                dx,
+                ROW_BASE,
+                TRANSPOSED,
+                HALF,
+                COUNT,
+                KPAD,
+            )
     if DEV_M:
         nprog = tl.num_programs(0)
         for t0 in range(m_dev * K + pid * TAIL, m_total * K, nprog * TAIL):
