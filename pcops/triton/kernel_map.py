@@ -266,7 +266,9 @@ def sparse_conv_kernel_map(
     batch_size: int = 0,
     pairs: bool = True,
     max_outputs: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    in_index=None,
+    index_out: bool = False,
+) -> tuple:
     """Kernel map on the GPU (or on CPU tensors under the Triton interpreter).
 
     Args:
@@ -289,6 +291,12 @@ def sparse_conv_kernel_map(
             ``max_outputs`` cut).
         max_outputs: static regular/transposed maps: at most this many output rows (``0``: the
             bound ``N·J``); the outputs past it, last in key order, are dropped.
+        in_index: static regular/transposed maps whose ``coords`` are the output rows of an
+            earlier static regular map (``index_out``): that map's ``(bits, prefix, rows,
+            cells)``; the inputs are found in its bitmap (no hash table). The caller vouches
+            that the index is that of ``coords``.
+        index_out: static regular/transposed maps: also return the output bitmap index
+            ``(bits, prefix)``, both ``(cells / 32,)`` int32 (``subm_table_from_index``).
     Returns:
         ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
         int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``.
@@ -311,11 +319,18 @@ def sparse_conv_kernel_map(
         bool(transposed),
     )
     num_k, block, kpad = plan["num_k"], plan["block"], plan["kpad"]
-    if n == 0:
-        return _empty_map(dev, 0, num_k, pairs=pairs, count=static_shapes and not subm)
-    # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
-    cap_in, log_in = _capacity(n, 4)
     static_out = static_shapes and not subm
+    if (in_index is not None or index_out) and not static_out:
+        raise ValueError("in_index, index_out: only for static regular/transposed maps")
+    if n == 0:
+        empty = _empty_map(dev, 0, num_k, pairs=pairs, count=static_out)
+        if index_out:  # no outputs: every bit set (empty), every prefix 0
+            words = _launch.cdiv(batch_size * math.prod(out_shape), 32)
+            return empty + (torch.full((words,), -1, dtype=torch.int32, device=dev), torch.zeros(words, dtype=torch.int32, device=dev))
+        return empty
+    idx = in_index is not None
+    # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter
+    cap_in, log_in = _capacity(1 if idx else n, 4)  # from an input index: no table (the smallest)
     pad_pairs = pad_pairs or static_shapes
     if subm:
         bound, cap_out, log_out = 0, 0, 0
@@ -392,6 +407,7 @@ def sparse_conv_kernel_map(
         CSTRIDE=_COUNTER_STRIDE,
         KEYS32=not (subm or static_out),
         BITMAP=static_out,
+        TABLE=not idx,
         MIRROR=mirror,
         num_warps=plan["insert_warps"],
     )
@@ -402,6 +418,7 @@ def sparse_conv_kernel_map(
         sums = ws[sums_off:].view(torch.int32)
         _launch.launch(_kmap_bits_count_kernel, (chunks,), bits, sums, words, WORDS=_BITS_WORDS, num_warps=4)
         keys = ws[keys_off:bits_off]
+        prefix = torch.empty(words, dtype=torch.int32, device=dev) if index_out else bits
         _launch.launch(
             _kmap_bits_emit_kernel,
             (chunks,),
@@ -409,12 +426,14 @@ def sparse_conv_kernel_map(
             sums,
             keys,
             ws,
+            prefix,
             counters_off,
             words,
             chunks,
             WORDS=_BITS_WORDS,
             CELLS=_BITS_CELLS,
             SUMS=min(1024, _pow2(chunks)),
+            PREFIX=index_out,
             num_warps=8,
         )
         num_out = min(bound, max_outputs) if max_outputs > 0 else bound
@@ -444,6 +463,7 @@ def sparse_conv_kernel_map(
         keys,
         out_coords,
         out_in,
+        *(in_index if idx else (coords, coords, 0, 0)),
         num_out,
         counts_off,
         counters_off,
@@ -461,12 +481,14 @@ def sparse_conv_kernel_map(
         HALF=mirror,
         COUNT=pairs,
         CSTRIDE=_COUNTER_STRIDE,
+        IDX=idx,
         num_warps=_NUM_WARPS,
     )
+    index = (bits[:words], prefix) if index_out else ()
     if not pairs:  # the table only: no compaction, no pair count to read
         empty = out_in.new_empty((0,))
         count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()
-        return out_coords, empty, empty.clone(), count, out_in
+        return (out_coords, empty, empty.clone(), count, out_in) + index
     if static_out:
         cap_pairs = bound  # one pair per valid (input, offset)
     else:
@@ -479,4 +501,49 @@ def sparse_conv_kernel_map(
             offsets[num_k : num_k + 1].cpu()[0]
         )  # host sync: the pair count is an output size (all work is queued)
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
-    return out_coords, pair_in, pair_out, offsets, out_in
+    return (out_coords, pair_in, pair_out, offsets, out_in) + index
+
+
+def subm_table_from_index(coords, in_shape, kernel_size, dilation, in_index) -> torch.Tensor:
+    """A submanifold out-in table ``(N, K)`` int32 of ``coords``, the output rows of a static
+    regular map, from that map's bitmap index ``(bits, prefix, rows, cells)``
+    (``sparse_conv_kernel_map(index_out=True)``): one launch, no hash table. Equal to the
+    submanifold map's table of ``coords``; rows with batch index −1 (padding) get −1."""
+    dev = coords.device
+    padding = tuple((k - 1) // 2 * d for k, d in zip(kernel_size, dilation))
+    plan = _plan(tuple(in_shape), tuple(in_shape), tuple(kernel_size), (1, 1, 1), padding, tuple(dilation), True, False)
+    n, num_k, block, kpad = coords.shape[0], plan["num_k"], plan["block"], plan["kpad"]
+    out_in = torch.empty((n, num_k), dtype=torch.int32, device=dev)
+    if n == 0:
+        return out_in
+    bits = in_index[0]
+    _launch.launch(
+        _kmap_lookup_kernel,
+        (_launch.cdiv(n, block),),
+        coords,
+        bits,  # the workspace: unused (no table, no counts)
+        coords,
+        coords,
+        out_in,
+        *in_index,
+        n,
+        0,
+        0,
+        1,
+        *plan["in_shape"],
+        _MIN_CAPACITY,
+        _MIN_CAPACITY.bit_length() - 1,
+        *plan["out_shape"],
+        **plan["lookup_consts"],
+        ROW_BASE=_ROW_BASE,
+        DEV_M=False,
+        BLOCK_M=block,
+        KPAD=kpad,
+        TAIL=1024,
+        HALF=False,
+        COUNT=False,
+        CSTRIDE=_COUNTER_STRIDE,
+        IDX=True,
+        num_warps=_NUM_WARPS,
+    )
+    return out_in

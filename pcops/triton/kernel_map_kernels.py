@@ -68,6 +68,15 @@ def _any2d(mask):
 
 
 @triton.jit
+def _popc(v):
+    # set bits of int64 values below 2^32 (SWAR: no popc instruction needed, interpreter included)
+    v = v - ((v >> 1) & 0x55555555)
+    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F
+    return ((v * 0x01010101) >> 24) & 0xFF
+
+
+@triton.jit
 def _kmap_insert_kernel(
     coords_ptr,  # (N, 4) int32 (batch, z, y, x) input voxels
     ws_ptr,  # (ws,) int64 workspace, -1 = empty: input table (2 cap_in) | output table (cap_out) | counts | counters | sink
@@ -125,6 +134,7 @@ def _kmap_insert_kernel(
     JPAD: tl.constexpr,  # next power of two >= J
     SINK_COPIES: tl.constexpr,
     CSTRIDE: tl.constexpr,  # counter spacing (int64 words)
+    TABLE: tl.constexpr,  # insert the inputs into the hash table (off: the lookup reads an input bitmap)
     MIRROR: tl.constexpr,  # submanifold table-only map with a symmetric kernel (see the lookup)
     K: tl.constexpr,  # MIRROR: offsets
     KHPAD: tl.constexpr,  # MIRROR: next power of two > K // 2
@@ -159,7 +169,7 @@ def _kmap_insert_kernel(
     active = inside
     first = r < 0  # this row claimed the slot: the one row of its voxel that counts pairs
     lane = tl.arange(0, BLOCK_N)
-    while tl.max(active.to(tl.int32), axis=0) > 0:
+    while TABLE and tl.max(active.to(tl.int32), axis=0) > 0:
         cell = tl.where(active, slot.to(tl.int64) * 2, sink + lane)
         old = tl.atomic_cas(ws_ptr + cell, tl.where(active, -1, -2).to(tl.int64), key, sem="relaxed")
         claimed = active & (old == -1)
@@ -259,9 +269,8 @@ def _kmap_bits_count_kernel(
 ):
     pid = tl.program_id(0)
     w = pid * WORDS + tl.arange(0, WORDS)
-    v = ~tl.load(bits_ptr + w, mask=w < words, other=-1)
-    occ = (v[:, None] >> tl.arange(0, 32)[None, :]) & 1
-    tl.store(sums_ptr + pid, tl.sum(tl.sum(occ, axis=1), axis=0))
+    v = (~tl.load(bits_ptr + w, mask=w < words, other=-1)).to(tl.int64) & 0xFFFFFFFF
+    tl.store(sums_ptr + pid, tl.sum(_popc(v), axis=0).to(tl.int32))
 
 
 @triton.jit
@@ -270,12 +279,14 @@ def _kmap_bits_emit_kernel(
     sums_ptr,  # (chunks,) int32 outputs per chunk
     keys_ptr,  # (cap,) int64 out: the output keys in ascending order, at [0, M)
     ws_ptr,  # int64 workspace: the counter M - 1 is written at m_off (program 0)
+    pre_ptr,  # PREFIX: (words,) int32 out: outputs in the words before each word (a word's first rank)
     m_off,
     words,
     chunks,
     WORDS: tl.constexpr,  # words per program (as in the count pass)
     CELLS: tl.constexpr,  # cells ranked per step
     SUMS: tl.constexpr,  # chunk sums reduced per step
+    PREFIX: tl.constexpr,  # also write the per-word prefix (the bitmap index of the outputs)
 ):
     pid = tl.program_id(0)
     before = tl.zeros([SUMS], dtype=tl.int32)
@@ -289,16 +300,19 @@ def _kmap_bits_emit_kernel(
     tl.store(ws_ptr + m_off, tl.sum(total, axis=0).to(tl.int64) - 1, mask=pid == 0)
     first_cell = pid.to(tl.int64) * (WORDS * 32)
     bit = tl.arange(0, 32)
-    span = tl.where(tl.load(sums_ptr + pid) > 0, WORDS, 0)  # an empty chunk writes nothing
+    # an empty chunk writes no key (with PREFIX: only its words' prefix, all equal to `base`)
+    span = tl.where((tl.load(sums_ptr + pid) > 0) | PREFIX, WORDS, 0)
     for c0 in range(0, span, CELLS // 32):
-        # CELLS / 32 words per step, loaded once each and expanded to (word, bit) in registers
+        # CELLS / 32 words per step, loaded once each and expanded to (word, bit) only where needed
         wl = c0 + tl.arange(0, CELLS // 32)
         word = pid * WORDS + wl  # < 2^26 words (the bitmap has < 2^31 cells)
         v = ~tl.load(bits_ptr + word, mask=word < words, other=-1)
-        occ = (v[:, None] >> bit[None, :]) & 1
-        per_word = tl.sum(occ, axis=1)
+        per_word = _popc(v.to(tl.int64) & 0xFFFFFFFF).to(tl.int32)
         n_step = tl.sum(per_word, axis=0)
+        if PREFIX:
+            tl.store(pre_ptr + word, base + tl.cumsum(per_word, axis=0) - per_word, mask=word < words)
         if n_step > 0:  # most steps of a sparse grid hold no output
+            occ = (v[:, None] >> bit[None, :]) & 1
             rank = base + (tl.cumsum(per_word, axis=0) - per_word)[:, None] + tl.cumsum(occ, axis=1) - occ
             local = wl[:, None] * 32 + bit[None, :]  # int32 inside the chunk
             tl.store(keys_ptr + rank, first_cell + local, mask=occ > 0)
@@ -308,6 +322,10 @@ def _kmap_bits_emit_kernel(
 @triton.jit
 def _lookup_offsets(
     ws_ptr,
+    ibits_ptr,
+    ipre_ptr,
+    in_rows,
+    in_cells,
     out_in_ptr,
     m,
     rows,
@@ -343,6 +361,7 @@ def _lookup_offsets(
     HALF: tl.constexpr,
     COUNT: tl.constexpr,
     KPAD: tl.constexpr,
+    IDX: tl.constexpr,
 ):
     # one (row, offset) tile of the lookup: offsets `rk` of the rows `m` (see _kmap_lookup_kernel)
     kx = rk % Kx
@@ -370,23 +389,35 @@ def _lookup_offsets(
     valid = valid & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
     key = ((b[:, None] * D + iz) * H + iy) * W + ix
 
-    # probe bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys
-    # loaded in one round trip) until the key or an empty slot; with inserts only, a key never
-    # sits after an empty slot of its probe sequence, so a match anywhere in the bucket is it.
-    # Only the hits (S1 subm: 14 % of the lanes) read their row, once, after the probing.
-    bucket = _slot(key, log_in - 1, cap_in >> 1)
-    hit_word = tl.full(key.shape, -1, tl.int32)  # workspace index of the hit's key word
-    active = valid
-    while _any2d(active):
-        cell = bucket * 4
-        e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
-        e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
-        hit0 = active & (e0 == key)
-        hit1 = active & (e1 == key)
-        hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
-        active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
-        bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
-    found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
+    if IDX:
+        # the inputs are the outputs of a static regular map, rows in key order: an input's row is
+        # its rank among the bitmap's cleared bits, the word's prefix plus the cleared bits below
+        # it in its word (two independent loads, no probing); rows past `in_rows` were cut
+        valid = valid & (key < in_cells)
+        word = tl.where(valid, key >> 5, 0)
+        occ = (~tl.load(ibits_ptr + word, mask=valid, other=-1)).to(tl.int64) & 0xFFFFFFFF
+        bit = key & 31
+        has = valid & (((occ >> bit) & 1) != 0)
+        rank = tl.load(ipre_ptr + word, mask=has, other=0).to(tl.int64) + _popc(occ & ((1 << bit) - 1))
+        found = tl.where(has & (rank < in_rows), rank, -1)
+    else:
+        # probe bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys
+        # loaded in one round trip) until the key or an empty slot; with inserts only, a key never
+        # sits after an empty slot of its probe sequence, so a match anywhere in the bucket is it.
+        # Only the hits (S1 subm: 14 % of the lanes) read their row, once, after the probing.
+        bucket = _slot(key, log_in - 1, cap_in >> 1)
+        hit_word = tl.full(key.shape, -1, tl.int32)  # workspace index of the hit's key word
+        active = valid
+        while _any2d(active):
+            cell = bucket * 4
+            e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
+            e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
+            hit0 = active & (e0 == key)
+            hit1 = active & (e1 == key)
+            hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
+            active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
+            bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
+        found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
 
     out_mask = rows[:, None] & k_live[None, :]
     tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
@@ -408,6 +439,10 @@ def _kmap_lookup_kernel(
     keys_ptr,  # (M,) int64 or int32 sorted output keys (FROM_KEYS; DEV_M: at [0, M) of a longer buffer)
     out_coords_ptr,  # (M, 4) int32 out: decoded output voxels (FROM_KEYS); DEV_M: rows past M are -1
     out_in_ptr,  # (M, K) int32 out: input row per (output, offset), -1 for none
+    ibits_ptr,  # IDX: (cells / 32,) int32 input bitmap (a cleared bit = an input voxel)
+    ipre_ptr,  # IDX: (cells / 32,) int32 inputs before each word (see _kmap_bits_emit_kernel)
+    in_rows,  # IDX: input rows kept (an input ranked at or past it is absent)
+    in_cells,  # IDX: cells the input bitmap covers
     m_total,  # M (DEV_M: the row capacity)
     counts_off,  # workspace index of the (G, KPAD) group counts (start at -1)
     m_off,  # DEV_M: workspace index of the counter M - 1
@@ -442,6 +477,7 @@ def _kmap_lookup_kernel(
     HALF: tl.constexpr,  # submanifold, symmetric kernel, table only: probe the offsets up to the centre
     COUNT: tl.constexpr,  # add the hits per offset into the group counts (for the compaction)
     CSTRIDE: tl.constexpr,  # counter spacing (HALF: the flag counter is at m_off + 3 CSTRIDE)
+    IDX: tl.constexpr = False,  # inputs found in an input bitmap, not in the hash table
 ):
     # HALF: offsets k and K - 1 - k are opposite displacements, so when row i finds row j at k,
     # row j finds row i at K - 1 - k, provided every voxel is held once and every row with a batch
@@ -503,6 +539,10 @@ def _kmap_lookup_kernel(
                 k_live = rk < K
             _lookup_offsets(
                 ws_ptr,
+                ibits_ptr,
+                ipre_ptr,
+                in_rows,
+                in_cells,
                 out_in_ptr,
                 m,
                 rows,
@@ -538,6 +578,7 @@ def _kmap_lookup_kernel(
                 HALF,
                 COUNT,
                 KPAD,
+                IDX,
             )
     if DEV_M:
         nprog = tl.num_programs(0)
