@@ -236,19 +236,6 @@ def sparse_conv_kernel_map(
     return KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
 
 
-def _static_table(coords, spatial_shape, kernel_size, stride, padding, dilation, batch_size: int, max_outputs: int):
-    """A static regular map's out-in table cut to ``max_outputs`` rows (the first in key order),
-    and ``(1,)`` int32 ``M``, its output count before the cut, on the device (``pcops.nn``'s
-    strided convs with a capacity: the count of the dropped voxels without a pass over ``N·J``
-    rows)."""
-    max_outputs = _checks.check_int("max_outputs", max_outputs, min_value=1)
-    out_shape, (out_coords, _, _, count, out_in) = _map_outputs(
-        coords, spatial_shape, kernel_size, stride, padding, dilation, False, False, False, True, batch_size, False,
-        "auto", max_outputs,
-    )  # fmt: skip
-    return KernelMap(out_coords, out_shape, None, None, None, out_in), count
-
-
 def _map_outputs(
     coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,
     batch_size, pairs, backend, max_outputs,
@@ -436,6 +423,109 @@ def _kernel_map_fake(
         coords.new_empty((num_k + 1 if pairs else (1 if static_out else 0),)),
         coords.new_empty((num_out, num_k)),
     )
+
+
+@_library.custom_op("pcops::static_kernel_map", mutates_args=(), device_types=("cpu", "cuda"))
+def _static_kernel_map(
+    coords: torch.Tensor,
+    in_bits: Optional[torch.Tensor],
+    in_prefix: Optional[torch.Tensor],
+    in_rows: int,
+    in_shape: list[int],
+    out_shape: list[int],
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    subm: bool,
+    batch_size: int,
+    max_outputs: int,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pcops.nn``'s static-form maps, tables only: ``(out_coords, count, out_in, bits, prefix)``.
+    Submanifold: ``out_in (N, K)``, the rest empty. Regular: ``out_coords`` / ``out_in`` cut to
+    ``max_outputs`` rows (``0``: ``N·J``), ``count`` ``(1,)`` the output count before the cut,
+    and the outputs' bitmap index (``pcops.reference.kernel_map.bitmap_index``). ``in_bits`` /
+    ``in_prefix`` (or None): the bitmap index of ``coords`` when ``coords`` are the first
+    ``in_rows`` output rows of an earlier regular map of ``batch_size`` samples; the GPU path then
+    reads it instead of building a hash table (same results)."""
+    empty = coords.new_empty((0,))
+    if _map_impl("static_kernel_map", backend, coords) == "reference":
+        if subm:
+            out_in = _ref.sparse_conv_kernel_map(coords, in_shape, out_shape, kernel_size, stride, padding,
+                                                 dilation, True, False, pairs=False)[4]  # fmt: skip
+            return coords.new_empty((0, 4)), empty, out_in, empty.clone(), empty.clone()
+        out_coords, _, _, count, out_in = _ref.sparse_conv_kernel_map(
+            coords, in_shape, out_shape, kernel_size, stride, padding, dilation, False, False,
+            static_shapes=True, batch_size=batch_size, pairs=False,
+        )  # fmt: skip
+        bits, prefix = _ref.bitmap_index(out_coords, batch_size, out_shape)
+        rows = min(out_coords.shape[0], max_outputs) if max_outputs > 0 else out_coords.shape[0]
+        return out_coords[:rows].clone(), count, out_in[:rows].clone(), bits, prefix
+    from .triton import kernel_map as impl
+
+    index = None
+    if in_bits is not None and in_prefix is not None:
+        index = (in_bits, in_prefix, in_rows, batch_size * math.prod(in_shape))
+    if subm:
+        if index is not None:
+            out_in = impl.subm_table_from_index(coords, in_shape, kernel_size, dilation, index)
+        else:
+            out_in = impl.sparse_conv_kernel_map(coords, in_shape, out_shape, kernel_size, stride, padding,
+                                                 dilation, True, False, pairs=False)[4]  # fmt: skip
+        return coords.new_empty((0, 4)), empty, out_in, empty.clone(), empty.clone()
+    out_coords, _, _, count, out_in, bits, prefix = impl.sparse_conv_kernel_map(
+        coords, in_shape, out_shape, kernel_size, stride, padding, dilation, False, False,
+        static_shapes=True, batch_size=batch_size, pairs=False, max_outputs=max_outputs, in_index=index,
+        index_out=True,
+    )  # fmt: skip
+    return out_coords, count, out_in, bits, prefix
+
+
+@_static_kernel_map.register_fake
+def _static_kernel_map_fake(coords, in_bits, in_prefix, in_rows, in_shape, out_shape, kernel_size, stride, padding,
+                            dilation, subm, batch_size, max_outputs, backend="auto"):  # fmt: skip
+    num_k = math.prod(kernel_size)
+    if subm:
+        empty = [coords.new_empty((0,)) for _ in range(3)]
+        return coords.new_empty((0, 4)), empty[0], coords.new_empty((coords.shape[0], num_k)), empty[1], empty[2]
+    rows = coords.shape[0] * _ref.outputs_per_input(kernel_size, stride, dilation, False)
+    if max_outputs > 0:
+        rows = torch.sym_min(rows, max_outputs)
+    words = -(-batch_size * math.prod(out_shape) // 32)
+    return (
+        coords.new_empty((rows, 4)),
+        coords.new_empty((1,)),
+        coords.new_empty((rows, num_k)),
+        coords.new_empty((words,)),
+        coords.new_empty((words,)),
+    )
+
+
+def _static_map(coords, spatial_shape, kernel_size, stride, padding, dilation, subm: bool, batch_size: int,
+                max_outputs: int, index=None):  # fmt: skip
+    """``pcops.nn``'s static map: ``(KernelMap without pairs, count or None, (bits, prefix) or
+    None)``; ``index``: ``(bits, prefix, rows)`` of ``coords`` (see ``static_kernel_map``)."""
+    key = (_plain(spatial_shape), _plain(kernel_size), _plain(stride), _plain(padding), _plain(dilation), subm, False)
+    if None in key or torch.compiler.is_compiling():
+        op_args = _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, False)
+    else:
+        op_args = _op_args_cached(*key)
+    bits, prefix, rows = index if index is not None else (None, None, 0)
+    out_coords, count, out_in, out_bits, out_prefix = _library.call(
+        torch.ops.pcops.static_kernel_map.default,
+        coords,
+        bits,
+        prefix,
+        rows,
+        *op_args,
+        subm,
+        batch_size,
+        max_outputs,
+        "auto",
+    )
+    km = KernelMap(coords if subm else out_coords, tuple(op_args[1]), None, None, None, out_in)
+    return km, (None if subm else count), (None if subm else (out_bits, out_prefix))
 
 
 @_library.custom_op("pcops::kernel_map_pairs", mutates_args=(), device_types=("cpu", "cuda"))

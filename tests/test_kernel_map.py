@@ -649,15 +649,18 @@ def test_table_only_public(kwargs):
     if not kwargs.get("subm"):  # a static map cut to 20 rows, with its count
         static = (*args[:10], True, 2, "auto", False, 20)
         torch.library.opcheck(torch.ops.pcops.sparse_conv_kernel_map, static)
-        km20, count = (
-            pcops.kernel_map._static_table(
-                coords, (5, 6, 7), 3, kwargs.get("stride", 1), kwargs.get("padding", 0), 1, 2, 20
+        if not kwargs.get("transposed"):  # pcops.nn's static map: the same rows, its count and bitmap index
+            km20, count, (bits, prefix) = pcops.kernel_map._static_map(
+                coords, (5, 6, 7), 3, kwargs.get("stride", 1), kwargs.get("padding", 0), 1, False, 2, 20
             )
-            if not kwargs.get("transposed")
-            else (None, None)
-        )
-        if km20 is not None:
             assert torch.equal(km20.out_in, full.out_in[:20]) and count.tolist() == [full.out_coords.shape[0]]
+            ref_bits, ref_prefix = ref.bitmap_index(full.out_coords, 2, km20.out_spatial_shape)
+            assert torch.equal(bits, ref_bits) and torch.equal(prefix, ref_prefix)
+            op_args = (coords, None, None, 0, *args[1:7], False, 2, 20)
+            torch.library.opcheck(torch.ops.pcops.static_kernel_map, op_args)
+            torch.library.opcheck(torch.ops.pcops.static_kernel_map, (km20.out_coords, bits, prefix, 20,
+                                  list(km20.out_spatial_shape), list(km20.out_spatial_shape), [3, 3, 3], [1, 1, 1],
+                                  [1, 1, 1], [1, 1, 1], True, 2, 0))  # fmt: skip
     with pytest.raises(TypeError, match="pairs"):
         pcops.sparse_conv_kernel_map(coords, (5, 6, 7), 3, subm=True, pairs=1)
 
@@ -745,6 +748,65 @@ def test_triton_interpreter_subm_mirror(cfg, dirt):
     assert n_hits > coords.shape[0] // 2  # neighbours are found, not only centres
 
 
+@pytest.mark.parametrize(
+    "geometry,cut",
+    [(((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)), 0), (((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)), 150),
+     (((3, 2, 3), (2, 1, 3), (1, 0, 2), (1, 2, 1)), 0)],
+    ids=str,
+)  # fmt: skip
+@interpret
+def test_triton_interpreter_bitmap_index(geometry, cut):
+    """A static regular map's bitmap index (``index_out``): equal to the reference index; the maps
+    on its output rows that read it (a submanifold table, odd and even dilations, and the next
+    strided map) equal the maps built from a hash table, also with rows cut by ``max_outputs``."""
+    import math
+
+    from pcops.kernel_map import _output_shape
+    from pcops.triton import kernel_map as tri
+
+    shape = (9, 10, 11)
+    coords = make_coords(2, shape, 300, seed=71)
+    coords = coords[torch.randperm(300, generator=torch.Generator().manual_seed(72))].contiguous()
+    kernel, stride, padding, dilation = geometry
+    out_shape = _output_shape(shape, kernel, stride, padding, dilation, False, False)
+    args = (coords, shape, out_shape, kernel, stride, padding, dilation, False, False)
+    kw = dict(static_shapes=True, batch_size=2, pairs=False, max_outputs=cut)
+    got = tri.sparse_conv_kernel_map(*args, **kw, index_out=True)
+    for a, b in zip(got[:5], tri.sparse_conv_kernel_map(*args, **kw)):
+        assert torch.equal(a, b)
+    bits, prefix = got[5:]
+    uncut = ref.sparse_conv_kernel_map(*args, static_shapes=True, batch_size=2, pairs=False)[0]
+    ref_bits, ref_prefix = ref.bitmap_index(uncut, 2, out_shape)
+    assert torch.equal(bits, ref_bits) and torch.equal(prefix, ref_prefix)
+    oc = got[0]
+    m = int((oc[:, 0] >= 0).sum())
+    assert m == (min(cut, int(got[3][0])) if cut else int(got[3][0])) and m > 0
+    index = (bits, prefix, oc.shape[0], 2 * math.prod(out_shape))
+    for sub_kernel, sub_dilation in (((3, 3, 3), (1, 1, 1)), ((3, 1, 3), (2, 1, 1))):
+        table = tri.subm_table_from_index(oc, out_shape, sub_kernel, sub_dilation, index)
+        pad = tuple((k - 1) // 2 * d for k, d in zip(sub_kernel, sub_dilation))
+        expected = ref.sparse_conv_kernel_map(oc[:m].contiguous(), out_shape, out_shape, sub_kernel, (1, 1, 1), pad,
+                                              sub_dilation, True, False)[4]  # fmt: skip
+        assert torch.equal(table[:m], expected) and bool((table[m:] == -1).all())
+        assert int((table[:m] >= 0).sum()) > m  # neighbours found, not only the centres
+    out2 = _output_shape(out_shape, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False)
+    args2 = (oc, out_shape, out2, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, False)
+    kw2 = dict(static_shapes=True, batch_size=2, pairs=False, index_out=True)
+    for a, b in zip(
+        tri.sparse_conv_kernel_map(*args2, **kw2, in_index=index), tri.sparse_conv_kernel_map(*args2, **kw2)
+    ):
+        assert torch.equal(a, b)
+    # the index is what the strided map read: shifted ranks give other rows
+    shifted = (bits, prefix + 1, *index[2:])
+    assert not torch.equal(tri.sparse_conv_kernel_map(*args2, **kw2, in_index=shifted)[4], got_next_expected(args2))
+
+
+def got_next_expected(args2):
+    from pcops.triton import kernel_map as tri
+
+    return tri.sparse_conv_kernel_map(*args2, static_shapes=True, batch_size=2, pairs=False)[4]
+
+
 @interpret
 def test_triton_interpreter_full_tables(monkeypatch):
     """Nearly full hash tables: long probe chains that wrap around the table end."""
@@ -816,7 +878,7 @@ from pcops.triton import kernel_map as km
 
 PTRS = dict(coords_ptr="*i32", ws_ptr="*i64", out_keys_ptr="*i64", out_keys32_ptr="*i32", out_coords_ptr="*i32",
             keys_ptr="*i64", out_in_ptr="*i32", counts_ptr="*i64", offsets_ptr="*i32", pair_in_ptr="*i32",
-            pair_out_ptr="*i32", bits_ptr="*i32", sums_ptr="*i32")
+            pair_out_ptr="*i32", bits_ptr="*i32", sums_ptr="*i32", pre_ptr="*i32", ibits_ptr="*i32", ipre_ptr="*i32")
 
 
 def build(fn, consts, num_warps):
@@ -837,25 +899,32 @@ for case in cases:
     subm = case[6]
     # static shapes (regular/transposed): no int32 keys, M read on the device
     for static in ((False,) if subm else (False, True)):
-        build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
-                                           BITMAP=static, MIRROR=False, **plan["insert_consts"]), plan["insert_warps"])
-        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, TAIL=1024, BLOCK_M=plan["block"],
-                                           KPAD=plan["kpad"], HALF=False, COUNT=True, CSTRIDE=16,
-                                           **plan["lookup_consts"]), 4)
+        for table in ((True, False) if static else (True,)):  # static: also inputs from a bitmap index
+            build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
+                                               BITMAP=static, TABLE=table, MIRROR=False, **plan["insert_consts"]),
+                  plan["insert_warps"])
+            build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, TAIL=1024, BLOCK_M=plan["block"],
+                                               KPAD=plan["kpad"], HALF=False, COUNT=True, CSTRIDE=16, IDX=not table,
+                                               **plan["lookup_consts"]), 4)
     if plan["mirror"]:  # the submanifold table-only map: half the offsets probed, the rest mirrored
         build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=False, BITMAP=False,
-                                           MIRROR=True, **plan["insert_consts"]), plan["insert_warps"])
+                                           TABLE=True, MIRROR=True, **plan["insert_consts"]), plan["insert_warps"])
         build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, TAIL=1024, BLOCK_M=plan["block_half"],
-                                           KPAD=plan["kpad_half"], HALF=True, COUNT=False, CSTRIDE=16,
+                                           KPAD=plan["kpad_half"], HALF=True, COUNT=False, CSTRIDE=16, IDX=False,
+                                           **plan["lookup_consts"]), 4)
+        # the submanifold table from a bitmap index (subm_table_from_index)
+        build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, TAIL=1024, BLOCK_M=plan["block"],
+                                           KPAD=plan["kpad"], HALF=False, COUNT=False, CSTRIDE=16, IDX=True,
                                            **plan["lookup_consts"]), 4)
 PTRS["keys_ptr"] = "*i32"
 plan = km._plan(*cases[1])
 build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=False, TAIL=1024, BLOCK_M=plan["block"], KPAD=plan["kpad"],
-                                   HALF=False, COUNT=False, CSTRIDE=16, **plan["lookup_consts"]), 4)
+                                   HALF=False, COUNT=False, CSTRIDE=16, IDX=False, **plan["lookup_consts"]), 4)
 build(km._kmap_count_kernel, dict(BLOCK_M=64, KPAD=32), 8)
 build(km._kmap_bits_count_kernel, dict(WORDS=km._BITS_WORDS), 4)
 PTRS["keys_ptr"] = "*i64"
-build(km._kmap_bits_emit_kernel, dict(WORDS=km._BITS_WORDS, CELLS=km._BITS_CELLS, SUMS=1024), 4)
+for prefix in (False, True):
+    build(km._kmap_bits_emit_kernel, dict(WORDS=km._BITS_WORDS, CELLS=km._BITS_CELLS, SUMS=1024, PREFIX=prefix), 8)
 for pad, dev_m in ((False, False), (True, False), (True, True)):
     build(km._kmap_compact_kernel, dict(BLOCK_M=64, KPAD=32, CHUNK=256, ROWS=64 if dev_m else 256, PAD=pad,
                                         DEV_M=dev_m, TAIL=1024), 8)

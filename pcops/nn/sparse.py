@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .. import _checks, _library
-from ..kernel_map import KernelMap, _inverse_table, _static_table, _triple, sparse_conv_kernel_map
+from ..kernel_map import KernelMap, _inverse_table, _static_map, _triple, sparse_conv_kernel_map
 from ..sparse_conv3d import check_precision
 
 __all__ = [
@@ -67,6 +67,18 @@ class _IndiceEntry(NamedTuple):
     inverse: Optional[torch.Tensor]  # (N_in, K) int32: KernelMap.inverse's out_in, without its pairs
     out_in: torch.Tensor  # the layer's rows of kernel_map.out_in (fewer under a static capacity)
     out_coords: torch.Tensor  # and of kernel_map.out_coords
+
+
+class _GridIndex(NamedTuple):
+    """The bitmap index of a static strided conv's output voxels (``pcops.kernel_map.static_kernel_map``):
+    later static maps on those voxels read it instead of building a hash table."""
+
+    indices: torch.Tensor  # the voxels it indexes (the conv's output indices, this very tensor)
+    bits: torch.Tensor
+    prefix: torch.Tensor
+    rows: int
+    spatial_shape: tuple
+    batch_size: int
 
 
 class SparseConvTensor:
@@ -116,6 +128,8 @@ class SparseConvTensor:
         self.static = static
         # (1,) int64 on the device: voxels dropped by static capacities on the way here (None: none)
         self.num_dropped = num_dropped
+        # static form: the bitmap index of `indices` when a strided conv made them (_GridIndex)
+        self._grid: Optional[_GridIndex] = None
 
     @classmethod
     def _unchecked(cls, features, indices, spatial_shape, batch_size: int) -> "SparseConvTensor":
@@ -123,7 +137,7 @@ class SparseConvTensor:
         indices, a list shape): the constructor's checks skipped (host time per call)."""
         t = cls.__new__(cls)
         t.features, t.indices, t.spatial_shape, t.batch_size = features, indices, list(spatial_shape), batch_size
-        t.indice_dict, t.static, t.num_dropped = {}, False, None
+        t.indice_dict, t.static, t.num_dropped, t._grid = {}, False, None, None
         return t
 
     def replace_feature(self, features: torch.Tensor) -> "SparseConvTensor":
@@ -131,7 +145,7 @@ class SparseConvTensor:
         if not isinstance(features, torch.Tensor) or features.dim() != 2 or features.shape[0] != self.indices.shape[0]:
             shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
             raise ValueError(f"features: expected ({self.indices.shape[0]}, C), got {shape}")
-        return SparseConvTensor(
+        out = SparseConvTensor(
             features,
             self.indices,
             self.spatial_shape,
@@ -140,6 +154,8 @@ class SparseConvTensor:
             static=self.static,
             num_dropped=self.num_dropped,
         )
+        out._grid = self._grid
+        return out
 
     @property
     def valid(self) -> torch.Tensor:
@@ -259,7 +275,7 @@ class _SparseConv3d(SparseModule):
 
     def _map(self, x: SparseConvTensor):
         """(out-in table, output indices, output spatial shape, voxels dropped by the capacity or
-        None), from ``x.indice_dict`` where kept."""
+        None, the output's bitmap index or None), from ``x.indice_dict`` where kept."""
         key, entry = self.indice_key, x.indice_dict.get(self.indice_key) if self.indice_key else None
         if self.inverse:
             if entry is None or entry.kind != "conv":
@@ -279,23 +295,41 @@ class _SparseConv3d(SparseModule):
             if entry.inverse is None:  # the layer needs the table only: no pairs, no host sync
                 entry = entry._replace(inverse=_inverse_table(entry.out_in, entry.in_indices.shape[0]))
                 x.indice_dict[key] = entry
-            return entry.inverse, entry.in_indices, list(entry.in_shape), None
+            return entry.inverse, entry.in_indices, list(entry.in_shape), None, None
         kind = "subm" if self.subm else "conv"
         if entry is not None and entry.kind == kind and entry.geometry == self._geometry():
             if entry.in_indices.shape[0] == x.indices.shape[0] and list(entry.in_shape) == x.spatial_shape:
                 shape = list(entry.kernel_map.out_spatial_shape)
-                return entry.out_in, (x.indices if self.subm else entry.out_coords), shape, None
+                return (
+                    entry.out_in,
+                    (x.indices if self.subm else entry.out_coords),
+                    shape,
+                    None,
+                    (x._grid if self.subm else None),
+                )
         if entry is not None and self.subm and entry.kind == "subm":
             raise ValueError(
                 f"indice_key: {key!r} holds a submanifold map of another kernel or input "
                 f"({entry.geometry[0]} on {entry.in_indices.shape[0]} voxels); use another key"
             )
-        dropped = None
-        if x.static and self.capacity is not None and not self.subm:
-            # the map keeps the first `capacity` rows (sorted) and counts all (no sync)
+        dropped, grid = None, None
+        if x.static:
+            # tables only, no sync; a strided conv keeps the first `capacity` rows (sorted) and
+            # counts all. Voxels a static strided conv made come with their bitmap index, which
+            # the maps on them read instead of hashing the voxels again
+            g = x._grid
+            index = None
+            if g is not None and g.indices is x.indices and g.spatial_shape == tuple(x.spatial_shape):
+                index = (g.bits, g.prefix, g.rows) if g.batch_size == x.batch_size else None
             geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
-            km, count = _static_table(x.indices, x.spatial_shape, *geometry, x.batch_size, self.capacity)
-            dropped = (count.to(torch.int64) - self.capacity).clamp(min=0)
+            km, count, out_index = _static_map(
+                x.indices, x.spatial_shape, *geometry, self.subm, x.batch_size, self.capacity or 0, index
+            )
+            if count is not None and self.capacity is not None:
+                dropped = (count.to(torch.int64) - self.capacity).clamp(min=0)
+            if out_index is not None:
+                shape = tuple(km.out_spatial_shape)
+                grid = _GridIndex(km.out_coords, *out_index, km.out_coords.shape[0], shape, x.batch_size)
         else:
             km = sparse_conv_kernel_map(
                 x.indices,
@@ -305,8 +339,6 @@ class _SparseConv3d(SparseModule):
                 self.padding,
                 self.dilation,
                 subm=self.subm,
-                static_shapes=x.static and not self.subm,
-                batch_size=x.batch_size if x.static and not self.subm else None,
                 pairs=False,  # the GEMM reads the out-in table only: no compaction, no pair-count sync
             )
         out_in, out_coords = km.out_in, km.out_coords
@@ -314,7 +346,8 @@ class _SparseConv3d(SparseModule):
             x.indice_dict[key] = _IndiceEntry(
                 kind, self._geometry(), km, x.indices, tuple(x.spatial_shape), None, out_in, out_coords
             )
-        return out_in, (x.indices if self.subm else out_coords), list(km.out_spatial_shape), dropped
+        grid = grid if grid is not None else (x._grid if self.subm else None)
+        return out_in, (x.indices if self.subm else out_coords), list(km.out_spatial_shape), dropped, grid
 
     def forward(self, x: SparseConvTensor) -> SparseConvTensor:
         if not isinstance(x, SparseConvTensor):
@@ -323,7 +356,7 @@ class _SparseConv3d(SparseModule):
             raise ValueError(
                 f"input: {type(self).__name__} expects {self.in_channels} channels, got {x.features.shape[1]}"
             )
-        out_in, out_indices, out_shape, dropped = self._map(x)
+        out_in, out_indices, out_shape, dropped, grid = self._map(x)
         num_dropped = x.num_dropped
         if dropped is not None:
             num_dropped = dropped if num_dropped is None else num_dropped + dropped
@@ -351,9 +384,11 @@ class _SparseConv3d(SparseModule):
             symmetric,
             self.precision,
         )
-        return SparseConvTensor(
+        y = SparseConvTensor(
             out, out_indices, out_shape, x.batch_size, x.indice_dict, static=x.static, num_dropped=num_dropped
         )
+        y._grid = grid
+        return y
 
     def _gemm_weight(self, dtype: torch.dtype) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The weight in the GEMM's ``(K, C_in, C_out)`` layout and the bias, both of ``dtype``.

@@ -295,3 +295,23 @@ def sparse_conv3d_backward(
             gw = (g.t() @ grad_out).reshape(k1 - k0, c_in, c_out)
             grad_weight[k0:k1] = gw.to(weight.dtype)
     return grad_features, grad_weight
+
+
+def bitmap_index(out_coords: torch.Tensor, batch_size: int, out_shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bitmap index of a static regular map's outputs (``out_coords`` uncut, rows with batch
+    index −1 ignored): ``bits`` ``(W,)`` int32 over the ``batch_size · D·H·W`` cells, a cleared
+    bit per output (bit ``c & 31`` of word ``c >> 5`` for the linear cell ``c``), and ``prefix``
+    ``(W,)`` int32, the outputs in the words before each word (so an output's row is its word's
+    prefix plus the cleared bits below it in its word)."""
+    d, h, w = (int(v) for v in out_shape)
+    words = -(-batch_size * d * h * w // 32)
+    c = out_coords[out_coords[:, 0] >= 0].long()
+    occ = torch.zeros(words * 32, dtype=torch.bool, device=out_coords.device)
+    occ[((c[:, 0] * d + c[:, 1]) * h + c[:, 2]) * w + c[:, 3]] = True
+    occ = occ.view(words, 32)
+    per_word = occ.sum(1)
+    prefix = (per_word.cumsum(0) - per_word).to(torch.int32)
+    shifts = torch.arange(32, device=out_coords.device)
+    packed = ((~occ).long() << shifts).sum(1)  # [0, 2^32): as int32 with wrap-around
+    bits = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return bits, prefix

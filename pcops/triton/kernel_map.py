@@ -326,7 +326,10 @@ def sparse_conv_kernel_map(
         empty = _empty_map(dev, 0, num_k, pairs=pairs, count=static_out)
         if index_out:  # no outputs: every bit set (empty), every prefix 0
             words = _launch.cdiv(batch_size * math.prod(out_shape), 32)
-            return empty + (torch.full((words,), -1, dtype=torch.int32, device=dev), torch.zeros(words, dtype=torch.int32, device=dev))
+            return empty + (
+                torch.full((words,), -1, dtype=torch.int32, device=dev),
+                torch.zeros(words, dtype=torch.int32, device=dev),
+            )
         return empty
     idx = in_index is not None
     # load ≤ 1/4: a lookup tile probes until its slowest lane stops, so short probe tails matter

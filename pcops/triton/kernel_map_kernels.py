@@ -167,9 +167,11 @@ def _kmap_insert_kernel(
     # read a whole bucket per round, and linear probing keeps every key in or after its bucket
     slot = _slot(key, log_in - 1, cap_in >> 1) * 2
     active = inside
+    if not TABLE:  # the lookup reads an input bitmap index: nothing to insert
+        active = r < 0
     first = r < 0  # this row claimed the slot: the one row of its voxel that counts pairs
     lane = tl.arange(0, BLOCK_N)
-    while TABLE and tl.max(active.to(tl.int32), axis=0) > 0:
+    while tl.max(active.to(tl.int32), axis=0) > 0:
         cell = tl.where(active, slot.to(tl.int64) * 2, sink + lane)
         old = tl.atomic_cas(ws_ptr + cell, tl.where(active, -1, -2).to(tl.int64), key, sem="relaxed")
         claimed = active & (old == -1)
