@@ -21,8 +21,11 @@ Kernel maps are built once per ``indice_key`` and kept in the tensor's ``indice_
 every output shares with its input: the SubM layers of one resolution reuse one map, and an
 inverse conv finds the map of its strided conv (the layers build and use the maps' out-in
 tables only, ``pairs=False``: a submanifold map makes no host sync, and an inverse conv takes the
-inverse table without pairs; ``indice_dict[key].kernel_map`` has no pair arrays). The
-convolution is ``pcops.sparse_conv3d`` (implicit GEMM on the out-in table; deterministic forward
+inverse table without pairs; ``indice_dict[key].kernel_map`` has no pair arrays). In the static
+form a strided conv's output voxels are the cleared bits of a bitmap of its output grid, in key
+order; the output tensor carries that bitmap and a per-word prefix count, and the maps on those
+voxels (the next SubM layers' and the next strided conv's) find a voxel's row from it in two
+loads, with no hash table to build. The convolution is ``pcops.sparse_conv3d`` (implicit GEMM on the out-in table; deterministic forward
 and backward, no atomics).
 
 Indices: any row order is accepted. Duplicate voxels and voxels outside ``spatial_shape`` raise
