@@ -299,7 +299,10 @@ def sparse_conv_kernel_map(
             ``(bits, prefix)``, both ``(cells / 32,)`` int32 (``subm_table_from_index``).
     Returns:
         ``(out_coords (M, 4), pair_in (P,), pair_out (P,), offsets (K+1,), out_in (M, K))``, all
-        int32, equal to ``reference.kernel_map.sparse_conv_kernel_map``.
+        int32, equal to ``reference.kernel_map.sparse_conv_kernel_map`` (``index_out``: then
+        ``bits, prefix``, equal to ``reference.kernel_map.bitmap_index``). A submanifold
+        table-only map of odd kernel sizes probes the offsets up to the centre and mirrors the
+        rest (``kernel_map_kernels._kmap_lookup_kernel``, ``HALF``).
         Launches: 4 (submanifold), 4 + ``torch.sort``'s (regular/transposed). Host syncs:
         submanifold one, for P, after every launch is queued (none with ``pad_pairs``: the
         whole map can be captured in a CUDA graph); regular/transposed exactly one, for M (P
