@@ -243,22 +243,7 @@ def _map_outputs(
     """``sparse_conv_kernel_map``'s checks and op call: ``(out_spatial_shape, the op's five
     outputs)`` (``max_outputs``: the op's cut of a static regular/transposed map)."""
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
-    if type(subm) is not bool or type(transposed) is not bool or type(pad_pairs) is not bool:
-        key = None
-    else:
-        key = (
-            _plain(spatial_shape),
-            _plain(kernel_size),
-            _plain(stride),
-            _plain(padding),
-            _plain(dilation),
-            subm,
-            transposed,
-        )
-    if key is None or None in key or torch.compiler.is_compiling():  # (dynamo traces past lru_cache)
-        op_args = _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
-    else:  # plain ints: the checks run once per configuration (host time is most of the budget)
-        op_args = _op_args_cached(*key)
+    op_args = _checked_op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
     if not isinstance(pad_pairs, bool):
         raise TypeError(f"pad_pairs: expected a bool, got {type(pad_pairs).__name__}")
     if not isinstance(static_shapes, bool):
@@ -293,6 +278,16 @@ def _map_outputs(
         max_outputs,
     )
     return tuple(op_args[1]), outputs
+
+
+def _checked_op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed):
+    """``_op_args``; with plain ints and bools the checks run once per configuration (cached:
+    host time is most of the budget), except while dynamo traces (it traces past ``lru_cache``)."""
+    if type(subm) is bool and type(transposed) is bool and not torch.compiler.is_compiling():
+        key = (_plain(spatial_shape), _plain(kernel_size), _plain(stride), _plain(padding), _plain(dilation))
+        if None not in key:
+            return _op_args_cached(*key, subm, transposed)
+    return _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, transposed)
 
 
 def _plain(v):
@@ -506,11 +501,7 @@ def _static_map(coords, spatial_shape, kernel_size, stride, padding, dilation, s
                 max_outputs: int, index=None):  # fmt: skip
     """``pcops.nn``'s static map: ``(KernelMap without pairs, count or None, (bits, prefix) or
     None)``; ``index``: ``(bits, prefix, rows)`` of ``coords`` (see ``static_kernel_map``)."""
-    key = (_plain(spatial_shape), _plain(kernel_size), _plain(stride), _plain(padding), _plain(dilation), subm, False)
-    if None in key or torch.compiler.is_compiling():
-        op_args = _op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, False)
-    else:
-        op_args = _op_args_cached(*key)
+    op_args = _checked_op_args(spatial_shape, kernel_size, stride, padding, dilation, subm, False)
     bits, prefix, rows = index if index is not None else (None, None, 0)
     out_coords, count, out_in, out_bits, out_prefix = _library.call(
         torch.ops.pcops.static_kernel_map.default,
