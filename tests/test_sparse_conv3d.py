@@ -69,29 +69,37 @@ def test_triton_gemm_configs_interpreter(c_in, c_out, k):
     w = torch.randn(k, c_in, c_out, generator=g)
     b = torch.randn(c_out, generator=g)
     exp = ref.sparse_conv3d(x, w, b, table)
-    for cfg in tri.GEMM_CONFIGS:
+    for cfg in tri.GEMM_CONFIGS + tri.TF32_CONFIGS:
         out = tri.gather_gemm(x, w, b, table, c_out, strides=w.stride(), relu=True, config=cfg)
         torch.testing.assert_close(out, exp.clamp(min=0), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "dtype,precision,c_in",
+    [(torch.float16, "auto", 32), (torch.float16, "auto", 80), (torch.float32, "ieee", 32),
+     (torch.float32, "tf32", 32), (torch.float32, "tf32", 80), (torch.float32, "tf32x3", 80)],
+)  # fmt: skip
 @gpu[0]
 @gpu[1]
-def test_gpu_gemm_tuner_bit_identical(dtype):
+def test_gpu_gemm_tuner_bit_identical(dtype, precision, c_in):
     """The tuner times its configurations on the first call of a shape class, keeps one, and every
-    configuration gives the same bits, forward and the mirrored dgrad."""
+    configuration of either candidate set (channel chunks of 16-64, U = 1-3) gives the same bits,
+    forward and the mirrored dgrad; 80 channels take several chunks."""
     from pcops.triton import sparse_conv3d as tri
 
-    feats, weight, bias, out_in = conv_case(4000, 32, 48, seed=5, device="cuda", dtype=dtype, shape=(20, 30, 40))
+    feats, weight, bias, out_in = conv_case(4000, c_in, 48, seed=5, device="cuda", dtype=dtype, shape=(20, 30, 40))
     tri._TUNED.clear()
-    out = tri.gather_gemm(feats, weight, bias, out_in, 48, strides=weight.stride())
-    assert len(tri._TUNED) == 1 and next(iter(tri._TUNED.values())) in tri.GEMM_CONFIGS
+    out = tri.gather_gemm(feats, weight, bias, out_in, 48, strides=weight.stride(), precision=precision)
+    prec = tri._precision(dtype, precision)
+    assert len(tri._TUNED) == 1 and next(iter(tri._TUNED.values())) in tri._configs(prec, dtype)
     s = weight.stride()
     view, strides = weight[26], (-s[0], s[2], s[1])
-    grad = tri.gather_gemm(out, view, None, out_in, 32, strides=strides)
-    for cfg in tri.GEMM_CONFIGS:
-        assert torch.equal(out, tri.gather_gemm(feats, weight, bias, out_in, 48, strides=weight.stride(), config=cfg))
-        assert torch.equal(grad, tri.gather_gemm(out, view, None, out_in, 32, strides=strides, config=cfg))
+    grad = tri.gather_gemm(out, view, None, out_in, c_in, strides=strides, precision=precision)
+    for cfg in tri.GEMM_CONFIGS + tri.TF32_CONFIGS + ((32, 4, 2, 16), (64, 8, 3, 32)):
+        again = tri.gather_gemm(feats, weight, bias, out_in, 48, strides=weight.stride(), precision=precision, config=cfg)
+        assert torch.equal(out, again), cfg
+        again = tri.gather_gemm(out, view, None, out_in, c_in, strides=strides, precision=precision, config=cfg)
+        assert torch.equal(grad, again), cfg
 
 
 @interpret

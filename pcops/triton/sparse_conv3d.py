@@ -15,13 +15,15 @@ and wgrad, deterministic (no atomics; bit-identical whatever tile configuration 
   partial sums that one ``torch.sum`` adds in a fixed order.
 
 Tiles: one pipeline stage (software pipelining of the gathers measured slower), ``BLOCK_M`` rows,
-``num_warps`` and ``U`` offsets per step (their gathers issued before their dots), tuned per shape
-class on first use among ``GEMM_CONFIGS`` (``gather_gemm``; the sweeps are in
-``benchmarks/NOTES.md``). A tile first loads its rows' whole table once and ORs it into a bit per
-offset (``K ≤ 32``), then skips the offsets none of its rows uses: all of them on the padding rows
-of the static form, none on a dense submanifold map. Each output element sums its offsets in
-order and its channels in ``BLOCK_C`` chunks whatever the tile, so every configuration gives the
-same bits; results are bit-identical run to run.
+``num_warps``, ``U`` offsets per step (their gathers issued before their dots) and ``BLOCK_C``
+channels per gather, tuned per shape class on first use among ``GEMM_CONFIGS`` / ``TF32_CONFIGS``
+(``gather_gemm``; the sweeps are in ``benchmarks/NOTES.md``). A tile first loads its rows' whole
+table once and ORs it into a bit per offset (``K ≤ 32``), then skips the offsets none of its rows
+uses: all of them on the padding rows of the static form, none on a dense submanifold map. Each
+output element sums its offsets in order, each over its channels in order, whatever the tile
+(tensor-core products are exact and accumulate per instruction in channel order; ``U`` > 1 only
+with one channel chunk), so every configuration gives the same bits; results are bit-identical
+run to run.
 """
 
 from __future__ import annotations
@@ -133,17 +135,33 @@ def _gather_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-# gather_gemm's tile configurations (BLOCK_M, num_warps, U), all one pipeline stage; each won on
-# some S2 / S3 layer in the H200 sweeps recorded in benchmarks/NOTES.md (few: each is compiled on
-# first use)
-GEMM_CONFIGS = ((64, 4, 1), (128, 4, 1), (64, 4, 3))
+# gather_gemm's tile configurations ``(BLOCK_M, num_warps, U, BLOCK_C)`` per operand class, all
+# one pipeline stage (``BLOCK_C`` 0: the channels rounded up to a power of two, at most 64); each
+# won on some S2 / S3 layer in the H200 sweeps recorded in benchmarks/NOTES.md (few: each is
+# compiled on first use). 16-bit and TF32 products are exact per tensor-core instruction and summed
+# in channel order, so a smaller channel chunk keeps the bits; IEEE FMA and tf32x3 keep one chunk.
+GEMM_CONFIGS = ((64, 4, 1, 0), (128, 4, 1, 0), (64, 4, 3, 0))
+TF32_CONFIGS = ((64, 4, 2, 0), (128, 4, 1, 16), (128, 4, 1, 32), (32, 4, 1, 32))
 # the tuner's choice per shape class, filled on first use (``gather_gemm``)
 _TUNED: dict = {}
 
 
-def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """The untuned ``(BLOCK_M, num_warps, U)``: 128 rows for 16-bit inputs from 131,072 rows, else 64."""
-    return (128 if m >= 131072 and dtype != torch.float32 else 64), 4, 1
+def _configs(prec: str, dtype: torch.dtype) -> tuple:
+    """The tuner's candidates for float32 with ``prec`` or a 16-bit ``dtype``."""
+    return TF32_CONFIGS if dtype == torch.float32 and prec == "tf32" else GEMM_CONFIGS
+
+
+def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """The untuned ``(BLOCK_M, num_warps, U, BLOCK_C)``: 128 rows for 16-bit inputs from 131,072
+    rows, else 64; one channel chunk."""
+    return (128 if m >= 131072 and dtype != torch.float32 else 64), 4, 1, 0
+
+
+def _rows_class(m: int) -> tuple[int, int]:
+    """The tuner's row-count class: the bit length and the next two bits (4 classes per octave:
+    a static encoder's layers of 40,000 and 60,000 rows tune apart)."""
+    b = m.bit_length()
+    return b, (m >> max(b - 3, 0)) & 3
 
 
 def _fastest(run, configs) -> tuple:
@@ -171,12 +189,14 @@ def gather_gemm(
     ``max(·, 0)``) where ``W[k][i, o]`` is at ``weight_view + k * strides[0] + i * strides[1] +
     o * strides[2]``. One launch.
 
-    Tuned per shape class ``(C_in, C_out, K, bit length of M, dtype, precision, bias, relu)``: the
-    first call of a class on a GPU, unless a CUDA graph is being captured, times every
-    ``GEMM_CONFIGS`` entry on its own inputs (one host sync) and keeps the fastest; until then,
-    and under the interpreter, ``_gemm_config``; ``config``: that ``(BLOCK_M, num_warps, U)``
-    instead. Every configuration gives the same bits (each output element sums its offsets in
-    order and its channels in ``BLOCK_C`` chunks), so the choice changes only the time."""
+    Tuned per shape class ``(C_in, C_out, K, row class of M (_rows_class), dtype, precision, bias,
+    relu)``: the first call of a class on a GPU, unless a CUDA graph is being captured, times
+    every candidate (``GEMM_CONFIGS``; float32 with TF32: ``TF32_CONFIGS``) on its own inputs (one
+    host sync) and keeps the fastest; until then, and under the interpreter, ``_gemm_config``;
+    ``config``: that ``(BLOCK_M, num_warps, U, BLOCK_C)`` instead. Every configuration gives the
+    same bits: each output element sums its offsets in order, each over its channels in order
+    (``U`` falls back to 1 where ``BLOCK_C`` splits the channels; IEEE and tf32x3 float32 keep
+    one chunk of up to 64 channels), so the choice changes only the time."""
     m, k = table.shape
     c_in = x.shape[1]
     out = torch.empty((m, c_out), dtype=x.dtype, device=x.device)
@@ -186,13 +206,18 @@ def gather_gemm(
         out = out.copy_(bias.expand(m, c_out)) if bias is not None else out.zero_()
         return out.clamp_(min=0) if relu else out
     block_n = _pow2(c_out, 16, 128)
-    block_c = _pow2(c_in, 16, 64)
+    full_c = _pow2(c_in, 16, 64)
     kpad = _launch.next_power_of_2(k)
     prec = _precision(x.dtype, precision)
     has_bias = bias is not None
 
     def run(cfg):
-        block_m, num_warps, u = cfg
+        block_m, num_warps, u, block_c = cfg
+        if prec in ("ieee", "tf32x3") and x.dtype == torch.float32:
+            block_c = 0  # their sums are in dot-call order: one chunk
+        block_c = min(block_c or full_c, full_c)
+        if block_c < c_in:
+            u = 1  # offsets in order, each over all its channel chunks
         _launch.launch(
             _gather_gemm_kernel,
             (_launch.cdiv(m, block_m), _launch.cdiv(c_out, block_n)),
@@ -219,12 +244,12 @@ def gather_gemm(
             num_stages=1,
         )
 
-    key = (c_in, c_out, k, m.bit_length(), x.dtype, prec, has_bias, relu)
+    key = (c_in, c_out, k, _rows_class(m), x.dtype, prec, has_bias, relu)
     cfg = config or _TUNED.get(key)
     if cfg is None:
         cfg = _gemm_config(m, x.dtype)
         if x.is_cuda and not torch.cuda.is_current_stream_capturing():
-            cfg = _TUNED[key] = _fastest(run, GEMM_CONFIGS)
+            cfg = _TUNED[key] = _fastest(run, _configs(prec, x.dtype))
     run(cfg)
     return out
 
