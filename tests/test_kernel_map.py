@@ -748,6 +748,36 @@ def test_triton_interpreter_subm_mirror(cfg, dirt):
     assert n_hits > coords.shape[0] // 2  # neighbours are found, not only centres
 
 
+@pytest.mark.parametrize("cfg", [CONFIGS[3], CONFIGS[6], CONFIGS[7]], ids=_cfg_id)
+@pytest.mark.parametrize("dirt", ["clean", "duplicates", "out_of_grid", "no_batch"])
+@interpret
+def test_triton_interpreter_static_scatter(cfg, dirt):
+    """A static regular table-only map fills its table from the input side (the scatter pass): the
+    same table and outputs as the lookup pass of the map with pairs, with duplicate voxels (the
+    lowest row is the input), out-of-grid rows, batch -1 padding and a row cut."""
+    from pcops.triton import kernel_map as tri
+
+    coords = make_coords(2, (5, 6, 7), 41, seed=63)
+    g = torch.Generator().manual_seed(64)
+    if dirt == "duplicates":
+        coords = torch.cat([coords, coords[torch.randint(0, 41, (4,), generator=g)]])
+    elif dirt == "out_of_grid":
+        coords = torch.cat([coords, torch.tensor([[0, 5, 2, 2], [1, 2, -1, 3], [2, 1, 1, 1]], dtype=torch.int32)])
+    elif dirt == "no_batch":
+        coords = torch.cat([coords, torch.full((5, 4), -1, dtype=torch.int32)])
+    coords = coords[torch.randperm(coords.shape[0], generator=g)].contiguous()
+    _, args = _launch(coords[:0], (5, 6, 7), *cfg)
+    args = (coords, *args[1:])
+    for cut in (0, 30):
+        kw = dict(static_shapes=True, batch_size=2, max_outputs=cut)
+        got = tri.sparse_conv_kernel_map(*args, **kw, pairs=False)
+        full = tri.sparse_conv_kernel_map(*args, **kw)  # the lookup pass (checked against the reference)
+        assert torch.equal(got[0], full[0]) and torch.equal(got[4], full[4]), cut
+        assert int((got[4] >= 0).sum()) > 0
+        if dirt == "clean":
+            assert torch.equal(got[4], ref.sparse_conv_kernel_map(*args, **kw)[4])
+
+
 @pytest.mark.parametrize(
     "geometry,cut",
     [(((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)), 0), (((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)), 150),
@@ -795,9 +825,14 @@ def test_triton_interpreter_bitmap_index(geometry, cut):
     hashed = tri.sparse_conv_kernel_map(*args2, **kw2)
     for a, b in zip(tri.sparse_conv_kernel_map(*args2, **kw2, in_index=index), hashed):
         assert torch.equal(a, b)
-    # the index is what the strided map read: shifted ranks give other rows
+    # with pairs the lookup finds inputs in the index: shifted ranks give other rows (the table-only
+    # map fills its table from the input side and needs only the index's promise of unique rows)
+    kw3 = dict(kw2, pairs=True)
+    hashed = tri.sparse_conv_kernel_map(*args2, **kw3)
+    for a, b in zip(tri.sparse_conv_kernel_map(*args2, **kw3, in_index=index), hashed):
+        assert torch.equal(a, b)
     shifted = (bits, prefix + 1, *index[2:])
-    assert not torch.equal(tri.sparse_conv_kernel_map(*args2, **kw2, in_index=shifted)[4], hashed[4])
+    assert not torch.equal(tri.sparse_conv_kernel_map(*args2, **kw3, in_index=shifted)[4], hashed[4])
 
 
 @interpret
@@ -894,11 +929,14 @@ for case in cases:
     for static in ((False,) if subm else (False, True)):
         for table in ((True, False) if static else (True,)):  # static: also inputs from a bitmap index
             build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
-                                               BITMAP=static, TABLE=table, MIRROR=False, **plan["insert_consts"]),
+                                               BITMAP=static, TABLE=table, MIRROR=False, FILL=static and not case[7],
+                                               **plan["insert_consts"]),
                   plan["insert_warps"])
             build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, TAIL=1024, BLOCK_M=plan["block"],
                                                KPAD=plan["kpad"], HALF=False, COUNT=True, CSTRIDE=16, IDX=not table,
                                                **plan["lookup_consts"]), 4)
+            if static and not case[7]:  # the table-only static regular map: the input-side scatter
+                build(km._kmap_scatter_kernel, dict(ROW_BASE=RB, TABLE=table, TAIL=1024, **plan["scatter_consts"]), 4)
     if plan["mirror"]:  # the submanifold table-only map: half the offsets probed, the rest mirrored
         build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=False, BITMAP=False,
                                            TABLE=True, MIRROR=True, **plan["insert_consts"]), plan["insert_warps"])

@@ -96,7 +96,9 @@ def test_gpu_gemm_tuner_bit_identical(dtype, precision, c_in):
     view, strides = weight[26], (-s[0], s[2], s[1])
     grad = tri.gather_gemm(out, view, None, out_in, c_in, strides=strides, precision=precision)
     for cfg in tri.GEMM_CONFIGS + tri.TF32_CONFIGS + ((32, 4, 2, 16), (64, 8, 3, 32)):
-        again = tri.gather_gemm(feats, weight, bias, out_in, 48, strides=weight.stride(), precision=precision, config=cfg)
+        again = tri.gather_gemm(
+            feats, weight, bias, out_in, 48, strides=weight.stride(), precision=precision, config=cfg
+        )
         assert torch.equal(out, again), cfg
         again = tri.gather_gemm(out, view, None, out_in, c_in, strides=strides, precision=precision, config=cfg)
         assert torch.equal(grad, again), cfg

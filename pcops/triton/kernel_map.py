@@ -14,6 +14,7 @@ from . import _launch
 
 from .kernel_map_kernels import (
     _kmap_insert_kernel,
+    _kmap_scatter_kernel,
     _kmap_bits_count_kernel,
     _kmap_bits_emit_kernel,
     _kmap_lookup_kernel,
@@ -45,6 +46,8 @@ _ROW_BASE = 1 << 40
 # static-shape maps: bitmap words per program of the count and ranking passes, cells ranked per step
 _BITS_WORDS = 512
 _BITS_CELLS = 4096
+# (input, candidate) lanes per program of the static regular map's scatter pass
+_SCATTER_LANES = 1024
 # counter cells (after the group counts): M - 1, max batch, P - 1 and the submanifold mirror flag
 # (all start at -1), each on its own 128-byte line (the M counter takes an atomic per probe round
 # of every program)
@@ -159,6 +162,19 @@ def _plan(
             JPAD=jpad,
             K=num_k,
             KHPAD=max(2, _pow2(num_k // 2)),
+        ),
+        scatter_consts=dict(
+            Kz=kernel_size[0],
+            Ky=kernel_size[1],
+            Kx=kernel_size[2],
+            **geometry,
+            **enum,
+            Jy=axes[1][3],
+            Jx=axes[2][3],
+            J=max(per_input, 1),
+            K=num_k,
+            JPAD=jpad,
+            BLOCK_N=max(2, _SCATTER_LANES // jpad),
         ),
         lookup_consts=dict(
             K=num_k,
@@ -282,7 +298,10 @@ def sparse_conv_kernel_map(
             candidates clear their bit in a bitmap of the ``batch_size`` output grids (no
             output table, no sort); a count pass and a ranking pass over the bitmap's chunks
             write the keys in order and ``M``, which the lookup and compaction read on the
-            device. 6 launches.
+            device. 6 launches; table only (``pairs=False``, not transposed): 5, the lookup
+            replaced by a scatter from the input side (``_kmap_scatter_kernel``: each input
+            writes its row into the outputs it reaches, ranked in the bitmap; the insert pass
+            sets the table to -1 first).
         batch_size: static regular/transposed maps: the samples covered (inputs of later
             samples are never inputs).
         pairs: ``False``: no compaction launch (and no host sync for a submanifold map); the
@@ -368,6 +387,10 @@ def sparse_conv_kernel_map(
     bits_off = keys_off + bound
     sums_off = bits_off + (_launch.cdiv(words, 2) if static_out else 0)
     ws_len = sums_off + (_launch.cdiv(chunks, 2) if static_out else 0)
+    # a static regular table-only map fills its out-in table from the input side (the scatter pass);
+    # the insert pass first sets it to -1
+    scatter = static_out and not pairs and not transposed
+    num_out = (min(bound, max_outputs) if max_outputs > 0 else bound) if static_out else 0
     if ws_len >= 2**31:
         raise ValueError(f"coords: {n} voxels need hash tables of {2 * cap_in + cap_out} slots (limit 2^31)")
     ws = torch.full((ws_len,), -1, dtype=torch.int64, device=dev)  # launch 1 (the bitmap: all ones = empty)
@@ -380,6 +403,8 @@ def sparse_conv_kernel_map(
         if mirror:  # the insert pass sets its upper half to -1
             out_in = torch.empty((n, num_k), dtype=torch.int32, device=dev)
     elif static_out:
+        if scatter:  # the insert pass sets it to -1
+            out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
         out_keys, out_keys32 = ws[keys_off:], coords
         out_coords = coords  # unused (COPY is off)
     else:
@@ -396,8 +421,9 @@ def sparse_conv_kernel_map(
         out_keys32,
         out_coords,
         bits,
-        out_in if mirror else coords,
+        out_in if mirror or scatter else coords,
         n,
+        num_out * num_k if scatter else 0,
         batch_size,
         *plan["in_shape"],
         cap_in,
@@ -415,6 +441,7 @@ def sparse_conv_kernel_map(
         BITMAP=static_out,
         TABLE=not idx,
         MIRROR=mirror,
+        FILL=scatter,
         num_warps=plan["insert_warps"],
     )
     if subm:
@@ -424,7 +451,7 @@ def sparse_conv_kernel_map(
         sums = ws[sums_off:].view(torch.int32)
         _launch.launch(_kmap_bits_count_kernel, (chunks,), bits, sums, words, WORDS=_BITS_WORDS, num_warps=4)
         keys = ws[keys_off:bits_off]
-        prefix = torch.empty(words, dtype=torch.int32, device=dev) if index_out else bits
+        prefix = torch.empty(words, dtype=torch.int32, device=dev) if index_out or scatter else bits
         _launch.launch(
             _kmap_bits_emit_kernel,
             (chunks,),
@@ -439,10 +466,9 @@ def sparse_conv_kernel_map(
             WORDS=_BITS_WORDS,
             CELLS=_BITS_CELLS,
             SUMS=min(1024, _pow2(chunks)),
-            PREFIX=index_out,
+            PREFIX=index_out or scatter,
             num_warps=8,
         )
-        num_out = min(bound, max_outputs) if max_outputs > 0 else bound
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
     else:
         # the one host sync: the output count M (with P and the largest batch index)
@@ -456,6 +482,36 @@ def sparse_conv_kernel_map(
         keys = torch.sort((out_keys32 if fits32 else out_keys)[:num_out]).values
         out_coords = torch.empty((num_out, 4), dtype=torch.int32, device=dev)
         sub, num_groups = _groups(_launch.cdiv(num_out, block))
+    index = (bits[:words], prefix) if index_out else ()
+    if scatter:
+        consts = plan["scatter_consts"]
+        _launch.launch(
+            _kmap_scatter_kernel,
+            (_launch.cdiv(n, consts["BLOCK_N"]),),  # launch 5 (of 5)
+            coords,
+            ws,
+            bits,
+            prefix,
+            keys,
+            out_coords,
+            out_in,
+            n,
+            batch_size,
+            *plan["in_shape"],
+            cap_in,
+            log_in,
+            counters_off,
+            num_out,
+            *plan["out_shape"],
+            **consts,
+            ROW_BASE=_ROW_BASE,
+            TABLE=not idx,
+            TAIL=1024,
+            num_warps=_NUM_WARPS,
+        )
+        count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32)
+        empty = out_in.new_empty((0,))
+        return (out_coords, empty, empty.clone(), count, out_in) + index
     if out_in is None:
         out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
     if mirror:  # rows of K // 2 + 1 offsets (padded), twice as many per program
@@ -490,7 +546,6 @@ def sparse_conv_kernel_map(
         IDX=idx,
         num_warps=_NUM_WARPS,
     )
-    index = (bits[:words], prefix) if index_out else ()
     if not pairs:  # the table only: no compaction, no pair count to read
         empty = out_in.new_empty((0,))
         count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()

@@ -77,6 +77,47 @@ def _popc(v):
 
 
 @triton.jit
+def _strided_candidates(
+    z, y, x, inside, Do, Ho, Wo,
+    Kz: tl.constexpr, Ky: tl.constexpr, Kx: tl.constexpr, sz: tl.constexpr, sy: tl.constexpr, sx: tl.constexpr,
+    pz: tl.constexpr, py: tl.constexpr, px: tl.constexpr, dz: tl.constexpr, dy: tl.constexpr, dx: tl.constexpr,
+    gz: tl.constexpr, gy: tl.constexpr, gx: tl.constexpr, qz: tl.constexpr, qy: tl.constexpr, qx: tl.constexpr,
+    vz: tl.constexpr, vy: tl.constexpr, vx: tl.constexpr, Jy: tl.constexpr, Jx: tl.constexpr, J: tl.constexpr,
+    JPAD: tl.constexpr,
+):  # fmt: skip
+    """A regular conv's ``(cand, oz, oy, ox, k)`` per (input, j), ``(BLOCK_N, JPAD)``: the outputs
+    the inputs reach and through which offset (``cand``: valid and inside the output grid).
+    o * s = i + p - k * d must divide: only k with k * d = i + p (mod s) can, i.e.
+    k = k0 + j * (s / g) with k0 = ((i + p) mod s / g) * inv (mod s / g), when g | (i + p) mod s;
+    enumerating those j (not all K offsets) keeps the lanes (and atomics) few."""
+    j = tl.arange(0, JPAD)
+    jx = j % Jx
+    jy = (j // Jx) % Jy
+    jz = j // (Jx * Jy)
+    cand = inside[:, None] & (j < J)[None, :]
+    rz = tl.where(inside, z + pz, 0) % sz
+    ry = tl.where(inside, y + py, 0) % sy
+    rx = tl.where(inside, x + px, 0) % sx
+    kz = ((rz // gz) * vz) % qz
+    ky = ((ry // gy) * vy) % qy
+    kx = ((rx // gx) * vx) % qx
+    kz = kz[:, None] + jz[None, :] * qz
+    ky = ky[:, None] + jy[None, :] * qy
+    kx = kx[:, None] + jx[None, :] * qx
+    cand = cand & (rz % gz == 0)[:, None] & (ry % gy == 0)[:, None] & (rx % gx == 0)[:, None]
+    cand = cand & (kz < Kz) & (ky < Ky) & (kx < Kx)
+    nz = z[:, None] + pz - kz * dz
+    ny = y[:, None] + py - ky * dy
+    nx = x[:, None] + px - kx * dx
+    cand = cand & (nz >= 0) & (ny >= 0) & (nx >= 0)
+    oz = tl.where(cand, nz, 0) // sz
+    oy = tl.where(cand, ny, 0) // sy
+    ox = tl.where(cand, nx, 0) // sx
+    cand = cand & (oz >= 0) & (oz < Do) & (oy >= 0) & (oy < Ho) & (ox >= 0) & (ox < Wo)
+    return cand, oz, oy, ox, (kz * Ky + ky) * Kx + kx
+
+
+@triton.jit
 def _kmap_insert_kernel(
     coords_ptr,  # (N, 4) int32 (batch, z, y, x) input voxels
     ws_ptr,  # (ws,) int64 workspace, -1 = empty: input table (2 cap_in) | output table (cap_out) | counts | counters | sink
@@ -84,8 +125,9 @@ def _kmap_insert_kernel(
     out_keys32_ptr,  # (bound,) int32 out: the same keys truncated (used when the key space fits)
     out_coords_ptr,  # (N, 4) int32 out: a copy of coords (COPY: submanifold)
     bits_ptr,  # BITMAP: (words,) int32 output-cell bitmap, all ones = empty; a cleared bit = an output
-    out_in_ptr,  # MIRROR: (N, K) int32 out-in table: its upper half (offsets past the centre) set to -1
+    out_in_ptr,  # MIRROR: (N, K) int32 out-in table: its upper half (offsets past the centre) set to -1; FILL: all
     n,  # N
+    fill_len,  # FILL: out_in entries (all set to -1)
     nbatch,  # BITMAP: samples covered by the bitmap (inputs of later samples are never inputs)
     D,
     H,
@@ -138,8 +180,14 @@ def _kmap_insert_kernel(
     MIRROR: tl.constexpr,  # submanifold table-only map with a symmetric kernel (see the lookup)
     K: tl.constexpr,  # MIRROR: offsets
     KHPAD: tl.constexpr,  # MIRROR: next power of two > K // 2
+    FILL: tl.constexpr = False,  # set out_in to -1 (the static regular map's scatter pass writes its hits later)
 ):
     pid = tl.program_id(0)
+    if FILL:
+        nprog = tl.num_programs(0)
+        for t0 in range(pid * 1024, fill_len, nprog * 1024):
+            t = t0 + tl.arange(0, 1024)
+            tl.store(out_in_ptr + t, tl.full([1024], -1, tl.int32), mask=t < fill_len)
     r = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     live = r < n
     b = tl.load(coords_ptr + r * 4 + 0, mask=live, other=-1)
@@ -204,27 +252,10 @@ def _kmap_insert_kernel(
             oy = y[:, None] * sy - py + jy[None, :] * dy
             ox = x[:, None] * sx - px + jx[None, :] * dx
         else:
-            # o * s = i + p - k * d must divide: only k with k * d = i + p (mod s) can, i.e.
-            # k = k0 + j * (s / g) with k0 = ((i + p) mod s / g) * inv (mod s / g), when g | (i + p) mod s;
-            # enumerating those j (not all K offsets) keeps the lanes (and atomics) few
-            rz = tl.where(inside, z + pz, 0) % sz
-            ry = tl.where(inside, y + py, 0) % sy
-            rx = tl.where(inside, x + px, 0) % sx
-            kz = ((rz // gz) * vz) % qz
-            ky = ((ry // gy) * vy) % qy
-            kx = ((rx // gx) * vx) % qx
-            kz = kz[:, None] + jz[None, :] * qz
-            ky = ky[:, None] + jy[None, :] * qy
-            kx = kx[:, None] + jx[None, :] * qx
-            cand = cand & (rz % gz == 0)[:, None] & (ry % gy == 0)[:, None] & (rx % gx == 0)[:, None]
-            cand = cand & (kz < Kz) & (ky < Ky) & (kx < Kx)
-            nz = z[:, None] + pz - kz * dz
-            ny = y[:, None] + py - ky * dy
-            nx = x[:, None] + px - kx * dx
-            cand = cand & (nz >= 0) & (ny >= 0) & (nx >= 0)
-            oz = tl.where(cand, nz, 0) // sz
-            oy = tl.where(cand, ny, 0) // sy
-            ox = tl.where(cand, nx, 0) // sx
+            cand, oz, oy, ox, _ = _strided_candidates(
+                z, y, x, inside, Do, Ho, Wo, Kz, Ky, Kx, sz, sy, sx, pz, py, px, dz, dy, dx, gz, gy, gx, qz, qy, qx,
+                vz, vy, vx, Jy, Jx, J, JPAD,
+            )  # fmt: skip
         cand = cand & (oz >= 0) & (oz < Do) & (oy >= 0) & (oy < Ho) & (ox >= 0) & (ox < Wo)
         counter_ptr = ws_ptr + counters_off
         if not BITMAP:  # the static form reads neither (its compaction counts P; no sort)
@@ -591,6 +622,119 @@ def _kmap_lookup_kernel(
             for t0 in range(m_dev * 4 + pid * TAIL, m_total * 4, nprog * TAIL):
                 t = t0 + tl.arange(0, TAIL)
                 tl.store(out_coords_ptr + t, tl.full([TAIL], -1, tl.int32), mask=t < m_total * 4)
+
+
+@triton.jit
+def _kmap_scatter_kernel(
+    coords_ptr,  # (N, 4) int32 input voxels
+    ws_ptr,  # int64 workspace: the input table (TABLE) and the counter M - 1 at m_off
+    bits_ptr,  # (words,) int32 output bitmap (a cleared bit = an output)
+    pre_ptr,  # (words,) int32 outputs before each word (_kmap_bits_emit_kernel's PREFIX)
+    keys_ptr,  # (cap,) int64 output keys in ascending order at [0, M)
+    out_coords_ptr,  # (m_total, 4) int32 out: decoded output voxels, -1 past M
+    out_in_ptr,  # (m_total, K) int32 out-in table, all -1 on entry
+    n,
+    nbatch,
+    D,
+    H,
+    W,  # input grid
+    cap_in,
+    log_in,
+    m_off,  # workspace index of the counter M - 1
+    m_total,  # output rows kept (a row capacity may cut M)
+    Do,
+    Ho,
+    Wo,  # output grid
+    Kz: tl.constexpr,
+    Ky: tl.constexpr,
+    Kx: tl.constexpr,
+    sz: tl.constexpr,
+    sy: tl.constexpr,
+    sx: tl.constexpr,
+    pz: tl.constexpr,
+    py: tl.constexpr,
+    px: tl.constexpr,
+    dz: tl.constexpr,
+    dy: tl.constexpr,
+    dx: tl.constexpr,
+    gz: tl.constexpr,
+    gy: tl.constexpr,
+    gx: tl.constexpr,
+    qz: tl.constexpr,
+    qy: tl.constexpr,
+    qx: tl.constexpr,
+    vz: tl.constexpr,
+    vy: tl.constexpr,
+    vx: tl.constexpr,
+    Jy: tl.constexpr,
+    Jx: tl.constexpr,
+    J: tl.constexpr,
+    K: tl.constexpr,
+    ROW_BASE: tl.constexpr,
+    TABLE: tl.constexpr,  # the inputs are in the hash table (may hold duplicates); off: unique rows
+    BLOCK_N: tl.constexpr,
+    JPAD: tl.constexpr,
+    TAIL: tl.constexpr,  # output rows decoded per step
+):
+    # A static regular map's out-in table from the input side: each input enumerates the <= J
+    # outputs it reaches (as the insert pass did) and writes its row into theirs at that offset.
+    # An output's row is its rank in the output bitmap (word prefix plus the cleared bits below it):
+    # no probing of K offsets per output. Each (output, offset) has one input voxel, and of
+    # duplicate voxels only the row the table holds (the lowest) writes: no atomics, the same
+    # table as the lookup pass.
+    pid = tl.program_id(0)
+    r = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = r < n
+    b = tl.load(coords_ptr + r * 4 + 0, mask=live, other=-1)
+    z = tl.load(coords_ptr + r * 4 + 1, mask=live, other=-1)
+    y = tl.load(coords_ptr + r * 4 + 2, mask=live, other=-1)
+    x = tl.load(coords_ptr + r * 4 + 3, mask=live, other=-1)
+    inside = live & (b >= 0) & (b < nbatch) & (z >= 0) & (z < D) & (y >= 0) & (y < H) & (x >= 0) & (x < W)
+    b64 = b.to(tl.int64)
+    if TABLE:
+        # the row the table holds for this voxel (a bucket per round, as the lookup probes)
+        key = ((b64 * D + z) * H + y) * W + x
+        bucket = _slot(key, log_in - 1, cap_in >> 1)
+        hit_word = tl.full(key.shape, -1, tl.int32)
+        active = inside
+        while tl.max(active.to(tl.int32), axis=0) > 0:
+            cell = bucket * 4
+            e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
+            e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
+            hit0 = active & (e0 == key)
+            hit1 = active & (e1 == key)
+            hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
+            active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
+            bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
+        held = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
+        inside = inside & (held == r)
+    cand, oz, oy, ox, k = _strided_candidates(
+        z, y, x, inside, Do, Ho, Wo, Kz, Ky, Kx, sz, sy, sx, pz, py, px, dz, dy, dx, gz, gy, gx, qz, qy, qx,
+        vz, vy, vx, Jy, Jx, J, JPAD,
+    )  # fmt: skip
+    okey = ((b64[:, None] * Do + oz) * Ho + oy) * Wo + ox
+    word = tl.where(cand, okey >> 5, 0)
+    occ = (~tl.load(bits_ptr + word, mask=cand, other=-1)).to(tl.int64) & 0xFFFFFFFF
+    bit = okey & 31
+    row = tl.load(pre_ptr + word, mask=cand, other=0).to(tl.int64) + _popc(occ & ((1 << bit) - 1))
+    tl.store(out_in_ptr + row * K + k, (r[:, None] + k * 0).to(tl.int32), mask=cand & (row < m_total))
+    # the output rows' voxels: decoded keys for the M rows, -1 past them
+    m_dev = tl.minimum(tl.load(ws_ptr + m_off) + 1, m_total)
+    nprog = tl.num_programs(0)
+    for t0 in range(pid * TAIL, m_total, nprog * TAIL):
+        m = t0 + tl.arange(0, TAIL)
+        rows = m < m_total
+        mlive = m < m_dev
+        ok = tl.load(keys_ptr + m, mask=mlive, other=0).to(tl.int64)
+        ox1 = ok % Wo
+        t = ok // Wo
+        oy1 = t % Ho
+        t = t // Ho
+        oz1 = t % Do
+        tl.store(out_coords_ptr + m * 4 + 0, tl.where(mlive, t // Do, -1).to(tl.int32), mask=rows)
+        tl.store(out_coords_ptr + m * 4 + 1, tl.where(mlive, oz1, -1).to(tl.int32), mask=rows)
+        tl.store(out_coords_ptr + m * 4 + 2, tl.where(mlive, oy1, -1).to(tl.int32), mask=rows)
+        tl.store(out_coords_ptr + m * 4 + 3, tl.where(mlive, ox1, -1).to(tl.int32), mask=rows)
 
 
 @triton.jit
