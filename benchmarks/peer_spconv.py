@@ -17,7 +17,9 @@ the median of CUDA-event times of single eager calls, both libraries on the same
   over two runs on both sides); outputs compared through ``dense()``.
 - S3 one SubMConv3d 64 → 64 fp16 on BIG (≈ 288,000 voxels), map kept.
 
-TF32 is off on both sides (torch flags off; spconv's default ``SPCONV_ALLOW_TF32`` unset = off).
+TF32 is off on both sides (torch flags off; spconv's default ``SPCONV_ALLOW_TF32`` unset = off),
+except the rows that name pcops' ``tf32x3`` (float32 accuracy on tensor cores) or ``tf32`` (one TF32
+pass) precision; spconv stays at its default there.
 """
 
 from __future__ import annotations
@@ -245,6 +247,11 @@ def main() -> None:
             set_sparse_precision(fused, "tf32x3")
             add("S2 forward eval float32: pcops tf32x3, static form, fuse_for_inference, CUDA graph", spconv_eval,
                 bench(fwd_static, graph=True)["median_ms"])  # fmt: skip
+            # one TF32 pass (precision="tf32": 10-bit mantissas, about 1e-3 relative error), against
+            # spconv's float32 with its default SPCONV_ALLOW_TF32 off
+            set_sparse_precision(fused, "tf32")
+            add("S2 forward eval float32: pcops tf32 (one pass; spconv TF32 off), static form, fuse_for_inference, "
+                "CUDA graph", spconv_eval, bench(fwd_static, graph=True)["median_ms"])  # fmt: skip
             set_sparse_precision(pnet, "tf32x3")
             pnet.eval()
             with torch.no_grad():
