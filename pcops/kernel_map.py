@@ -227,8 +227,8 @@ def sparse_conv_kernel_map(
       in a bitmap of the output grids; a count and a ranking pass over the bitmap write the
       output keys in order and ``M``; lookup and compaction read ``M`` on the device), no sort.
       A static regular map with ``pairs=False`` takes 5: its table is filled from the input
-      side (each input writes its row into the ≤ 8 outputs it reaches, their rows read from
-      the ranked bitmap) instead of a lookup of every (output, offset).
+      side (each input finds its own row once and writes it into the ≤ 8 outputs it reaches,
+      their rows read from the ranked bitmap) instead of hash lookups of every (output, offset).
     """
     out_shape, (out_coords, pair_in, pair_out, offsets, out_in) = _map_outputs(
         coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,

@@ -825,8 +825,10 @@ def test_triton_interpreter_bitmap_index(geometry, cut):
     hashed = tri.sparse_conv_kernel_map(*args2, **kw2)
     for a, b in zip(tri.sparse_conv_kernel_map(*args2, **kw2, in_index=index), hashed):
         assert torch.equal(a, b)
-    # with pairs the lookup finds inputs in the index: shifted ranks give other rows (the table-only
-    # map fills its table from the input side and needs only the index's promise of unique rows)
+    # with the index, the lookup finds the inputs in it (the hashed table-only map above scattered
+    # from the input side): shifted ranks give other rows, with and without pairs
+    shifted = (bits, prefix + 1, *index[2:])
+    assert not torch.equal(tri.sparse_conv_kernel_map(*args2, **kw2, in_index=shifted)[4], hashed[4])
     kw3 = dict(kw2, pairs=True)
     hashed = tri.sparse_conv_kernel_map(*args2, **kw3)
     for a, b in zip(tri.sparse_conv_kernel_map(*args2, **kw3, in_index=index), hashed):
@@ -929,14 +931,15 @@ for case in cases:
     for static in ((False,) if subm else (False, True)):
         for table in ((True, False) if static else (True,)):  # static: also inputs from a bitmap index
             build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=not (subm or static),
-                                               BITMAP=static, TABLE=table, MIRROR=False, FILL=static and not case[7],
+                                               BITMAP=static, TABLE=table, MIRROR=False,
+                                               FILL=static and table and not case[7],
                                                **plan["insert_consts"]),
                   plan["insert_warps"])
             build(km._kmap_lookup_kernel, dict(ROW_BASE=RB, DEV_M=static, TAIL=1024, BLOCK_M=plan["block"],
                                                KPAD=plan["kpad"], HALF=False, COUNT=True, CSTRIDE=16, IDX=not table,
                                                **plan["lookup_consts"]), 4)
-            if static and not case[7]:  # the table-only static regular map: the input-side scatter
-                build(km._kmap_scatter_kernel, dict(ROW_BASE=RB, TABLE=table, TAIL=1024, **plan["scatter_consts"]), 4)
+            if static and table and not case[7]:  # the table-only static regular map: the input-side scatter
+                build(km._kmap_scatter_kernel, dict(ROW_BASE=RB, TAIL=1024, **plan["scatter_consts"]), 4)
     if plan["mirror"]:  # the submanifold table-only map: half the offsets probed, the rest mirrored
         build(km._kmap_insert_kernel, dict(ROW_BASE=RB, SINK_COPIES=16, CSTRIDE=16, KEYS32=False, BITMAP=False,
                                            TABLE=True, MIRROR=True, **plan["insert_consts"]), plan["insert_warps"])

@@ -298,10 +298,10 @@ def sparse_conv_kernel_map(
             candidates clear their bit in a bitmap of the ``batch_size`` output grids (no
             output table, no sort); a count pass and a ranking pass over the bitmap's chunks
             write the keys in order and ``M``, which the lookup and compaction read on the
-            device. 6 launches; table only (``pairs=False``, not transposed): 5, the lookup
-            replaced by a scatter from the input side (``_kmap_scatter_kernel``: each input
-            writes its row into the outputs it reaches, ranked in the bitmap; the insert pass
-            sets the table to -1 first).
+            device. 6 launches; table only (``pairs=False``, not transposed, no ``in_index``):
+            5, the lookup replaced by a scatter from the input side (``_kmap_scatter_kernel``:
+            each input writes its row into the outputs it reaches, ranked in the bitmap; the
+            insert pass sets the table to -1 first).
         batch_size: static regular/transposed maps: the samples covered (inputs of later
             samples are never inputs).
         pairs: ``False``: no compaction launch (and no host sync for a submanifold map); the
@@ -387,9 +387,10 @@ def sparse_conv_kernel_map(
     bits_off = keys_off + bound
     sums_off = bits_off + (_launch.cdiv(words, 2) if static_out else 0)
     ws_len = sums_off + (_launch.cdiv(chunks, 2) if static_out else 0)
-    # a static regular table-only map fills its out-in table from the input side (the scatter pass);
-    # the insert pass first sets it to -1
-    scatter = static_out and not pairs and not transposed
+    # a static regular table-only map of hashed inputs fills its out-in table from the input side
+    # (the scatter pass: one probe per input instead of K per output); the insert pass first sets
+    # it to -1. With an input index the per-output lookup is two loads and stays (it measured faster)
+    scatter = static_out and not pairs and not transposed and not idx
     num_out = (min(bound, max_outputs) if max_outputs > 0 else bound) if static_out else 0
     if ws_len >= 2**31:
         raise ValueError(f"coords: {n} voxels need hash tables of {2 * cap_in + cap_out} slots (limit 2^31)")
@@ -505,7 +506,6 @@ def sparse_conv_kernel_map(
             *plan["out_shape"],
             **consts,
             ROW_BASE=_ROW_BASE,
-            TABLE=not idx,
             TAIL=1024,
             num_warps=_NUM_WARPS,
         )

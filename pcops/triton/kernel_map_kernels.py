@@ -671,17 +671,17 @@ def _kmap_scatter_kernel(
     J: tl.constexpr,
     K: tl.constexpr,
     ROW_BASE: tl.constexpr,
-    TABLE: tl.constexpr,  # the inputs are in the hash table (may hold duplicates); off: unique rows
     BLOCK_N: tl.constexpr,
     JPAD: tl.constexpr,
     TAIL: tl.constexpr,  # output rows decoded per step
 ):
-    # A static regular map's out-in table from the input side: each input enumerates the <= J
-    # outputs it reaches (as the insert pass did) and writes its row into theirs at that offset.
-    # An output's row is its rank in the output bitmap (word prefix plus the cleared bits below it):
-    # no probing of K offsets per output. Each (output, offset) has one input voxel, and of
-    # duplicate voxels only the row the table holds (the lowest) writes: no atomics, the same
-    # table as the lookup pass.
+    # A static regular map's out-in table from the input side: each input finds its own row in the
+    # hash table once, enumerates the <= J outputs it reaches (as the insert pass did) and writes
+    # its row into theirs at that offset. An output's row is its rank in the output bitmap (word
+    # prefix plus the cleared bits below it): no hash probing of K offsets per output. Each
+    # (output, offset) has one input voxel, and of duplicate voxels only the row the table holds
+    # (the lowest) writes: no atomics, the same table as the lookup pass. (Inputs found in a
+    # bitmap index are cheaper to look up per output: that map keeps the lookup pass.)
     pid = tl.program_id(0)
     r = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     live = r < n
@@ -691,23 +691,23 @@ def _kmap_scatter_kernel(
     x = tl.load(coords_ptr + r * 4 + 3, mask=live, other=-1)
     inside = live & (b >= 0) & (b < nbatch) & (z >= 0) & (z < D) & (y >= 0) & (y < H) & (x >= 0) & (x < W)
     b64 = b.to(tl.int64)
-    if TABLE:
-        # the row the table holds for this voxel (a bucket per round, as the lookup probes)
-        key = ((b64 * D + z) * H + y) * W + x
-        bucket = _slot(key, log_in - 1, cap_in >> 1)
-        hit_word = tl.full(key.shape, -1, tl.int32)
-        active = inside
-        while tl.max(active.to(tl.int32), axis=0) > 0:
-            cell = bucket * 4
-            e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
-            e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
-            hit0 = active & (e0 == key)
-            hit1 = active & (e1 == key)
-            hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
-            active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
-            bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
-        held = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
-        inside = inside & (held == r)
+    # the row the table holds for this voxel (a bucket per round, as the lookup probes): of
+    # duplicate voxels only that row (the lowest) writes
+    key = ((b64 * D + z) * H + y) * W + x
+    bucket = _slot(key, log_in - 1, cap_in >> 1)
+    hit_word = tl.full(key.shape, -1, tl.int32)
+    active = inside
+    while tl.max(active.to(tl.int32), axis=0) > 0:
+        cell = bucket * 4
+        e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
+        e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
+        hit0 = active & (e0 == key)
+        hit1 = active & (e1 == key)
+        hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
+        active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
+        bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
+    held = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
+    inside = inside & (held == r)
     cand, oz, oy, ox, k = _strided_candidates(
         z, y, x, inside, Do, Ho, Wo, Kz, Ky, Kx, sz, sy, sx, pz, py, px, dz, dy, dx, gz, gy, gx, qz, qy, qx,
         vz, vy, vx, Jy, Jx, J, JPAD,

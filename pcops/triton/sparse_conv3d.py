@@ -141,7 +141,7 @@ def _gather_gemm_kernel(
 # compiled on first use). 16-bit and TF32 products are exact per tensor-core instruction and summed
 # in channel order, so a smaller channel chunk keeps the bits; IEEE FMA and tf32x3 keep one chunk.
 GEMM_CONFIGS = ((64, 4, 1, 0), (128, 4, 1, 0), (64, 4, 3, 0))
-TF32_CONFIGS = ((64, 4, 2, 0), (128, 4, 1, 16), (128, 4, 1, 32), (32, 4, 1, 32))
+TF32_CONFIGS = ((64, 4, 2, 0), (128, 4, 1, 16), (128, 4, 1, 32), (32, 4, 1, 32), (128, 2, 1, 16))
 # the tuner's choice per shape class, filled on first use (``gather_gemm``)
 _TUNED: dict = {}
 
