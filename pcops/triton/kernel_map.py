@@ -132,6 +132,19 @@ def _plan(
     enum = {}
     for axis, (g, q, inv, _) in zip("zyx", axes):
         enum.update({"g" + axis: g, "q" + axis: q, "v" + axis: inv})
+    # the candidate enumeration's compile-time geometry (the insert and scatter passes)
+    candidates = dict(
+        Kz=kernel_size[0],
+        Ky=kernel_size[1],
+        Kx=kernel_size[2],
+        **geometry,
+        **enum,
+        Jy=axes[1][3],
+        Jx=axes[2][3],
+        J=max(per_input, 1),
+        JPAD=jpad,
+        K=num_k,
+    )
     return dict(
         num_k=num_k,
         block=block,
@@ -147,35 +160,14 @@ def _plan(
         in_shape=in_shape,
         out_shape=out_shape,
         insert_consts=dict(
-            Kz=kernel_size[0],
-            Ky=kernel_size[1],
-            Kx=kernel_size[2],
-            **geometry,
-            **enum,
-            Jy=axes[1][3],
-            Jx=axes[2][3],
-            J=max(per_input, 1),
+            **candidates,
             GEN=not subm,
             TRANSPOSED=transposed,
             COPY=subm,
             BLOCK_N=block_n,
-            JPAD=jpad,
-            K=num_k,
             KHPAD=max(2, _pow2(num_k // 2)),
         ),
-        scatter_consts=dict(
-            Kz=kernel_size[0],
-            Ky=kernel_size[1],
-            Kx=kernel_size[2],
-            **geometry,
-            **enum,
-            Jy=axes[1][3],
-            Jx=axes[2][3],
-            J=max(per_input, 1),
-            K=num_k,
-            JPAD=jpad,
-            BLOCK_N=max(2, _SCATTER_LANES // jpad),
-        ),
+        scatter_consts=dict(**candidates, BLOCK_N=max(2, _SCATTER_LANES // jpad)),
         lookup_consts=dict(
             K=num_k,
             Ky=kernel_size[1],

@@ -353,6 +353,46 @@ def _kmap_bits_emit_kernel(
 
 
 @triton.jit
+def _find_rows(ws_ptr, key, valid, cap_in, log_in, ROW_BASE: tl.constexpr):
+    """The input table's row of each 2-D ``key`` (int64), −1 where absent or not ``valid``.
+    Probes bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys loaded
+    in one round trip) until the key or an empty slot; with inserts only, a key never sits after
+    an empty slot of its probe sequence, so a match anywhere in the bucket is it. Only the hits
+    (S1 subm: 14 % of the lanes) read their row, once, after the probing."""
+    bucket = _slot(key, log_in - 1, cap_in >> 1)
+    hit_word = tl.full(key.shape, -1, tl.int32)  # workspace index of the hit's key word
+    active = valid
+    while _any2d(active):
+        cell = bucket * 4
+        e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
+        e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
+        hit0 = active & (e0 == key)
+        hit1 = active & (e1 == key)
+        hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
+        active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
+        bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
+    return ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
+
+
+@triton.jit
+def _decode_keys(keys_ptr, out_coords_ptr, m, rows, live, Do, Ho, Wo):
+    """Output rows ``m``'s voxels ``(b, z, y, x)`` (int64) decoded from their keys, also stored
+    into ``out_coords`` (``rows``); rows not ``live`` get −1."""
+    okey = tl.load(keys_ptr + m, mask=live, other=0).to(tl.int64)
+    ox = okey % Wo
+    t = okey // Wo
+    oy = t % Ho
+    t = t // Ho
+    oz = t % Do
+    b = tl.where(live, t // Do, -1)
+    tl.store(out_coords_ptr + m * 4 + 0, b.to(tl.int32), mask=rows)
+    tl.store(out_coords_ptr + m * 4 + 1, tl.where(live, oz, -1).to(tl.int32), mask=rows)
+    tl.store(out_coords_ptr + m * 4 + 2, tl.where(live, oy, -1).to(tl.int32), mask=rows)
+    tl.store(out_coords_ptr + m * 4 + 3, tl.where(live, ox, -1).to(tl.int32), mask=rows)
+    return b, oz, oy, ox
+
+
+@triton.jit
 def _lookup_offsets(
     ws_ptr,
     ibits_ptr,
@@ -434,23 +474,7 @@ def _lookup_offsets(
         rank = tl.load(ipre_ptr + word, mask=has, other=0).to(tl.int64) + _popc(occ & ((1 << bit) - 1))
         found = tl.where(has & (rank < in_rows), rank, -1)
     else:
-        # probe bucket by bucket (2 slots of (key, row): one aligned 32-byte sector, both keys
-        # loaded in one round trip) until the key or an empty slot; with inserts only, a key never
-        # sits after an empty slot of its probe sequence, so a match anywhere in the bucket is it.
-        # Only the hits (S1 subm: 14 % of the lanes) read their row, once, after the probing.
-        bucket = _slot(key, log_in - 1, cap_in >> 1)
-        hit_word = tl.full(key.shape, -1, tl.int32)  # workspace index of the hit's key word
-        active = valid
-        while _any2d(active):
-            cell = bucket * 4
-            e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
-            e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
-            hit0 = active & (e0 == key)
-            hit1 = active & (e1 == key)
-            hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
-            active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
-            bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
-        found = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
+        found = _find_rows(ws_ptr, key, valid, cap_in, log_in, ROW_BASE)
 
     out_mask = rows[:, None] & k_live[None, :]
     tl.store(out_in_ptr + m[:, None] * K + rk[None, :], found.to(tl.int32), mask=out_mask)
@@ -547,17 +571,7 @@ def _kmap_lookup_kernel(
         else:
             live = rows
         if FROM_KEYS:
-            okey = tl.load(keys_ptr + m, mask=live, other=0).to(tl.int64)
-            ox = okey % Wo
-            t = okey // Wo
-            oy = t % Ho
-            t = t // Ho
-            oz = t % Do
-            b = tl.where(live, t // Do, -1)
-            tl.store(out_coords_ptr + m * 4 + 0, b.to(tl.int32), mask=rows)
-            tl.store(out_coords_ptr + m * 4 + 1, tl.where(live, oz, -1).to(tl.int32), mask=rows)
-            tl.store(out_coords_ptr + m * 4 + 2, tl.where(live, oy, -1).to(tl.int32), mask=rows)
-            tl.store(out_coords_ptr + m * 4 + 3, tl.where(live, ox, -1).to(tl.int32), mask=rows)
+            b, oz, oy, ox = _decode_keys(keys_ptr, out_coords_ptr, m, rows, live, Do, Ho, Wo)
         else:
             b = tl.load(coords_ptr + m * 4 + 0, mask=live, other=-1).to(tl.int64)
             oz = tl.load(coords_ptr + m * 4 + 1, mask=live, other=0).to(tl.int64)
@@ -627,7 +641,7 @@ def _kmap_lookup_kernel(
 @triton.jit
 def _kmap_scatter_kernel(
     coords_ptr,  # (N, 4) int32 input voxels
-    ws_ptr,  # int64 workspace: the input table (TABLE) and the counter M - 1 at m_off
+    ws_ptr,  # int64 workspace: the input table and the counter M - 1 at m_off
     bits_ptr,  # (words,) int32 output bitmap (a cleared bit = an output)
     pre_ptr,  # (words,) int32 outputs before each word (_kmap_bits_emit_kernel's PREFIX)
     keys_ptr,  # (cap,) int64 output keys in ascending order at [0, M)
@@ -691,23 +705,10 @@ def _kmap_scatter_kernel(
     x = tl.load(coords_ptr + r * 4 + 3, mask=live, other=-1)
     inside = live & (b >= 0) & (b < nbatch) & (z >= 0) & (z < D) & (y >= 0) & (y < H) & (x >= 0) & (x < W)
     b64 = b.to(tl.int64)
-    # the row the table holds for this voxel (a bucket per round, as the lookup probes): of
-    # duplicate voxels only that row (the lowest) writes
+    # the row the table holds for this voxel: of duplicate voxels only that row (the lowest) writes
     key = ((b64 * D + z) * H + y) * W + x
-    bucket = _slot(key, log_in - 1, cap_in >> 1)
-    hit_word = tl.full(key.shape, -1, tl.int32)
-    active = inside
-    while tl.max(active.to(tl.int32), axis=0) > 0:
-        cell = bucket * 4
-        e0 = tl.load(ws_ptr + cell, mask=active, other=-1)
-        e1 = tl.load(ws_ptr + cell + 2, mask=active, other=-1)
-        hit0 = active & (e0 == key)
-        hit1 = active & (e1 == key)
-        hit_word = tl.where(hit0, cell, tl.where(hit1, cell + 2, hit_word))
-        active = active & (e0 != -1) & (e1 != -1) & ~hit0 & ~hit1
-        bucket = tl.where(active, (bucket + 1) & ((cap_in >> 1) - 1), bucket)
-    held = ROW_BASE - tl.load(ws_ptr + hit_word + 1, mask=hit_word >= 0, other=ROW_BASE + 1)
-    inside = inside & (held == r)
+    held = _find_rows(ws_ptr, key[:, None], inside[:, None], cap_in, log_in, ROW_BASE)
+    inside = inside & (tl.sum(held, axis=1) == r)
     cand, oz, oy, ox, k = _strided_candidates(
         z, y, x, inside, Do, Ho, Wo, Kz, Ky, Kx, sz, sy, sx, pz, py, px, dz, dy, dx, gz, gy, gx, qz, qy, qx,
         vz, vy, vx, Jy, Jx, J, JPAD,
@@ -723,18 +724,7 @@ def _kmap_scatter_kernel(
     nprog = tl.num_programs(0)
     for t0 in range(pid * TAIL, m_total, nprog * TAIL):
         m = t0 + tl.arange(0, TAIL)
-        rows = m < m_total
-        mlive = m < m_dev
-        ok = tl.load(keys_ptr + m, mask=mlive, other=0).to(tl.int64)
-        ox1 = ok % Wo
-        t = ok // Wo
-        oy1 = t % Ho
-        t = t // Ho
-        oz1 = t % Do
-        tl.store(out_coords_ptr + m * 4 + 0, tl.where(mlive, t // Do, -1).to(tl.int32), mask=rows)
-        tl.store(out_coords_ptr + m * 4 + 1, tl.where(mlive, oz1, -1).to(tl.int32), mask=rows)
-        tl.store(out_coords_ptr + m * 4 + 2, tl.where(mlive, oy1, -1).to(tl.int32), mask=rows)
-        tl.store(out_coords_ptr + m * 4 + 3, tl.where(mlive, ox1, -1).to(tl.int32), mask=rows)
+        _decode_keys(keys_ptr, out_coords_ptr, m, m < m_total, m < m_dev, Do, Ho, Wo)
 
 
 @triton.jit
