@@ -381,7 +381,7 @@ def sparse_conv_kernel_map(
     ws_len = sums_off + (_launch.cdiv(chunks, 2) if static_out else 0)
     # a static regular table-only map of hashed inputs fills its out-in table from the input side
     # (the scatter pass: one probe per input instead of K per output); the insert pass first sets
-    # it to -1. With an input index the per-output lookup is two loads and stays (it measured faster)
+    # it to -1. With an input index the per-output lookup is two loads and stays (benchmarks/NOTES.md)
     scatter = static_out and not pairs and not transposed and not idx
     num_out = (min(bound, max_outputs) if max_outputs > 0 else bound) if static_out else 0
     if ws_len >= 2**31:
@@ -501,43 +501,40 @@ def sparse_conv_kernel_map(
             TAIL=1024,
             num_warps=_NUM_WARPS,
         )
-        count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32)
-        empty = out_in.new_empty((0,))
-        return (out_coords, empty, empty.clone(), count, out_in) + index
-    if out_in is None:
-        out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
-    if mirror:  # rows of K // 2 + 1 offsets (padded), twice as many per program
-        block, kpad = plan["block_half"], plan["kpad_half"]
-    nb = _launch.cdiv(num_out, block)
-    _launch.launch(
-        _kmap_lookup_kernel,
-        (nb,),  # launch 3
-        coords,
-        ws,
-        keys,
-        out_coords,
-        out_in,
-        *(in_index if idx else (coords, coords, 0, 0)),
-        num_out,
-        counts_off,
-        counters_off,
-        sub,
-        *plan["in_shape"],
-        cap_in,
-        log_in,
-        *plan["out_shape"],
-        **plan["lookup_consts"],
-        ROW_BASE=_ROW_BASE,
-        DEV_M=static_out,
-        BLOCK_M=block,
-        KPAD=kpad,
-        TAIL=1024,
-        HALF=mirror,
-        COUNT=pairs,
-        CSTRIDE=_COUNTER_STRIDE,
-        IDX=idx,
-        num_warps=_NUM_WARPS,
-    )
+    else:
+        if out_in is None:
+            out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
+        if mirror:  # rows of K // 2 + 1 offsets (padded), twice as many per program
+            block, kpad = plan["block_half"], plan["kpad_half"]
+        _launch.launch(
+            _kmap_lookup_kernel,
+            (_launch.cdiv(num_out, block),),  # launch 3
+            coords,
+            ws,
+            keys,
+            out_coords,
+            out_in,
+            *(in_index if idx else (coords, coords, 0, 0)),
+            num_out,
+            counts_off,
+            counters_off,
+            sub,
+            *plan["in_shape"],
+            cap_in,
+            log_in,
+            *plan["out_shape"],
+            **plan["lookup_consts"],
+            ROW_BASE=_ROW_BASE,
+            DEV_M=static_out,
+            BLOCK_M=block,
+            KPAD=kpad,
+            TAIL=1024,
+            HALF=mirror,
+            COUNT=pairs,
+            CSTRIDE=_COUNTER_STRIDE,
+            IDX=idx,
+            num_warps=_NUM_WARPS,
+        )
     if not pairs:  # the table only: no compaction, no pair count to read
         empty = out_in.new_empty((0,))
         count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()

@@ -213,8 +213,8 @@ def gather_gemm(
 
     def run(cfg):
         block_m, num_warps, u, block_c = cfg
-        if prec in ("ieee", "tf32x3") and x.dtype == torch.float32:
-            block_c = 0  # their sums are in dot-call order: one chunk
+        if prec != "tf32":  # IEEE / tf32x3 float32 sum in dot-call order: one chunk
+            block_c = 0
         block_c = min(block_c or full_c, full_c)
         if block_c < c_in:
             u = 1  # offsets in order, each over all its channel chunks
