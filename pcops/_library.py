@@ -45,15 +45,147 @@ def custom_op(
 
 
 def call(op, *args):
-    """Call a pcops op (an ``OpOverload``) from a public wrapper: where no input requires grad
-    (and torch.compile is not tracing), below autograd, so the dispatcher skips the Python
-    autograd kernel (a second dispatcher crossing, which converts the arguments again) and every
-    torch op inside the kernel skips the autograd layer too. The same result as ``op(*args)``."""
+    """Call a pcops op (an ``OpOverload``) from a public wrapper: the same result as ``op(*args)``,
+    by the shortest path that gives it.
+
+    - **Direct** (plain eager calls): where every tensor argument is a plain ``torch.Tensor`` (or
+      ``Parameter``) on the CPU or CUDA and nothing could intercept the dispatcher (no
+      ``torch.compile`` tracing, dispatch mode, functorch transform, JIT tracer or profiler:
+      :func:`_direct_device`), the registered Python kernel of that device is called as a plain
+      function, below autograd, with no dispatcher crossing (which boxes and converts every
+      argument twice); an input that needs a gradient goes through the op's
+      ``torch.autograd.Function`` with the same direct forward. Mutated arguments get their
+      version bumps as the dispatcher gives them.
+    - **Below autograd** otherwise, where no input requires grad: the dispatcher skips the Python
+      autograd kernel (a second crossing).
+    - Else the op's full dispatcher path."""
     # is_compiling first: under torch.compile it is constant True and the rest is not traced
-    if torch.compiler.is_compiling() or (_C.is_grad_enabled() and _C._any_requires_grad(*args)):
+    if torch.compiler.is_compiling():
+        return op(*args)
+    info = _BY_OVERLOAD.get(op)
+    dev = _direct_device(args) if info is not None else None
+    grad = _C.is_grad_enabled() and _C._any_requires_grad(*args)
+    if dev is not None:
+        kernel = info.kernels.get(dev) or info.kernels.get("any")
+        if kernel is not None:
+            if info._coerce:
+                args = _coerced(args, info._coerce)
+            if grad:
+                if not info._mutated:
+                    return info._function.apply(kernel, *args)
+            elif not info._mutated:
+                with _C._AutoDispatchBelowAutograd():
+                    return kernel(*args)
+            else:  # as the ADInplaceOrView kernel: bump the mutated arguments, run below that key
+                for i in info._mutated:
+                    if i < len(args) and isinstance(args[i], torch.Tensor):
+                        _bump(args[i])
+                with _C._AutoDispatchBelowADInplaceOrView():
+                    return kernel(*args)
+    if grad:
         return op(*args)
     with _C._AutoDispatchBelowAutograd():
         return op(*args)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_bump = torch.autograd.graph.increment_version
+
+
+def _direct_device(args) -> str | None:
+    """``"cuda"`` (a CUDA tensor among ``args``, the dispatcher's choice over CPU tensors) or
+    ``"cpu"`` where calling the kernel directly is what the dispatcher would do; None where
+    something could intercept or reroute the call: a tensor subclass (FakeTensor, functional
+    tensors), a device other than CPU/CUDA (meta), an active ``TorchDispatchMode`` (opcheck,
+    ``make_fx``, FakeTensorMode), a functorch transform (``vmap``, ``grad``), the JIT tracer, or
+    the autograd profiler (whose traces should keep the ``pcops::`` op records)."""
+    if (
+        _C._len_torch_dispatch_stack()
+        or _peek_interpreter() is not None
+        or _C._get_tracing_state() is not None
+        or _C._autograd._profiler_enabled()
+    ):
+        return None
+    dev = "cpu"
+    for a in args:
+        if type(a) in _PLAIN:
+            if a.is_cuda:
+                dev = "cuda"
+            elif not a.is_cpu:
+                return None
+        elif isinstance(a, torch.Tensor):
+            return None  # a subclass
+        elif type(a) in (list, tuple):
+            for t in a:
+                if isinstance(t, torch.Tensor):
+                    if type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu):
+                        return None
+                    if t.is_cuda:
+                        dev = "cuda"
+    return dev
+
+
+def _coercions(arguments) -> tuple[tuple[int, type], ...]:
+    """(position, float or int) of each ``float``/``int`` schema argument (optional or not): the
+    dispatcher hands a Python kernel ``float(1)`` for an int passed as a ``float`` and ``int(True)``
+    for a bool passed as an ``int``; the direct path converts the same way, since Triton
+    specialises on the Python type."""
+    out = []
+    for i, a in enumerate(arguments):
+        t = a.type
+        if isinstance(t, _C.OptionalType):
+            t = t.getElementType()
+        if isinstance(t, _C.ListType):
+            e = t.getElementType()
+            if isinstance(e, _C.FloatType):
+                out.append((i, _float_list))
+            elif isinstance(e, _C.IntType):
+                out.append((i, _int_list))
+        elif isinstance(t, _C.FloatType):
+            out.append((i, float))
+        elif isinstance(t, _C.IntType):
+            out.append((i, int))
+    return tuple(out)
+
+
+def _float_list(a) -> list:
+    return [float(v) for v in a]
+
+
+def _int_list(a) -> list:
+    return [int(v) for v in a]
+
+
+def _needs(kind, a) -> bool:
+    """Whether the dispatcher would hand the kernel something else than ``a``."""
+    if kind is float:
+        return type(a) is int
+    if kind is int:
+        return type(a) is bool
+    if a is None:
+        return False
+    if type(a) is not list:
+        return True  # a tuple (or other sequence): the dispatcher hands a list
+    want = float if kind is _float_list else int
+    return any(type(v) is not want for v in a)
+
+
+def _coerced(args: tuple, coerce) -> tuple:
+    """``args`` with the conversions of :func:`_coercions` applied where they change a type."""
+    fix = None
+    n = len(args)
+    for i, kind in coerce:
+        if i < n:
+            a = args[i]
+            if _needs(kind, a):
+                if fix is None:
+                    fix = list(args)
+                fix[i] = kind(a)
+    return args if fix is None else tuple(fix)
+
+
+_peek_interpreter = _C._functorch.peek_interpreter_stack
+_BY_OVERLOAD: dict = {}  # OpOverload -> Op
 
 
 class Op:
@@ -87,7 +219,10 @@ class Op:
         mutated = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
         if mutated:
             _LIB.impl(name, self._inplace_or_view_kernel(mutated), "ADInplaceOrView", with_keyset=True)
+        self._mutated = tuple(mutated)
+        self._coerce = _coercions(args)
         OPS[name] = self
+        _BY_OVERLOAD[self._opoverload] = self
 
     def __call__(self, *args, **kwargs):
         return self._opoverload(*args, **kwargs)
@@ -120,9 +255,16 @@ class Op:
         # the dispatcher drops trailing arguments equal to their defaults; setup_context sees them all
         defaults = tuple(a.default_value for a in op._schema.arguments)
 
-        def forward(ctx, keyset, *args):
+        keyset_type = _C.DispatchKeySet
+
+        def forward(ctx, target, *args):
+            # target: the dispatcher's keyset (the Autograd kernel) or the device's Python kernel
+            # (``call``'s direct path)
             with _C._AutoDispatchBelowAutograd():
-                out = op.redispatch(keyset & below, *args)
+                if type(target) is keyset_type:
+                    out = op.redispatch(target & below, *args)
+                else:
+                    out = target(*args)
             if info._setup_context is not None:
                 info._setup_context(ctx, args + defaults[len(args) :], out)
             return out
@@ -131,7 +273,7 @@ class Op:
             if info._backward is None:
                 raise RuntimeError(f"{op}: no autograd formula is registered; its inputs cannot get gradients")
             saved = ctx.needs_input_grad
-            # as the user's inputs: without the keyset, with the dropped defaults (no gradient)
+            # as the user's inputs: without the keyset or kernel, with the dropped defaults (no gradient)
             ctx.needs_input_grad = saved[1:] + (False,) * (len(defaults) + 1 - len(saved))
             try:
                 res = info._backward(ctx, *grads)

@@ -6,19 +6,24 @@ registered formula with the dispatcher's dropped defaults restored, version bump
 arguments, and ``call``'s below-autograd path giving the same results.
 """
 
+import sys
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from _util import generator
 
 from pcops import _library
 
 
 def _scale(x: torch.Tensor, factor: float = 2.0, mode: str = "plain") -> torch.Tensor:
+    # what reached the kernel: the type of factor and the calling frame (``call``: the direct path)
+    SEEN["factor_type"], SEEN["caller"] = type(factor), sys._getframe(1).f_code.co_name
     return x * factor if mode == "plain" else (x * factor).relu()
 
 
-SCALE = _library.custom_op("pcops::_test_scale", mutates_args=(), device_types="cpu")(_scale)
 SEEN = {}
+SCALE = _library.custom_op("pcops::_test_scale", mutates_args=(), device_types="cpu")(_scale)
 
 
 @SCALE.register_fake
@@ -122,3 +127,51 @@ def test_bad_definitions():
         _library.custom_op("pcops::_test_kw_only")(kw_only)
     with pytest.raises(ValueError, match="device_type"):
         SCALE.register_kernel("tpu")
+
+
+class _Passthrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        SEEN.setdefault("mode_saw", []).append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_call_direct_path_matches_the_dispatcher():
+    """Plain eager calls run the kernel without the dispatcher, with the dispatcher's argument
+    conversions (an int for a float argument arrives as a float) and the same results, with or
+    without autograd; a dispatch mode or a tensor subclass keeps the dispatcher path."""
+    op = torch.ops.pcops._test_scale.default
+    x = torch.randn(9, dtype=torch.float64, generator=generator(7))
+    via_dispatcher = op(x, 3, "relu")
+    assert SEEN["factor_type"] is float and SEEN["caller"] != "call"
+    direct = _library.call(op, x, 3, "relu")
+    assert SEEN["factor_type"] is float and SEEN["caller"] == "call"
+    assert torch.equal(direct, via_dispatcher)
+    # autograd: the op's Function with the direct forward, the same gradient as the dispatcher's
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ya, yb = _library.call(op, xa, 2, "relu"), op(xb, 2, "relu")
+    assert SEEN["caller"] != "call" and ya.grad_fn is not None
+    dy = torch.randn(9, dtype=torch.float64, generator=generator(8))
+    (ga,), (gb,) = torch.autograd.grad(ya, xa, dy), torch.autograd.grad(yb, xb, dy)
+    assert torch.equal(ya, yb) and torch.equal(ga, gb) and SEEN["needs_input_grad"] == (True, False, False)
+    # a dispatch mode sees the op: the dispatcher path
+    SEEN.pop("mode_saw", None)
+    with _Passthrough():
+        assert torch.equal(_library.call(op, x, 3.0, "relu"), via_dispatcher)
+    assert "pcops._test_scale.default" in SEEN["mode_saw"] and SEEN["caller"] != "call"
+    # meta tensors (no kernel of that device) take the fake implementation
+    assert _library.call(op, torch.empty(4, device="meta")).device.type == "meta"
+    # the profiler keeps its op records
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _library.call(op, x, 3.0, "relu")
+    assert any(e.name == "pcops::_test_scale" for e in prof.events())
+
+
+def test_coercions_follow_the_schema():
+    """The direct path converts exactly where the dispatcher would: ints for floats, bools for
+    ints, sequences for lists, not None."""
+    conv = _library._coerced
+    spec = ((0, float), (1, int), (2, _library._float_list), (3, _library._int_list))
+    out = conv((1, True, (1, 2.5), (3, 4)), spec)
+    assert out == (1.0, 1, [1.0, 2.5], [3, 4]) and [type(v) for v in out[:2]] == [float, int]
+    args = (1.5, 2, [1.0], None)
+    assert conv(args, spec) is args  # nothing to change: the same tuple
