@@ -5,12 +5,16 @@ workloads (KITTI 000001; WORKLOADS.md ids), with the in-process baselines (torch
 
     PYTHONPATH=. python benchmarks/eager_calls.py --out DIR [--tag NAME]   # DIR/eager_calls[_NAME].json
 
-``benchmarks/compare_eager.sh OLD NEW OUT`` runs it on two trees alternately (old, new, old, new) in
-one GPU session; ``results/eager_calls.json`` holds such a pair of runs.
+Before/after a change: run it from two trees (``PYTHONPATH=<tree>``, ``--tag old`` / ``--tag new``)
+alternately, old, new, old, new, in one GPU session (the host's speed drifts between sessions);
+``results/eager_calls.json`` holds such rounds.
 
 fwd+bwd rows: ``f(leaves).backward(dy)`` with the leaves' ``.grad`` reset to None first (as
 ``benchmarks/bench_layer_norm_gelu.py``); P1 fwd+bwd: ``canvas.backward(dy)`` with a random ``dy``
-of the canvas shape (what a following convolution hands back).
+of the canvas shape (what a following convolution hands back). Rows marked "autograd single-thread"
+run the same step under ``torch.autograd.set_multithreading_enabled(False)``: the backward runs on
+the calling thread instead of being handed to the autograd engine's CUDA device thread (the
+hand-off's wake-ups are a large part of a small backward's host time, for torch and pcops alike).
 """
 
 from __future__ import annotations
@@ -66,13 +70,20 @@ def loop_ms(fn, n: int = 100) -> float:
     return best
 
 
-def grad_step(f, leaves, dy):
+def grad_step(f, leaves, dy, single_thread: bool = False):
     def run():
         for t in leaves:
             t.grad = None
         f().backward(dy)
 
-    return run
+    if not single_thread:
+        return run
+
+    def run_single():
+        with torch.autograd.set_multithreading_enabled(False):
+            run()
+
+    return run_single
 
 
 def cases() -> dict:
@@ -106,6 +117,13 @@ def cases() -> dict:
     out["P1 fwd, torch index assignment"] = lambda: torch_scatter(pf)
     out["P1 fwd+bwd"] = grad_step(lambda: pcops.pillar_scatter(pfg, pc, 1, (496, 432)), (pfg,), dcan)
     out["P1 fwd+bwd, torch index assignment"] = grad_step(lambda: torch_scatter(pfg), (pfg,), dcan)
+    if hasattr(torch.autograd, "set_multithreading_enabled"):
+        out["P1 fwd+bwd, autograd single-thread"] = grad_step(
+            lambda: pcops.pillar_scatter(pfg, pc, 1, (496, 432)), (pfg,), dcan, True
+        )
+        out["P1 fwd+bwd, torch index assignment, autograd single-thread"] = grad_step(
+            lambda: torch_scatter(pfg), (pfg,), dcan, True
+        )
 
     # L1-L3: fused LayerNorm + GELU against torch eager and torch.compile (default mode)
     def torch_ln(x, w, b):
@@ -121,6 +139,10 @@ def cases() -> dict:
         for name, f in (("pcops", pcops.fused_layer_norm_gelu), ("torch eager", torch_ln), ("torch.compile", compiled)):
             out[f"{wl} fwd, {name}"] = lambda f=f, x=x, w=w, b=b: f(x, w, b)
             out[f"{wl} fwd+bwd, {name}"] = grad_step(lambda f=f, lv=leaves: f(*lv), leaves, dy)
+            if wl == "L2" and name != "torch.compile":
+                out[f"{wl} fwd+bwd, {name}, autograd single-thread"] = grad_step(
+                    lambda f=f, lv=leaves: f(*lv), leaves, dy, True
+                )
 
     # Q1: CSR softmax against torch's segment softmax (scatter_reduce + index_add)
     gc = torch.Generator().manual_seed(0)

@@ -199,16 +199,18 @@ class FastPathMixin:
         x = self._backbone_fast(x, fp)
         return F.conv2d(x, fp.head_weight, fp.head_bias).permute(0, 2, 3, 1)  # a free view when channels-last
 
-    def _graphed_backbone(self, batch_size: int, device: torch.device, fp: FastParams):
-        """The backbone + head as a CUDA graph for eager calls (``eager_graph``), or ``None`` where
-        it does not apply (CPU, graph capture or ``torch.compile`` under way, ``eager_graph=False``).
+    def _graphed_backbone(self, batch_size: int, device: torch.device, fp: FastParams, post: bool = False):
+        """The backbone + head (+ with ``post``, the sync-free post-processing) as a CUDA graph for
+        eager calls (``eager_graph``), or ``None`` where it does not apply (CPU, graph capture or
+        ``torch.compile`` under way, ``eager_graph=False``).
 
-        Captured at the first call per (device, batch size, dtype, layout, epilogue, cuDNN /
-        TF32 flags: a replay keeps the kernels chosen at capture) and again after the weights
-        change (a new :class:`FastParams`); the replay runs the same kernels on the same shapes
-        as the op-by-op path, so the results are identical. Returns
-        ``(canvas, replay)``: the static canvas to fill, then ``replay()`` → the static ``(B, H, W,
-        72)`` output, overwritten by the next call."""
+        Captured at the first call per (device, batch size, dtype, layout, epilogue, ``post``,
+        cuDNN / TF32 flags: a replay keeps the kernels chosen at capture) and again after the
+        weights change (a new :class:`FastParams`), the config is replaced or the anchors change;
+        the replay runs the same kernels on the same shapes as the op-by-op path, so the results
+        are identical. Returns ``(canvas, replay)``: the static canvas to fill, then ``replay()`` →
+        the static ``(B, H, W, 72)`` head output, overwritten by the next call, or with ``post``
+        the :class:`Detections`, cloned (the caller owns them)."""
         if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
             return None
         if torch.cuda.is_current_stream_capturing():
@@ -219,23 +221,36 @@ class FastPathMixin:
             fp.dtype,
             fp.channels_last,
             self.epilogue,
+            post,
             torch.is_inference_mode_enabled(),
             *_conv_flags(),
         )
+        anchors = self.anchors(device) if post else None
         entry = self._graphs.get(key)
-        if entry is None or entry[0] is not fp:
+        if entry is None or entry[0] is not fp or entry[1] is not self.config or entry[2] is not anchors:
             self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
             while len(self._graphs) >= MAX_EAGER_GRAPHS:  # the oldest batch size's graph makes room
                 self._graphs.pop(next(iter(self._graphs)))
             canvas = self._new_canvas(batch_size, device, fp)
-            graph, out = capture_graph(lambda: self._backbone_head(canvas, fp), device)
-            entry = (fp, canvas, graph, out)
+            if post:
+                graph, out = capture_graph(lambda: self._post_fast(self._backbone_head(canvas, fp)), device)
+            else:
+                graph, out = capture_graph(lambda: self._backbone_head(canvas, fp), device)
+            entry = (fp, self.config, anchors, canvas, graph, out)
             self._graphs[key] = entry
-        _, canvas, graph, out = entry
+        canvas, graph, out = entry[3:]
 
-        def replay():
-            graph.replay()
-            return out
+        if post:
+
+            def replay():
+                graph.replay()
+                return type(out)(*(t.clone() for t in out))
+
+        else:
+
+            def replay():
+                graph.replay()
+                return out
 
         return canvas, replay
 

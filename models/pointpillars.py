@@ -134,12 +134,16 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             adds the bias, applies ReLU and writes into the concatenated map) or ``"torch"``.
             An explicit ``"cudnn"`` without cuDNN raises ``RuntimeError``. The CPU always uses torch.
         eager_graph: on CUDA, a call of the fast path (without :meth:`capture`) replays the folded
-            backbone and the head (about 50 kernels) from a CUDA graph captured at the first call
-            per batch size, instead of launching them one by one from Python: about 1.5 ms less
-            host time per call (KITTI scan, H200: 2.3 → 1.6 ms fp32, 1.3 ms fp16), identical
-            outputs. The graph keeps its activations allocated while the model lives (the
-            allocator held 18 MiB more at batch size 1, float32; at most four graphs per model,
-            the oldest batch size's goes first) and is captured again after the weights change. ``False``: launch op by op. Inside a graph capture or
+            backbone, the head and the sync-free post-processing (top-k decoding, padded NMS:
+            about 75 kernels) from a CUDA graph captured at the first call per batch size, instead
+            of launching them one by one from Python (KITTI scan, H200: 2.3 → 1.6 ms fp32 with the
+            backbone and head alone in the graph; the figures with the post-processing are in
+            ``benchmarks/RESULTS.md``), identical outputs; the detections are copied out of the
+            graph (a later call does not overwrite them). ``dense_outputs`` replays a graph of
+            the backbone and head. The graphs keep their activations allocated while the model
+            lives (the allocator held 18 MiB more at batch size 1, float32; at most four graphs
+            per model, the oldest goes first) and are captured again after the weights or the
+            config change. ``False``: launch op by op. Inside a graph capture or
             ``torch.compile`` the ops always run op by op.
 
     Modes: ``eval()`` (the default) detects with the BatchNorm running statistics (the fast path
@@ -172,7 +176,7 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         self.dtype = dtype
         self.channels_last = channels_last
         self.eager_graph = bool(eager_graph)
-        self._graphs: dict = {}  # eager_graph: (device, batch, dtype, layout, epilogue) -> graph
+        self._graphs: dict = {}  # eager_graph: (device, batch, dtype, layout, epilogue, post, ...) -> graph
         self.vfe = PillarVFE(self.config)
         self.map_to_bev_module = PointPillarScatter(self.config)
         self.backbone_2d = BaseBEVBackbone(self.config, self.config.vfe_filters[-1])
@@ -318,8 +322,10 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             return _reference_ops.voxelize(*args, lengths=lengths)
         return pcops.voxelize(*args, lengths=lengths)
 
-    def _dense(self, points: torch.Tensor, lengths: torch.Tensor | None, timer=null_timer):
-        """points → head outputs. Reference: the three NHWC tensors; fast: one (B, H, W, 72) tensor."""
+    def _dense(self, points: torch.Tensor, lengths: torch.Tensor | None, timer=null_timer, post: bool = False):
+        """points → head outputs. Reference: the three NHWC tensors; fast: one (B, H, W, 72) tensor,
+        or with ``post`` where ``eager_graph`` applies, the :class:`Detections` (the graph replays
+        the post-processing too)."""
         batch_size = self._check_points(points, lengths)
         reference = self.impl == "reference"
         with timer("voxelize"):
@@ -345,12 +351,12 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
                     cls, box, dirc = self.dense_head(x)
             return cls.float(), box.float(), dirc.float()
         fp = self._fast_params(points.device)
-        graphed = self._graphed_backbone(batch_size, points.device, fp)
+        graphed = self._graphed_backbone(batch_size, points.device, fp, post)
         with timer("pfn+scatter"):
             out = graphed[0] if graphed is not None else None
             canvas = self._pfn_scatter(vox.voxels, vox.num_points, vox.coords, batch_size, fp, out=out)
         if graphed is not None:
-            with timer("backbone+head (graph)"):
+            with timer("backbone+head+post (graph)" if post else "backbone+head (graph)"):
                 return graphed[1]()
         with timer("backbone"):
             x = self._backbone_fast(canvas, fp)
@@ -397,7 +403,9 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             )
         timer = self.stage_timer
         with torch.no_grad():
-            dense = self._dense(points, lengths, timer)
+            dense = self._dense(points, lengths, timer, post=True)
+            if isinstance(dense, Detections):  # eager_graph: the graph ran the post-processing too
+                return dense
             with timer("post"):
                 if self.impl == "reference":
                     return self._post_reference(*dense)

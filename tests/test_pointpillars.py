@@ -446,10 +446,12 @@ def test_graph_equals_eager(gpu_model, scan, dtype):
 @gpu[1]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_eager_graph_equals_op_by_op(gpu_model, scan, dtype):
-    """``eager_graph`` (eager calls replay the backbone + head from a CUDA graph) gives the
-    op-by-op outputs bit for bit, for one scan and for a batch, captures again after the weights
-    change, and stays out of copies of the model."""
+    """``eager_graph`` (eager calls replay the backbone + head, and for detections the
+    post-processing, from a CUDA graph) gives the op-by-op outputs bit for bit, for one scan and
+    for a batch; detections stay the caller's (a later call does not overwrite them); captures
+    again after the weights or the config change, and stays out of copies of the model."""
     import copy
+    import dataclasses
 
     a, b = _scan("000000").cuda(), scan.cuda()
     gpu_model.impl, gpu_model.dtype = "fast", dtype
@@ -466,7 +468,22 @@ def test_eager_graph_equals_op_by_op(gpu_model, scan, dtype):
                 got_dense, got = gpu_model.dense_outputs(pts, lengths), gpu_model(pts, lengths)
                 assert all(torch.equal(g, w) for g, w in zip(got_dense, want_dense))
                 assert all(torch.equal(g, w) for g, w in zip(got, want))
-        assert sorted(k[1] for k in gpu_model._graphs) == [1, 2]  # one graph per batch size
+        # per batch size one graph for the head outputs and one for the detections
+        assert sorted((k[1], k[5]) for k in gpu_model._graphs) == [(1, False), (1, True), (2, False), (2, True)]
+        first = gpu_model(b)
+        gpu_model(a)  # replays the same graph
+        assert all(torch.equal(g, w) for g, w in zip(first, gpu_model(b)))
+        config = gpu_model.config
+        try:  # a new config (other thresholds) is captured again, not replayed with the old constants
+            gpu_model.config = dataclasses.replace(config, score_thresh=0.5, nms_thresh=0.2)
+            gpu_model.eager_graph = False
+            want = gpu_model(b)
+            gpu_model.eager_graph = True
+            got = gpu_model(b)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+            assert not torch.equal(got.count, first.count) or not torch.equal(got.boxes, first.boxes)
+        finally:
+            gpu_model.config = config
         with torch.no_grad():
             bias.add_(0.5)
         got = gpu_model.dense_outputs(b)
