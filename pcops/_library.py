@@ -71,8 +71,8 @@ def call(op, *args):
             if info._coerce:
                 args = _coerced(args, info._coerce)
             if grad:
-                if not info._mutated:
-                    return info._function.apply(kernel, *args)
+                if not info._mutated:  # the C++ apply: no functorch transform, no wrapped tensor to unwrap
+                    return info._apply(kernel, *args)
             elif not info._mutated:
                 with _C._AutoDispatchBelowAutograd():
                     return kernel(*args)
@@ -97,8 +97,9 @@ def _direct_device(args) -> str | None:
     ``"cpu"`` where calling the kernel directly is what the dispatcher would do; None where
     something could intercept or reroute the call: a tensor subclass (FakeTensor, functional
     tensors), a device other than CPU/CUDA (meta), an active ``TorchDispatchMode`` (opcheck,
-    ``make_fx``, FakeTensorMode), a functorch transform (``vmap``, ``grad``), the JIT tracer, or
-    the autograd profiler (whose traces should keep the ``pcops::`` op records)."""
+    ``make_fx``, FakeTensorMode), a functorch transform (``vmap``, ``grad``), the JIT tracer,
+    the autograd profiler (whose traces should keep the ``pcops::`` op records), or a functorch
+    wrapper tensor (``Function.apply``'s Python layer unwraps those; the direct path skips it)."""
     if (
         _C._len_torch_dispatch_stack()
         or _peek_interpreter() is not None
@@ -109,6 +110,8 @@ def _direct_device(args) -> str | None:
     dev = "cpu"
     for a in args:
         if type(a) in _PLAIN:
+            if _wrapped(a):  # a functorch wrapper (e.g. one that outlived its transform)
+                return None
             if a.is_cuda:
                 dev = "cuda"
             elif not a.is_cpu:
@@ -118,7 +121,7 @@ def _direct_device(args) -> str | None:
         elif type(a) in (list, tuple):
             for t in a:
                 if isinstance(t, torch.Tensor):
-                    if type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu):
+                    if type(t) not in _PLAIN or _wrapped(t) or not (t.is_cuda or t.is_cpu):
                         return None
                     if t.is_cuda:
                         dev = "cuda"
@@ -185,6 +188,7 @@ def _coerced(args: tuple, coerce) -> tuple:
 
 
 _peek_interpreter = _C._functorch.peek_interpreter_stack
+_wrapped = _C._functorch.is_functorch_wrapped_tensor
 _BY_OVERLOAD: dict = {}  # OpOverload -> Op
 
 
@@ -214,6 +218,9 @@ class Op:
         self._backward: Callable | None = None
         self._setup_context: Callable | None = None
         self._function = self._make_function()
+        # ``Function.apply`` without its Python layer (functorch's dispatch and the unwrapping of
+        # dead wrappers): what ``call``'s direct path uses, where neither can apply
+        self._apply = _C._FunctionBase.__dict__["apply"].__get__(None, self._function)
         _LIB.impl(name, self._autograd_kernel(), "Autograd", with_keyset=True)
         args = self._opoverload._schema.arguments
         mutated = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]

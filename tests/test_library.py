@@ -166,6 +166,29 @@ def test_call_direct_path_matches_the_dispatcher():
     assert any(e.name == "pcops::_test_scale" for e in prof.events())
 
 
+def test_direct_path_leaves_functorch_wrappers_to_the_dispatcher():
+    """A functorch wrapper that outlived its transform (``Function.apply``'s Python layer unwraps
+    those, the direct path's C++ apply does not) takes the dispatcher path, with the result and
+    gradient of the plain tensor."""
+    op = torch.ops.pcops._test_scale.default
+    x = torch.randn(6, dtype=torch.float64, generator=generator(9))
+    leaked = []
+
+    def f(t):
+        leaked.append(t)
+        return (t * t).sum()
+
+    torch.func.grad(f)(x)
+    g = 3.0 * (x > 0).double()
+    dead = leaked[0]
+    assert torch._C._functorch.is_functorch_wrapped_tensor(dead)
+    assert _library._direct_device((dead,)) is None and _library._direct_device((x,)) == "cpu"
+    xa = x.clone().requires_grad_(True)
+    assert torch.equal(_library.call(op, dead, 3.0, "relu"), _library.call(op, x, 3.0, "relu"))
+    (ga,) = torch.autograd.grad(_library.call(op, xa, 3.0, "relu").sum(), xa)
+    assert torch.equal(ga, g)
+
+
 def test_coercions_follow_the_schema():
     """The direct path converts exactly where the dispatcher would: ints for floats, bools for
     ints, sequences for lists, not None."""

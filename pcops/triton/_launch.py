@@ -85,7 +85,8 @@ class _Kernel:
         self.bound: dict = {}
 
 
-_KERNELS: dict = {}
+_KERNELS: dict = {}  # kernel -> _Kernel (keeps the kernel alive, so its id is never reused)
+_BY_ID: dict = {}  # id(kernel) -> _Kernel: ``JITFunction.__hash__`` is Python code (≈ 0.5 µs a lookup)
 
 
 def _hooked() -> bool:
@@ -189,16 +190,17 @@ def launch(kernel, grid, *args, **kwargs) -> None:
     path), launch options (``num_warps``, ``num_stages``, ...) by keyword. Unlike Triton's path, a
     bound call does not re-check the globals a kernel reads (pcops kernels read constants only).
     """
-    info = _KERNELS.get(kernel)
-    if info is None:
+    info = _BY_ID.get(id(kernel))
+    if info is None or info.fn is not kernel:
         if not isinstance(kernel, JITFunction):  # the interpreter, an Autotuner, a heuristics wrapper
             kernel[grid](*args, **kwargs)
             return
-        info = _KERNELS[kernel] = _Kernel(kernel)
+        info = _KERNELS.get(kernel) or _Kernel(kernel)
+        _KERNELS[kernel] = _BY_ID[id(kernel)] = info
     if callable(grid) or getattr(kernel, "pre_run_hooks", None) or _hooked():
         kernel[grid](*args, **kwargs)
         return
-    device = torch.cuda.current_device()
+    device = torch._C._cuda_getDevice()  # (torch.cuda.current_device's lazy-init check: the tensors exist)
     try:
         key = _key(info, device, args, kwargs)
         hit = info.bound.get(key, False)

@@ -350,6 +350,7 @@ def _row_block_n(n: int, max_block_n: int | None) -> tuple[int, bool]:
 # the autotuner's choice per (N, row class, dtypes, dropout, flags): later calls launch the kernel
 # with it directly (the autotuner's run() rebuilds its key from every argument on each call)
 _FWD_TUNED: dict = {}
+_FWD_PLANS: dict = {}  # the same key -> (rows per program, launch keywords)
 
 
 def layer_norm_gelu(
@@ -408,14 +409,13 @@ def layer_norm_gelu(
             )
             _FWD_TUNED[key] = _layer_norm_gelu_fwd_tuned.best_config
         else:  # its choice, launched without the autotuner's per-call work (≈ 40 µs of host time)
-            _launch.launch(
-                _layer_norm_gelu_fwd_kernel,
-                (_launch.cdiv(m_rows, cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"]),),
-                *args,
-                **meta,
-                M_CLASS=m_class,
-                **cfg.all_kwargs(),
-            )
+            plan = _FWD_PLANS.get(key)
+            if plan is None:  # rows per program and the launch keywords, built once per shape class
+                plan = _FWD_PLANS[key] = (
+                    cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"],
+                    {**meta, "M_CLASS": m_class, **cfg.all_kwargs()},
+                )
+            _launch.launch(_layer_norm_gelu_fwd_kernel, (_launch.cdiv(m_rows, plan[0]),), *args, **plan[1])
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), _launch.next_power_of_2(m_rows))
         t = (tiles or 1) if one_tile else 1
