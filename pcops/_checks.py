@@ -64,6 +64,10 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
 
 def check_int(name: str, v, *, min_value: int | None = None) -> int:
     """A Python int (bools and floats refused), optionally bounded below."""
+    if type(v) is int:  # the common case without the ABC checks below (≈ 1 µs a call)
+        if min_value is not None and v < min_value:
+            raise ValueError(f"{name}: expected an int >= {min_value}, got {v}")
+        return v
     if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):  # numpy ints are Integral too
@@ -76,8 +80,8 @@ def check_int(name: str, v, *, min_value: int | None = None) -> int:
 
 def check_float(name: str, v, *, min_value=None, max_value=None, min_open=False, max_open=False) -> float:
     """A real number in [min, max] (or open ends), returned as float."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):  # numpy floats are Real too
-        raise TypeError(f"{name}: expected a float, got {type(v).__name__}")
+    if type(v) is not float and type(v) is not int and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+        raise TypeError(f"{name}: expected a float, got {type(v).__name__}")  # (numpy floats are Real too)
     v = float(v)
     if v != v:
         raise ValueError(f"{name}: expected a number, got nan")

@@ -89,6 +89,7 @@ def call(op, *args):
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_SCALARS = frozenset((float, int, bool, str, type(None)))  # arguments the direct path passes as they are
 _bump = torch.autograd.graph.increment_version
 
 
@@ -109,7 +110,10 @@ def _direct_device(args) -> str | None:
         return None
     dev = "cpu"
     for a in args:
-        if type(a) in _PLAIN:
+        t = type(a)
+        if t in _SCALARS:
+            continue
+        if t in _PLAIN:
             if _wrapped(a):  # a functorch wrapper (e.g. one that outlived its transform)
                 return None
             if a.is_cuda:
@@ -118,12 +122,12 @@ def _direct_device(args) -> str | None:
                 return None
         elif isinstance(a, torch.Tensor):
             return None  # a subclass
-        elif type(a) in (list, tuple):
-            for t in a:
-                if isinstance(t, torch.Tensor):
-                    if type(t) not in _PLAIN or _wrapped(t) or not (t.is_cuda or t.is_cpu):
+        elif t is list or t is tuple:
+            for e in a:
+                if isinstance(e, torch.Tensor):
+                    if type(e) not in _PLAIN or _wrapped(e) or not (e.is_cuda or e.is_cpu):
                         return None
-                    if t.is_cuda:
+                    if e.is_cuda:
                         dev = "cuda"
     return dev
 

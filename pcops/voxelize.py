@@ -88,11 +88,11 @@ def _resolve(backend, points: torch.Tensor, op: str = "voxelize") -> str:
     return "triton" if on_cuda else "cpu"
 
 
-def _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max):
-    """The arguments voxelize and dynamic_voxelize share → ``(voxel_size, point_cloud_range)`` tuples."""
-    if not isinstance(pad_to_max, bool):
-        raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
-    _checks.check_tensor("points", points, dtypes=_checks.FLOAT_DTYPES, ndim=2, min_last_dim=3)
+_CHECKED_GRIDS: dict = {}  # (voxel_size, point_cloud_range) tuples of Python numbers -> _check_grid's result
+
+
+def _check_grid(voxel_size, point_cloud_range) -> tuple[tuple, tuple, int]:
+    """``(voxel_size, point_cloud_range)`` as float tuples and the grid's cell count, validated."""
     vs = _checks.check_floats("voxel_size", voxel_size, 3, positive=True)
     pcr = _checks.check_floats("point_cloud_range", point_cloud_range, 6)
     if not all(pcr[i] < pcr[i + 3] for i in range(3)):
@@ -100,13 +100,30 @@ def _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max):
     if not all(v == v and abs(v) != float("inf") for v in vs + pcr):
         raise ValueError(f"voxel_size/point_cloud_range: expected finite values, got {vs}, {pcr}")
     grid = _ref.grid_size(vs, pcr)
-    cells = grid[0] * grid[1] * grid[2]
+    return vs, pcr, grid[0] * grid[1] * grid[2]
+
+
+def _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max):
+    """The arguments voxelize and dynamic_voxelize share → ``(voxel_size, point_cloud_range)`` tuples."""
+    if not isinstance(pad_to_max, bool):
+        raise TypeError(f"pad_to_max: expected a bool, got {type(pad_to_max).__name__}")
+    _checks.check_tensor("points", points, dtypes=_checks.FLOAT_DTYPES, ndim=2, min_last_dim=3)
+    key = (voxel_size, point_cloud_range) if type(voxel_size) is tuple and type(point_cloud_range) is tuple else None
+    checked = _CHECKED_GRIDS.get(key) if key is not None else None
+    if checked is None:
+        checked = _check_grid(voxel_size, point_cloud_range)
+        if key is not None and all(type(v) is float or type(v) is int for v in key[0] + key[1]):
+            if len(_CHECKED_GRIDS) >= 64:  # a few grids per program: a small memo of validated ones
+                _CHECKED_GRIDS.clear()
+            _CHECKED_GRIDS[key] = checked
+    vs, pcr, cells = checked
     if lengths is not None:
         _checks.check_lengths("lengths", lengths, points.shape[0], points.device)
         if lengths.numel() == 0:
             raise ValueError("lengths: expected at least one sample, got an empty tensor")
     batch = 1 if lengths is None else max(lengths.numel(), 1)
     if cells * batch >= 2**62:
+        grid = _ref.grid_size(vs, pcr)
         raise ValueError(f"voxel_size: grid {grid} × batch {batch} is too large for an int64 voxel key")
     return vs, pcr
 

@@ -438,6 +438,25 @@ def test_bad_input_dynamic_and_reduce():
         pcops.voxel_reduce(f, p2v, -1)
 
 
+def test_grid_checks_are_memoized_only_for_valid_grids():
+    """The wrappers remember validated (voxel_size, point_cloud_range) tuples: a valid grid gives
+    the same result from a tuple, a list or the memo; invalid grids raise on every call, and a
+    grid too large for the int64 voxel key is refused."""
+    pts = torch.tensor([[0.5, 0.5, 0.5], [1.5, 0.5, 0.5], [9.0, 9.0, 9.0]])
+    grid = ((1.0, 1.0, 1.0), (0.0, 0.0, 0.0, 2.0, 2.0, 2.0))
+    want = pcops.dynamic_voxelize(pts, *grid, cells_only=True)
+    for _ in range(2):  # first call validates, second hits the memo
+        assert torch.equal(pcops.dynamic_voxelize(pts, *grid, cells_only=True), want)
+    assert torch.equal(pcops.dynamic_voxelize(pts, [1.0, 1.0, 1.0], list(grid[1]), cells_only=True), want)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="finite"):
+            pcops.dynamic_voxelize(pts, grid[0], (0.0, 0.0, 0.0, 2.0, float("inf"), 2.0))
+        with pytest.raises(ValueError, match="min < max"):
+            pcops.voxelize(pts, grid[0], (0.0, 0.0, 0.0, 2.0, -2.0, 2.0), 4, 4)
+        with pytest.raises(ValueError, match="too large"):
+            pcops.voxelize(pts, (1e-6, 1e-6, 1e-6), (0.0, 0.0, 0.0, 1e3, 1e3, 1e3), 4, 4)
+
+
 # --- Triton kernels under the CPU interpreter --------------------------------------------------
 
 
