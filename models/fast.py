@@ -232,25 +232,19 @@ class FastPathMixin:
             while len(self._graphs) >= MAX_EAGER_GRAPHS:  # the oldest batch size's graph makes room
                 self._graphs.pop(next(iter(self._graphs)))
             canvas = self._new_canvas(batch_size, device, fp)
-            if post:
-                graph, out = capture_graph(lambda: self._post_fast(self._backbone_head(canvas, fp)), device)
-            else:
-                graph, out = capture_graph(lambda: self._backbone_head(canvas, fp), device)
+
+            def run():
+                out = self._backbone_head(canvas, fp)
+                return self._post_fast(out) if post else out
+
+            graph, out = capture_graph(run, device)
             entry = (fp, self.config, anchors, canvas, graph, out)
             self._graphs[key] = entry
         canvas, graph, out = entry[3:]
 
-        if post:
-
-            def replay():
-                graph.replay()
-                return type(out)(*(t.clone() for t in out))
-
-        else:
-
-            def replay():
-                graph.replay()
-                return out
+        def replay():
+            graph.replay()
+            return type(out)(*(t.clone() for t in out)) if post else out
 
         return canvas, replay
 

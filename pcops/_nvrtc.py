@@ -172,7 +172,7 @@ _launch_fn = None  # cuLaunchKernel with declared argument types (plain ints pas
 def _cu_launch():
     global _launch_fn
     if _launch_fn is None:
-        fn = ctypes.CDLL("libcuda.so.1")["cuLaunchKernel"]  # a function object of its own (argtypes set here only)
+        fn = _cuda()["cuLaunchKernel"]  # indexing gives a function object of its own: argtypes set here only
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         fn.restype = ctypes.c_int
         _launch_fn = fn
@@ -229,11 +229,10 @@ class CudaKernel:
     (``struct``, built once) and passed through ``cuLaunchKernel``'s ``extra`` parameter: no
     ctypes object per argument per launch (a few µs of host time instead of 15-30)."""
 
-    def __init__(self, func: ctypes.c_void_p, name: str, index: int = 0):
+    def __init__(self, func: ctypes.c_void_p, name: str):
         self._func = func
         self._handle = func.value
         self.name = name
-        self.index = index
         self._layouts: dict = {}
         self._lock = threading.Lock()  # one buffer per signature: launches from two threads take turns
 
@@ -286,5 +285,5 @@ def get_kernel(file: str, name: str, device: torch.device | None = None) -> Cuda
             _cu_check(
                 _cuda().cuModuleGetFunction(ctypes.byref(func), module, name.encode()), f"cuModuleGetFunction({name})"
             )
-        kernel = _functions[fkey] = CudaKernel(func, name, index)
+        kernel = _functions[fkey] = CudaKernel(func, name)
         return kernel
