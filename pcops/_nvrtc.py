@@ -227,7 +227,7 @@ class CudaKernel:
     ``args``: tensors (passed as their device pointers) and ctypes scalars, in the kernel's
     parameter order. The arguments are packed into one buffer per argument-type signature
     (``struct``, built once) and passed through ``cuLaunchKernel``'s ``extra`` parameter: no
-    ctypes object per argument per launch (a few µs of host time instead of 15-30)."""
+    ctypes object per argument per launch (host times: ``benchmarks/NOTES.md``)."""
 
     def __init__(self, func: ctypes.c_void_p, name: str):
         self._func = func

@@ -86,7 +86,7 @@ def fused_layer_norm_gelu(
     training = _dropout.check_training(training)
     _resolve(backend, x)  # early, named errors (the registered kernels resolve again)
     seed = _dropout.draw_seed(x.device, generator) if training and dropout_p > 0 else None
-    x2 = x.contiguous() if x.dim() == 2 else x.reshape(-1, n).contiguous()  # (reshape and view: µs each)
+    x2 = x.contiguous() if x.dim() == 2 else x.reshape(-1, n).contiguous()  # (2-D: no reshape / view)
     y, _, _ = _library.call(
         torch.ops.pcops.layer_norm_gelu.default,
         x2,

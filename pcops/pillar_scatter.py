@@ -77,7 +77,7 @@ def pillar_scatter(
     grid_h = _checks.check_int("grid_hw[0]", grid_hw[0], min_value=1)
     grid_w = _checks.check_int("grid_hw[1]", grid_hw[1], min_value=1)
     _backend.resolve(backend, "pillar_scatter", features)  # bad values fail before the dispatch
-    coords = (coords if coords.dtype == torch.int32 else coords.to(torch.int32)).contiguous()  # (.to: ≈ 1 µs)
+    coords = (coords if coords.dtype == torch.int32 else coords.to(torch.int32)).contiguous()  # (.to costs a call)
     canvas, _ = _library.call(
         torch.ops.pcops.pillar_scatter.default, features.contiguous(), coords, batch_size, grid_h, grid_w, backend
     )

@@ -86,7 +86,7 @@ class _Kernel:
 
 
 _KERNELS: dict = {}  # kernel -> _Kernel (keeps the kernel alive, so its id is never reused)
-_BY_ID: dict = {}  # id(kernel) -> _Kernel: ``JITFunction.__hash__`` is Python code (≈ 0.5 µs a lookup)
+_BY_ID: dict = {}  # id(kernel) -> _Kernel: ``JITFunction.__hash__`` is Python code
 
 
 def _hooked() -> bool:
