@@ -54,11 +54,12 @@ def test_triton_sparse_conv3d_interpreter(n, c_in, c_out, subm):
     check_against_reference(tri, *conv_case(n, c_in, c_out, seed=n + c_in, subm=subm), TOL[torch.float32], subm)
 
 
-@pytest.mark.parametrize("c_in,c_out,k", [(16, 32, 27), (80, 24, 27), (8, 16, 10)])
+@pytest.mark.parametrize("c_in,c_out,k", [(16, 32, 27), (80, 24, 27), (8, 16, 10), (8, 16, 40)])
 @interpret
 def test_triton_gemm_configs_interpreter(c_in, c_out, k):
     """Every tile configuration the tuner may pick (U = 1-4 offsets per step, K not a multiple of
-    U, offsets no row uses, more channels than one BLOCK_C chunk) against the reference."""
+    U, offsets no row uses, more channels than one BLOCK_C chunk, the one-stage loop and the
+    pipelined one, K > 32 without the offset skip) against the reference."""
     from pcops.triton import sparse_conv3d as tri
 
     g = generator(c_in + k)
@@ -95,7 +96,7 @@ def test_gpu_gemm_tuner_bit_identical(dtype, precision, c_in):
     s = weight.stride()
     view, strides = weight[26], (-s[0], s[2], s[1])
     grad = tri.gather_gemm(out, view, None, out_in, c_in, strides=strides, precision=precision)
-    for cfg in tri.GEMM_CONFIGS + tri.TF32_CONFIGS + ((32, 4, 2, 16), (64, 8, 3, 32)):
+    for cfg in tri.GEMM_CONFIGS + tri.TF32_CONFIGS + ((32, 4, 2, 16), (64, 8, 3, 32), (32, 4, 2, 16, 3)):
         again = tri.gather_gemm(
             feats, weight, bias, out_in, 48, strides=weight.stride(), precision=precision, config=cfg
         )

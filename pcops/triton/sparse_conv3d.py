@@ -14,12 +14,13 @@ and wgrad, deterministic (no atomics; bit-identical whatever tile configuration 
 - ``wgrad``: ``∂W[k] = Σ_m x[out_in[m, k]]ᵀ @ g[m]``, split over fixed chunks of rows into
   partial sums that one ``torch.sum`` adds in a fixed order.
 
-Tiles: one pipeline stage (software pipelining of the gathers measured slower), ``BLOCK_M`` rows,
-``num_warps``, ``U`` offsets per step (their gathers issued before their dots) and ``BLOCK_C``
-channels per gather, tuned per shape class on first use among ``GEMM_CONFIGS`` / ``TF32_CONFIGS``
-(``gather_gemm``; the sweeps are in ``benchmarks/NOTES.md``). A tile first loads its rows' whole
-table once and ORs it into a bit per offset (``K ≤ 32``), then skips the offsets none of its rows
-uses: all of them on the padding rows of the static form, none on a dense submanifold map. Each
+Tiles: ``BLOCK_M`` rows, ``num_warps``, ``U`` offsets per step (their gathers issued before their
+dots), ``BLOCK_C`` channels per gather and ``STAGES``, the software-pipeline depth of the step loop
+(table column, gather and dot of later steps in flight), tuned per shape class on first use among
+``GEMM_CONFIGS`` / ``TF32_CONFIGS`` (``gather_gemm``; the sweeps are in ``benchmarks/NOTES.md``).
+A tile first loads its rows' whole table once and ranks the offsets some row uses (``K ≤ 32``);
+its step loop visits only those, in order: none on the padding rows of the static form, all of
+them on a dense submanifold map. The loop has no branch, so the pipeliner can prefetch. Each
 output element sums its offsets in order, each over its channels in order, whatever the tile
 (tensor-core products are exact and accumulate per instruction in channel order; ``U`` > 1 only
 with one channel chunk), so every configuration gives the same bits; results are bit-identical
@@ -34,6 +35,7 @@ import triton.language as tl
 from . import _launch
 
 _WGRAD_ROWS = 4096  # rows per wgrad partial sum (fixed: the sum order depends on M alone)
+_TUNE_SPIN_CYCLES = 2_000_000  # the tuner's GPU spin before each round (about 1 ms on an H200)
 
 
 def _precision(dtype: torch.dtype, precision: str = "auto") -> str:
@@ -52,10 +54,9 @@ def _pow2(n: int, lo: int, hi: int) -> int:
 
 
 @triton.jit
-def _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo):
+def _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k, u, K, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo):
     """Offset ``k``'s gathered rows ``(BLOCK_M, BLOCK_C)`` and weight slice ``(BLOCK_C, BLOCK_N)``;
-    all zero (every load masked: no memory traffic) where ``k ≥ K`` or no row of the tile uses it."""
-    u = (k < K) & (((used >> k) & 1) != 0)
+    all zero (every load masked: no memory traffic) where ``u`` is false."""
     src = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=rmask & u, other=-1)
     a = tl.load(
         x_ptr + src.to(tl.int64)[:, None] * C_IN + cc[None, :], mask=(src >= 0)[:, None] & ccm[None, :], other=0.0
@@ -64,6 +65,40 @@ def _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k, K, used, cc, ccm, cols
         w_ptr + k * s_wk + cc[:, None] * s_wi + cols[None, :] * s_wo, mask=ccm[:, None] & cmask[None, :] & u, other=0.0
     )
     return a, b
+
+
+@triton.jit
+def _nth_offset(i, n_used, rank, kk, K, SKIP: tl.constexpr):
+    """The ``i``-th used offset of the tile in increasing order (``K``: none, ``i ≥ n_used``);
+    without ``SKIP`` every offset is used and the ``i``-th is ``i``."""
+    if SKIP:
+        k = tl.sum(tl.where(rank == i, kk, 0), axis=0)
+        return tl.where(i < n_used, k, K)
+    else:
+        return i
+
+
+@triton.jit
+def _step(acc, x_ptr, w_ptr, table_ptr, rows, rmask, k0, k1, k2, k3, u0, u1, u2, u3, K, cc, cols, cmask, C_IN,
+          s_wk, s_wi, s_wo, U: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """One step: the gathers of offsets ``k0..k{U-1}`` (``u``: used) over the channels ``cc``
+    first, then their dots into ``acc`` in offset order."""
+    ccm = cc < C_IN
+    a0, b0 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0, u0, K, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+    if U > 1:
+        a1, b1 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k1, u1, K, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+    if U > 2:
+        a2, b2 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k2, u2, K, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+    if U > 3:
+        a3, b3 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k3, u3, K, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
+    acc = tl.dot(a0, b0, acc, input_precision=PRECISION)
+    if U > 1:
+        acc = tl.dot(a1, b1, acc, input_precision=PRECISION)
+    if U > 2:
+        acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
+    if U > 3:
+        acc = tl.dot(a3, b3, acc, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit
@@ -83,50 +118,59 @@ def _gather_gemm_kernel(
     HAS_BIAS: tl.constexpr,
     RELU: tl.constexpr,
     PRECISION: tl.constexpr,
-    SKIP: tl.constexpr,  # skip the offsets no row of the tile uses (K ≤ KPAD ≤ 32)
+    SKIP: tl.constexpr,  # visit only the offsets some row of the tile uses (K ≤ KPAD ≤ 32)
     KPAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     U: tl.constexpr = 1,  # offsets per step (1-4): their gathers are issued before their dots
+    STAGES: tl.constexpr = 1,  # 1: offsets with a skip branch; more: a branch-free loop pipelined this deep
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < M
     cmask = cols < C_OUT
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    kk = tl.arange(0, KPAD)
     if SKIP:
-        # bit k set where some row of the tile uses offset k: one load of the tile's table rows
-        kk = tl.arange(0, KPAD)
+        # the offsets some row of the tile uses (one load of the tile's table rows), ranked in order
         tab = tl.load(
             table_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
             mask=rmask[:, None] & (kk < K)[None, :],
             other=-1,
         )
-        used = tl.sum(tl.max((tab >= 0).to(tl.int32), axis=0) << kk, axis=0)
+        bit = tl.max((tab >= 0).to(tl.int32), axis=0)
+        rank = tl.where(bit != 0, tl.cumsum(bit, axis=0) - 1, -1)
+        n_used = tl.sum(bit, axis=0)
     else:
-        used = -1
-    for k0 in range(0, K, U):
-        if ((used >> k0) & ((1 << U) - 1)) != 0:
-            for c0 in range(0, C_IN, BLOCK_C):
-                cc = c0 + tl.arange(0, BLOCK_C)
-                ccm = cc < C_IN
-                # the step's U gathers first, then its dots in offset order; an offset that no row
-                # uses adds exact zeros, so every U gives the same bits
-                a0, b0 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
-                if U > 1:
-                    a1, b1 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0 + 1, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
-                if U > 2:
-                    a2, b2 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0 + 2, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
-                if U > 3:
-                    a3, b3 = _gather_step(x_ptr, w_ptr, table_ptr, rows, rmask, k0 + 3, K, used, cc, ccm, cols, cmask, C_IN, s_wk, s_wi, s_wo)  # fmt: skip
-                acc = tl.dot(a0, b0, acc, input_precision=PRECISION)
-                if U > 1:
-                    acc = tl.dot(a1, b1, acc, input_precision=PRECISION)
-                if U > 2:
-                    acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
-                if U > 3:
-                    acc = tl.dot(a3, b3, acc, input_precision=PRECISION)
+        bit = kk < K
+        rank = kk
+        n_used = K
+    if STAGES == 1:
+        # offsets in order, U at a time, each over its channel chunks; a branch skips the groups no
+        # row uses (visiting one would add exact zeros)
+        used = tl.sum(bit << kk, axis=0) if SKIP else -1
+        for k0 in range(0, K, U):
+            if ((used >> k0) & ((1 << U) - 1)) != 0:
+                for c0 in range(0, C_IN, BLOCK_C):
+                    cc = c0 + tl.arange(0, BLOCK_C)
+                    acc = _step(acc, x_ptr, w_ptr, table_ptr, rows, rmask, k0, k0 + 1, k0 + 2, k0 + 3,
+                                (k0 < K) & (((used >> k0) & 1) != 0), (k0 + 1 < K) & (((used >> (k0 + 1)) & 1) != 0),
+                                (k0 + 2 < K) & (((used >> (k0 + 2)) & 1) != 0), (k0 + 3 < K) & (((used >> (k0 + 3)) & 1) != 0),
+                                K, cc, cols, cmask, C_IN, s_wk, s_wi, s_wo, U, PRECISION)  # fmt: skip
+    else:
+        # a branch-free loop the pipeliner can prefetch: step = U used offsets (ranked) × one chunk
+        # of BLOCK_C channels (U > 1 only with one chunk)
+        chunks = tl.cdiv(C_IN, BLOCK_C)
+        for step in tl.range(0, tl.cdiv(n_used, U) * chunks, num_stages=STAGES):
+            i0 = (step // chunks) * U
+            cc = (step % chunks) * BLOCK_C + tl.arange(0, BLOCK_C)
+            k0 = _nth_offset(i0, n_used, rank, kk, K, SKIP)
+            k1 = _nth_offset(i0 + 1, n_used, rank, kk, K, SKIP) if U > 1 else K
+            k2 = _nth_offset(i0 + 2, n_used, rank, kk, K, SKIP) if U > 2 else K
+            k3 = _nth_offset(i0 + 3, n_used, rank, kk, K, SKIP) if U > 3 else K
+            acc = _step(acc, x_ptr, w_ptr, table_ptr, rows, rmask, k0, k1, k2, k3, k0 < K, k1 < K, k2 < K, k3 < K,
+                        K, cc, cols, cmask, C_IN, s_wk, s_wi, s_wo, U, PRECISION)  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if RELU:
@@ -135,13 +179,14 @@ def _gather_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-# gather_gemm's tile configurations ``(BLOCK_M, num_warps, U, BLOCK_C)`` per operand class, all
-# one pipeline stage (``BLOCK_C`` 0: the channels rounded up to a power of two, at most 64); each
-# won on some S2 / S3 layer in the H200 sweeps recorded in benchmarks/NOTES.md (few: each is
-# compiled on first use). 16-bit and TF32 products are exact per tensor-core instruction and summed
-# in channel order, so a smaller channel chunk keeps the bits; IEEE FMA and tf32x3 keep one chunk.
-GEMM_CONFIGS = ((64, 4, 1, 0), (128, 4, 1, 0), (64, 4, 3, 0))
-TF32_CONFIGS = ((64, 4, 2, 0), (128, 4, 1, 16), (128, 4, 1, 32), (32, 4, 1, 32), (128, 2, 1, 16))
+# gather_gemm's tile configurations ``(BLOCK_M, num_warps, U, BLOCK_C, STAGES)`` per operand class
+# (``BLOCK_C`` 0: the channels rounded up to a power of two, at most 64; ``STAGES`` the software
+# pipeline depth of the step loop); each won on some S2 / S3 layer in the H200 sweeps recorded in
+# benchmarks/NOTES.md (few: each is compiled on first use). 16-bit and TF32 products are exact per
+# tensor-core instruction and summed in channel order, so a smaller channel chunk keeps the bits;
+# IEEE FMA and tf32x3 keep one chunk.
+GEMM_CONFIGS = ((64, 4, 3, 0, 1), (128, 4, 1, 0, 1), (128, 4, 1, 0, 2), (64, 4, 2, 0, 3))
+TF32_CONFIGS = ((64, 4, 2, 0, 1), (128, 4, 1, 16, 1), (128, 4, 1, 32, 1), (32, 4, 1, 32, 1), (128, 2, 1, 16, 1))
 # the tuner's choice per shape class, filled on first use (``gather_gemm``)
 _TUNED: dict = {}
 
@@ -151,10 +196,12 @@ def _configs(prec: str, dtype: torch.dtype) -> tuple:
     return TF32_CONFIGS if dtype == torch.float32 and prec == "tf32" else GEMM_CONFIGS
 
 
-def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """The untuned ``(BLOCK_M, num_warps, U, BLOCK_C)``: 128 rows for 16-bit inputs from 131,072
-    rows, else 64; one channel chunk."""
-    return (128 if m >= 131072 and dtype != torch.float32 else 64), 4, 1, 0
+def _gemm_config(m: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The untuned ``(BLOCK_M, num_warps, U, BLOCK_C, STAGES)``: for 16-bit inputs from 131,072
+    rows 128 rows in a 2-stage pipeline, else 64 rows in one stage; one channel chunk."""
+    if m >= 131072 and dtype != torch.float32:
+        return 128, 4, 1, 0, 2
+    return 64, 4, 1, 0, 1
 
 
 def _rows_class(m: int) -> tuple[int, int]:
@@ -166,11 +213,14 @@ def _rows_class(m: int) -> tuple[int, int]:
 
 def _fastest(run, configs) -> tuple:
     """The fastest of ``configs`` by CUDA-event time of ``run(cfg)``: one warm-up call each
-    (compiles), then 3 rounds of 3 calls per config, the median round; one host sync."""
+    (compiles), then 3 rounds of 3 calls per config, the median round; one host sync. Each round
+    is queued behind a short GPU spin (``torch.cuda._sleep``) so that the events time the kernels,
+    not the host's launches (a small layer's kernel is shorter than its launch)."""
     for cfg in configs:
         run(cfg)
     events = {cfg: [] for cfg in configs}
     for _ in range(3):
+        torch.cuda._sleep(_TUNE_SPIN_CYCLES)
         for cfg in configs:
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -193,7 +243,7 @@ def gather_gemm(
     relu)``: the first call of a class on a GPU, unless a CUDA graph is being captured, times
     every candidate (``GEMM_CONFIGS``; float32 with TF32: ``TF32_CONFIGS``) on its own inputs (one
     host sync) and keeps the fastest; until then, and under the interpreter, ``_gemm_config``;
-    ``config``: that ``(BLOCK_M, num_warps, U, BLOCK_C)`` instead. Every configuration gives the
+    ``config``: that ``(BLOCK_M, num_warps, U, BLOCK_C[, STAGES])`` instead. Every configuration gives the
     same bits: each output element sums its offsets in order, each over its channels in order
     (``U`` falls back to 1 where ``BLOCK_C`` splits the channels; IEEE and tf32x3 float32 keep
     one chunk of up to 64 channels), so the choice changes only the time."""
@@ -212,7 +262,7 @@ def gather_gemm(
     has_bias = bias is not None
 
     def run(cfg):
-        block_m, num_warps, u, block_c = cfg
+        block_m, num_warps, u, block_c, stages = cfg if len(cfg) == 5 else (*cfg, 1)
         if prec != "tf32":  # IEEE / tf32x3 float32 sum in dot-call order: one chunk
             block_c = 0
         block_c = min(block_c or full_c, full_c)
@@ -240,8 +290,9 @@ def gather_gemm(
             BLOCK_N=block_n,
             BLOCK_C=block_c,
             U=u,
+            STAGES=stages,
             num_warps=num_warps,
-            num_stages=1,
+            num_stages=stages,
         )
 
     key = (c_in, c_out, k, _rows_class(m), x.dtype, prec, has_bias, relu)
