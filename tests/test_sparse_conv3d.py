@@ -84,8 +84,10 @@ def test_triton_gemm_configs_interpreter(c_in, c_out, k):
 @gpu[1]
 def test_gpu_gemm_tuner_bit_identical(dtype, precision, c_in):
     """The tuner times its configurations on the first call of a shape class, keeps one, and every
-    configuration of either candidate set (channel chunks of 16-64, U = 1-3) gives the same bits,
-    forward and the mirrored dgrad; 80 channels take several chunks."""
+    configuration of its candidate set, plus chunked, unrolled and pipelined ones from outside it
+    (channel chunks of 16-64, U = 1-3, 1-3 stages), gives the same bits, forward and the mirrored
+    dgrad; 80 channels take several chunks. (Each configuration compiles: the other dtype's set is
+    left out to keep the file within the GPU runner's time limit.)"""
     from pcops.triton import sparse_conv3d as tri
 
     feats, weight, bias, out_in = conv_case(4000, c_in, 48, seed=5, device="cuda", dtype=dtype, shape=(20, 30, 40))
@@ -96,7 +98,7 @@ def test_gpu_gemm_tuner_bit_identical(dtype, precision, c_in):
     s = weight.stride()
     view, strides = weight[26], (-s[0], s[2], s[1])
     grad = tri.gather_gemm(out, view, None, out_in, c_in, strides=strides, precision=precision)
-    for cfg in tri.GEMM_CONFIGS + tri.TF32_CONFIGS + ((32, 4, 2, 16), (64, 8, 3, 32), (32, 4, 2, 16, 3)):
+    for cfg in tri._configs(prec, dtype) + ((32, 4, 2, 16), (64, 8, 3, 32), (32, 4, 2, 16, 3), (128, 4, 1, 0, 2)):
         again = tri.gather_gemm(
             feats, weight, bias, out_in, 48, strides=weight.stride(), precision=precision, config=cfg
         )
