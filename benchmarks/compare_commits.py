@@ -1,8 +1,9 @@
 """Issue 16's closing check: the default GPU paths of two commits, row by row, in one GPU run.
 
-The README's headline workloads (WORKLOADS.md ids) on an OLD and a NEW tree, eager (CUDA events
-around single public calls) and captured (CUDA-graph replay of the sync-free form: ``pad_to_max``,
-``padded``, ``pad_pairs``; PointPillars through its ``capture``); times and outputs compared::
+The README's headline workloads and issue 21's sparse convolutions (WORKLOADS.md ids) on an OLD
+and a NEW tree, eager (CUDA events around single public calls) and captured (CUDA-graph replay of
+the sync-free form: ``pad_to_max``, ``padded``, ``pad_pairs``, the static sparse encoder;
+PointPillars through its ``capture``); times and outputs compared::
 
     PYTHONPATH=. python benchmarks/compare_commits.py --old .cmp/old --new . \\
         --scan .cmp/data/000001.bin --out $OUT/compare_commits.json [--quick] [--only E1 N1 ...]
@@ -31,8 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROWS = ("E1-fp32", "E1-fp16", "E2-fp16", "N1", "V1", "F1", "K1", "S1", "L2", "Q1", "P1-fwd", "P1-fwd+bwd")
-GRAPH_CALLS = {"V1": 20, "N1": 10, "S1": 20, "L2": 10, "Q1": 20, "P1-fwd": 20, "P1-fwd+bwd": 20, "K1": 4, "F1": 1}
+ROWS = ("E1-fp32", "E1-fp16", "E2-fp16", "N1", "V1", "F1", "K1", "S1", "L2", "Q1", "P1-fwd", "P1-fwd+bwd",
+        "S2-fp16", "S2-tf32", "S3")  # fmt: skip
+GRAPH_CALLS = {"V1": 20, "N1": 10, "S1": 20, "L2": 10, "Q1": 20, "P1-fwd": 20, "P1-fwd+bwd": 20, "K1": 4, "F1": 1,
+               "S3": 10}  # fmt: skip
 VOXEL, RANGE = (0.16, 0.16, 4.0), (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
 V3_VOXEL, V3_LOW, V3_GRID_XYZ = (0.05, 0.05, 0.1), (0.0, -40.0, -3.0), (1408, 1600, 40)
 
@@ -141,6 +144,8 @@ def build(rid: str, pcops, ctx: dict) -> dict:
         shape = tuple(reversed(V3_GRID_XYZ))
         call = lambda **kw: pcops.sparse_conv_kernel_map(coords, shape, 3, subm=True, **kw)  # noqa: E731
         return {"eager": call, "captured": lambda: call(pad_pairs=True)}
+    if rid.startswith("S2") or rid == "S3":
+        return sparse_conv_row(rid, pcops, ctx)
     g = torch.Generator().manual_seed(0)
     if rid == "L2":
         m, c = (256 if smoke else 131072), 256
@@ -174,6 +179,60 @@ def build(rid: str, pcops, ctx: dict) -> dict:
             call = fwd_bwd(lambda: pcops.pillar_scatter(fr, coords, 1, (h, w)), [fr], dy)
         return {"eager": call, "captured": call}
     raise ValueError(f"unknown row {rid!r}")
+
+
+def sparse_conv_row(rid: str, pcops, ctx: dict) -> dict:
+    """Issue 21's rows (WORKLOADS.md): S2, OpenPCDet's ``VoxelBackBone8x`` in eval on the V3 voxels
+    (mean features; weights from ``torch.manual_seed(0)``, the same in both trees while the
+    constructor's order is), eager as a detector calls it and captured in its static, fused form
+    (fp16; ``S2-tf32``: float32 with ``precision="tf32"``, captured only); S3, one SubMConv3d
+    64 → 64 fp16 with its map kept on BIG (the scan tiled 10×, jittered; the plain scan under
+    ``--smoke-cpu``, float32)."""
+    from pcops import nn as pnn
+    from pcops.models.second import VoxelBackBone8x, mean_vfe
+
+    dev, smoke = ctx["dev"], ctx["smoke"]
+    scan = ctx["scan"].to(dev)
+    grid = dict(voxel_size=V3_VOXEL, point_cloud_range=(*V3_LOW, 70.4, 40.0, 1.0), max_points_per_voxel=5)
+    shape = tuple(reversed(V3_GRID_XYZ))
+    dtype = torch.float32 if smoke or rid == "S2-tf32" else torch.float16
+    torch.manual_seed(0)
+    if rid == "S3":
+        pts = scan
+        if not smoke:
+            g = torch.Generator(device=dev).manual_seed(0)
+            pts = torch.cat([scan + torch.cat([torch.randn(scan.shape[0], 3, generator=g, device=dev) * 0.05,
+                                               torch.zeros_like(scan[:, 3:])], 1) for _ in range(10)])  # fmt: skip
+        v = pcops.voxelize(pts, **grid, max_voxels=pts.shape[0])
+        conv = pnn.SubMConv3d(64, 64, 3, bias=False, indice_key="s3").to(dev, dtype)
+        x = pnn.SparseConvTensor(torch.randn(v.coords.shape[0], 64, device=dev, dtype=dtype), v.coords, shape, 1)
+
+        def call():
+            with torch.no_grad():
+                return conv(x).features
+
+        call()  # builds the map, kept under "s3"
+        return {"eager": call, "captured": call}
+    net = VoxelBackBone8x(4, V3_GRID_XYZ, static_capacity=(80_000, 60_000, 40_000, 40_000)).to(dev, dtype).eval()
+    v = pcops.voxelize(scan, **grid, max_voxels=40000)
+    vp = pcops.voxelize(scan, **grid, max_voxels=40000, pad_to_max=True)
+    feats, feats_p = mean_vfe(v.voxels, v.num_points).to(dtype), mean_vfe(vp.voxels, vp.num_points).to(dtype)
+    fused = pnn.fuse_for_inference(net)
+    if rid == "S2-tf32":
+        for m in fused.modules():
+            if hasattr(m, "precision"):
+                m.precision = "tf32"
+
+    def eager():
+        with torch.no_grad():
+            return net.forward_voxels(feats, v.coords, 1)["encoded_spconv_tensor"].features
+
+    def static():
+        with torch.no_grad():
+            t = pnn.SparseConvTensor(feats_p, vp.coords, fused.sparse_shape, 1, static=True)
+            return fused(t)["encoded_spconv_tensor"].features
+
+    return {"eager": None if rid == "S2-tf32" else eager, "captured": static}
 
 
 def time_eager(fn, warmup: int, rep: int) -> float:
