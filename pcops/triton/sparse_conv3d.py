@@ -20,7 +20,9 @@ dots), ``BLOCK_C`` channels per gather and ``STAGES``, the software-pipeline dep
 ``GEMM_CONFIGS`` / ``TF32_CONFIGS`` (``gather_gemm``; the sweeps are in ``benchmarks/NOTES.md``).
 A tile first loads its rows' whole table once and ranks the offsets some row uses (``K ≤ 32``);
 its step loop visits only those, in order: none on the padding rows of the static form, all of
-them on a dense submanifold map. The loop has no branch, so the pipeliner can prefetch. Each
+them on a dense submanifold map. With ``STAGES`` > 1 the loop has no branch (each step finds its
+offset by rank), so the pipeliner can prefetch; one stage keeps the skip as a branch (TF32
+measured faster so). Each
 output element sums its offsets in order, each over its channels in order, whatever the tile
 (tensor-core products are exact and accumulate per instruction in channel order; ``U`` > 1 only
 with one channel chunk), so every configuration gives the same bits; results are bit-identical
@@ -243,8 +245,9 @@ def gather_gemm(
     relu)``: the first call of a class on a GPU, unless a CUDA graph is being captured, times
     every candidate (``GEMM_CONFIGS``; float32 with TF32: ``TF32_CONFIGS``) on its own inputs (one
     host sync) and keeps the fastest; until then, and under the interpreter, ``_gemm_config``;
-    ``config``: that ``(BLOCK_M, num_warps, U, BLOCK_C[, STAGES])`` instead. Every configuration gives the
-    same bits: each output element sums its offsets in order, each over its channels in order
+    ``config``: that ``(BLOCK_M, num_warps, U, BLOCK_C[, STAGES])`` instead. Every
+    configuration gives the same bits: each output element sums its offsets in order, each over
+    its channels in order
     (``U`` falls back to 1 where ``BLOCK_C`` splits the channels; IEEE and tf32x3 float32 keep
     one chunk of up to 64 channels), so the choice changes only the time."""
     m, k = table.shape
