@@ -247,9 +247,8 @@ def gather_gemm(
     host sync) and keeps the fastest; until then, and under the interpreter, ``_gemm_config``;
     ``config``: that ``(BLOCK_M, num_warps, U, BLOCK_C[, STAGES])`` instead. Every
     configuration gives the same bits: each output element sums its offsets in order, each over
-    its channels in order
-    (``U`` falls back to 1 where ``BLOCK_C`` splits the channels; IEEE and tf32x3 float32 keep
-    one chunk of up to 64 channels), so the choice changes only the time."""
+    its channels in order (``U`` falls back to 1 where ``BLOCK_C`` splits the channels; IEEE and
+    tf32x3 float32 keep one chunk of up to 64 channels), so the choice changes only the time."""
     m, k = table.shape
     c_in = x.shape[1]
     out = torch.empty((m, c_out), dtype=x.dtype, device=x.device)
