@@ -248,6 +248,51 @@ class FastPathMixin:
 
         return canvas, replay
 
+    def _graphed_scan(self, points: torch.Tensor, fp: FastParams):
+        """The whole detection of one scan (voxelization through post-processing) as a CUDA graph
+        for eager calls: a :class:`~pcops.models.graph.GraphedPointPillars` kept per (device,
+        dtype, layout, epilogue, cuDNN / TF32 flags), or ``None`` where ``eager_graph`` does not
+        apply (as :meth:`_graphed_backbone`). Captured at the first call, and again after the
+        weights, the config or the anchors change, or for a scan larger than its capacity (the
+        next power of two of points, at least 131,072: a KITTI scan fits). Returns
+        ``(detections, dropped_voxels)``, both copied out of the graph (the caller owns them)."""
+        device = points.device
+        if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
+            return None
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        key = (
+            device,
+            1,
+            fp.dtype,
+            fp.channels_last,
+            self.epilogue,
+            "scan",
+            torch.is_inference_mode_enabled(),
+            *_conv_flags(),
+        )
+        anchors = self.anchors(device)
+        n = points.shape[0]
+        entry = self._graphs.get(key)
+        if (
+            entry is None
+            or entry[0] is not fp
+            or entry[1] is not self.config
+            or entry[2] is not anchors
+            or n > entry[3].max_points
+        ):
+            from .graph import GraphedPointPillars
+
+            self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
+            while len(self._graphs) >= MAX_EAGER_GRAPHS:
+                self._graphs.pop(next(iter(self._graphs)))
+            capacity = max(131_072, 1 << max(n - 1, 0).bit_length())
+            entry = (fp, self.config, anchors, GraphedPointPillars(self, points, max_points=capacity))
+            self._graphs[key] = entry
+        graphed = entry[3]
+        det = graphed(points)
+        return type(det)(*(t.clone() for t in det)), graphed.dropped_voxels.clone()
+
     def _backbone_fast(self, x: torch.Tensor, fp: FastParams) -> torch.Tensor:
         """The folded 2-D backbone. ``epilogue`` (a constructor argument) picks how bias + ReLU (+ concat) run on
         CUDA: ``"torch"`` (``F.conv2d`` with bias, ``relu_``, ``torch.cat``), ``"triton"``

@@ -133,18 +133,20 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             upsampling), ``"triton"`` (convolutions without bias, then one Triton pass each that
             adds the bias, applies ReLU and writes into the concatenated map) or ``"torch"``.
             An explicit ``"cudnn"`` without cuDNN raises ``RuntimeError``. The CPU always uses torch.
-        eager_graph: on CUDA, a call of the fast path (without :meth:`capture`) replays the folded
-            backbone, the head and the sync-free post-processing (top-k decoding, padded NMS:
-            about 75 kernels) from a CUDA graph captured at the first call per batch size, instead
-            of launching them one by one from Python (KITTI scan, H200: 2.3 → 1.6 ms fp32 with the
-            backbone and head alone in the graph; the figures with the post-processing are in
-            ``benchmarks/RESULTS.md``), identical outputs; the detections are copied out of the
-            graph (a later call does not overwrite them). ``dense_outputs`` replays a graph of
-            the backbone and head. The graphs keep their activations allocated while the model
-            lives (the allocator held 18 MiB more at batch size 1, float32; at most four graphs
-            per model, the oldest goes first) and are captured again after the weights or the
-            config change. ``False``: launch op by op. Inside a graph capture or
-            ``torch.compile`` the ops always run op by op.
+        eager_graph: on CUDA, a call of the fast path (without :meth:`capture`) replays its
+            kernels from CUDA graphs captured at the first call instead of launching them one by
+            one from Python, with identical outputs. One scan (``lengths=None``): the whole call,
+            fixed-capacity voxelization through the post-processing, as :meth:`capture` records
+            it (no host sync but the dropped-pillar warning's; a capacity of the next power of
+            two of points, at least 131,072, captured again for a larger scan). A batch: the
+            folded backbone, the head and the sync-free post-processing (top-k decoding, padded
+            NMS: about 75 kernels) per batch size, after the op-by-op voxelization.
+            ``dense_outputs`` replays a graph of the backbone and head. The detections are copied
+            out of the graph (a later call does not overwrite them); figures in
+            ``benchmarks/RESULTS.md``. The graphs keep their activations allocated while the
+            model lives (at most four graphs per model, the oldest goes first) and are captured
+            again after the weights or the config change. ``False``: launch op by op. Inside a
+            graph capture or ``torch.compile`` the ops always run op by op.
 
     Modes: ``eval()`` (the default) detects with the BatchNorm running statistics (the fast path
     folds them into the convolutions and refolds after the weights change). ``train()`` makes
@@ -322,22 +324,32 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
             return _reference_ops.voxelize(*args, lengths=lengths)
         return pcops.voxelize(*args, lengths=lengths)
 
+    def _warn_dropped(self, dropped: torch.Tensor) -> None:
+        if self.warn_on_dropped_voxels and bool((dropped > 0).any()):
+            warnings.warn(
+                f"voxelize: {dropped.tolist()} occupied pillars per scan beyond max_voxels="
+                f"{self.config.max_voxels_test} were dropped (OpenPCDet drops them too)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
     def _dense(self, points: torch.Tensor, lengths: torch.Tensor | None, timer=null_timer, post: bool = False):
         """points → head outputs. Reference: the three NHWC tensors; fast: one (B, H, W, 72) tensor,
         or with ``post`` where ``eager_graph`` applies, the :class:`Detections` (the graph replays
         the post-processing too)."""
         batch_size = self._check_points(points, lengths)
         reference = self.impl == "reference"
+        if post and lengths is None and not reference:
+            with timer("scan (graph)"):
+                scan = self._graphed_scan(points, self._fast_params(points.device))
+            if scan is not None:
+                det, self.last_dropped_voxels = scan
+                self._warn_dropped(self.last_dropped_voxels)
+                return det
         with timer("voxelize"):
             vox = self._voxelize(points, lengths, reference)
         self.last_dropped_voxels = vox.num_dropped_voxels
-        if self.warn_on_dropped_voxels and bool((vox.num_dropped_voxels > 0).any()):
-            warnings.warn(
-                f"voxelize: {vox.num_dropped_voxels.tolist()} occupied pillars per scan beyond max_voxels="
-                f"{self.config.max_voxels_test} were dropped (OpenPCDet drops them too)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        self._warn_dropped(vox.num_dropped_voxels)
         if reference:
             with timer("pfn"):
                 pillars = self.vfe(vox.voxels, vox.num_points, vox.coords)

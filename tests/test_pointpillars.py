@@ -468,8 +468,9 @@ def test_eager_graph_equals_op_by_op(gpu_model, scan, dtype):
                 got_dense, got = gpu_model.dense_outputs(pts, lengths), gpu_model(pts, lengths)
                 assert all(torch.equal(g, w) for g, w in zip(got_dense, want_dense))
                 assert all(torch.equal(g, w) for g, w in zip(got, want))
-        # per batch size one graph for the head outputs and one for the detections
-        assert sorted((k[1], k[5]) for k in gpu_model._graphs) == [(1, False), (1, True), (2, False), (2, True)]
+        # per batch size one graph for the head outputs and one for the detections; one scan's
+        # detections come from the graph of the whole call ("scan")
+        assert {(k[1], k[5]) for k in gpu_model._graphs} == {(1, False), (1, "scan"), (2, False), (2, True)}
         first = gpu_model(b)
         gpu_model(a)  # replays the same graph
         assert all(torch.equal(g, w) for g, w in zip(first, gpu_model(b)))
@@ -507,6 +508,42 @@ def test_eager_graph_equals_op_by_op(gpu_model, scan, dtype):
         with torch.no_grad():
             bias.copy_(saved)
         gpu_model.impl, gpu_model.dtype, gpu_model.eager_graph = "reference", torch.float32, True
+
+
+@pytest.mark.gpu
+@gpu[1]
+def test_eager_scan_graph_capacity_and_drops(gpu_model, scan):
+    """One scan's eager call runs voxelization through post-processing from one graph: the
+    detections and ``last_dropped_voxels`` equal the op-by-op path's, a scan larger than the
+    graph's capacity is captured again with a larger one (not cut), and dropped pillars warn."""
+    import dataclasses
+
+    a, b = _scan("000000").cuda(), scan.cuda()
+    big = torch.cat([a, b, a])  # more points than the first capacity (131,072)
+    gpu_model.impl = "fast"
+    gpu_model._graphs.clear()
+    config = gpu_model.config
+    try:
+        for pts in (b, big, a):
+            gpu_model.eager_graph = False
+            want, want_dropped = gpu_model(pts), gpu_model.last_dropped_voxels
+            gpu_model.eager_graph = True
+            got = gpu_model(pts)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+            assert torch.equal(gpu_model.last_dropped_voxels, want_dropped)
+        (entry,) = [e for k, e in gpu_model._graphs.items() if k[5] == "scan"]
+        assert entry[3].max_points == 1 << (big.shape[0] - 1).bit_length()
+        gpu_model.config = dataclasses.replace(config, max_voxels_test=500)
+        with pytest.warns(RuntimeWarning, match="max_voxels=500"):
+            got = gpu_model(b)
+        assert int(gpu_model.last_dropped_voxels[0]) > 0
+        gpu_model.eager_graph = False
+        with pytest.warns(RuntimeWarning, match="max_voxels=500"):
+            want = gpu_model(b)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    finally:
+        gpu_model.config = config
+        gpu_model.impl, gpu_model.eager_graph = "reference", True
 
 
 @pytest.mark.gpu
