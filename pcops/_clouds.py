@@ -28,6 +28,27 @@ def can_check(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.numel() > 0 and not torch.compiler.is_compiling()
 
 
+_FILLED: dict = {}  # (device index, raw stream, batch, value) -> (batch,) int64 tensor, only ever read
+_FILLED_MAX = 64  # entries kept (the oldest goes; its memory is reused in stream order)
+
+
+def filled(batch: int, value: int, device: torch.device) -> torch.Tensor:
+    """``torch.full((batch,), value, dtype=torch.int64, device=device)`` for an op to read (never to
+    write). On CUDA, outside graph capture and ``torch.compile``, one tensor per (device, current
+    stream, batch, value) is kept and returned again: an eager call with default lengths or start
+    indices then launches no fill. Per stream, so the fill is ordered before every use."""
+    if device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return torch.full((batch,), value, dtype=torch.int64, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch._C._cuda_getCurrentRawStream(index), batch, value)
+    t = _FILLED.get(key)
+    if t is None:
+        while len(_FILLED) >= _FILLED_MAX:
+            _FILLED.pop(next(iter(_FILLED)))
+        t = _FILLED[key] = torch.full((batch,), value, dtype=torch.int64, device=device)
+    return t
+
+
 def check_lengths(name: str, lengths, batch: int, n: int, device: torch.device) -> torch.Tensor:
     """``lengths (B,)`` integer counts in ``[0, N]`` → int64 on ``device`` (``None``: all ``N``).
 
@@ -35,7 +56,7 @@ def check_lengths(name: str, lengths, batch: int, n: int, device: torch.device) 
     the kernels clamp counts to ``[0, N]`` instead.
     """
     if lengths is None:
-        return torch.full((batch,), n, dtype=torch.int64, device=device)
+        return filled(batch, n, device)
     _checks.check_tensor(name, lengths, dtypes=_checks.INT_DTYPES, ndim=1)
     if lengths.device != device:
         raise ValueError(f"{name}: expected a tensor on {device} (like the points), got {lengths.device}")

@@ -93,7 +93,7 @@ def farthest_point_sample(
         s = _checks.check_int("start_idx", start_idx, min_value=0)
         if s >= max(n, 1):
             raise ValueError(f"start_idx: expected an index in [0, {n}), got {s}")
-        start = torch.full((batch,), s, dtype=torch.int64, device=points.device)
+        start = _clouds.filled(batch, s, points.device)
     if _clouds.can_check(start):
         bad = ((start < 0) | (start >= lengths)) & (lengths > 0)
         if bool(bad.any()):

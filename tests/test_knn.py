@@ -727,3 +727,43 @@ print("compiled")
 
 def test_triton_kernels_compile_for_sm90():
     run_compiler_script(_AOT_SCRIPT)
+
+
+def test_default_lengths_are_fresh_on_the_cpu():
+    """``lengths=None`` becomes a full ``(B,)`` int64 tensor; on the CPU a new one per call."""
+    from pcops import _clouds
+
+    a, b = _clouds.filled(3, 7, torch.device("cpu")), _clouds.filled(3, 7, torch.device("cpu"))
+    assert a.tolist() == [7, 7, 7] and a.dtype == torch.int64 and a is not b
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_default_lengths_cached_per_stream():
+    """On CUDA the default lengths / start indices are kept per (device, stream, batch, value), so
+    an eager call launches no fill; another stream gets its own tensor, a graph capture a fresh
+    one (not the cached tensor, and nothing cached from the graph's pool); the results of
+    ``knn`` and ``farthest_point_sample`` equal those with explicit lengths."""
+    from pcops import _clouds
+
+    dev = torch.device("cuda")
+    a = _clouds.filled(2, 100, dev)
+    assert _clouds.filled(2, 100, dev) is a and a.tolist() == [100, 100]
+    assert _clouds.filled(2, 101, dev) is not a and _clouds.filled(3, 100, dev) is not a
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        c = _clouds.filled(2, 100, dev)
+        assert c is not a and _clouds.filled(2, 100, dev) is c
+    torch.cuda.current_stream().wait_stream(side)
+    cached = dict(_clouds._FILLED)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        d = _clouds.filled(2, 100, dev)
+    graph.replay()
+    assert d is not a and d is not c and _clouds._FILLED == cached and d.tolist() == [100, 100]
+    g = generator(3)
+    pts = torch.rand(2, 500, 3, generator=g).cuda()
+    full = torch.full((2,), 500, device=dev)
+    for _ in range(2):
+        assert all(torch.equal(x, y) for x, y in zip(pcops.knn(pts, pts, 8), pcops.knn(pts, pts, 8, full, full)))
+        assert torch.equal(pcops.farthest_point_sample(pts, 32), pcops.farthest_point_sample(pts, 32, full))
