@@ -8,15 +8,16 @@ those points moved after the finite ones (a stable partition, so the finite poin
 relative order and every tie rule still picks the lowest original index), with the finite count
 as its length; its indices are mapped back. So every backend gives what it gives on the cloud
 without the non-finite points. On the GPU this costs three Triton launches (``pcops.triton.finite``:
-the partition (2), the index mapping (1)) and no host synchronisation; on the CPU (torch ops here),
-clouds that are all finite skip it.
+the partition (2), the index mapping (1); a KNN with separate queries one more, which zeroes the
+non-finite queries) and no host synchronisation; on the CPU (torch ops here), clouds that are all
+finite skip it.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["partition", "restore", "fps", "knn", "ball_query"]
+__all__ = ["partition", "restore", "fps", "fps_triton", "knn", "knn_triton", "ball_query"]
 
 
 def _keep(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -62,12 +63,9 @@ def fps(run, points, lengths, start_idx, num_samples):
     """``run(points, lengths, start_idx, num_samples)`` under the policy. A start point that is in
     range but non-finite is replaced by the cloud's lowest-index finite point; one outside
     ``[0, length)`` keeps the kernels' rule (a row of −1)."""
+    if points.is_cuda:
+        return fps_triton(run, points, lengths, start_idx, num_samples)
     lengths = lengths.clamp(0, points.shape[1])
-    if points.is_cuda:  # 3 Triton launches around the kernel (pcops.triton.finite)
-        from .triton import finite as tri
-
-        moved, counts, perm, _, new_start = tri.partition(points, lengths, start_idx.contiguous())
-        return tri.restore(run(moved, counts, new_start, num_samples), perm)
     keep = _keep(points, lengths)
     if _skip(keep, lengths):
         return run(points, lengths, start_idx, num_samples)
@@ -84,6 +82,15 @@ def fps(run, points, lengths, start_idx, num_samples):
     return restore(run(moved.contiguous(), counts, new_start, num_samples), perm)
 
 
+def fps_triton(run, points, lengths, start_idx, num_samples):
+    """:func:`fps` with the Triton passes (the CUDA path; the interpreter's on the CPU): 3 launches
+    around the kernel, none for the lengths (the passes clamp them)."""
+    from .triton import finite as tri
+
+    moved, counts, perm, _, new_start = tri.partition(points, lengths, start_idx.contiguous())
+    return tri.restore(run(moved, counts, new_start, num_samples), perm)
+
+
 def _self_query(query, ref, query_lengths, ref_lengths) -> bool:
     """A self-KNN as the GPU launchers recognise it (one tensor, one lengths tensor): one sort."""
     return (
@@ -94,50 +101,55 @@ def _self_query(query, ref, query_lengths, ref_lengths) -> bool:
 
 
 def _pair(run, query, ref, query_lengths, ref_lengths, *args):
-    """``run(query', ref', query_lengths, counts, *args)`` with the non-finite queries zeroed (no
-    kernel meets them) and the references partitioned. Returns ``(outputs, perm, bad_q)``:
-    ``perm`` None means the kernel ran on the inputs as they are (CPU, all finite)."""
+    """``run(query', ref', query_lengths, counts, *args)`` on the CPU with the non-finite queries
+    zeroed (no kernel meets them) and the references partitioned. Returns ``(outputs, perm,
+    bad_q)``: ``perm`` None means the kernel ran on the inputs as they are (all finite)."""
     ref_lengths = ref_lengths.clamp(0, ref.shape[1])
     bad_q = ~torch.isfinite(query).all(dim=-1)
-    if ref.is_cuda:
-        from .triton import finite as tri
-
-        moved, counts, perm, _, _ = tri.partition(ref.contiguous(), ref_lengths)
-    else:
-        keep = _keep(ref, ref_lengths)
-        if _skip(keep, ref_lengths) and not bool(bad_q.any()):
-            return run(query, ref, query_lengths, ref_lengths, *args), None, bad_q
-        moved, counts, perm, _ = partition(ref, keep)
+    keep = _keep(ref, ref_lengths)
+    if _skip(keep, ref_lengths) and not bool(bad_q.any()):
+        return run(query, ref, query_lengths, ref_lengths, *args), None, bad_q
+    moved, counts, perm, _ = partition(ref, keep)
     q = torch.where(bad_q[..., None], torch.zeros((), dtype=query.dtype, device=query.device), query)
     return run(q.contiguous(), moved.contiguous(), query_lengths, counts, *args), perm, bad_q
 
 
 def knn(run, query, ref, query_lengths, ref_lengths, k):
     """``run(query, ref, query_lengths, ref_lengths, k) -> (dists, idx)`` under the policy."""
+    if query.is_cuda:
+        return knn_triton(run, query, ref, query_lengths, ref_lengths, k)
     if _self_query(query, ref, query_lengths, ref_lengths):
         return _self_knn(run, ref, ref_lengths, k)
     (dists, idx), perm, bad_q = _pair(run, query, ref, query_lengths, ref_lengths, k)
     if perm is None:
         return dists, idx
-    if ref.is_cuda:  # one launch maps the indices and pads the non-finite queries' rows
-        from .triton import finite as tri
-
-        return tri.restore(idx, perm, dists, query=query)
     bad = bad_q[..., None]
     return dists.masked_fill(bad, float("inf")), restore(idx, perm).masked_fill(bad, -1)
 
 
-def _self_knn(run, points, lengths, k):
-    """Self-KNN: the partitioned cloud is both sides (the kernels keep their one shared sort); a
-    non-finite point lands past the finite count, so its row comes back padded; rows are put back
-    in the original order."""
-    clamped = lengths.clamp(0, points.shape[1])
-    if points.is_cuda:
-        from .triton import finite as tri
+def knn_triton(run, query, ref, query_lengths, ref_lengths, k):
+    """:func:`knn` with the Triton passes (the CUDA path; the interpreter's on the CPU), no torch
+    op around them (the passes clamp the lengths). Self-KNN: the partition (2 launches), the
+    index mapping with the row order (1). Otherwise also one pass that zeroes the non-finite
+    queries (their rows are padded by the mapping, which reads the original queries)."""
+    from .triton import finite as tri
 
-        moved, counts, perm, pos, _ = tri.partition(points.contiguous(), clamped)
+    if _self_query(query, ref, query_lengths, ref_lengths):
+        # the partitioned cloud is both sides (the kernels keep their one shared sort); a
+        # non-finite point lands past the finite count, so its row comes back padded
+        moved, counts, perm, pos, _ = tri.partition(ref.contiguous(), ref_lengths)
         dists, idx = run(moved, moved, counts, counts, k)
         return tri.restore(idx, perm, dists, rows=pos)
+    query = query.contiguous()
+    moved, counts, perm, _, _ = tri.partition(ref.contiguous(), ref_lengths)
+    dists, idx = run(tri.zero_non_finite(query), moved, query_lengths, counts, k)
+    return tri.restore(idx, perm, dists, query=query)
+
+
+def _self_knn(run, points, lengths, k):
+    """Self-KNN on the CPU: the partitioned cloud is both sides; rows are put back in the
+    original order."""
+    clamped = lengths.clamp(0, points.shape[1])
     keep = _keep(points, clamped)
     if _skip(keep, clamped):
         return run(points, points, lengths, lengths, k)
@@ -149,14 +161,9 @@ def _self_knn(run, points, lengths, k):
 
 
 def ball_query(run, query, ref, query_lengths, ref_lengths, radius, k):
-    """``run(query, ref, query_lengths, ref_lengths, radius, k) -> (idx, counts)`` under the policy."""
+    """``run(query, ref, query_lengths, ref_lengths, radius, k) -> (idx, counts)`` under the policy
+    (the CPU's; the CUDA grid kernel applies it inside, ``pcops.triton.ball_query_grid``)."""
     (idx, cnt), perm, bad_q = _pair(run, query, ref, query_lengths, ref_lengths, radius, k)
     if perm is None:
         return idx, cnt
-    if ref.is_cuda:
-        from .triton import finite as tri
-
-        idx = tri.restore(idx, perm, query=query)
-    else:
-        idx = restore(idx, perm).masked_fill(bad_q[..., None], -1)
-    return idx, cnt.masked_fill(bad_q, 0)
+    return restore(idx, perm).masked_fill(bad_q[..., None], -1), cnt.masked_fill(bad_q, 0)

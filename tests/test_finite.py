@@ -166,12 +166,19 @@ def test_triton_point_ops_non_finite_interpreter():
 
     pts, lengths = clouds_with_bad_points(2, 40, seed=11, all_bad_cloud=True)
     start = torch.tensor([3, 0])
-    got = _finite.fps(tri_fps.farthest_point_sample, pts, lengths, start, 24)
-    assert torch.equal(got, fps_oracle(pts, lengths, start, 24))
+    lengths[0] += 5  # past the cloud: every path clamps (the Triton passes inside their kernels)
+    for fps in (_finite.fps, _finite.fps_triton):  # the torch ops (CPU) and the passes of the CUDA path
+        got = fps(tri_fps.farthest_point_sample, pts, lengths, start, 24)
+        assert torch.equal(got, fps_oracle(pts, lengths.clamp(max=40), start, 24))
     q, ql = clouds_with_bad_points(2, 20, seed=12)
-    d, i = _finite.knn(tri_knn.knn, q, pts, ql, lengths, 6)
-    d_exp, i_exp = knn_oracle(q, pts, ql, lengths, 6)
-    assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
+    d_exp, i_exp = knn_oracle(q, pts, ql, lengths.clamp(max=40), 6)
+    for knn in (_finite.knn, _finite.knn_triton):
+        d, i = knn(tri_knn.knn, q, pts, ql, lengths, 6)
+        assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
+    d_exp, i_exp = knn_oracle(pts, pts, lengths.clamp(max=40), lengths.clamp(max=40), 5)
+    for knn in (_finite.knn, _finite.knn_triton):  # self-KNN: one tensor, one lengths tensor
+        d, i = knn(tri_knn.knn, pts, pts, lengths, lengths, 5)
+        assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
     idx, cnt = _finite.ball_query(tri_knn.ball_query, q, pts, ql, lengths, 1.2, 5)
     i_exp, c_exp = ball_oracle(q, pts, ql, lengths, 1.2, 5)
     assert torch.equal(idx, i_exp) and torch.equal(cnt, c_exp)
@@ -359,6 +366,10 @@ def test_triton_partition_and_restore_interpreter():
     rows = torch.randint(0, 7, (3, 7), generator=generator(25))
     q = torch.rand(3, 7, 3, generator=generator(26))
     q[1, 2, 0] = float("nan")
+    q[0, 4, 2] = -float("inf")
+    bad_rows = ~torch.isfinite(q).all(-1, keepdim=True)
+    assert torch.equal(tri.zero_non_finite(q), q.masked_fill(bad_rows, 0))
+    assert torch.equal(tri.zero_non_finite(q.double()), q.double().masked_fill(bad_rows, 0))
     d_got, i_got = tri.restore(idx, perm, d, rows=rows, query=q)
     r = rows[..., None].expand(-1, -1, 5)
     bad = ~torch.isfinite(q).all(-1)[..., None]
