@@ -721,6 +721,13 @@ sig.update(BITS="constexpr", BR="constexpr", W="constexpr", KPAD="constexpr")
 consts = {**ones, "BITS": g._CELL_BITS, "BR": g._BR, "W": g._W, "KPAD": 1}
 triton.compile(ASTSource(g._ball_grid_kernel, sig, consts), target=target,
                options={"num_warps": 1, "enable_fp_fusion": False})
+from pcops.triton import finite as f  # the non-finite policy's passes around the kernels
+
+for pt in ("*fp32", "*fp64"):
+    compile_(f._zero_non_finite_kernel, [pt, pt, "i32"], dict(BLOCK=f._BLOCK), 4)
+    compile_(f._count_kernel, [pt, "*i64", "*i32", "i32", "i32"], dict(BLOCK=f._BLOCK), 4)
+    compile_(f._partition_kernel, [pt, "*i64", "*i64", "*i32", pt, "*i64", "*i64", "*i64", "*i64", "i32", "i32"],
+             dict(BLOCK=f._BLOCK, CHUNKS_P2=4), 4)
 print("compiled")
 """
 
