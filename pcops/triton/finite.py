@@ -93,7 +93,7 @@ def _partition_kernel(
 
 def partition(points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tensor | None = None):
     """``(moved, counts, perm, pos, new_start)`` as ``pcops._finite.partition`` for ``(B, N, 3)``
-    contiguous float points and ``(B,)`` int64 lengths (clamped to ``[0, N]``); ``new_start`` is
+    contiguous float points and ``(B,)`` int64 lengths (the kernels clamp them to ``[0, N]``); ``new_start`` is
     ``start_idx`` (``(B,)`` int64) renumbered as ``pcops._finite.fps`` does, or None."""
     batch, n, _ = points.shape
     moved = torch.empty_like(points)
