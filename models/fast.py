@@ -3,6 +3,7 @@ pillar feature net, the folded backbone with a fused bias + ReLU epilogue, one f
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -248,19 +249,22 @@ class FastPathMixin:
 
         return canvas, replay
 
+    def _scan_graph_applies(self, device: torch.device) -> bool:
+        """Whether an eager call on ``device`` replays graphs (``eager_graph``, CUDA, no capture or
+        ``torch.compile`` under way)."""
+        if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
+            return False
+        return not torch.cuda.is_current_stream_capturing()
+
     def _graphed_scan(self, points: torch.Tensor, fp: FastParams):
         """The whole detection of one scan (voxelization through post-processing) as a CUDA graph
-        for eager calls: a :class:`~pcops.models.graph.GraphedPointPillars` kept per (device,
-        dtype, layout, epilogue, cuDNN / TF32 flags), or ``None`` where ``eager_graph`` does not
-        apply (as :meth:`_graphed_backbone`). Captured at the first call, and again after the
-        weights, the config or the anchors change, or for a scan larger than its capacity (the
-        next power of two of points, at least 131,072: a KITTI scan fits). Returns
-        ``(detections, dropped_voxels)``, both copied out of the graph (the caller owns them)."""
+        for eager calls, where :meth:`_scan_graph_applies` (the caller checks): a
+        :class:`~pcops.models.graph.GraphedPointPillars` kept per (device, dtype, layout,
+        epilogue, cuDNN / TF32 flags). Captured at the first call, and again after the weights,
+        the config or the anchors change, or for a scan larger than its capacity (the next power
+        of two of points, at least 131,072: a KITTI scan fits). Returns ``(detections,
+        dropped_voxels)``, both copied out of the graph (the caller owns them)."""
         device = points.device
-        if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
-            return None
-        if torch.cuda.is_current_stream_capturing():
-            return None
         key = (
             device,
             1,
@@ -287,7 +291,11 @@ class FastPathMixin:
             while len(self._graphs) >= MAX_EAGER_GRAPHS:
                 self._graphs.pop(next(iter(self._graphs)))
             capacity = max(131_072, 1 << max(n - 1, 0).bit_length())
-            entry = (fp, self.config, anchors, GraphedPointPillars(self, points, max_points=capacity))
+            graphed = GraphedPointPillars(self, points, max_points=capacity)
+            # captured: later calls need the model only for checks and the config; a weak reference
+            # keeps the model → graph → model cycle from holding the graph's memory after the model
+            graphed.model = weakref.proxy(self)
+            entry = (fp, self.config, anchors, graphed)
             self._graphs[key] = entry
         graphed = entry[3]
         det = graphed(points)

@@ -339,13 +339,11 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         the post-processing too)."""
         batch_size = self._check_points(points, lengths)
         reference = self.impl == "reference"
-        if post and lengths is None and not reference:
+        if post and lengths is None and not reference and self._scan_graph_applies(points.device):
             with timer("scan (graph)"):
-                scan = self._graphed_scan(points, self._fast_params(points.device))
-            if scan is not None:
-                det, self.last_dropped_voxels = scan
-                self._warn_dropped(self.last_dropped_voxels)
-                return det
+                det, self.last_dropped_voxels = self._graphed_scan(points, self._fast_params(points.device))
+            self._warn_dropped(self.last_dropped_voxels)
+            return det
         with timer("voxelize"):
             vox = self._voxelize(points, lengths, reference)
         self.last_dropped_voxels = vox.num_dropped_voxels

@@ -34,17 +34,22 @@ _FILLED_MAX = 64  # entries kept (the oldest goes; its memory is reused in strea
 
 def filled(batch: int, value: int, device: torch.device) -> torch.Tensor:
     """``torch.full((batch,), value, dtype=torch.int64, device=device)`` for an op to read (never to
-    write). On CUDA, outside graph capture and ``torch.compile``, one tensor per (device, current
+    write). On CUDA, outside graph capture, ``torch.compile`` and dispatch modes, one tensor per (device, current
     stream, batch, value) is kept and returned again: an eager call with default lengths or start
     indices then launches no fill. Per stream, so the fill is ordered before every use."""
-    if device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+    if (
+        device.type != "cuda"
+        or torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack()  # FakeTensorMode, make_fx, ...: their tensors are not kept
+        or torch.cuda.is_current_stream_capturing()
+    ):
         return torch.full((batch,), value, dtype=torch.int64, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, torch._C._cuda_getCurrentRawStream(index), batch, value)
     t = _FILLED.get(key)
     if t is None:
         while len(_FILLED) >= _FILLED_MAX:
-            _FILLED.pop(next(iter(_FILLED)))
+            _FILLED.pop(next(iter(_FILLED), None), None)  # another thread may have taken it
         t = _FILLED[key] = torch.full((batch,), value, dtype=torch.int64, device=device)
     return t
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["partition", "restore", "fps", "fps_triton", "knn", "knn_triton", "ball_query"]
+__all__ = ["partition", "restore", "fps", "fps_triton", "knn", "knn_triton", "ball_query", "ball_query_triton"]
 
 
 def _keep(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -54,6 +54,8 @@ def partition(points: torch.Tensor, keep: torch.Tensor):
 
 def restore(idx: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """Indices into the partitioned clouds (−1 padded, ``(B, ...)``) → indices into the originals."""
+    if perm.shape[1] == 0:  # no reference points: every index is already −1
+        return idx
     flat = idx.reshape(idx.shape[0], -1)
     out = torch.where(flat >= 0, perm.gather(1, flat.clamp(min=0)), flat)
     return out.reshape(idx.shape)
@@ -162,8 +164,24 @@ def _self_knn(run, points, lengths, k):
 
 def ball_query(run, query, ref, query_lengths, ref_lengths, radius, k):
     """``run(query, ref, query_lengths, ref_lengths, radius, k) -> (idx, counts)`` under the policy
-    (the CPU's; the CUDA grid kernel applies it inside, ``pcops.triton.ball_query_grid``)."""
+    (the CUDA grid kernel of ``pcops.triton.ball_query_grid`` applies it inside; the other CUDA
+    kernels and the reference on CUDA come here)."""
+    if query.is_cuda:
+        return ball_query_triton(run, query, ref, query_lengths, ref_lengths, radius, k)
     (idx, cnt), perm, bad_q = _pair(run, query, ref, query_lengths, ref_lengths, radius, k)
     if perm is None:
         return idx, cnt
     return restore(idx, perm).masked_fill(bad_q[..., None], -1), cnt.masked_fill(bad_q, 0)
+
+
+def ball_query_triton(run, query, ref, query_lengths, ref_lengths, radius, k):
+    """:func:`ball_query` with the Triton passes (as :func:`knn_triton`): the partition (2
+    launches), the query pass (1, which also gives the non-finite rows), the index mapping (1) and
+    the counts of those rows set to 0 (1)."""
+    from .triton import finite as tri
+
+    query = query.contiguous()
+    moved, counts, perm, _, _ = tri.partition(ref.contiguous(), ref_lengths)
+    q, bad_q = tri.zero_non_finite(query, with_mask=True)
+    idx, cnt = run(q, moved, query_lengths, counts, radius, k)
+    return tri.restore(idx, perm, query=query), cnt.masked_fill(bad_q, 0)

@@ -179,9 +179,18 @@ def test_triton_point_ops_non_finite_interpreter():
     for knn in (_finite.knn, _finite.knn_triton):  # self-KNN: one tensor, one lengths tensor
         d, i = knn(tri_knn.knn, pts, pts, lengths, lengths, 5)
         assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
-    idx, cnt = _finite.ball_query(tri_knn.ball_query, q, pts, ql, lengths, 1.2, 5)
-    i_exp, c_exp = ball_oracle(q, pts, ql, lengths, 1.2, 5)
-    assert torch.equal(idx, i_exp) and torch.equal(cnt, c_exp)
+    i_exp, c_exp = ball_oracle(q, pts, ql, lengths.clamp(max=40), 1.2, 5)
+    for ball in (_finite.ball_query, _finite.ball_query_triton):
+        idx, cnt = ball(tri_knn.ball_query, q, pts, ql, lengths, 1.2, 5)
+        assert torch.equal(idx, i_exp) and torch.equal(cnt, c_exp)
+    # no reference points at all (and non-finite queries): rows of −1 / inf, counts 0
+    empty, none = pts[:, :0], torch.zeros(2, dtype=torch.int64)
+    for knn in (_finite.knn, _finite.knn_triton):
+        d, i = knn(tri_knn.knn, q, empty, ql, none, 3)
+        assert bool((i == -1).all()) and bool(torch.isinf(d).all())
+    for ball in (_finite.ball_query, _finite.ball_query_triton):
+        idx, cnt = ball(tri_knn.ball_query, q, empty, ql, none, 1.2, 5)
+        assert bool((idx == -1).all()) and bool((cnt == 0).all())
 
 
 # --- sparse softmax: NaN as torch.softmax --------------------------------------------------------
@@ -369,6 +378,8 @@ def test_triton_partition_and_restore_interpreter():
     q[0, 4, 2] = -float("inf")
     bad_rows = ~torch.isfinite(q).all(-1, keepdim=True)
     assert torch.equal(tri.zero_non_finite(q), q.masked_fill(bad_rows, 0))
+    zeroed, mask = tri.zero_non_finite(q, with_mask=True)
+    assert torch.equal(zeroed, q.masked_fill(bad_rows, 0)) and torch.equal(mask, bad_rows[..., 0])
     assert torch.equal(tri.zero_non_finite(q.double()), q.double().masked_fill(bad_rows, 0))
     d_got, i_got = tri.restore(idx, perm, d, rows=rows, query=q)
     r = rows[..., None].expand(-1, -1, 5)

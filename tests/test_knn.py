@@ -724,7 +724,8 @@ triton.compile(ASTSource(g._ball_grid_kernel, sig, consts), target=target,
 from pcops.triton import finite as f  # the non-finite policy's passes around the kernels
 
 for pt in ("*fp32", "*fp64"):
-    compile_(f._zero_non_finite_kernel, [pt, pt, "i32"], dict(BLOCK=f._BLOCK), 4)
+    for mask in (False, True):
+        compile_(f._zero_non_finite_kernel, [pt, pt, "*i8", "i32"], dict(MASK=mask, BLOCK=f._BLOCK), 4)
     compile_(f._count_kernel, [pt, "*i64", "*i32", "i32", "i32"], dict(BLOCK=f._BLOCK), 4)
     compile_(f._partition_kernel, [pt, "*i64", "*i64", "*i32", pt, "*i64", "*i64", "*i64", "*i64", "i32", "i32"],
              dict(BLOCK=f._BLOCK, CHUNKS_P2=4), 4)
@@ -742,6 +743,19 @@ def test_default_lengths_are_fresh_on_the_cpu():
 
     a, b = _clouds.filled(3, 7, torch.device("cpu")), _clouds.filled(3, 7, torch.device("cpu"))
     assert a.tolist() == [7, 7, 7] and a.dtype == torch.int64 and a is not b
+
+
+def test_default_lengths_not_cached_under_a_dispatch_mode():
+    """A fake CUDA tensor (FakeTensorMode, make_fx) never enters the per-stream cache (no GPU needed:
+    the mode is checked before any CUDA call)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pcops import _clouds
+
+    before = dict(_clouds._FILLED)
+    with FakeTensorMode():
+        t = _clouds.filled(2, 5, torch.device("cuda"))
+    assert t.device.type == "cuda" and t.shape == (2,) and _clouds._FILLED == before
 
 
 @pytest.mark.gpu

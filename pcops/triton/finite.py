@@ -131,7 +131,7 @@ def partition(points: torch.Tensor, lengths: torch.Tensor, start_idx: torch.Tens
 
 
 @triton.jit
-def _zero_non_finite_kernel(src_ptr, dst_ptr, rows, BLOCK: tl.constexpr):
+def _zero_non_finite_kernel(src_ptr, dst_ptr, bad_ptr, rows, MASK: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = r < rows
     x = tl.load(src_ptr + r * 3, mask=m, other=0.0)
@@ -141,16 +141,21 @@ def _zero_non_finite_kernel(src_ptr, dst_ptr, rows, BLOCK: tl.constexpr):
     tl.store(dst_ptr + r * 3, tl.where(ok, x, 0.0), mask=m)
     tl.store(dst_ptr + r * 3 + 1, tl.where(ok, y, 0.0), mask=m)
     tl.store(dst_ptr + r * 3 + 2, tl.where(ok, z, 0.0), mask=m)
+    if MASK:
+        tl.store(bad_ptr + r, (~ok).to(tl.int8), mask=m)
 
 
-def zero_non_finite(points: torch.Tensor) -> torch.Tensor:
+def zero_non_finite(points: torch.Tensor, with_mask: bool = False):
     """``(..., 3)`` contiguous float points with the rows holding a NaN or ±inf set to zeros (as
-    ``torch.where(~isfinite(p).all(-1, keepdim=True), 0, p)``): one launch."""
+    ``torch.where(~isfinite(p).all(-1, keepdim=True), 0, p)``): one launch. ``with_mask``: also
+    return those rows, ``(...)`` bool (``~isfinite(p).all(-1)``)."""
     out = torch.empty_like(points)
+    bad = torch.empty(points.shape[:-1], dtype=torch.int8, device=points.device) if with_mask else out
     rows = points.numel() // 3
     if rows:
-        _launch.launch(_zero_non_finite_kernel, (_launch.cdiv(rows, _BLOCK),), points, out, rows, BLOCK=_BLOCK)
-    return out
+        grid = (_launch.cdiv(rows, _BLOCK),)
+        _launch.launch(_zero_non_finite_kernel, grid, points, out, bad, rows, MASK=with_mask, BLOCK=_BLOCK)
+    return (out, bad.view(torch.bool)) if with_mask else out
 
 
 @triton.jit
