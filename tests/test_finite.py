@@ -175,6 +175,10 @@ def test_triton_point_ops_non_finite_interpreter():
     for knn in (_finite.knn, _finite.knn_triton):
         d, i = knn(tri_knn.knn, q, pts, ql, lengths, 6)
         assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
+    # query lengths past the clouds too (the kernels clamp them)
+    d, i = _finite.knn_triton(tri_knn.knn, q, pts, ql + 30, lengths, 6)
+    d_exp, i_exp = knn_oracle(q, pts, torch.full_like(ql, 20), lengths.clamp(max=40), 6)
+    assert torch.equal(i, i_exp) and torch.equal(d, d_exp)
     d_exp, i_exp = knn_oracle(pts, pts, lengths.clamp(max=40), lengths.clamp(max=40), 5)
     for knn in (_finite.knn, _finite.knn_triton):  # self-KNN: one tensor, one lengths tensor
         d, i = knn(tri_knn.knn, pts, pts, lengths, lengths, 5)

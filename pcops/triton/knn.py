@@ -78,7 +78,7 @@ def _morton_kernel(
     b = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < n
-    valid = offs < tl.load(lengths_ptr + b)
+    valid = live & (offs < tl.load(lengths_ptr + b))  # lengths past N (unclamped) read nothing past the cloud
     code = tl.zeros([BLOCK], dtype=tl.int32)
     for axis in tl.static_range(3):
         c = tl.load(points_ptr + (b * n + offs) * 3 + axis, mask=valid, other=0.0)
@@ -105,7 +105,7 @@ def _sort_gather_kernel(
     b = tl.program_id(1).to(tl.int64)
     pos = t * TILE + tl.arange(0, TILE)
     live = pos < n
-    valid = pos < tl.load(lengths_ptr + b)
+    valid = live & (pos < tl.load(lengths_ptr + b))
     src = tl.load(perm_ptr + b * n + pos, mask=live, other=0)
     box = box_ptr + (b * num_tiles + t) * 8
     for axis in tl.static_range(3):
