@@ -12,7 +12,7 @@ from torch import nn
 
 import pcops
 
-from .graph import capture_graph
+from .graph import GraphedPointPillars, capture_graph
 
 __all__ = ["EPILOGUES", "FastParams", "FastPathMixin"]
 
@@ -212,35 +212,20 @@ class FastPathMixin:
         are identical. Returns ``(canvas, replay)``: the static canvas to fill, then ``replay()`` →
         the static ``(B, H, W, 72)`` head output, overwritten by the next call, or with ``post``
         the :class:`Detections`, cloned (the caller owns them)."""
-        if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
+        if not self._eager_graph_applies(device):
             return None
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        key = (
-            device,
-            batch_size,
-            fp.dtype,
-            fp.channels_last,
-            self.epilogue,
-            post,
-            torch.is_inference_mode_enabled(),
-            *_conv_flags(),
-        )
         anchors = self.anchors(device) if post else None
-        entry = self._graphs.get(key)
-        if entry is None or entry[0] is not fp or entry[1] is not self.config or entry[2] is not anchors:
-            self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
-            while len(self._graphs) >= MAX_EAGER_GRAPHS:  # the oldest batch size's graph makes room
-                self._graphs.pop(next(iter(self._graphs)))
+
+        def build():
             canvas = self._new_canvas(batch_size, device, fp)
 
             def run():
                 out = self._backbone_head(canvas, fp)
                 return self._post_fast(out) if post else out
 
-            graph, out = capture_graph(run, device)
-            entry = (fp, self.config, anchors, canvas, graph, out)
-            self._graphs[key] = entry
+            return (canvas, *capture_graph(run, device))
+
+        entry = self._eager_graph_entry(device, batch_size, fp, post, anchors, build)
         canvas, graph, out = entry[3:]
 
         def replay():
@@ -249,54 +234,61 @@ class FastPathMixin:
 
         return canvas, replay
 
-    def _scan_graph_applies(self, device: torch.device) -> bool:
+    def _eager_graph_applies(self, device: torch.device) -> bool:
         """Whether an eager call on ``device`` replays graphs (``eager_graph``, CUDA, no capture or
         ``torch.compile`` under way)."""
         if not self.eager_graph or device.type != "cuda" or torch.compiler.is_compiling():
             return False
         return not torch.cuda.is_current_stream_capturing()
 
+    def _eager_graph_entry(self, device, batch_size: int, fp: FastParams, kind, anchors, build, fits=None) -> tuple:
+        """The kept eager graph ``(fp, config, anchors, *build())`` of (device, batch size, dtype,
+        layout, epilogue, ``kind``, inference mode, cuDNN / TF32 flags): ``build()`` captures it
+        when there is none, after the weights (a new :class:`FastParams`), the config or the
+        anchors change, or where ``fits(entry)`` is false; the oldest graphs make room
+        (``MAX_EAGER_GRAPHS``)."""
+        key = (
+            device,
+            batch_size,
+            fp.dtype,
+            fp.channels_last,
+            self.epilogue,
+            kind,
+            torch.is_inference_mode_enabled(),
+            *_conv_flags(),
+        )
+        entry = self._graphs.get(key)
+        stale = entry is None or entry[0] is not fp or entry[1] is not self.config or entry[2] is not anchors
+        if stale or (fits is not None and not fits(entry)):
+            self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
+            while len(self._graphs) >= MAX_EAGER_GRAPHS:  # the oldest graph makes room
+                self._graphs.pop(next(iter(self._graphs)))
+            entry = (fp, self.config, anchors, *build())
+            self._graphs[key] = entry
+        return entry
+
     def _graphed_scan(self, points: torch.Tensor, fp: FastParams):
         """The whole detection of one scan (voxelization through post-processing) as a CUDA graph
-        for eager calls, where :meth:`_scan_graph_applies` (the caller checks): a
+        for eager calls, where :meth:`_eager_graph_applies` (the caller checks): a
         :class:`~pcops.models.graph.GraphedPointPillars` kept per (device, dtype, layout,
         epilogue, cuDNN / TF32 flags). Captured at the first call, and again after the weights,
         the config or the anchors change, or for a scan larger than its capacity (the next power
         of two of points, at least 131,072: a KITTI scan fits). Returns ``(detections,
         dropped_voxels)``, both copied out of the graph (the caller owns them)."""
         device = points.device
-        key = (
-            device,
-            1,
-            fp.dtype,
-            fp.channels_last,
-            self.epilogue,
-            "scan",
-            torch.is_inference_mode_enabled(),
-            *_conv_flags(),
-        )
-        anchors = self.anchors(device)
         n = points.shape[0]
-        entry = self._graphs.get(key)
-        if (
-            entry is None
-            or entry[0] is not fp
-            or entry[1] is not self.config
-            or entry[2] is not anchors
-            or n > entry[3].max_points
-        ):
-            from .graph import GraphedPointPillars
 
-            self._graphs.pop(key, None)  # the old graph's memory goes back to the allocator first
-            while len(self._graphs) >= MAX_EAGER_GRAPHS:
-                self._graphs.pop(next(iter(self._graphs)))
+        def build():
             capacity = max(131_072, 1 << max(n - 1, 0).bit_length())
             graphed = GraphedPointPillars(self, points, max_points=capacity)
             # captured: later calls need the model only for checks and the config; a weak reference
             # keeps the model → graph → model cycle from holding the graph's memory after the model
             graphed.model = weakref.proxy(self)
-            entry = (fp, self.config, anchors, graphed)
-            self._graphs[key] = entry
+            return (graphed,)
+
+        entry = self._eager_graph_entry(
+            device, 1, fp, "scan", self.anchors(device), build, fits=lambda e: n <= e[3].max_points
+        )
         graphed = entry[3]
         det = graphed(points)
         return type(det)(*(t.clone() for t in det)), graphed.dropped_voxels.clone()

@@ -339,7 +339,7 @@ class PointPillars(FastPathMixin, PostProcessMixin, nn.Module):
         the post-processing too)."""
         batch_size = self._check_points(points, lengths)
         reference = self.impl == "reference"
-        if post and lengths is None and not reference and self._scan_graph_applies(points.device):
+        if post and lengths is None and not reference and self._eager_graph_applies(points.device):
             with timer("scan (graph)"):
                 det, self.last_dropped_voxels = self._graphed_scan(points, self._fast_params(points.device))
             self._warn_dropped(self.last_dropped_voxels)

@@ -826,3 +826,37 @@ def test_post_kernels_compile_for_sm90(dense_dtype):
     from _util import run_compiler_script
 
     run_compiler_script(_AOT_POST, dense_dtype)
+
+
+def test_eager_graph_entries_are_kept_and_recaptured():
+    """The bookkeeping both eager graphs share (no GPU: ``build`` stands in for a capture): one
+    entry per key, kept while the weights, config and anchors are the same objects and ``fits``
+    holds, captured again otherwise; the oldest entries make room past ``MAX_EAGER_GRAPHS``."""
+    import dataclasses
+
+    from models.fast import MAX_EAGER_GRAPHS
+
+    model = PointPillars()
+    dev = torch.device("cpu")
+    fp = model._fast_params(dev)
+    anchors = model.anchors(dev)
+    builds = []
+
+    def build():
+        builds.append(1)
+        return (len(builds),)
+
+    def entry(batch=1, kind="scan", fits=None):
+        return model._eager_graph_entry(dev, batch, fp, kind, anchors, build, fits=fits)
+
+    first = entry()
+    assert entry() is first and entry(fits=lambda e: True) is first and len(builds) == 1
+    second = entry(fits=lambda e: False)  # e.g. a scan larger than the capacity
+    assert second is not first and second[3] == 2 and entry() is second
+    config = model.config
+    model.config = dataclasses.replace(config, score_thresh=0.5)
+    assert entry()[3] == 3 and entry()[1] is model.config
+    assert entry(kind=True) is not entry() and len(model._graphs) == 2
+    for b in range(2, 2 + MAX_EAGER_GRAPHS):  # other batch sizes push the oldest entries out
+        entry(batch=b, kind=True)
+    assert len(model._graphs) == MAX_EAGER_GRAPHS and all(k[1] != 1 for k in model._graphs)
