@@ -120,7 +120,7 @@ class FastPathMixin:
                 w = w.contiguous(memory_format=torch.channels_last)
             return fc._replace(weight=w, bias=fc.bias.to(device=device, dtype=dt))
 
-        from pcops.triton.pfn import fold_batchnorm
+        from pcops.pfn import fold_batchnorm
 
         single = len(self.vfe.pfn_layers) == 1 and self.config.use_absolute_xyz and not self.config.with_distance
         layer = self.vfe.pfn_layers[0]

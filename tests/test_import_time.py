@@ -127,3 +127,30 @@ def test_cpu_ops_keep_torch_thread_count(probe):
     """A torch.set_num_threads(1) made before the first CPU op call is still in force after it
     (numba's first parallel launch used to reset it to the core count: pcops.cpu.keeps_torch_threads)."""
     assert probe["torch_threads_after_ops"] == 1
+
+
+_MODEL_PROBE = r"""
+import sys, warnings
+import torch
+from pcops.models.pointpillars import PointPillars
+
+warnings.simplefilter("ignore")  # random weights warn once
+g = torch.Generator().manual_seed(0)
+pts = torch.rand(3000, 4, generator=g) * torch.tensor([60.0, 60.0, 3.0, 1.0]) - torch.tensor([0.0, 30.0, 2.0, 0.0])
+with torch.no_grad():
+    det = PointPillars(impl="fast").eval()(pts)
+print("MODEL", det.boxes.shape[0], sorted(m for m in sys.modules if m == "triton" or m.startswith(("triton.", "pcops.triton", "pcops.cuda"))))
+"""
+
+
+def test_cpu_pointpillars_fast_path_imports_no_triton():
+    """The demo's model on the CPU (a fresh `pip install ".[viz]"` has no Triton) runs without
+    importing Triton or pcops' GPU kernel modules."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run(
+        [sys.executable, "-c", _MODEL_PROBE], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("MODEL"))
+    assert line.endswith("[]"), f"the CPU model imported GPU modules: {line}"
