@@ -1,0 +1,146 @@
+"""Lab (issue 19): host µs of a LayerNorm + GELU forward through pcops' Python path, through a C++
+shim launching the same compiled Triton kernel (``lng_shim.cpp``), and through torch; and the cost
+of Triton's launcher with tensor vs integer pointer arguments. GPU only; writes JSON to argv[1]."""
+
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import pcops  # noqa: E402
+from pcops.triton import _launch  # noqa: E402
+from pcops.triton import layer_norm_gelu as impl  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build import build  # noqa: E402
+
+dev = torch.device("cuda")
+out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+t0 = time.perf_counter()
+so = build("/tmp/pcops_shim")
+out["build_s"] = round(time.perf_counter() - t0, 1)
+spec = importlib.util.spec_from_file_location("pcops_host_shim", so)
+shim = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shim)
+
+
+def setup(m, n=768):
+    x = torch.randn(m, n, device=dev)
+    w, b = torch.randn(n, device=dev), torch.randn(n, device=dev)
+    y = pcops.fused_layer_norm_gelu(x, w, b)
+    y = pcops.fused_layer_norm_gelu(x, w, b)
+    torch.cuda.synchronize()
+    key = next(k for k in impl._FWD_PLANS if k[0] == n and k[1] == impl._m_class(m) and k[2] == torch.float32)
+    rows, kw = impl._FWD_PLANS[key]
+    args = (x, w, b, torch.empty_like(x), torch.empty(m, device=dev), torch.empty(m, device=dev), x, m, n, 1e-5, 0.0)
+    compiled = impl._layer_norm_gelu_fwd_kernel[(-(-m // rows),)](*args, **kw)
+    runtime = [t for t in compiled.src.signature.values() if t != "constexpr"]
+    assert runtime == ["*fp32"] * 7 + ["i32", "i32", "fp32", "fp32"], compiled.src.signature
+    md = compiled.metadata
+    assert md.num_ctas == 1 and not md.global_scratch_size and not md.profile_scratch_size
+    kid = shim.bind(compiled.function, rows, md.num_warps, md.shared)
+    stream = torch._C._cuda_getCurrentRawStream(dev.index or 0)
+    ys = shim.lng_forward(x, w, b, 1e-5, kid, stream)
+    torch.cuda.synchronize()
+    ref = impl.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+    same = torch.equal(ys[0], y) and torch.equal(ys[1], ref[1]) and torch.equal(ys[2], ref[2])
+    info = _launch._BY_ID[id(impl._layer_norm_gelu_fwd_kernel)]
+    hit = info.bound[_launch._key(info, torch._C._cuda_getDevice(), args, kw)]
+    return x, w, b, kid, stream, same, args, hit, -(-m // rows)
+
+
+def host_us(f, n=3000):
+    for _ in range(50):
+        f()
+    torch.cuda.synchronize()
+    best = []
+    for _ in range(5):
+        s = time.perf_counter()
+        for _ in range(n):
+            f()
+        best.append((time.perf_counter() - s) / n * 1e6)
+        torch.cuda.synchronize()
+    return round(min(best), 2), round(statistics.median(best), 2)
+
+
+def event_ms(f, n=200):
+    for _ in range(20):
+        f()
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        s.record()
+        f()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return round(statistics.median(ts), 4)
+
+
+rows = {}
+for m, label in ((64, "small 64x768"), (4096, "L1 4096x768")):
+    x, w, b, kid, stream, same, args, hit, grid = setup(m)
+    run, function, coop, pdl, meta, tail = hit
+    ptrs = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    fns = {
+        "pcops.fused_layer_norm_gelu": lambda: pcops.fused_layer_norm_gelu(x, w, b),
+        "pcops.triton impl (allocs + launch)": lambda: impl.layer_norm_gelu(x, w, b, 1e-5, "tanh"),
+        "C++ shim (checks, allocs, cuLaunchKernel)": lambda: shim.lng_forward(x, w, b, 1e-5, kid, stream),
+        "C++ shim + stream lookup": lambda: shim.lng_forward(x, w, b, 1e-5, kid, torch._C._cuda_getCurrentRawStream(0)),
+        "Triton launcher, tensor args": lambda: run(
+            grid, 1, 1, stream, function, coop, pdl, None, None, meta, None, None, None, *args, *tail
+        ),
+        "Triton launcher, int pointers": lambda: run(
+            grid, 1, 1, stream, function, coop, pdl, None, None, meta, None, None, None, *ptrs, *tail
+        ),
+        "_launch.launch": lambda: _launch.launch(
+            impl._layer_norm_gelu_fwd_kernel,
+            (grid,),
+            *args,
+            **impl._FWD_PLANS[next(k for k in impl._FWD_PLANS if k[0] == 768 and k[1] == impl._m_class(m))][1],
+        ),
+        "torch F.gelu(F.layer_norm)": lambda: F.gelu(F.layer_norm(x, (768,), w, b), approximate="tanh"),
+        "torch x * 2": lambda: x * 2,
+    }
+    r = {"shim output identical": same}
+    for name, f in fns.items():
+        r[name] = {"host_us_min_median": host_us(f)}
+        if m == 4096 and "launcher" not in name and "_launch" not in name:
+            r[name]["event_ms"] = event_ms(f)
+    rows[label] = r
+    print(label, json.dumps(r, indent=1), flush=True)
+# the product path (pcops._native): built and loaded here, the shape classes registered by a Python-path call
+from pcops import _native  # noqa: E402
+
+t0 = time.perf_counter()
+_native.request(wait=True)
+out["native_status"] = _native.status()
+out["native_build_s"] = round(time.perf_counter() - t0, 1)
+for m, label in ((64, "small 64x768"), (4096, "L1 4096x768")):
+    x = torch.randn(m, 768, device=dev)
+    w, b = torch.randn(768, device=dev), torch.randn(768, device=dev)
+    ref = impl.layer_norm_gelu(x, w, b, 1e-5, "tanh")[0]
+    pcops.fused_layer_norm_gelu(x, w, b)  # registers the class
+    host = _native.MODULE
+    got = host.lng_forward(x, w, b, 1e-5, "tanh", 0.0, False, "auto") if host is not None else None
+    r = rows[label]
+    r["native path taken"] = got is not None
+    r["native output identical"] = got is not None and torch.equal(got, ref)
+    r["pcops.fused_layer_norm_gelu, native"] = {
+        "host_us_min_median": host_us(lambda: pcops.fused_layer_norm_gelu(x, w, b))
+    }
+    if m == 4096:
+        r["pcops.fused_layer_norm_gelu, native"]["event_ms"] = event_ms(lambda: pcops.fused_layer_norm_gelu(x, w, b))
+        r["torch F.gelu(F.layer_norm), again"] = {
+            "event_ms": event_ms(lambda: F.gelu(F.layer_norm(x, (768,), w, b), approximate="tanh"))
+        }
+    print(label, "native", json.dumps({k: v for k, v in r.items() if "native" in k}), flush=True)
+out["rows"] = rows
+Path(sys.argv[1]).write_text(json.dumps(out, indent=1))

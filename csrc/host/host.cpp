@@ -1,0 +1,102 @@
+// pcops native host path: the shared pieces declared in host.h, and the Python module.
+#include "host.h"
+
+#include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <dlfcn.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+
+namespace pcops_host {
+
+namespace {
+using launch_fn_t = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                            void**, void**);
+launch_fn_t launch_fn = nullptr;
+PyObject* parameter_type = nullptr;  // torch.nn.Parameter, set by init()
+
+// Remember torch.nn.Parameter; find the driver's launch entry point. Returns whether it was found
+// (no driver, e.g. on a CPU-only machine: the module loads, registers nothing and takes no call).
+bool init(py::handle parameter) {
+  if (parameter_type == nullptr) {
+    parameter_type = parameter.ptr();
+    Py_INCREF(parameter_type);
+  }
+  if (!launch_fn) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (lib != nullptr) launch_fn = reinterpret_cast<launch_fn_t>(dlsym(lib, "cuLaunchKernel"));
+  }
+  return launch_fn != nullptr;
+}
+}  // namespace
+
+void launch(const Kernel& k, unsigned grid_x, at::Device device, void** params, int num_params) {
+  TORCH_CHECK(launch_fn != nullptr, "pcops native host: no CUDA driver (init() found no cuLaunchKernel)");
+  void* all[32];
+  TORCH_CHECK(num_params + 2 <= 32, "pcops native host: too many kernel parameters");
+  uint64_t scratch = 0, profile = 0;
+  for (int i = 0; i < num_params; ++i) all[i] = params[i];
+  all[num_params] = &scratch;
+  all[num_params + 1] = &profile;
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  void* stream = impl->getStream(device).native_handle();
+  const int r = launch_fn(k.function, grid_x, 1, 1, k.threads, 1, 1, k.shared, stream, all, nullptr);
+  TORCH_CHECK(r == 0, "pcops native host: cuLaunchKernel failed with CUresult ", r);
+}
+
+bool plain_tensor(py::handle obj) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()));
+  return THPVariable_CheckExact(obj.ptr()) || (parameter_type != nullptr && type == parameter_type);
+}
+
+bool direct_ok(const at::Tensor& t) {
+  static const c10::DispatchKeySet blocked({c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
+                                            c10::DispatchKey::PythonTLSSnapshot});
+  if (t.key_set().has_any(blocked)) return false;
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  // a functorch transform is active (its dynamic layer keys are in the thread's included set)
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)) return false;
+  if (torch::jit::tracer::isTracing()) return false;
+  return !at::hasCallbacks();
+}
+
+bool current_cuda(const at::Device& device) {
+  if (!device.is_cuda()) return false;
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl->getDevice().index() == device.index();
+}
+
+bool as_double(py::handle obj, double* out) {
+  PyObject* o = obj.ptr();
+  if (PyFloat_CheckExact(o)) {
+    *out = PyFloat_AS_DOUBLE(o);
+    return true;
+  }
+  if (PyLong_CheckExact(o)) {
+    *out = PyLong_AsDouble(o);
+    if (*out == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+bool str_is(py::handle obj, const char* text) {
+  return PyUnicode_Check(obj.ptr()) && PyUnicode_CompareWithASCIIString(obj.ptr(), text) == 0;
+}
+
+// per-op registration (one function per op file)
+void register_layer_norm_gelu(py::module_& m);
+
+}  // namespace pcops_host
+
+PYBIND11_MODULE(_pcops_host, m) {
+  m.doc() = "pcops native host path (built at run time; see pcops/_native.py)";
+  m.def("init", &pcops_host::init, "remember torch.nn.Parameter; find the CUDA driver (returns whether found)");
+  pcops_host::register_layer_norm_gelu(m);
+}

@@ -1,0 +1,179 @@
+"""The native host path: a small C++ module (``csrc/host/*.cpp``) that takes an op's eager call,
+checks it, allocates and launches the Triton kernel pcops already compiled for that shape class.
+
+Why: an eager call's host time in Python (argument checks, the op dispatch, allocations through
+the Python API, Triton's launcher) is several times its kernel time for the small and mid-sized
+calls of a training or inference loop (issue 19; ``benchmarks/NOTES.md``); in C++ the same work
+takes a few µs.
+
+How it is used (today: ``fused_layer_norm_gelu``'s forward without gradient or dropout):
+
+- the op's public function hands the call to the module first (``MODULE.<op>_forward``); the
+  module returns ``None`` for anything it does not take (another device or backend, a tensor
+  subclass, a gradient, an active dispatch mode, functorch transform, tracer or profiler, a shape
+  class it has no kernel for, ...), and the Python path runs, with its checks and errors;
+- the Python path, after launching the kernel it autotuned for a shape class, registers that
+  kernel (its ``CUfunction``, threads, shared memory, rows per program) with the module
+  (``register``), so later calls of that class take the native path. Both paths launch the same
+  binary with the same arguments: results are bit-identical.
+
+Build: the first CUDA call of such an op starts a background thread that compiles the module
+with the C++ compiler (``$CXX`` or ``g++``, against torch's headers; about 15-30 s on one core,
+the calls meanwhile take the Python path) into ``$PCOPS_CACHE_DIR`` (default ``~/.cache/pcops``),
+keyed by a hash of the sources, the torch and Python versions and the flags; later processes
+load the cached module at once. Where no compiler is found or the build fails, the reason is
+logged once (logger ``"pcops"``, WARNING) and everything stays on the Python path.
+``PCOPS_NATIVE_HOST=0`` turns the native path off (e.g. where run-time compilation is not
+allowed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from ._nvrtc import CSRC_DIR
+
+__all__ = ["MODULE", "request", "build", "enabled", "status"]
+
+MODULE = None  # the loaded module; None until built and loaded (or where it cannot be)
+
+_logger = logging.getLogger("pcops")
+_lock = threading.Lock()
+_state = {"started": False, "error": None}
+_NAME = "_pcops_host"
+
+
+def enabled() -> bool:
+    """False where ``PCOPS_NATIVE_HOST=0``."""
+    return os.environ.get("PCOPS_NATIVE_HOST", "1") != "0"
+
+
+def status() -> str:
+    """``"loaded"``, ``"building"``, ``"off"``, ``"not started"`` or ``"failed: <reason>"``."""
+    if MODULE is not None:
+        return "loaded"
+    if not enabled():
+        return "off"
+    if _state["error"] is not None:
+        return f"failed: {_state['error']}"
+    return "building" if _state["started"] else "not started"
+
+
+def _sources() -> list[Path]:
+    folder = CSRC_DIR / "host"
+    return sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.h"))
+
+
+def _compiler() -> str | None:
+    cxx = os.environ.get("CXX") or "g++"
+    return shutil.which(cxx)
+
+
+def _flags() -> list[str]:
+    from torch.utils import cpp_extension as ce
+
+    flags = ["-O2", "-fPIC", "-std=c++17", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    flags += [f"-I{p}" for p in ce.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    return flags
+
+
+def _link_flags() -> list[str]:
+    from torch.utils import cpp_extension as ce
+
+    libs = ce.library_paths()
+    return (
+        [f"-L{p}" for p in libs]
+        + [f"-Wl,-rpath,{p}" for p in libs]
+        + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl"]
+    )
+
+
+def _target() -> Path:
+    h = hashlib.sha256()
+    for src in _sources():
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    h.update(" ".join([torch.__version__, sys.version, *_flags(), *_link_flags()]).encode())
+    cache = Path(os.environ.get("PCOPS_CACHE_DIR", Path.home() / ".cache" / "pcops"))
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return cache / "host" / h.hexdigest()[:16] / f"{_NAME}{suffix}"
+
+
+def build(force: bool = False) -> Path:
+    """Compile the module into the cache (each source in its own compiler process, then a link)
+    and return its path; the cached build when it exists (unless ``force``). Raises
+    ``RuntimeError`` with the compiler's message when a step fails."""
+    target = _target()
+    if target.exists() and not force:
+        return target
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objs, procs = [], []
+        for src in (s for s in _sources() if s.suffix == ".cpp"):
+            obj = Path(tmp) / (src.stem + ".o")
+            objs.append(str(obj))
+            cmd = [cxx, *_flags(), "-c", str(src), "-o", str(obj)]
+            procs.append((src, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        for src, proc in procs:
+            out, _ = proc.communicate()
+            if proc.returncode:
+                raise RuntimeError(f"compiling {src.name} failed:\n{out[-4000:]}")
+        so = Path(tmp) / target.name
+        link = subprocess.run([cxx, "-shared", *objs, "-o", str(so), *_link_flags()], capture_output=True, text=True)
+        if link.returncode:
+            raise RuntimeError(f"linking {_NAME} failed:\n{(link.stdout + link.stderr)[-4000:]}")
+        os.replace(so, target)  # atomic: a concurrent process loads either build, never half of one
+    return target
+
+
+def _load(path: Path):
+    loader = importlib.machinery.ExtensionFileLoader(_NAME, str(path))
+    spec = importlib.util.spec_from_file_location(_NAME, str(path), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    module.init(torch.nn.Parameter)
+    return module
+
+
+def _build_and_load() -> None:
+    global MODULE
+    try:
+        module = _load(build())
+    except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, said once
+        _state["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+        _logger.warning("pcops: the native host path is unavailable (%s); eager calls stay on the Python path", e)
+        return
+    MODULE = module
+
+
+def request(wait: bool = False) -> None:
+    """Start loading the module (once per process): the cached build at once, else a build in a
+    background thread. ``wait=True`` returns after it is loaded or has failed (tests)."""
+    if not enabled():
+        return
+    with _lock:
+        if not _state["started"]:
+            _state["started"] = True
+            if _target().exists():
+                _build_and_load()
+            else:
+                _state["thread"] = threading.Thread(target=_build_and_load, name="pcops-native-build", daemon=True)
+                _state["thread"].start()
+    thread = _state.get("thread")
+    if wait and thread is not None:
+        thread.join()

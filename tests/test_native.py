@@ -1,0 +1,102 @@
+"""The native host path (``pcops._native``, ``csrc/host``): it builds and loads, takes only the calls
+it can (everything else returns None and runs the Python path, with its errors), and on the GPU
+launches the kernel the Python path registered with bit-identical results."""
+
+import shutil
+
+import pytest
+import torch
+
+import pcops
+from pcops import _native
+
+from _util import gpu
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler (g++) on PATH")
+
+
+@pytest.fixture(scope="module")
+def host():
+    if not _native.enabled():
+        pytest.skip("PCOPS_NATIVE_HOST=0")
+    _native.request(wait=True)
+    assert _native.status() == "loaded", _native.status()
+    return _native.MODULE
+
+
+def test_build_is_cached_and_keyed_by_sources(host, tmp_path, monkeypatch):
+    path = _native.build()
+    assert path.exists() and path.name.startswith("_pcops_host")
+    assert _native.build() == path  # cached: no rebuild
+    monkeypatch.setenv("PCOPS_CACHE_DIR", str(tmp_path))
+    assert _native._target().parent.parent == tmp_path / "host"
+
+
+def test_declines_what_it_does_not_take(host):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(8, 16, generator=g), torch.randn(16, generator=g), torch.randn(16, generator=g)
+    f = host.lng_forward
+    assert f(x, w, b, 1e-5, "tanh", 0.0, False, "auto") is None  # CPU tensors
+    assert f(x.numpy(), w, b, 1e-5, "tanh", 0.0, False, "auto") is None  # not a tensor
+    assert f(x, w, b, -1.0, "tanh", 0.0, False, "auto") is None  # bad eps: the Python path raises
+    assert f(x, w, b, 1e-5, "erf", 0.0, False, "auto") is None
+    assert f(x, w, b, 1e-5, "tanh", 0.1, True, "auto") is None  # dropout
+    assert f(x, w, b, 1e-5, "tanh", 0.0, 1, "auto") is None  # training not a bool
+    assert f(x, w, b, 1e-5, "tanh", 0.0, False, "reference") is None
+    assert host.lng_plans() == 0 or torch.cuda.is_available()
+
+
+def test_python_path_keeps_its_results_and_errors_with_the_module_loaded(host):
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(6, 32, generator=g), torch.randn(32, generator=g), torch.randn(32, generator=g)
+    ref = torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (32,), w, b), approximate="tanh")
+    torch.testing.assert_close(pcops.fused_layer_norm_gelu(x, w, b), ref)
+    with pytest.raises(ValueError, match="eps"):
+        pcops.fused_layer_norm_gelu(x, w, b, eps=-1.0)
+    with pytest.raises(ValueError, match="approximate"):
+        pcops.fused_layer_norm_gelu(x, w, b, approximate="erf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(64, 768), (2, 48, 96), (4099, 256)])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@gpu[0]
+@gpu[1]
+def test_native_forward_is_bit_identical_to_the_python_path(host, dtype, shape, approximate):
+    from pcops.triton import layer_norm_gelu as impl
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    n = shape[-1]
+    x = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
+    w = torch.randn(n, device="cuda", generator=g)
+    b = torch.randn(n, device="cuda", generator=g)
+    first = pcops.fused_layer_norm_gelu(x, w, b, approximate=approximate)  # the Python path registers the class
+    got = host.lng_forward(x, w, b, 1e-5, approximate, 0.0, False, "auto")
+    assert got is not None, "the registered shape class did not take the native path"
+    ref = impl.layer_norm_gelu(x.reshape(-1, n), w, b, 1e-5, approximate)[0].view(shape)
+    assert torch.equal(got, ref) and torch.equal(first, ref)
+    assert torch.equal(pcops.fused_layer_norm_gelu(x, w, b, approximate=approximate), ref)
+
+
+@gpu[0]
+@gpu[1]
+def test_native_declines_gradients_views_and_other_classes(host):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(128, 64, device="cuda", generator=g)
+    w, b = torch.randn(64, device="cuda", generator=g), torch.randn(64, device="cuda", generator=g)
+    pcops.fused_layer_norm_gelu(x, w, b)
+    f = host.lng_forward
+    assert f(x, w, b, 1e-5, "tanh", 0.0, False, "auto") is not None
+    wg = w.clone().requires_grad_(True)
+    assert f(x, wg, b, 1e-5, "tanh", 0.0, False, "auto") is None  # a gradient: the autograd path
+    y = pcops.fused_layer_norm_gelu(x, wg, b)
+    assert y.grad_fn is not None
+    with torch.no_grad():
+        assert f(x, wg, b, 1e-5, "tanh", 0.0, False, "auto") is not None
+    assert f(x.t().contiguous().t(), w, b, 1e-5, "tanh", 0.0, False, "auto") is None  # not contiguous
+    assert f(x[:, 1:].contiguous()[:, :63], w[:63], b[:63], 1e-5, "tanh", 0.0, False, "auto") is None  # new class
+    xs = torch.randn(129 * 64 + 1, device="cuda", generator=g)[1:].view(129, 64)  # misaligned data pointer
+    assert f(xs, w, b, 1e-5, "tanh", 0.0, False, "auto") is None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert f(x, w, b, 1e-5, "tanh", 0.0, False, "auto") is None  # the profiler keeps the op records
+    assert torch.equal(pcops.fused_layer_norm_gelu(xs, w, b), pcops.fused_layer_norm_gelu(xs.clone(), w, b))
