@@ -103,6 +103,9 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
         "pcops/data/sample_000.bin",
         "pcops/data/sample_000.txt",
         "pcops/csrc/nms.cu",
+        "pcops/csrc/host/host.cpp",
+        "pcops/csrc/host/host.h",
+        "pcops/csrc/host/layer_norm_gelu.cpp",
         "pcops/models/demo.py",
         "pcops-0.1.0.dist-info/licenses/LICENSE",
     ):
