@@ -6,7 +6,7 @@ the Python API, Triton's launcher) is several times its kernel time for the smal
 calls of a training or inference loop (issue 19; ``benchmarks/NOTES.md``); in C++ the same work
 takes a few µs.
 
-How it is used (today: ``fused_layer_norm_gelu``'s forward without gradient or dropout):
+How it is used (today: ``fused_layer_norm_gelu`` without dropout, its gradient a C++ autograd node):
 
 - the op's public function hands the call to the module first (``MODULE.<op>_forward``); the
   module returns ``None`` for anything it does not take (another device or backend, a tensor
@@ -46,7 +46,7 @@ import torch
 
 from ._nvrtc import CSRC_DIR
 
-__all__ = ["MODULE", "request", "build", "enabled", "status"]
+__all__ = ["MODULE", "request", "build", "bind", "on_load", "enabled", "status"]
 
 MODULE = None  # the loaded module; None until built and loaded (or where it cannot be)
 
@@ -141,6 +141,51 @@ def build(force: bool = False) -> Path:
     return target
 
 
+_ON_LOAD: list = []  # callables(module), run once the module is loaded (per-op set-up)
+
+
+def on_load(fn) -> None:
+    """Run ``fn(module)`` when the module is loaded (at once if it is)."""
+    _ON_LOAD.append(fn)
+    if MODULE is not None:
+        fn(MODULE)
+
+
+def spec(v: int) -> int:
+    """Triton's specialisation class of an int argument, as ``csrc/host/host.h``'s ``spec``: 0 for
+    1, 1 for a multiple of 16, 2 otherwise."""
+    return 0 if v == 1 else (1 if v % 16 == 0 else 2)
+
+
+_KINDS = {"p": lambda t: t.startswith("*"), "i": lambda t: t == "i32", "f": lambda t: t == "fp32"}
+
+
+def bind(kernel, grid: tuple, args: tuple, kwargs: dict, kinds: str) -> tuple[int, int, int, int] | None:
+    """``(function, warps, shared, present)`` of the kernel Triton compiled for ``kernel[grid](*args,
+    **kwargs)`` (from its cache: no launch), as the C++ side launches it: ``kinds[i]`` is the C++
+    type of positional argument ``i`` (``p`` pointer, ``i`` int32, ``f`` float32) and ``present``
+    has bit ``i`` set where Triton kept it a runtime parameter. None where the kernel takes another
+    type (an int64 int), any runtime parameter by keyword, scratch memory or several CTAs."""
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    if hasattr(compiled, "result"):
+        compiled = compiled.result()
+    compiled._init_handles()
+    types = list(compiled.src.signature.values())
+    if len(types) < len(kinds) or any(t != "constexpr" for t in types[len(kinds) :]):
+        return None
+    present = 0
+    for i, kind in enumerate(kinds):
+        if types[i] == "constexpr":
+            continue
+        if not _KINDS[kind](types[i]):
+            return None
+        present |= 1 << i
+    md = compiled.metadata
+    if md.num_ctas != 1 or md.global_scratch_size or md.profile_scratch_size or getattr(md, "tensordesc_meta", None):
+        return None
+    return compiled.function, md.num_warps, md.shared, present
+
+
 def _load(path: Path):
     loader = importlib.machinery.ExtensionFileLoader(_NAME, str(path))
     spec = importlib.util.spec_from_file_location(_NAME, str(path), loader=loader)
@@ -158,6 +203,8 @@ def _build_and_load() -> None:
         _state["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
         _logger.warning("pcops: the native host path is unavailable (%s); eager calls stay on the Python path", e)
         return
+    for fn in _ON_LOAD:
+        fn(module)
     MODULE = module
 
 

@@ -66,9 +66,10 @@ def fused_layer_norm_gelu(
     synchronisation on the GPU (forward: 1 launch, +1 for the seed with dropout; backward: 2,
     the backward kernel and the column sum; nothing for the unused mean/rstd gradients).
 
-    Host path: on CUDA, a forward that needs no gradient and no dropout is taken by the native
-    host path (``pcops._native``: checks, allocation and launch in C++, once its build is loaded
-    and the shape class has run once), which launches the same kernel with the same arguments.
+    Host path: on CUDA, a call without dropout is taken by the native host path (``pcops._native``:
+    checks, allocations and launches in C++, the gradient a C++ autograd node; once its build is
+    loaded and the shape class has run once), which launches the same kernels with the same
+    arguments: the results are the same bits.
 
     Example:
         >>> x = torch.randn(1024, 256, device="cuda", dtype=torch.bfloat16)
@@ -235,3 +236,24 @@ def _lng_backward(ctx, grad_y, _grad_mean, _grad_rstd):
 
 
 _layer_norm_gelu.register_autograd(_lng_backward, setup_context=_lng_setup_context)
+
+
+def _native_backward(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p):
+    """The backward of the native path's autograd node where its kernels are not registered yet (or
+    with ``create_graph``): the Python path's backward op, which registers them."""
+    return _library.call(
+        torch.ops.pcops.layer_norm_gelu_backward.default,
+        grad_y,
+        x,
+        weight,
+        bias,
+        mean,
+        rstd,
+        approximate,
+        dropout_p,
+        None,
+        "auto",
+    )
+
+
+_native.on_load(lambda host: host.lng_init(_native_backward))

@@ -109,6 +109,10 @@ for m, label in ((64, "small 64x768"), (4096, "L1 4096x768")):
         "torch F.gelu(F.layer_norm)": lambda: F.gelu(F.layer_norm(x, (768,), w, b), approximate="tanh"),
         "torch x * 2": lambda: x * 2,
     }
+    xr, wr, br = x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    dy = torch.randn_like(x)
+    fns["pcops fwd+bwd"] = lambda: pcops.fused_layer_norm_gelu(xr, wr, br).backward(dy)
+    fns["torch fwd+bwd"] = lambda: F.gelu(F.layer_norm(xr, (768,), wr, br), approximate="tanh").backward(dy)
     r = {"shim output identical": same}
     for name, f in fns.items():
         r[name] = {"host_us_min_median": host_us(f)}
@@ -136,6 +140,27 @@ for m, label in ((64, "small 64x768"), (4096, "L1 4096x768")):
     r["pcops.fused_layer_norm_gelu, native"] = {
         "host_us_min_median": host_us(lambda: pcops.fused_layer_norm_gelu(x, w, b))
     }
+    xr, wr, br = x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    dy = torch.randn_like(x)
+    for _ in range(2):  # the first backward registers its kernels (the Python backward)
+        pcops.fused_layer_norm_gelu(xr, wr, br).backward(dy)
+    r["native backward registered"] = list(host.lng_plans()) if host is not None else None
+    r["pcops fwd+bwd, native"] = {
+        "host_us_min_median": host_us(lambda: pcops.fused_layer_norm_gelu(xr, wr, br).backward(dy))
+    }
+    if m == 4096:
+        r["pcops fwd+bwd, native"]["event_ms"] = event_ms(lambda: pcops.fused_layer_norm_gelu(xr, wr, br).backward(dy))
+        r["torch fwd+bwd, again"] = {
+            "event_ms": event_ms(lambda: F.gelu(F.layer_norm(xr, (768,), wr, br), approximate="tanh").backward(dy))
+        }
+        torch.autograd.set_multithreading_enabled(False)
+        r["pcops fwd+bwd, native, autograd single-thread"] = {
+            "event_ms": event_ms(lambda: pcops.fused_layer_norm_gelu(xr, wr, br).backward(dy))
+        }
+        r["torch fwd+bwd, autograd single-thread"] = {
+            "event_ms": event_ms(lambda: F.gelu(F.layer_norm(xr, (768,), wr, br), approximate="tanh").backward(dy))
+        }
+        torch.autograd.set_multithreading_enabled(True)
     if m == 4096:
         r["pcops.fused_layer_norm_gelu, native"]["event_ms"] = event_ms(lambda: pcops.fused_layer_norm_gelu(x, w, b))
         r["torch F.gelu(F.layer_norm), again"] = {

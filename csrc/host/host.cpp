@@ -32,17 +32,26 @@ bool init(py::handle parameter) {
 }
 }  // namespace
 
-void launch(const Kernel& k, unsigned grid_x, at::Device device, void** params, int num_params) {
+Kernel make_kernel(int64_t function, int64_t warps, int64_t shared, int64_t present) {
+  TORCH_CHECK(function != 0 && warps > 0 && shared >= 0 && present >= 0, "pcops native host: bad kernel");
+  return Kernel{reinterpret_cast<void*>(function), static_cast<unsigned>(32 * warps), static_cast<unsigned>(shared),
+                static_cast<uint32_t>(present)};
+}
+
+void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args) {
   TORCH_CHECK(launch_fn != nullptr, "pcops native host: no CUDA driver (init() found no cuLaunchKernel)");
-  void* all[32];
-  TORCH_CHECK(num_params + 2 <= 32, "pcops native host: too many kernel parameters");
+  TORCH_CHECK(num_args <= 30, "pcops native host: too many kernel parameters");
+  void* params[32];
+  int n = 0;
+  for (int i = 0; i < num_args; ++i) {
+    if (k.present & (1u << i)) params[n++] = args[i];
+  }
   uint64_t scratch = 0, profile = 0;
-  for (int i = 0; i < num_params; ++i) all[i] = params[i];
-  all[num_params] = &scratch;
-  all[num_params + 1] = &profile;
+  params[n++] = &scratch;
+  params[n++] = &profile;
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   void* stream = impl->getStream(device).native_handle();
-  const int r = launch_fn(k.function, grid_x, 1, 1, k.threads, 1, 1, k.shared, stream, all, nullptr);
+  const int r = launch_fn(k.function, grid_x, 1, 1, k.threads, 1, 1, k.shared, stream, params, nullptr);
   TORCH_CHECK(r == 0, "pcops native host: cuLaunchKernel failed with CUresult ", r);
 }
 

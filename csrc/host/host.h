@@ -13,17 +13,30 @@ namespace py = pybind11;
 
 // One compiled Triton kernel: its CUfunction (loaded by Triton in the device's primary context),
 // threads per program and dynamic shared memory, as Triton's own launcher passes them.
+// `present`: bit i set where the kernel's i-th positional argument is a runtime parameter (Triton
+// turns an int argument equal to 1 into a constant: that specialisation has its own Kernel).
 struct Kernel {
   void* function = nullptr;
   unsigned threads = 0;
   unsigned shared = 0;
+  uint32_t present = 0;
 };
 
-// Launch `k` on the current CUDA stream of `device` with a (grid_x, 1, 1) grid. `params` lists the
-// kernel's runtime parameters in Triton's order (constexpr and specialised-away ones omitted);
-// the launch appends Triton's two scratch pointers (null: only kernels without scratch are bound).
+// Triton's specialisation class of an int argument: 0 for 1, 1 for a multiple of 16, 2 otherwise.
+inline int spec(int64_t v) { return v == 1 ? 0 : (v % 16 == 0 ? 1 : 2); }
+
+// A Kernel from Python's description (see pcops/_native.py: bind()).
+Kernel make_kernel(int64_t function, int64_t warps, int64_t shared, int64_t present);
+
+// Launch `k` on the current CUDA stream of `device` with a (grid_x, 1, 1) grid. `args` points at
+// the kernel's positional arguments in order (`num_args` of them); those `k.present` marks are
+// passed, then Triton's two scratch pointers (null: only kernels without scratch are bound).
 // Throws c10::Error when the driver refuses the launch.
-void launch(const Kernel& k, unsigned grid_x, at::Device device, void** params, int num_params);
+void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args);
+
+// Rounds a float count up to 16 bytes (a second buffer carved from one allocation stays aligned,
+// as Triton's pointer specialisation assumes).
+inline int64_t pad4(int64_t v) { return (v + 3) & ~int64_t{3}; }
 
 // The object is a plain torch.Tensor or torch.nn.Parameter (no subclass that could intercept).
 bool plain_tensor(py::handle obj);

@@ -347,17 +347,14 @@ def _row_block_n(n: int, max_block_n: int | None) -> tuple[int, bool]:
     return (block_n, True) if block_n <= cap else (cap, False)
 
 
-# the forward kernel's runtime parameters as the native host path passes them (csrc/host/layer_norm_gelu.cpp)
-_NATIVE_PARAMS = 7 * ("ptr",) + ("i32", "i32", "fp32", "fp32")
-_NATIVE_DONE: set = set()  # (plan key, device, M % 16 == 0): registered, or found not registrable
+_NATIVE_DONE: set = set()  # (plan key, device, M's class): registered, or found not registrable
 
 
 def _native_register(key: tuple, args: tuple, plan: tuple, tanh: bool) -> None:
     """Hand the kernel this call launched to the native host path (``pcops._native``), once per
-    shape class and Triton specialisation, so later calls of the class take it: the compiled
-    kernel of these arguments (Triton's cache, no launch), where its runtime parameters are the
-    ones the C++ side passes and it needs no scratch memory. Starts the module's build on the
-    first call."""
+    shape class and Triton specialisation, so later calls of the class take it (the C++ side
+    passes the arguments in ``layer_norm_gelu``'s order: ``csrc/host/layer_norm_gelu.cpp``).
+    Starts the module's build on the first call."""
     from .. import _native
 
     host = _native.MODULE
@@ -365,20 +362,17 @@ def _native_register(key: tuple, args: tuple, plan: tuple, tanh: bool) -> None:
         _native.request()
         return
     x, weight, bias = args[0], args[1], args[2]
-    m_rows, n = args[7], args[8]
-    done = (key, x.device.index, m_rows % 16 == 0)
+    m_rows = args[7]
+    done = (key, x.device.index, _native.spec(m_rows))
     if done in _NATIVE_DONE:
         return
     _NATIVE_DONE.add(done)
-    if m_rows <= 1 or n <= 1 or any(t.data_ptr() & 15 for t in (x, weight, bias)):
-        return  # Triton specialises 1 and unaligned pointers differently: the C++ side refuses those
-    compiled = _layer_norm_gelu_fwd_kernel.warmup(*args, grid=(_launch.cdiv(m_rows, plan[0]),), **plan[1])
-    compiled._init_handles()
-    types = tuple("ptr" if t.startswith("*") else t for t in compiled.src.signature.values() if t != "constexpr")
-    md = compiled.metadata
-    if types != _NATIVE_PARAMS or md.num_ctas != 1 or md.global_scratch_size or md.profile_scratch_size:
-        return
-    host.lng_register(x, weight, bias, tanh, _MULTI_TILE_MIN_ROWS, compiled.function, plan[0], md.num_warps, md.shared)
+    if any(t.data_ptr() & 15 for t in (x, weight, bias)):
+        return  # Triton specialises aligned pointers: the C++ side takes aligned ones only
+    grid = (_launch.cdiv(m_rows, plan[0]),)
+    bound = _native.bind(_layer_norm_gelu_fwd_kernel, grid, args, plan[1], "pppppppiiff")
+    if bound is not None:
+        host.lng_register(x, weight, bias, tanh, _MULTI_TILE_MIN_ROWS, *bound, plan[0])
 
 
 # the autotuner's choice per (N, row class, dtypes, dropout, flags): later calls launch the kernel

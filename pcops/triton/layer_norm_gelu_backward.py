@@ -23,7 +23,7 @@ from .. import _backend
 from . import _launch
 from . import _fused_common as _common
 from ._fused_common import dropout, dropout_params, quick_bench, seed_arg
-from .layer_norm_gelu_column_sum import _column_sum, _column_sum_kernel  # noqa: F401
+from .layer_norm_gelu_column_sum import _column_sum, _column_sum_kernel, column_sum_config
 from .layer_norm_gelu import (
     _BWD_SPACE,
     _C,
@@ -531,8 +531,9 @@ def _backward_tiled(
 ):
     """``layer_norm_gelu_backward`` with ``_layer_norm_gelu_bwd_tiled_kernel``."""
     m_rows, n = x.shape
-    bm, warps = _tiled_shape(block_n)
-    bm = min(block_m or bm, _launch.next_power_of_2(max(m_rows, 1)))
+    default = num_programs is None and block_m is None and num_warps is None  # (the native path's plan)
+    full_bm, warps = _tiled_shape(block_n)
+    bm = min(block_m or full_bm, _launch.next_power_of_2(max(m_rows, 1)))
     warps = num_warps or warps
     tiles = _launch.cdiv(m_rows, bm)
     fast = _fast_tanh(x.dtype, x.device, approximate, FAST_TANH_BWD_DTYPES)
@@ -597,4 +598,41 @@ def _backward_tiled(
             f"_layer_norm_gelu_bwd_tiled_kernel BLOCK_M={bm} warps={warps} G={g} FAST_TANH={fast}",
         )
     _column_sum(dw_part, db_part, dweight, dbias, g, n)
+    if default and g and seed is None and x.is_cuda:
+        targs = (grad_y, x, weight, bias, mean, rstd, x, dx, dw_part, db_part, m_rows, n, g, float(dropout_p))
+        sums = (dw_part, db_part, dweight, dbias)
+        _native_register_backward(targs, meta, full_bm, bm, num_programs, approximate == "tanh", sums)
     return dx, dweight, dbias
+
+
+_NATIVE_DONE: set = set()  # (device, dtypes, N, GELU form, M's and G's classes): registered or not registrable
+
+
+def _native_register_backward(
+    targs: tuple, meta: dict, full_bm: int, bm: int, programs: int, tanh: bool, sums: tuple
+) -> None:
+    """Hand the tiled backward and column-sum kernels this call launched to the native host path
+    (``pcops._native``; ``csrc/host/layer_norm_gelu.cpp`` passes the arguments in this order),
+    once per shape class and Triton specialisation of M and G."""
+    from .. import _native
+
+    host = _native.MODULE
+    if host is None:
+        return
+    grad_y, x, weight, bias = targs[:4]
+    m_rows, n, g = targs[10], targs[11], targs[12]
+    done = (x.device.index, x.dtype, weight.dtype, bias.dtype, n, tanh, bm, _native.spec(m_rows), _native.spec(g))
+    if done in _NATIVE_DONE:
+        return
+    _NATIVE_DONE.add(done)
+    if any(t.data_ptr() & 15 for t in targs[:10]):
+        return  # the C++ side passes aligned pointers only
+    tiled = _native.bind(_layer_norm_gelu_bwd_tiled_kernel, (g,), targs, meta, "ppppppppppiiif")
+    sum_kw = column_sum_config(g)
+    column_sum = _native.bind(
+        _column_sum_kernel, (_launch.cdiv(n, sum_kw["BLOCK_N"]),), (*sums, g, n), sum_kw, "ppppii"
+    )
+    if tiled is not None and column_sum is not None:
+        host.lng_register_backward(
+            x, weight, bias, tanh, full_bm, bm, programs, g, *tiled, *column_sum, sum_kw["BLOCK_N"]
+        )

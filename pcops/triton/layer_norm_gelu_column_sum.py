@@ -49,19 +49,15 @@ def _column_sum(dw_part, db_part, dweight, dbias, g: int, n: int) -> None:
     """
     if not n:
         return
+    kwargs = column_sum_config(g)
+    _launch.launch(
+        _column_sum_kernel, (_launch.cdiv(n, kwargs["BLOCK_N"]),), dw_part, db_part, dweight, dbias, g, n, **kwargs
+    )
+
+
+def column_sum_config(g: int) -> dict:
+    """The column-sum launch keywords for ``g`` partial rows: ``BLOCK_G``, ``BLOCK_N`` (columns per
+    program), ``num_warps``."""
     block_g = min(_SUM_MAX_BLOCK_G, _launch.next_power_of_2(max(g, 16)))
     block_n = max(1, min(8, _SUM_ELEMENTS // block_g))
-    warps = max(1, min(16, block_g * block_n // (32 * 8)))
-    _launch.launch(
-        _column_sum_kernel,
-        (_launch.cdiv(n, block_n),),
-        dw_part,
-        db_part,
-        dweight,
-        dbias,
-        g,
-        n,
-        BLOCK_G=block_g,
-        BLOCK_N=block_n,
-        num_warps=warps,
-    )
+    return {"BLOCK_G": block_g, "BLOCK_N": block_n, "num_warps": max(1, min(16, block_g * block_n // (32 * 8)))}
