@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from . import _backend, _checks, _library
+from . import _backend, _checks, _library, _native
 from .reference import pillar_scatter as _ref
 
 __all__ = ["pillar_scatter"]
@@ -59,6 +59,12 @@ def pillar_scatter(
     16-byte aligned data, the Triton one otherwise; ``"auto"`` takes the CUDA C++ one where it
     applies and NVRTC loads; ``"cuda"`` raises ``ValueError`` for other canvases).
 
+    Host path: on CUDA, float32 features with C and H·W multiples of 4 (16-byte aligned, int32
+    coords) are taken by the native host path (``pcops._native``: checks, allocations and the
+    launches in C++, the gradient a C++ autograd node; once its build is loaded and a call has
+    run on the device) with the CUDA C++ kernels for forward and backward (``"auto"`` and
+    ``"cuda"``): the same canvas and gradient as the Python path, bit for bit.
+
     Example:
         >>> features = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
         >>> coords = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 0]], dtype=torch.int32)  # (batch, z, y, x)
@@ -66,6 +72,11 @@ def pillar_scatter(
         tensor([[0., 1.],
                 [3., 0.]])
     """
+    host = _native.MODULE  # the native host path takes what it can (pcops._native), else None
+    if host is not None and not torch.compiler.is_compiling():
+        canvas = host.ps_forward(features, coords, batch_size, grid_hw, backend)
+        if canvas is not None:
+            return canvas
     _checks.check_tensor("features", features, dtypes=_checks.FLOAT_DTYPES, ndim=2)
     _checks.check_tensor("coords", coords, dtypes=_checks.INT_DTYPES, ndim=2, last_dim=4)
     _checks.check_same_device(features=features, coords=coords)
@@ -99,6 +110,8 @@ def _scatter_impl(backend: str, features: torch.Tensor) -> str:
 def _scatter_run(impl, features, coords, batch_size, grid_h, grid_w):
     if impl == "reference":
         return _ref.pillar_scatter(features, coords, batch_size, grid_h, grid_w)
+    if features.is_cuda and features.device.index not in _NATIVE_DONE:
+        _native_register(features.device)
     if impl == "cuda":
         from .cuda import pillar_scatter as gpu
     else:
@@ -201,3 +214,35 @@ def _gather_backward(ctx, grad_out):
 
 
 _pillar_gather.register_autograd(_gather_backward, setup_context=_gather_setup_context)
+
+
+_NATIVE_DONE: set = set()  # device indices whose kernels the native host path has (or cannot have)
+
+
+def _native_register(device: torch.device) -> None:
+    """Hand ``csrc/pillar_scatter.cu``'s kernels for ``device`` to the native host path (once per
+    device; the first CUDA call starts the module's build)."""
+    host = _native.MODULE
+    if host is None:
+        _native.request()
+        return
+    _NATIVE_DONE.add(device.index)
+    if not _nvrtc_available():
+        return
+    from .cuda import pillar_scatter as cu
+    from ._nvrtc import get_kernel
+
+    handles = [
+        get_kernel("pillar_scatter.cu", k, device)._handle
+        for k in ("pillar_winner", "pillar_canvas_b4x4", "pillar_gather_b4x4")
+    ]
+    host.ps_register(device.index, *handles, cu._VECS_PER_SLICE)
+
+
+def _native_gather(grad_canvas, coords, winner):
+    """The native path's backward where its kernel does not take the gradient (or with
+    ``create_graph``): the Python path's gather op."""
+    return _library.call(torch.ops.pcops.pillar_gather.default, grad_canvas, coords, winner, "auto")
+
+
+_native.on_load(lambda host: host.ps_init(_native_gather))

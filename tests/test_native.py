@@ -151,3 +151,63 @@ def test_native_backward_falls_back_until_registered(host):
     assert host.lng_plans()[1] == before + 1
     for a, c in zip(first, second):
         assert torch.equal(a, c)
+
+
+def test_pillar_scatter_declines_on_the_cpu(host):
+    f, c = torch.randn(4, 8), torch.zeros(4, 4, dtype=torch.int32)
+    assert host.ps_forward(f, c, 1, (4, 4), "auto") is None
+    assert host.ps_forward(f, c, True, (4, 4), "auto") is None  # a bool batch size: the Python path raises
+    with pytest.raises(TypeError, match="batch_size"):
+        pcops.pillar_scatter(f, c, True, (4, 4))
+
+
+def _pillars(p, c, b, h, w, dtype=torch.float32, seed=6):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    cells = torch.randint(0, b * h * w, (p,), device="cuda", generator=g)  # duplicates included
+    coords = torch.stack([cells // (h * w), torch.zeros_like(cells), cells % (h * w) // w, cells % w], 1).int()
+    return torch.randn(p, c, device="cuda", dtype=dtype, generator=g), coords
+
+
+@gpu[0]
+@gpu[1]
+@pytest.mark.parametrize("p, c, b, h, w", [(16000, 64, 1, 496, 432), (3000, 32, 3, 40, 52), (1, 4, 1, 2, 2)])
+def test_pillar_scatter_native_is_bit_identical_to_the_python_path(host, p, c, b, h, w):
+    from pcops.cuda import pillar_scatter as cu
+
+    f, coords = _pillars(p, c, b, h, w)
+    first = pcops.pillar_scatter(f, coords, b, (h, w))  # registers the device's kernels
+    got = host.ps_forward(f, coords, b, (h, w), "auto")
+    assert got is not None, "the native path did not take the call"
+    canvas, winner = cu.pillar_scatter(f, coords, b, h, w)
+    assert torch.equal(got, canvas) and torch.equal(first, canvas)
+    dy = torch.randn_like(canvas)
+    grads = []
+    for call in (
+        lambda t: host.ps_forward(t, coords, b, [h, w], "auto"),
+        lambda t: pcops.pillar_scatter(t, coords, b, (h, w)),
+    ):
+        fr = f.clone().requires_grad_(True)
+        out = call(fr)
+        assert out.grad_fn is not None
+        out.backward(dy)
+        grads.append(fr.grad)
+    want = cu.pillar_gather(dy, coords, winner)
+    assert torch.equal(grads[0], want) and torch.equal(grads[1], want)
+    # create_graph: the Python gather op (differentiable: its adjoint is the scatter)
+    fr = f.clone().requires_grad_(True)
+    (gf,) = torch.autograd.grad(host.ps_forward(fr, coords, b, (h, w), "auto"), fr, dy, create_graph=True)
+    assert torch.equal(gf, want)
+
+
+@gpu[0]
+@gpu[1]
+def test_pillar_scatter_native_declines_other_cases(host):
+    f, coords = _pillars(500, 64, 2, 40, 52)
+    pcops.pillar_scatter(f, coords, 2, (40, 52))
+    assert host.ps_forward(f, coords, 2, (40, 52), "auto") is not None
+    assert host.ps_forward(f.half(), coords, 2, (40, 52), "auto") is None  # fp16: the Python path
+    assert host.ps_forward(f[:, :62].contiguous(), coords, 2, (40, 52), "auto") is None  # C % 4
+    assert host.ps_forward(f, coords, 2, (40, 51), "auto") is None  # H·W % 4
+    assert host.ps_forward(f, coords.long(), 2, (40, 52), "auto") is None  # int64 coords: converted in Python
+    assert host.ps_forward(f, coords, 2, (40, 52), "triton") is None
+    assert host.ps_forward(f, coords, 2, (40, 52.0), "auto") is None

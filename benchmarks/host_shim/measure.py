@@ -4,6 +4,7 @@ of Triton's launcher with tensor vs integer pointer arguments. GPU only; writes 
 
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -20,6 +21,7 @@ from pcops.triton import layer_norm_gelu as impl  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build import build  # noqa: E402
 
+os.environ["PCOPS_NATIVE_HOST"] = "0"  # the Python path first (no background build while it is timed)
 dev = torch.device("cuda")
 out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
 t0 = time.perf_counter()
@@ -120,8 +122,34 @@ for m, label in ((64, "small 64x768"), (4096, "L1 4096x768")):
             r[name]["event_ms"] = event_ms(f)
     rows[label] = r
     print(label, json.dumps(r, indent=1), flush=True)
+# P1 (pillar scatter, KITTI-sized: 16,000 pillars, 64 channels, 496 × 432), Python path and torch
+g = torch.Generator(device="cuda").manual_seed(0)
+lin = torch.randperm(496 * 432, device="cuda", generator=g)[:16000]
+p_coords = torch.stack([torch.zeros_like(lin), torch.zeros_like(lin), lin // 432, lin % 432], 1).int()
+p_feats = torch.randn(16000, 64, device="cuda", generator=g)
+p_fr = p_feats.clone().requires_grad_(True)
+p_dy = torch.randn(1, 64, 496, 432, device="cuda", generator=g)
+
+
+def torch_p1(f):
+    canvas = f.new_zeros(64, 496 * 432)
+    canvas[:, lin] = f.t()
+    return canvas.view(1, 64, 496, 432)
+
+
+p1 = {
+    "pcops fwd": lambda: pcops.pillar_scatter(p_feats, p_coords, 1, (496, 432)),
+    "pcops fwd+bwd": lambda: pcops.pillar_scatter(p_fr, p_coords, 1, (496, 432)).backward(p_dy),
+    "torch fwd": lambda: torch_p1(p_feats),
+    "torch fwd+bwd": lambda: torch_p1(p_fr).backward(p_dy),
+}
+rows["P1"] = {name: {"event_ms": event_ms(f), "host_us_min_median": host_us(f, 1000)} for name, f in p1.items()}
+print("P1", json.dumps(rows["P1"]), flush=True)
+
 # the product path (pcops._native): built and loaded here, the shape classes registered by a Python-path call
 from pcops import _native  # noqa: E402
+
+os.environ["PCOPS_NATIVE_HOST"] = "1"
 
 t0 = time.perf_counter()
 _native.request(wait=True)
@@ -167,5 +195,19 @@ for m, label in ((64, "small 64x768"), (4096, "L1 4096x768")):
             "event_ms": event_ms(lambda: F.gelu(F.layer_norm(x, (768,), w, b), approximate="tanh"))
         }
     print(label, "native", json.dumps({k: v for k, v in r.items() if "native" in k}), flush=True)
+ref_canvas = pcops.pillar_scatter(p_feats, p_coords, 1, (496, 432))  # registers the device's kernels
+host = _native.MODULE
+got = host.ps_forward(p_feats, p_coords, 1, (496, 432), "auto") if host is not None else None
+rows["P1"]["native path taken"] = got is not None
+rows["P1"]["native output identical"] = got is not None and torch.equal(got, ref_canvas)
+for name in ("pcops fwd", "pcops fwd+bwd"):
+    rows["P1"][name + ", native"] = {"event_ms": event_ms(p1[name]), "host_us_min_median": host_us(p1[name], 1000)}
+for name in ("torch fwd", "torch fwd+bwd"):
+    rows["P1"][name + ", again"] = {"event_ms": event_ms(p1[name])}
+torch.autograd.set_multithreading_enabled(False)
+for name in ("pcops fwd+bwd", "torch fwd+bwd"):
+    rows["P1"][name + ", native, autograd single-thread"] = {"event_ms": event_ms(p1[name])}
+torch.autograd.set_multithreading_enabled(True)
+print("P1 native", json.dumps(rows["P1"]), flush=True)
 out["rows"] = rows
 Path(sys.argv[1]).write_text(json.dumps(out, indent=1))

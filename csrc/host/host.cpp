@@ -38,7 +38,13 @@ Kernel make_kernel(int64_t function, int64_t warps, int64_t shared, int64_t pres
                 static_cast<uint32_t>(present)};
 }
 
-void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args) {
+Kernel nvrtc_kernel(int64_t function, int64_t threads) {
+  TORCH_CHECK(function != 0 && threads > 0, "pcops native host: bad kernel");
+  return Kernel{reinterpret_cast<void*>(function), static_cast<unsigned>(threads), 0, 0xFFFFFFFFu, false};
+}
+
+void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args, unsigned grid_y,
+            unsigned grid_z) {
   TORCH_CHECK(launch_fn != nullptr, "pcops native host: no CUDA driver (init() found no cuLaunchKernel)");
   TORCH_CHECK(num_args <= 30, "pcops native host: too many kernel parameters");
   void* params[32];
@@ -47,11 +53,13 @@ void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, in
     if (k.present & (1u << i)) params[n++] = args[i];
   }
   uint64_t scratch = 0, profile = 0;
-  params[n++] = &scratch;
-  params[n++] = &profile;
+  if (k.scratch) {
+    params[n++] = &scratch;
+    params[n++] = &profile;
+  }
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   void* stream = impl->getStream(device).native_handle();
-  const int r = launch_fn(k.function, grid_x, 1, 1, k.threads, 1, 1, k.shared, stream, params, nullptr);
+  const int r = launch_fn(k.function, grid_x, grid_y, grid_z, k.threads, 1, 1, k.shared, stream, params, nullptr);
   TORCH_CHECK(r == 0, "pcops native host: cuLaunchKernel failed with CUresult ", r);
 }
 
@@ -95,12 +103,25 @@ bool as_double(py::handle obj, double* out) {
   return false;
 }
 
+bool as_int(py::handle obj, int64_t* out) {
+  PyObject* o = obj.ptr();
+  if (!PyLong_CheckExact(o)) return false;
+  int overflow = 0;
+  *out = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow || (*out == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
 bool str_is(py::handle obj, const char* text) {
   return PyUnicode_Check(obj.ptr()) && PyUnicode_CompareWithASCIIString(obj.ptr(), text) == 0;
 }
 
 // per-op registration (one function per op file)
 void register_layer_norm_gelu(py::module_& m);
+void register_pillar_scatter(py::module_& m);
 
 }  // namespace pcops_host
 
@@ -108,4 +129,5 @@ PYBIND11_MODULE(_pcops_host, m) {
   m.doc() = "pcops native host path (built at run time; see pcops/_native.py)";
   m.def("init", &pcops_host::init, "remember torch.nn.Parameter; find the CUDA driver (returns whether found)");
   pcops_host::register_layer_norm_gelu(m);
+  pcops_host::register_pillar_scatter(m);
 }

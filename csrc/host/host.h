@@ -15,11 +15,13 @@ namespace py = pybind11;
 // threads per program and dynamic shared memory, as Triton's own launcher passes them.
 // `present`: bit i set where the kernel's i-th positional argument is a runtime parameter (Triton
 // turns an int argument equal to 1 into a constant: that specialisation has its own Kernel).
+// `scratch`: a Triton kernel (two scratch pointers follow its parameters); false for NVRTC ones.
 struct Kernel {
   void* function = nullptr;
   unsigned threads = 0;
   unsigned shared = 0;
   uint32_t present = 0;
+  bool scratch = true;
 };
 
 // Triton's specialisation class of an int argument: 0 for 1, 1 for a multiple of 16, 2 otherwise.
@@ -28,11 +30,15 @@ inline int spec(int64_t v) { return v == 1 ? 0 : (v % 16 == 0 ? 1 : 2); }
 // A Kernel from Python's description (see pcops/_native.py: bind()).
 Kernel make_kernel(int64_t function, int64_t warps, int64_t shared, int64_t present);
 
-// Launch `k` on the current CUDA stream of `device` with a (grid_x, 1, 1) grid. `args` points at
-// the kernel's positional arguments in order (`num_args` of them); those `k.present` marks are
-// passed, then Triton's two scratch pointers (null: only kernels without scratch are bound).
-// Throws c10::Error when the driver refuses the launch.
-void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args);
+// A Kernel for an NVRTC-compiled csrc/*.cu function: every argument passed, no scratch pointers.
+Kernel nvrtc_kernel(int64_t function, int64_t threads);
+
+// Launch `k` on the current CUDA stream of `device` with a (grid_x, grid_y, grid_z) grid. `args`
+// points at the kernel's positional arguments in order (`num_args` of them); those `k.present`
+// marks are passed, then (Triton kernels) the two scratch pointers, null: only kernels without
+// scratch are bound. Throws c10::Error when the driver refuses the launch.
+void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args, unsigned grid_y = 1,
+            unsigned grid_z = 1);
 
 // Rounds a float count up to 16 bytes (a second buffer carved from one allocation stays aligned,
 // as Triton's pointer specialisation assumes).
@@ -50,6 +56,9 @@ bool current_cuda(const at::Device& device);
 
 // A Python float or int (not bool) as double; false otherwise.
 bool as_double(py::handle obj, double* out);
+
+// A Python int (not bool) that fits int64; false otherwise.
+bool as_int(py::handle obj, int64_t* out);
 
 // A Python str equal to `text`.
 bool str_is(py::handle obj, const char* text);
