@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from . import _backend, _checks, _library, cpu
+from . import _backend, _checks, _library, _native, cpu
 from .reference import voxelize as _ref
 
 __all__ = ["voxelize", "dynamic_voxelize", "voxel_reduce", "Voxels", "DynamicVoxels"]
@@ -246,6 +246,9 @@ def dynamic_voxelize(
     ``(N, 4)`` int32 ``(batch, z, y, x)`` cell of every point, −1 rows for points out of range
     (mmcv's ``dynamic_voxelize`` output, with the batch column): the voxels are not numbered, so
     it is one elementwise pass (one launch on CUDA, no host sync); ``pad_to_max`` is then ignored.
+    On CUDA that call is taken by the native host path (``pcops._native``: the checks, the
+    allocation and the launch in C++, once its build is loaded and the grid has run once): the
+    same kernel, the same cells.
 
     Returns:
         ``DynamicVoxels(point_to_voxel (N,) int64, coords (M, 4) int32, num_voxels (B,) int64)``:
@@ -258,6 +261,10 @@ def dynamic_voxelize(
         >>> d = pcops.dynamic_voxelize(points, (0.16, 0.16, 4.0), (0, -39.68, -3, 69.12, 39.68, 1))
         >>> feats = pcops.voxel_reduce(points, d.point_to_voxel, d.coords.shape[0], "mean")
     """
+    if cells_only is True and (host := _native.MODULE) is not None and not torch.compiler.is_compiling():
+        cells = host.pc_forward(points, voxel_size, point_cloud_range, lengths, backend)  # (pcops._native)
+        if cells is not None:
+            return cells
     vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max)
     if not isinstance(cells_only, bool):
         raise TypeError(f"cells_only: expected a bool, got {type(cells_only).__name__}")

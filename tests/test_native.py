@@ -211,3 +211,27 @@ def test_pillar_scatter_native_declines_other_cases(host):
     assert host.ps_forward(f, coords.long(), 2, (40, 52), "auto") is None  # int64 coords: converted in Python
     assert host.ps_forward(f, coords, 2, (40, 52), "triton") is None
     assert host.ps_forward(f, coords, 2, (40, 52.0), "auto") is None
+
+
+@gpu[0]
+@gpu[1]
+@pytest.mark.parametrize("n, channels, batched", [(20000, 4, False), (777, 5, True), (1, 4, False)])
+def test_point_cells_native_is_bit_identical_to_the_python_path(host, n, channels, batched):
+    from pcops.triton import voxelize_cells as impl
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    points = torch.rand(n, channels, device="cuda", generator=g) * torch.tensor(
+        [80.0, 90.0, 6.0] + [1.0] * (channels - 3), device="cuda"
+    ) - torch.tensor([5.0, 45.0, 4.0] + [0.0] * (channels - 3), device="cuda")  # some out of range
+    lengths = torch.tensor([n // 3, n - n // 3], device="cuda") if batched else None
+    vs, pcr = (0.16, 0.16, 4.0), (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
+    first = pcops.dynamic_voxelize(points, vs, pcr, lengths, cells_only=True)  # registers the launch
+    got = host.pc_forward(points, vs, pcr, lengths, "auto")
+    assert got is not None, "the native path did not take the call"
+    want = impl.point_cells(points, lengths, vs, pcr)
+    assert torch.equal(got, want) and torch.equal(first, want)
+    assert torch.equal(pcops.dynamic_voxelize(points, list(vs), list(pcr), lengths, cells_only=True), want)
+    assert host.pc_forward(points, (0.2, 0.16, 4.0), pcr, lengths, "auto") is None  # another grid
+    assert host.pc_forward(points.double(), vs, pcr, lengths, "auto") is None  # float64: the reference
+    with pytest.raises(ValueError, match="voxel_size"):
+        pcops.dynamic_voxelize(points, (0.16, -0.16, 4.0), pcr, lengths, cells_only=True)

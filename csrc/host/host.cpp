@@ -122,6 +122,7 @@ bool str_is(py::handle obj, const char* text) {
 // per-op registration (one function per op file)
 void register_layer_norm_gelu(py::module_& m);
 void register_pillar_scatter(py::module_& m);
+void register_voxelize_cells(py::module_& m);
 
 }  // namespace pcops_host
 
@@ -130,4 +131,5 @@ PYBIND11_MODULE(_pcops_host, m) {
   m.def("init", &pcops_host::init, "remember torch.nn.Parameter; find the CUDA driver (returns whether found)");
   pcops_host::register_layer_norm_gelu(m);
   pcops_host::register_pillar_scatter(m);
+  pcops_host::register_voxelize_cells(m);
 }

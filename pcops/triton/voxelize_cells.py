@@ -92,9 +92,7 @@ def point_cells(points, lengths, voxel_size, point_cloud_range, block: int = 512
         return out
     batch = 1 if lengths is None else lengths.numel()
     gx, gy, gz = _grid_size(voxel_size, point_cloud_range)
-    _launch.launch(
-        _point_cells_kernel,
-        (_launch.cdiv(n, block),),
+    args = (
         points,
         lengths if lengths is not None else out,
         out,
@@ -106,9 +104,36 @@ def point_cells(points, lengths, voxel_size, point_cloud_range, block: int = 512
         gx,
         gy,
         gz,
-        HAS_LENGTHS=lengths is not None,
-        BMAX=_bmax(batch),
-        BLOCK=block,
-        num_warps=4,
     )
+    kwargs = dict(HAS_LENGTHS=lengths is not None, BMAX=_bmax(batch), BLOCK=block, num_warps=4)
+    _launch.launch(_point_cells_kernel, (_launch.cdiv(n, block),), *args, **kwargs)
+    if points.is_cuda and block == 512:
+        _native_register(args, kwargs, lengths)
     return out
+
+
+_NATIVE_DONE: set = set()  # the launches handed to the native host path (or found not registrable)
+
+
+def _native_register(args: tuple, kwargs: dict, lengths) -> None:
+    """Hand this launch's kernel to the native host path (``pcops._native``;
+    ``csrc/host/voxelize_cells.cpp`` passes the arguments in this order), once per grid, dtypes,
+    sample count and Triton specialisation of the point count."""
+    from .. import _native
+
+    host = _native.MODULE
+    if host is None:
+        _native.request()
+        return
+    points = args[0]
+    n, num_channels, batch = args[3], args[4], args[5]
+    done = (points.device.index, points.dtype, None if lengths is None else lengths.dtype, args[6:15], num_channels,
+            batch, _native.spec(n))  # fmt: skip
+    if done in _NATIVE_DONE:
+        return
+    _NATIVE_DONE.add(done)
+    if any(t.data_ptr() & 15 for t in args[:3]):
+        return
+    bound = _native.bind(_point_cells_kernel, (_launch.cdiv(n, kwargs["BLOCK"]),), args, kwargs, "pppiiifffffffffiii")
+    if bound is not None:
+        host.pc_register(points, lengths, list(args[6:12]), list(args[12:15]), *bound, kwargs["BLOCK"], *args[15:18])
