@@ -46,7 +46,7 @@ import torch
 
 from ._nvrtc import CSRC_DIR
 
-__all__ = ["MODULE", "request", "build", "bind", "on_load", "enabled", "status"]
+__all__ = ["MODULE", "request", "build", "bind", "on_load", "registrable", "spec", "enabled", "status"]
 
 MODULE = None  # the loaded module; None until built and loaded (or where it cannot be)
 
@@ -151,6 +151,12 @@ def on_load(fn) -> None:
         fn(MODULE)
 
 
+def registrable(t: torch.Tensor) -> bool:
+    """A kernel launched for ``t`` may be handed to the module: ``t`` is on the current CUDA device
+    (Triton loads the kernel there; the module keys it by ``t``'s device)."""
+    return t.is_cuda and t.device.index == torch.cuda.current_device()
+
+
 def spec(v: int) -> int:
     """Triton's specialisation class of an int argument, as ``csrc/host/host.h``'s ``spec``: 0 for
     1, 1 for a multiple of 16, 2 otherwise."""
@@ -183,6 +189,8 @@ def bind(kernel, grid: tuple, args: tuple, kwargs: dict, kinds: str) -> tuple[in
     md = compiled.metadata
     if md.num_ctas != 1 or md.global_scratch_size or md.profile_scratch_size or getattr(md, "tensordesc_meta", None):
         return None
+    if getattr(md, "launch_pdl", False) or getattr(md, "launch_cooperative_grid", False):
+        return None  # (plain cuLaunchKernel sets no launch attributes)
     return compiled.function, md.num_warps, md.shared, present
 
 
@@ -216,7 +224,15 @@ def request(wait: bool = False) -> None:
     with _lock:
         if not _state["started"]:
             _state["started"] = True
-            if _target().exists():
+            try:
+                cached = _target().exists()
+            except Exception as e:  # noqa: BLE001 - e.g. no setuptools for torch's header paths, no home directory
+                _state["error"] = str(e) or type(e).__name__
+                _logger.warning(
+                    "pcops: the native host path is unavailable (%s); eager calls stay on the Python path", e
+                )
+                return
+            if cached:
                 _build_and_load()
             else:
                 _state["thread"] = threading.Thread(target=_build_and_load, name="pcops-native-build", daemon=True)

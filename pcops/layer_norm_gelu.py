@@ -76,8 +76,8 @@ def fused_layer_norm_gelu(
         >>> w, b = torch.ones(256, device="cuda"), torch.zeros(256, device="cuda")
         >>> y = pcops.fused_layer_norm_gelu(x, w, b, dropout_p=0.1, training=True)
     """
-    host = _native.MODULE  # the native host path takes what it can (pcops._native), else None
-    if host is not None and not torch.compiler.is_compiling():
+    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    if host is not None:
         y = host.lng_forward(x, weight, bias, eps, approximate, dropout_p, training, backend)
         if y is not None:
             return y

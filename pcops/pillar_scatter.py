@@ -72,8 +72,8 @@ def pillar_scatter(
         tensor([[0., 1.],
                 [3., 0.]])
     """
-    host = _native.MODULE  # the native host path takes what it can (pcops._native), else None
-    if host is not None and not torch.compiler.is_compiling():
+    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    if host is not None:
         canvas = host.ps_forward(features, coords, batch_size, grid_hw, backend)
         if canvas is not None:
             return canvas
@@ -232,10 +232,12 @@ def _native_register(device: torch.device) -> None:
     from .cuda import pillar_scatter as cu
     from ._nvrtc import get_kernel
 
-    handles = [
-        get_kernel("pillar_scatter.cu", k, device)._handle
-        for k in ("pillar_winner", "pillar_canvas_b4x4", "pillar_gather_b4x4")
-    ]
+    try:
+        names = ("pillar_winner", "pillar_canvas_b4x4", "pillar_gather_b4x4")
+        handles = [get_kernel("pillar_scatter.cu", k, device)._handle for k in names]
+    except Exception as e:  # noqa: BLE001 - NVRTC cannot build them here: the Python path stays
+        _backend.logger.warning("pcops: pillar_scatter's CUDA C++ kernels are unavailable to the native path (%s)", e)
+        return
     host.ps_register(device.index, *handles, cu._VECS_PER_SLICE)
 
 

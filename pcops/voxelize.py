@@ -261,7 +261,8 @@ def dynamic_voxelize(
         >>> d = pcops.dynamic_voxelize(points, (0.16, 0.16, 4.0), (0, -39.68, -3, 69.12, 39.68, 1))
         >>> feats = pcops.voxel_reduce(points, d.point_to_voxel, d.coords.shape[0], "mean")
     """
-    if cells_only is True and (host := _native.MODULE) is not None and not torch.compiler.is_compiling():
+    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    if host is not None and cells_only is True and type(pad_to_max) is bool:
         cells = host.pc_forward(points, voxel_size, point_cloud_range, lengths, backend)  # (pcops._native)
         if cells is not None:
             return cells

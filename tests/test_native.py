@@ -235,3 +235,31 @@ def test_point_cells_native_is_bit_identical_to_the_python_path(host, n, channel
     assert host.pc_forward(points.double(), vs, pcr, lengths, "auto") is None  # float64: the reference
     with pytest.raises(ValueError, match="voxel_size"):
         pcops.dynamic_voxelize(points, (0.16, -0.16, 4.0), pcr, lengths, cells_only=True)
+
+
+@gpu[0]
+@gpu[1]
+def test_native_gradient_over_changing_row_counts_and_under_checkpoint(host):
+    """Row counts of one class but different column-sum tilings (G 100 vs 1000) keep their own
+    kernels; activation checkpointing (saved-tensor hooks) takes the Python path."""
+    from pcops.triton import layer_norm_gelu as fwd
+    from pcops.triton import layer_norm_gelu_backward as bwd
+
+    g = torch.Generator(device="cuda").manual_seed(8)
+    w, b = torch.randn(256, device="cuda", generator=g), torch.randn(256, device="cuda", generator=g)
+    native = lambda xs, ws, bs: _native.MODULE.lng_forward(xs, ws, bs, 1e-5, "tanh", 0.0, False, "auto")  # noqa: E731
+    for m in (400, 4000, 400, 4000, 4016):
+        x = torch.randn(m, 256, device="cuda", generator=g)
+        dy = torch.randn(m, 256, device="cuda", generator=g)
+        _, mean, rstd = fwd.layer_norm_gelu(x, w, b, 1e-5, "tanh")
+        want = bwd.layer_norm_gelu_backward(dy, x, w, b, mean, rstd, "tanh")
+        got = _grads(native, x, w, b, dy)[1:]
+        assert all(torch.equal(a, c) for a, c in zip(got, want)), m
+    x = torch.randn(512, 256, device="cuda", generator=g, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert native(x, w, b) is None
+    from torch.utils.checkpoint import checkpoint
+
+    y = checkpoint(lambda t: pcops.fused_layer_norm_gelu(t, w, b), x, use_reentrant=False)
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -1,6 +1,7 @@
 // pcops native host path: the shared pieces declared in host.h, and the Python module.
 #include "host.h"
 
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -68,7 +69,12 @@ bool plain_tensor(py::handle obj) {
   return THPVariable_CheckExact(obj.ptr()) || (parameter_type != nullptr && type == parameter_type);
 }
 
+bool have_driver() { return launch_fn != nullptr; }
+
+bool saved_tensor_hooks() { return !at::SavedTensorDefaultHooks::get_tls_state().stack.empty(); }
+
 bool direct_ok(const at::Tensor& t) {
+  if (t.layout() != at::kStrided || t.is_nested()) return false;
   static const c10::DispatchKeySet blocked({c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
                                             c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
                                             c10::DispatchKey::PythonTLSSnapshot});

@@ -47,9 +47,17 @@ inline int64_t pad4(int64_t v) { return (v + 3) & ~int64_t{3}; }
 // The object is a plain torch.Tensor or torch.nn.Parameter (no subclass that could intercept).
 bool plain_tensor(py::handle obj);
 
-// Nothing could intercept a direct launch: no dispatch mode, functorch transform, JIT tracer or
-// RecordFunction callback (profiler) is active, and `t` carries no Python or functorch key.
+// Nothing could intercept a direct launch: `t` is a strided, non-nested tensor without a Python or
+// functorch key, and no dispatch mode, functorch transform, JIT tracer or RecordFunction callback
+// (profiler) is active. Call it before any other query of `t`.
 bool direct_ok(const at::Tensor& t);
+
+// Saved-tensor hooks (activation checkpointing, offloading) are active: a gradient must take the
+// Python path, which saves the tensors those hooks expect.
+bool saved_tensor_hooks();
+
+// The CUDA driver was found (init()): without it nothing is registered and no call is taken.
+bool have_driver();
 
 // `device` is CUDA and the current CUDA device (the context Triton launches in).
 bool current_cuda(const at::Device& device);

@@ -72,7 +72,7 @@ struct BwdPlan {
 // threads too, under `bwd_mutex`.
 std::unordered_map<Key, FwdPlan, KeyHash> fwd_plans;  // c: the row class of the forward's autotune key
 std::unordered_map<Key, BwdShape, KeyHash> bwd_shapes;  // a 0, c 0: the full tile height; a 1, c log2(BLOCK_M): programs
-std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;    // a: 3 spec(M) + spec(G), c: log2(BLOCK_M)
+std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;    // a: 3 spec(M) + spec(G), c: plan_class()
 std::mutex bwd_mutex;
 int64_t big_rows = INT64_MAX;       // the forward's row-class threshold (set by registration)
 py::object* py_backward = nullptr;  // the Python backward (set by lng_init), kept for the process
@@ -82,6 +82,12 @@ int log2_of(int64_t v) {
   while ((int64_t{1} << r) < v) ++r;
   return r;
 }
+
+// the column-sum launch's BLOCK_G for G partial rows (layer_norm_gelu_column_sum.py: column_sum_config)
+int64_t sum_block_g(int64_t g) { return std::min<int64_t>(4096, int64_t{1} << log2_of(std::max<int64_t>(g, 16))); }
+
+// the part of a backward plan's key the tile height and the column sum's BLOCK_G decide
+int plan_class(int64_t block_m, int64_t g) { return log2_of(block_m) * 13 + log2_of(sum_block_g(g)); }
 
 bool aligned(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
 
@@ -124,7 +130,7 @@ bool run_backward(const at::Tensor& gy, const at::Tensor& x, const at::Tensor& w
     const auto programs = bwd_shapes.find(key_of(x, w, b, n, tanh, 1, log2_of(bm)));
     if (programs == bwd_shapes.end()) return false;
     g = std::min(programs->second.value, (m + bm - 1) / bm);
-    const auto it = bwd_plans.find(key_of(x, w, b, n, tanh, 3 * spec(m) + spec(g), log2_of(bm)));
+    const auto it = bwd_plans.find(key_of(x, w, b, n, tanh, 3 * spec(m) + spec(g), plan_class(bm, g)));
     if (it == bwd_plans.end()) return false;
     plan = it->second;
   }
@@ -177,7 +183,9 @@ struct LayerNormGelu : public torch::autograd::Function<LayerNormGelu> {
     at::Tensor gy = grad.scalar_type() == x.scalar_type() ? grad.contiguous() : grad.to(x.scalar_type()).contiguous();
     variable_list out;
     // create_graph (grad mode on) or no registered kernels: the Python backward, as the Python path runs it
-    if (c10::GradMode::is_enabled() || !aligned(gy) || !run_backward(gy, x, w, b, stats, tanh, p, &out)) {
+    const bool usable = aligned(gy) && aligned(x) && aligned(w) && aligned(b) && aligned(stats) && x.is_contiguous() &&
+                        w.is_contiguous() && b.is_contiguous() && stats.is_contiguous();
+    if (c10::GradMode::is_enabled() || !usable || !run_backward(gy, x, w, b, stats, tanh, p, &out)) {
       const int64_t n = x.size(-1), m = x.numel() / n;
       py::gil_scoped_acquire gil;
       py::object r = (*py_backward)(gy.view({m, n}), x.view({m, n}), w, b, stats.narrow(0, 0, m),
@@ -199,6 +207,7 @@ struct LayerNormGelu : public torch::autograd::Function<LayerNormGelu> {
 void lng_register(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b, bool tanh, int64_t big_rows_threshold,
                   int64_t function, int64_t warps, int64_t shared, int64_t present, int64_t rows_per_program) {
   TORCH_CHECK(x2.dim() == 2 && x2.is_cuda() && rows_per_program > 0, "lng_register: bad arguments");
+  if (!have_driver()) return;
   big_rows = big_rows_threshold;
   const int64_t m = x2.size(0);
   fwd_plans[key_of(x2, w, b, x2.size(1), tanh, spec(m), m >= big_rows)] =
@@ -213,6 +222,7 @@ void lng_register_backward(const at::Tensor& x2, const at::Tensor& w, const at::
                            int64_t sum_warps, int64_t sum_shared, int64_t sum_present, int64_t sum_block_n) {
   TORCH_CHECK(x2.dim() == 2 && x2.is_cuda() && block_m > 0 && programs > 0 && sum_block_n > 0,
               "lng_register_backward: bad arguments");
+  if (!have_driver()) return;
   const int64_t n = x2.size(1), m = x2.size(0);
   TORCH_CHECK(block_m == std::min(full_block_m, int64_t{1} << log2_of(m)) && (block_m & (block_m - 1)) == 0,
               "lng_register_backward: BLOCK_M does not match");
@@ -220,7 +230,7 @@ void lng_register_backward(const at::Tensor& x2, const at::Tensor& w, const at::
   std::lock_guard<std::mutex> lock(bwd_mutex);
   bwd_shapes[key_of(x2, w, b, n, tanh, 0, 0)] = BwdShape{full_block_m};
   bwd_shapes[key_of(x2, w, b, n, tanh, 1, log2_of(block_m))] = BwdShape{programs};
-  bwd_plans[key_of(x2, w, b, n, tanh, 3 * spec(m) + spec(g), log2_of(block_m))] =
+  bwd_plans[key_of(x2, w, b, n, tanh, 3 * spec(m) + spec(g), plan_class(block_m, g))] =
       BwdPlan{make_kernel(tiled_function, tiled_warps, tiled_shared, tiled_present),
               make_kernel(sum_function, sum_warps, sum_shared, sum_present), sum_block_n};
 }
@@ -255,6 +265,7 @@ py::object lng_forward(py::handle x_obj, py::handle w_obj, py::handle b_obj, py:
   const at::Tensor& x = THPVariable_Unpack(x_obj.ptr());
   const at::Tensor& w = THPVariable_Unpack(w_obj.ptr());
   const at::Tensor& b = THPVariable_Unpack(b_obj.ptr());
+  if (!direct_ok(x) || !direct_ok(w) || !direct_ok(b)) return none;
   if (x.dim() < 1 || w.dim() != 1 || b.dim() != 1) return none;
   const int64_t n = x.size(-1);
   if (n <= 1 || w.size(0) != n || b.size(0) != n) return none;
@@ -263,14 +274,13 @@ py::object lng_forward(py::handle x_obj, py::handle w_obj, py::handle b_obj, py:
   if (!current_cuda(device) || w.device() != device || b.device() != device) return none;
   if (!x.is_contiguous() || !w.is_contiguous() || !b.is_contiguous()) return none;
   if (!aligned(x) || !aligned(w) || !aligned(b)) return none;
-  if (!direct_ok(x) || !direct_ok(w) || !direct_ok(b)) return none;
   const int64_t m = x.numel() / n;
   if (m < 1 || m >= (int64_t{1} << 31)) return none;
   const auto it = fwd_plans.find(key_of(x, w, b, n, tanh, spec(m), m >= big_rows));
   if (it == fwd_plans.end()) return none;
   const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad());
   if (grad) {
-    if (py_backward == nullptr) return none;
+    if (py_backward == nullptr || saved_tensor_hooks()) return none;
     at::Tensor y = LayerNormGelu::apply(x, w, b, &it->second, eps, tanh, p);
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
   }

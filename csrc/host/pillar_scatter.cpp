@@ -90,7 +90,8 @@ struct PillarScatter : public torch::autograd::Function<PillarScatter> {
     const int64_t batch = g.size(0), hw = g.size(2) * g.size(3);
     Kernels k;
     at::Tensor out;
-    if (!c10::GradMode::is_enabled() && g.scalar_type() == at::kFloat && aligned(g) && find(g.device().index(), &k)) {
+    const bool usable = g.scalar_type() == at::kFloat && aligned(g) && winner.is_contiguous() && aligned(winner);
+    if (!c10::GradMode::is_enabled() && usable && find(g.device().index(), &k)) {
       out = at::zeros({p, c}, g.options());
       if (p && g.numel()) {
         unsigned grid[3];
@@ -116,6 +117,7 @@ struct PillarScatter : public torch::autograd::Function<PillarScatter> {
 // The NVRTC kernels of csrc/pillar_scatter.cu loaded for `device` (their CUfunction handles).
 void ps_register(int64_t device, int64_t winner_fn, int64_t canvas_fn, int64_t gather_fn, int64_t vecs_per_slice) {
   TORCH_CHECK(vecs_per_slice > 0, "ps_register: bad vecs_per_slice");
+  if (!have_driver()) return;
   std::lock_guard<std::mutex> lock(mutex);
   kernels[device] = Kernels{nvrtc_kernel(winner_fn, kThreads), nvrtc_kernel(canvas_fn, kThreads),
                             nvrtc_kernel(gather_fn, kThreads), vecs_per_slice};
@@ -137,9 +139,10 @@ py::object ps_forward(py::handle f_obj, py::handle c_obj, py::handle batch_obj, 
   PyObject* hw = hw_obj.ptr();
   if (!(PyTuple_CheckExact(hw) || PyList_CheckExact(hw)) || PySequence_Fast_GET_SIZE(hw) != 2) return none;
   if (!as_int(PySequence_Fast_GET_ITEM(hw, 0), &h) || !as_int(PySequence_Fast_GET_ITEM(hw, 1), &w)) return none;
-  if (h < 1 || w < 1) return none;
+  if (h < 1 || w < 1 || h >= (int64_t{1} << 31) || w >= (int64_t{1} << 31) || batch >= (int64_t{1} << 31)) return none;
   const at::Tensor& f = THPVariable_Unpack(f_obj.ptr());
   const at::Tensor& coords = THPVariable_Unpack(c_obj.ptr());
+  if (!direct_ok(f) || !direct_ok(coords)) return none;
   if (f.dim() != 2 || f.scalar_type() != at::kFloat || coords.dim() != 2 || coords.size(1) != 4) return none;
   if (coords.scalar_type() != at::kInt || coords.size(0) != f.size(0)) return none;
   const int64_t c = f.size(1);
@@ -148,12 +151,11 @@ py::object ps_forward(py::handle f_obj, py::handle c_obj, py::handle batch_obj, 
   const at::Device device = f.device();
   if (!current_cuda(device) || coords.device() != device) return none;
   if (!f.is_contiguous() || !coords.is_contiguous() || !aligned(f) || !aligned(coords)) return none;
-  if (!direct_ok(f) || !direct_ok(coords)) return none;
   Kernels k;
   if (!find(device.index(), &k)) return none;
   at::Tensor canvas;
   if (c10::GradMode::is_enabled() && f.requires_grad()) {
-    if (py_gather == nullptr) return none;
+    if (py_gather == nullptr || saved_tensor_hooks()) return none;
     canvas = PillarScatter::apply(f, coords, k, batch, h, w);
   } else {
     canvas = scatter(k, f, coords, batch, h, w).first;

@@ -43,6 +43,7 @@ void pc_register(const at::Tensor& points, py::object lengths_obj, std::vector<d
   TORCH_CHECK(points.dim() == 2 && points.is_cuda() && point_cloud_range.size() == 6 && voxel_size.size() == 3 &&
                   block > 0,
               "pc_register: bad arguments");
+  if (!have_driver()) return;
   Plan plan;
   for (int i = 0; i < 6; ++i) plan.grid[i] = point_cloud_range[i];
   for (int i = 0; i < 3; ++i) plan.grid[6 + i] = voxel_size[i];
@@ -82,19 +83,19 @@ py::object pc_forward(py::handle points_obj, py::handle vs_obj, py::handle pcr_o
   std::array<double, 9> grid;
   if (!floats(pcr_obj, 6, grid.data()) || !floats(vs_obj, 3, grid.data() + 6)) return none;
   const at::Tensor& points = THPVariable_Unpack(points_obj.ptr());
-  if (points.dim() != 2 || !points.is_contiguous() || !aligned(points)) return none;
+  if (!direct_ok(points) || points.dim() != 2 || !points.is_contiguous() || !aligned(points)) return none;
   const int64_t n = points.size(0);
   if (n < 1 || n >= (int64_t{1} << 31)) return none;
   const at::Device device = points.device();
-  if (!current_cuda(device) || !direct_ok(points)) return none;
+  if (!current_cuda(device)) return none;
   int8_t lengths_dtype = -1;
   int64_t batch = 1;
   const at::Tensor* lengths = nullptr;
   if (lengths_obj.ptr() != Py_None) {
     if (!plain_tensor(lengths_obj)) return none;
     lengths = &THPVariable_Unpack(lengths_obj.ptr());
-    if (lengths->dim() != 1 || lengths->device() != device || !lengths->is_contiguous() || !aligned(*lengths) ||
-        !direct_ok(*lengths))
+    if (!direct_ok(*lengths) || lengths->dim() != 1 || lengths->device() != device || !lengths->is_contiguous() ||
+        !aligned(*lengths))
       return none;
     lengths_dtype = static_cast<int8_t>(lengths->scalar_type());
     batch = lengths->numel();

@@ -364,11 +364,9 @@ def _native_register(key: tuple, args: tuple, plan: tuple, tanh: bool) -> None:
     x, weight, bias = args[0], args[1], args[2]
     m_rows = args[7]
     done = (key, x.device.index, _native.spec(m_rows))
-    if done in _NATIVE_DONE:
-        return
+    if done in _NATIVE_DONE or any(t.data_ptr() & 15 for t in (x, weight, bias)) or not _native.registrable(x):
+        return  # (Triton specialises aligned pointers: the C++ side takes aligned ones only)
     _NATIVE_DONE.add(done)
-    if any(t.data_ptr() & 15 for t in (x, weight, bias)):
-        return  # Triton specialises aligned pointers: the C++ side takes aligned ones only
     grid = (_launch.cdiv(m_rows, plan[0]),)
     bound = _native.bind(_layer_norm_gelu_fwd_kernel, grid, args, plan[1], "pppppppiiff")
     if bound is not None:

@@ -621,14 +621,13 @@ def _native_register_backward(
         return
     grad_y, x, weight, bias = targs[:4]
     m_rows, n, g = targs[10], targs[11], targs[12]
-    done = (x.device.index, x.dtype, weight.dtype, bias.dtype, n, tanh, bm, _native.spec(m_rows), _native.spec(g))
-    if done in _NATIVE_DONE:
-        return
-    _NATIVE_DONE.add(done)
-    if any(t.data_ptr() & 15 for t in targs[:10]):
-        return  # the C++ side passes aligned pointers only
-    tiled = _native.bind(_layer_norm_gelu_bwd_tiled_kernel, (g,), targs, meta, "ppppppppppiiif")
     sum_kw = column_sum_config(g)
+    done = (x.device.index, x.dtype, weight.dtype, bias.dtype, n, tanh, bm, sum_kw["BLOCK_G"], _native.spec(m_rows),
+            _native.spec(g))  # fmt: skip
+    if done in _NATIVE_DONE or any(t.data_ptr() & 15 for t in targs[:10]) or not _native.registrable(x):
+        return  # (the C++ side passes aligned pointers only)
+    _NATIVE_DONE.add(done)
+    tiled = _native.bind(_layer_norm_gelu_bwd_tiled_kernel, (g,), targs, meta, "ppppppppppiiif")
     column_sum = _native.bind(
         _column_sum_kernel, (_launch.cdiv(n, sum_kw["BLOCK_N"]),), (*sums, g, n), sum_kw, "ppppii"
     )

@@ -129,11 +129,9 @@ def _native_register(args: tuple, kwargs: dict, lengths) -> None:
     n, num_channels, batch = args[3], args[4], args[5]
     done = (points.device.index, points.dtype, None if lengths is None else lengths.dtype, args[6:15], num_channels,
             batch, _native.spec(n))  # fmt: skip
-    if done in _NATIVE_DONE:
+    if done in _NATIVE_DONE or any(t.data_ptr() & 15 for t in args[:3]) or not _native.registrable(points):
         return
     _NATIVE_DONE.add(done)
-    if any(t.data_ptr() & 15 for t in args[:3]):
-        return
     bound = _native.bind(_point_cells_kernel, (_launch.cdiv(n, kwargs["BLOCK"]),), args, kwargs, "pppiiifffffffffiii")
     if bound is not None:
         host.pc_register(points, lengths, list(args[6:12]), list(args[12:15]), *bound, kwargs["BLOCK"], *args[15:18])
