@@ -374,9 +374,22 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="100 calls per round")
     p.add_argument("--out", default=None)
     p.add_argument("--no-e1", action="store_true", help="skip the PointPillars eager stages (CUDA)")
+    p.add_argument(
+        "--native",
+        choices=("on", "off"),
+        default="on",
+        help="the native host path (pcops._native) loaded before timing (on) or turned off (off)",
+    )
     a = p.parse_args()
     from common import environment
+    from pcops import _native
 
+    if a.native == "off":
+        import os
+
+        os.environ["PCOPS_NATIVE_HOST"] = "0"
+    elif a.device == "cuda":
+        _native.request(wait=True)  # (the ops it takes register their shape classes at their first calls)
     torch.set_num_threads(1)
     rows = measure(a.device, 100 if a.quick else a.calls)
     env = environment()
@@ -390,12 +403,14 @@ def main() -> None:
         "method": __doc__.split("\n\n")[1].replace("\n", " "),
         "rows": rows,
         "baselines_us": baselines(a.device, 100 if a.quick else a.calls),
+        "native_host_path": _native.status(),
     }
     if a.device == "cuda" and not a.no_e1:
         res["e1_eager_stages"] = e1_stages(20 if a.quick else 50)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / f"host_overhead_{a.device}.json").write_text(json.dumps(res, indent=1))
+        suffix = "" if a.native == "on" else "_python"
+        (Path(a.out) / f"host_overhead_{a.device}{suffix}.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def test_pillar_scatter_native_declines_other_cases(host):
     assert host.ps_forward(f, coords, 2, (40, 52), "auto") is not None
     assert host.ps_forward(f.half(), coords, 2, (40, 52), "auto") is None  # fp16: the Python path
     assert host.ps_forward(f[:, :62].contiguous(), coords, 2, (40, 52), "auto") is None  # C % 4
-    assert host.ps_forward(f, coords, 2, (40, 51), "auto") is None  # H·W % 4
+    assert host.ps_forward(f, coords, 2, (41, 51), "auto") is None  # H·W % 4
     assert host.ps_forward(f, coords.long(), 2, (40, 52), "auto") is None  # int64 coords: converted in Python
     assert host.ps_forward(f, coords, 2, (40, 52), "triton") is None
     assert host.ps_forward(f, coords, 2, (40, 52.0), "auto") is None

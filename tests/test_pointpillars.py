@@ -534,7 +534,7 @@ def test_eager_scan_graph_capacity_and_drops(gpu_model, scan):
             assert torch.equal(gpu_model.last_dropped_voxels, want_dropped)
         (entry,) = [e for k, e in gpu_model._graphs.items() if k[5] == "scan"]
         assert entry[3].max_points == 1 << (big.shape[0] - 1).bit_length()
-        assert type(entry[3].model) is weakref.ProxyType  # no model -> graph -> model cycle
+        assert isinstance(entry[3].model, weakref.ProxyTypes)  # no model -> graph -> model cycle
         gpu_model.config = dataclasses.replace(config, max_voxels_test=500)
         with pytest.warns(RuntimeWarning, match="max_voxels=500"):
             got = gpu_model(b)

@@ -433,17 +433,20 @@ def layer_norm_gelu(
             _layer_norm_gelu_fwd_tuned[lambda c: (_launch.cdiv(m_rows, c["BLOCK_M"] * c["TILES"]),)](
                 *args, **meta, M_CLASS=m_class
             )
-            _FWD_TUNED[key] = _layer_norm_gelu_fwd_tuned.best_config
-        else:  # its choice, launched without the autotuner's per-call work (≈ 40 µs of host time)
-            plan = _FWD_PLANS.get(key)
-            if plan is None:  # rows per program and the launch keywords, built once per shape class
-                plan = _FWD_PLANS[key] = (
-                    cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"],
-                    {**meta, "M_CLASS": m_class, **cfg.all_kwargs()},
-                )
+            cfg = _FWD_TUNED[key] = _layer_norm_gelu_fwd_tuned.best_config
+            launched = True
+        else:  # its choice, launched below without the autotuner's per-call work (≈ 40 µs of host time)
+            launched = False
+        plan = _FWD_PLANS.get(key)
+        if plan is None:  # rows per program and the launch keywords, built once per shape class
+            plan = _FWD_PLANS[key] = (
+                cfg.kwargs["BLOCK_M"] * cfg.kwargs["TILES"],
+                {**meta, "M_CLASS": m_class, **cfg.all_kwargs()},
+            )
+        if not launched:
             _launch.launch(_layer_norm_gelu_fwd_kernel, (_launch.cdiv(m_rows, plan[0]),), *args, **plan[1])
-            if seed is None and x.is_cuda:
-                _native_register(key, args, plan, approximate == "tanh")
+        if seed is None and x.is_cuda:
+            _native_register(key, args, plan, approximate == "tanh")
     else:
         bm = block_m or min(_default_block_m(block_n, _FWD_SPACE["tiles"][1]), _launch.next_power_of_2(m_rows))
         t = (tiles or 1) if one_tile else 1
