@@ -46,7 +46,7 @@ import torch
 
 from ._nvrtc import CSRC_DIR
 
-__all__ = ["MODULE", "request", "build", "bind", "on_load", "registrable", "spec", "enabled", "status"]
+__all__ = ["MODULE", "request", "loaded", "build", "bind", "on_load", "registrable", "spec", "enabled", "status"]
 
 MODULE = None  # the loaded module; None until built and loaded (or where it cannot be)
 
@@ -151,10 +151,19 @@ def on_load(fn) -> None:
         fn(MODULE)
 
 
-def registrable(t: torch.Tensor) -> bool:
-    """A kernel launched for ``t`` may be handed to the module: ``t`` is on the current CUDA device
-    (Triton loads the kernel there; the module keys it by ``t``'s device)."""
-    return t.is_cuda and t.device.index == torch.cuda.current_device()
+def loaded():
+    """The module, or None after starting its load (:func:`request`): what a registration calls."""
+    if MODULE is None:
+        request()
+    return MODULE
+
+
+def registrable(*tensors: torch.Tensor) -> bool:
+    """A kernel launched for these tensors may be handed to the module: they are on the current CUDA
+    device (Triton loads the kernel there; the module keys it by the tensors' device) and 16-byte
+    aligned (Triton specialises on it; the module passes aligned pointers only)."""
+    index = torch.cuda.current_device()
+    return all(t.is_cuda and t.device.index == index and not t.data_ptr() & 15 for t in tensors)
 
 
 def spec(v: int) -> int:

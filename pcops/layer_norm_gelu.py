@@ -219,18 +219,8 @@ def _lng_backward(ctx, grad_y, _grad_mean, _grad_rstd):
     if grad_y is None:  # y unused by the loss (possible now that grads are not materialised)
         return None, None, None, None, None, None, None, None
     x, weight, bias, mean, rstd, seed = ctx.saved_tensors
-    dx, dweight, dbias = _library.call(
-        torch.ops.pcops.layer_norm_gelu_backward.default,
-        grad_y.contiguous(),
-        x,
-        weight,
-        bias,
-        mean,
-        rstd,
-        ctx.approximate,
-        ctx.dropout_p,
-        seed,
-        ctx.backend,
+    dx, dweight, dbias = _backward_op(
+        grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.approximate, ctx.dropout_p, seed, ctx.backend
     )
     return dx, dweight, dbias, None, None, None, None, None
 
@@ -238,9 +228,9 @@ def _lng_backward(ctx, grad_y, _grad_mean, _grad_rstd):
 _layer_norm_gelu.register_autograd(_lng_backward, setup_context=_lng_setup_context)
 
 
-def _native_backward(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p):
-    """The backward of the native path's autograd node where its kernels are not registered yet (or
-    with ``create_graph``): the Python path's backward op, which registers them."""
+def _backward_op(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p, seed=None, backend="auto"):
+    """The backward op: for the Python path's autograd node, and for the native path's where its
+    kernels are not registered yet (or with ``create_graph``; the op then registers them)."""
     return _library.call(
         torch.ops.pcops.layer_norm_gelu_backward.default,
         grad_y,
@@ -251,9 +241,9 @@ def _native_backward(grad_y, x, weight, bias, mean, rstd, approximate, dropout_p
         rstd,
         approximate,
         dropout_p,
-        None,
-        "auto",
+        seed,
+        backend,
     )
 
 
-_native.on_load(lambda host: host.lng_init(_native_backward))
+_native.on_load(lambda host: host.lng_init(_backward_op))

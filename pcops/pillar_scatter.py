@@ -222,9 +222,8 @@ _NATIVE_DONE: set = set()  # device indices whose kernels the native host path h
 def _native_register(device: torch.device) -> None:
     """Hand ``csrc/pillar_scatter.cu``'s kernels for ``device`` to the native host path (once per
     device; the first CUDA call starts the module's build)."""
-    host = _native.MODULE
+    host = _native.loaded()
     if host is None:
-        _native.request()
         return
     _NATIVE_DONE.add(device.index)
     if not _nvrtc_available():

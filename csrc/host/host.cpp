@@ -78,12 +78,14 @@ bool direct_ok(const at::Tensor& t) {
   static const c10::DispatchKeySet blocked({c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
                                             c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
                                             c10::DispatchKey::PythonTLSSnapshot});
-  if (t.key_set().has_any(blocked)) return false;
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  return !t.key_set().has_any(blocked);
+}
+
+bool intercepted() {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return true;
   // a functorch transform is active (its dynamic layer keys are in the thread's included set)
-  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)) return false;
-  if (torch::jit::tracer::isTracing()) return false;
-  return !at::hasCallbacks();
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)) return true;
+  return torch::jit::tracer::isTracing() || at::hasCallbacks();
 }
 
 bool current_cuda(const at::Device& device) {

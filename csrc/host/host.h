@@ -47,10 +47,16 @@ inline int64_t pad4(int64_t v) { return (v + 3) & ~int64_t{3}; }
 // The object is a plain torch.Tensor or torch.nn.Parameter (no subclass that could intercept).
 bool plain_tensor(py::handle obj);
 
-// Nothing could intercept a direct launch: `t` is a strided, non-nested tensor without a Python or
-// functorch key, and no dispatch mode, functorch transform, JIT tracer or RecordFunction callback
-// (profiler) is active. Call it before any other query of `t`.
+// `t` can be launched on directly: a strided, non-nested tensor without a Python or functorch key
+// (nothing of the tensor's could intercept the call). Call it before any other query of `t`.
 bool direct_ok(const at::Tensor& t);
+
+// Something of the thread's could intercept a direct launch: a dispatch mode, a functorch
+// transform, the JIT tracer or a RecordFunction callback (profiler). Once per call.
+bool intercepted();
+
+// The data pointer is 16-byte aligned (Triton specialises pointer arguments on it).
+inline bool aligned(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
 
 // Saved-tensor hooks (activation checkpointing, offloading) are active: a gradient must take the
 // Python path, which saves the tensors those hooks expect.

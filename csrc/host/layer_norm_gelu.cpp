@@ -89,8 +89,6 @@ int64_t sum_block_g(int64_t g) { return std::min<int64_t>(4096, int64_t{1} << lo
 // the part of a backward plan's key the tile height and the column sum's BLOCK_G decide
 int plan_class(int64_t block_m, int64_t g) { return log2_of(block_m) * 13 + log2_of(sum_block_g(g)); }
 
-bool aligned(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
-
 bool float_type(const at::Tensor& t) {
   const auto s = t.scalar_type();
   return s == at::kFloat || s == at::kHalf || s == at::kBFloat16;
@@ -265,7 +263,7 @@ py::object lng_forward(py::handle x_obj, py::handle w_obj, py::handle b_obj, py:
   const at::Tensor& x = THPVariable_Unpack(x_obj.ptr());
   const at::Tensor& w = THPVariable_Unpack(w_obj.ptr());
   const at::Tensor& b = THPVariable_Unpack(b_obj.ptr());
-  if (!direct_ok(x) || !direct_ok(w) || !direct_ok(b)) return none;
+  if (!direct_ok(x) || !direct_ok(w) || !direct_ok(b) || intercepted()) return none;
   if (x.dim() < 1 || w.dim() != 1 || b.dim() != 1) return none;
   const int64_t n = x.size(-1);
   if (n <= 1 || w.size(0) != n || b.size(0) != n) return none;

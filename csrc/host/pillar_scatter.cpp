@@ -27,8 +27,6 @@ std::unordered_map<int64_t, Kernels> kernels;  // per device index (written unde
 std::mutex mutex;
 py::object* py_gather = nullptr;  // the Python gather op's call (set by ps_init), kept for the process
 
-bool aligned(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
-
 bool find(int64_t device, Kernels* out) {
   std::lock_guard<std::mutex> lock(mutex);
   const auto it = kernels.find(device);
@@ -142,7 +140,7 @@ py::object ps_forward(py::handle f_obj, py::handle c_obj, py::handle batch_obj, 
   if (h < 1 || w < 1 || h >= (int64_t{1} << 31) || w >= (int64_t{1} << 31) || batch >= (int64_t{1} << 31)) return none;
   const at::Tensor& f = THPVariable_Unpack(f_obj.ptr());
   const at::Tensor& coords = THPVariable_Unpack(c_obj.ptr());
-  if (!direct_ok(f) || !direct_ok(coords)) return none;
+  if (!direct_ok(f) || !direct_ok(coords) || intercepted()) return none;
   if (f.dim() != 2 || f.scalar_type() != at::kFloat || coords.dim() != 2 || coords.size(1) != 4) return none;
   if (coords.scalar_type() != at::kInt || coords.size(0) != f.size(0)) return none;
   const int64_t c = f.size(1);

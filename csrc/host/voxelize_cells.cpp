@@ -35,8 +35,6 @@ bool floats(py::handle obj, size_t n, double* out) {
   return true;
 }
 
-bool aligned(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
-
 void pc_register(const at::Tensor& points, py::object lengths_obj, std::vector<double> point_cloud_range,
                  std::vector<double> voxel_size, int64_t function, int64_t warps, int64_t shared, int64_t present,
                  int64_t block, int64_t gx, int64_t gy, int64_t gz) {
@@ -83,7 +81,8 @@ py::object pc_forward(py::handle points_obj, py::handle vs_obj, py::handle pcr_o
   std::array<double, 9> grid;
   if (!floats(pcr_obj, 6, grid.data()) || !floats(vs_obj, 3, grid.data() + 6)) return none;
   const at::Tensor& points = THPVariable_Unpack(points_obj.ptr());
-  if (!direct_ok(points) || points.dim() != 2 || !points.is_contiguous() || !aligned(points)) return none;
+  if (!direct_ok(points) || intercepted()) return none;
+  if (points.dim() != 2 || !points.is_contiguous() || !aligned(points)) return none;
   const int64_t n = points.size(0);
   if (n < 1 || n >= (int64_t{1} << 31)) return none;
   const at::Device device = points.device();

@@ -357,15 +357,14 @@ def _native_register(key: tuple, args: tuple, plan: tuple, tanh: bool) -> None:
     Starts the module's build on the first call."""
     from .. import _native
 
-    host = _native.MODULE
+    host = _native.loaded()
     if host is None:
-        _native.request()
         return
     x, weight, bias = args[0], args[1], args[2]
     m_rows = args[7]
     done = (key, x.device.index, _native.spec(m_rows))
-    if done in _NATIVE_DONE or any(t.data_ptr() & 15 for t in (x, weight, bias)) or not _native.registrable(x):
-        return  # (Triton specialises aligned pointers: the C++ side takes aligned ones only)
+    if done in _NATIVE_DONE or not _native.registrable(x, weight, bias):
+        return
     _NATIVE_DONE.add(done)
     grid = (_launch.cdiv(m_rows, plan[0]),)
     bound = _native.bind(_layer_norm_gelu_fwd_kernel, grid, args, plan[1], "pppppppiiff")

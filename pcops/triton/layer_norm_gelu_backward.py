@@ -624,8 +624,8 @@ def _native_register_backward(
     sum_kw = column_sum_config(g)
     done = (x.device.index, x.dtype, weight.dtype, bias.dtype, n, tanh, bm, sum_kw["BLOCK_G"], _native.spec(m_rows),
             _native.spec(g))  # fmt: skip
-    if done in _NATIVE_DONE or any(t.data_ptr() & 15 for t in targs[:10]) or not _native.registrable(x):
-        return  # (the C++ side passes aligned pointers only)
+    if done in _NATIVE_DONE or not _native.registrable(*targs[:10]):
+        return
     _NATIVE_DONE.add(done)
     tiled = _native.bind(_layer_norm_gelu_bwd_tiled_kernel, (g,), targs, meta, "ppppppppppiiif")
     column_sum = _native.bind(

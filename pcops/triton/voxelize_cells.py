@@ -121,15 +121,14 @@ def _native_register(args: tuple, kwargs: dict, lengths) -> None:
     sample count and Triton specialisation of the point count."""
     from .. import _native
 
-    host = _native.MODULE
+    host = _native.loaded()
     if host is None:
-        _native.request()
         return
     points = args[0]
     n, num_channels, batch = args[3], args[4], args[5]
     done = (points.device.index, points.dtype, None if lengths is None else lengths.dtype, args[6:15], num_channels,
             batch, _native.spec(n))  # fmt: skip
-    if done in _NATIVE_DONE or any(t.data_ptr() & 15 for t in args[:3]) or not _native.registrable(points):
+    if done in _NATIVE_DONE or not _native.registrable(*args[:3]):
         return
     _NATIVE_DONE.add(done)
     bound = _native.bind(_point_cells_kernel, (_launch.cdiv(n, kwargs["BLOCK"]),), args, kwargs, "pppiiifffffffffiii")
