@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _library
+from . import _backend, _checks, _library, _native
 from .reference import sparse_softmax as _ref
 
 __all__ = ["sparse_softmax"]
@@ -67,10 +67,20 @@ def sparse_softmax(
     Gradient: w.r.t. ``values``, ``dx = y · (g - Σ_row g·y)`` (not through the CSR-tensor form).
     No host synchronisation on the GPU (1 launch forward, 1 backward).
 
+    Host path: on CUDA (backend ``"auto"``/``"triton"``, ``validate`` off) the call is taken by the
+    native host path (``pcops._native``: checks, allocation and launch in C++, the gradient a C++
+    autograd node; once its build is loaded and the shape class has run once), which launches the
+    same kernel with the same arguments: the results are the same bits.
+
     Example:
         >>> crow = torch.tensor([0, 2, 2, 5])                  # rows of 2, 0 and 3 entries
         >>> y = pcops.sparse_softmax(torch.randn(5), crow)     # each row's entries sum to 1
     """
+    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    if host is not None:
+        y = host.ss_forward(values, crow_indices, backend, validate)
+        if y is not None:
+            return y
     if isinstance(values, torch.Tensor) and values.layout == torch.sparse_csr:
         if crow_indices is not None:
             raise ValueError("crow_indices: expected None when values is a sparse CSR tensor")
@@ -156,13 +166,16 @@ def _softmax_setup_context(ctx, inputs, output):
 
 def _softmax_backward(ctx, grad):
     out, crow_indices = ctx.saved_tensors
-    return (
-        _library.call(
-            torch.ops.pcops.sparse_softmax_backward.default, grad.contiguous(), out, crow_indices, ctx.backend
-        ),
-        None,
-        None,
-    )
+    return _backward_op(grad, out, crow_indices, ctx.backend), None, None
 
 
 _sparse_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup_context)
+
+
+def _backward_op(grad, out, crow_indices, backend):
+    """The backward op: for the Python path's autograd node, and for the native path's where its
+    kernel is not registered yet (or with ``create_graph``; the op then registers it)."""
+    return _library.call(torch.ops.pcops.sparse_softmax_backward.default, grad.contiguous(), out, crow_indices, backend)
+
+
+_native.on_load(lambda host: host.ss_init(_backward_op))

@@ -263,3 +263,80 @@ def test_native_gradient_over_changing_row_counts_and_under_checkpoint(host):
     y = checkpoint(lambda t: pcops.fused_layer_norm_gelu(t, w, b), x, use_reentrant=False)
     y.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def _csr(rows, max_len, seed, dtype=torch.float32, crow_dtype=torch.int64, device="cuda"):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, max_len + 1, (rows,), generator=g)  # empty rows included
+    crow = torch.zeros(rows + 1, dtype=crow_dtype)
+    crow[1:] = lengths.cumsum(0)
+    v = torch.randn(int(crow[-1]), generator=g).to(dtype)
+    return v.to(device), crow.to(device)
+
+
+def test_sparse_softmax_declines_on_the_cpu(host):
+    v, crow = _csr(10, 6, 9, device="cpu")
+    assert host.ss_forward(v, crow, "auto", None) is None
+    assert host.ss_forward(v, None, "auto", None) is None  # no crow: the Python path raises
+    with pytest.raises(TypeError, match="crow_indices"):
+        pcops.sparse_softmax(v, None)
+    assert host.ss_plans() == 0 or torch.cuda.is_available()
+
+
+@gpu[0]
+@gpu[1]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "rows, max_len, crow_dtype", [(120000, 64, torch.int64), (777, 300, torch.int32), (3, 2, torch.int64)]
+)
+def test_sparse_softmax_native_is_bit_identical_to_the_python_path(host, dtype, rows, max_len, crow_dtype):
+    from pcops.triton import sparse_softmax as impl
+
+    v, crow = _csr(rows, max_len, 10, dtype, crow_dtype)
+    v[:: max(1, v.numel() // 7)] = float("-inf")  # the -inf policy goes through the same kernel
+    first = pcops.sparse_softmax(v, crow)  # the Python path registers the class
+    got = host.ss_forward(v, crow, "auto", None)
+    assert got is not None, "the registered shape class did not take the native path"
+    want = impl.sparse_softmax(v, crow)
+    assert torch.equal(got, want) and torch.equal(first, want)
+    dy = torch.randn(v.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(11)).to(dtype)
+    want_dx = impl.sparse_softmax_backward(dy, want, crow)
+    grads = []
+    for call in (lambda t: host.ss_forward(t, crow, "auto", None), lambda t: pcops.sparse_softmax(t, crow)):
+        for _ in range(2):  # the first backward may register the kernel, the second runs it natively
+            vr = v.clone().requires_grad_(True)
+            y = call(vr)
+            assert y is not None and y.grad_fn is not None
+            y.backward(dy)
+            grads.append(vr.grad)
+    assert all(torch.equal(gr, want_dx) for gr in grads)
+    # create_graph: the C++ node runs the Python backward op
+    vr = v.clone().requires_grad_(True)
+    (gv,) = torch.autograd.grad(host.ss_forward(vr, crow, "triton", None), vr, dy, create_graph=True)
+    assert torch.equal(gv, want_dx)
+
+
+@gpu[0]
+@gpu[1]
+def test_sparse_softmax_native_declines_other_cases(host):
+    v, crow = _csr(500, 20, 12)
+    pcops.sparse_softmax(v, crow)
+    f = host.ss_forward
+    assert f(v, crow, "auto", None) is not None and f(v, crow, "triton", False) is not None
+    assert f(v, crow, "cuda", None) is None and f(v, crow, "reference", None) is None
+    assert f(v, crow, "auto", True) is None  # validation: the Python path syncs and checks
+    assert f(v.double(), crow, "auto", None) is None  # float64: the reference
+    assert f(v, crow.float(), "auto", None) is None
+    assert f(v, crow[::2], "auto", None) is None  # not contiguous
+    assert f(v[1:], crow, "auto", None) is None  # misaligned
+    v2, crow2 = _csr(500, 200, 13)  # another group shape: not registered yet
+    assert f(v2, crow2, "auto", None) is None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert f(v, crow, "auto", None) is None
+    vr = v.clone().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert f(vr, crow, "auto", None) is None
+    bad = crow.clone()
+    bad[3] = bad[2] - 1
+    with pytest.raises(ValueError, match="non-decreasing"):
+        pcops.sparse_softmax(v, bad, validate=True)

@@ -131,6 +131,7 @@ bool str_is(py::handle obj, const char* text) {
 void register_layer_norm_gelu(py::module_& m);
 void register_pillar_scatter(py::module_& m);
 void register_voxelize_cells(py::module_& m);
+void register_sparse_softmax(py::module_& m);
 
 }  // namespace pcops_host
 
@@ -140,4 +141,5 @@ PYBIND11_MODULE(_pcops_host, m) {
   pcops_host::register_layer_norm_gelu(m);
   pcops_host::register_pillar_scatter(m);
   pcops_host::register_voxelize_cells(m);
+  pcops_host::register_sparse_softmax(m);
 }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <array>
 #include <cstdint>
 
 namespace pcops_host {
@@ -39,6 +40,16 @@ Kernel nvrtc_kernel(int64_t function, int64_t threads);
 // scratch are bound. Throws c10::Error when the driver refuses the launch.
 void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args, unsigned grid_y = 1,
             unsigned grid_z = 1);
+
+// A hash for plan keys made of small integers (std::array<int64_t, N>).
+struct ArrayHash {
+  template <size_t N>
+  size_t operator()(const std::array<int64_t, N>& a) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const int64_t v : a) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001b3ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
 
 // Rounds a float count up to 16 bytes (a second buffer carved from one allocation stays aligned,
 // as Triton's pointer specialisation assumes).

@@ -181,17 +181,57 @@ _sparse_softmax_grouped_bwd_tuned = triton.autotune(
 # --- launchers ------------------------------------------------------------------------------
 
 
-def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps, sub, vpt):
+# the autotuner's choice per (kernel, AVG_LEN, SUB, VPT, dtypes): later calls launch the kernel
+# with it directly (the autotuner's run() rebuilds its key from every argument on each call)
+_TUNED: dict = {}
+_NATIVE_DONE: set = set()  # (tuned key, device, rows' and nnz's classes): registered or not registrable
+
+
+def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps, sub, vpt, kinds):
+    default_shape = sub is None
     if sub is None:
         sub, vpt = _group_shape(rows, nnz)
     vpt = vpt or 8
+    grid = None
     if block_r is None and num_warps is None and autotuning():
-        tuned[lambda c: (_launch.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len, SUB=sub, VPT=vpt)
+        key = (kernel, avg_len, sub, vpt, *(a.dtype for a in args[: len(kinds) - 3]))
+        plan = _TUNED.get(key)
+        if plan is None:  # first call of this shape class: the autotuner times its configs (or finds its cache)
+            tuned[lambda c: (_launch.cdiv(rows, c["BLOCK_R"]),)](*args, avg_len, SUB=sub, VPT=vpt)
+            cfg = tuned.best_config
+            plan = _TUNED[key] = (cfg.kwargs["BLOCK_R"], {"SUB": sub, "VPT": vpt, **cfg.all_kwargs()})
+        else:
+            grid = (_launch.cdiv(rows, plan[0]),)
+            _launch.launch(kernel, grid, *args, avg_len, **plan[1])
+        if default_shape and args[0].is_cuda:
+            _native_register(key, kernel, args + (avg_len,), plan, kinds)
     else:
         w = num_warps or 4
         br = block_r or 32 // sub * w
         _launch.launch(kernel, (_launch.cdiv(rows, br),), *args, avg_len, SUB=sub, VPT=vpt, BLOCK_R=br, num_warps=w)
     _backend.log_kernel("sparse_softmax", f"{kernel.__name__} SUB={sub} VPT={vpt}")
+
+
+def _native_register(key: tuple, kernel, args: tuple, plan: tuple, kinds: str) -> None:
+    """Hand the kernel this call launched to the native host path (``pcops._native``;
+    ``csrc/host/sparse_softmax.cpp`` passes the arguments in this order), once per shape class and
+    Triton specialisation. Starts the module's build on the first call."""
+    from .. import _native
+
+    host = _native.loaded()
+    if host is None:
+        return
+    backward = kernel is _sparse_softmax_grouped_bwd_kernel
+    rows, nnz = args[-3], args[-2]
+    crow = args[3] if backward else args[1]
+    v = args[1] if backward else args[0]  # the values, or the forward's output for the backward
+    done = (key, v.device.index, _native.spec(rows), _native.spec(nnz))
+    if done in _NATIVE_DONE or not _native.registrable(*args[: len(kinds) - 3]):
+        return
+    _NATIVE_DONE.add(done)
+    bound = _native.bind(kernel, (_launch.cdiv(rows, plan[0]),), args, plan[1], kinds)
+    if bound is not None:
+        host.ss_register(v, crow, backward, plan[1]["SUB"], plan[1]["VPT"], *bound, plan[0])
 
 
 def sparse_softmax(
@@ -230,6 +270,7 @@ def sparse_softmax(
             num_warps,
             sub,
             vpt,
+            "pppiii",
         )
     return out
 
@@ -259,6 +300,7 @@ def sparse_softmax_backward(
             num_warps,
             sub,
             vpt,
+            "ppppiii",
         )
     return dx
 
