@@ -157,6 +157,13 @@ def cases() -> dict:
     out["Q1 fwd, torch segment softmax"] = lambda: segment_softmax(v, row_ids, Q1_ROWS)
     out["Q1 fwd+bwd, pcops"] = grad_step(lambda: pcops.sparse_softmax(vg, crow), (vg,), dv)
     out["Q1 fwd+bwd, torch segment softmax"] = grad_step(lambda: segment_softmax(vg, row_ids, Q1_ROWS), (vg,), dv)
+    seg_compiled = torch.compile(segment_softmax)
+    out["Q1 fwd, torch.compile segment softmax"] = lambda: seg_compiled(v, row_ids, Q1_ROWS)
+    out["Q1 fwd+bwd, torch.compile segment softmax"] = grad_step(lambda: seg_compiled(vg, row_ids, Q1_ROWS), (vg,), dv)
+    if hasattr(torch.autograd, "set_multithreading_enabled"):
+        for name, f in (("pcops", lambda: pcops.sparse_softmax(vg, crow)),
+                        ("torch segment softmax", lambda: segment_softmax(vg, row_ids, Q1_ROWS))):  # fmt: skip
+            out[f"Q1 fwd+bwd, {name}, autograd single-thread"] = grad_step(f, (vg,), dv, True)
     return out
 
 
@@ -164,14 +171,32 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None)
     p.add_argument("--tag", default="")
+    p.add_argument(
+        "--native",
+        choices=("on", "off"),
+        default="on",
+        help="the native host path (pcops._native) loaded before timing (on) or turned off (off)",
+    )
+    p.add_argument("--only", default=None, help="run only the workloads whose name starts with one of these (a,b)")
     a = p.parse_args()
+    from pcops import _native
+
+    if a.native == "off":
+        import os
+
+        os.environ["PCOPS_NATIVE_HOST"] = "0"
+    else:
+        _native.request(wait=True)  # (the ops it takes register their shape classes at their first calls)
     rows = []
     for name, fn in cases().items():
+        if a.only and not name.startswith(tuple(a.only.split(","))):
+            continue
         r = {"workload": name, "event_ms": round(event_ms(fn), 4), "loop_ms": round(loop_ms(fn), 4)}
         rows.append(r)
         print(f"{name:40s} event {r['event_ms']:.4f} ms  loop {r['loop_ms']:.4f} ms", flush=True)
     env = environment()
-    res = {"benchmark": "eager_calls", "environment": env, "pcops_file": pcops.__file__, "rows": rows}
+    res = {"benchmark": "eager_calls", "environment": env, "pcops_file": pcops.__file__, "rows": rows,
+           "native_host_path": _native.status()}  # fmt: skip
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         name = "eager_calls" + (f"_{a.tag}" if a.tag else "") + ".json"
