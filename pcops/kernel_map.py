@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from . import _backend, _checks, _library
+from . import _backend, _checks, _library, _native
 from .reference import kernel_map as _ref
 
 __all__ = ["KernelMap", "sparse_conv_kernel_map"]
@@ -229,7 +229,22 @@ def sparse_conv_kernel_map(
       A static regular map with ``pairs=False`` takes 5: its table is filled from the input
       side (each input finds its own row once and writes it into the ≤ 8 outputs it reaches,
       their rows read from the ranked bitmap) instead of hash lookups of every (output, offset).
+
+    Host path: on CUDA a submanifold map of int32 coords is taken by the native host path
+    (``pcops._native``: the workspace, allocations and the same launches in C++, once its build is
+    loaded and the configuration has run once): the same kernels with the same arguments, so the
+    same map.
     """
+    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    if host is not None:
+        got = host.km_forward(
+            coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
+            static_shapes, pairs, backend,
+        )  # fmt: skip
+        if got is not None:
+            if not pairs:
+                return KernelMap(got[0], tuple(spatial_shape), None, None, None, got[1])
+            return KernelMap(got[0], tuple(spatial_shape), *got[1:])
     out_shape, (out_coords, pair_in, pair_out, offsets, out_in) = _map_outputs(
         coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,
         batch_size, pairs, backend, 0,

@@ -340,3 +340,92 @@ def test_sparse_softmax_native_declines_other_cases(host):
     bad[3] = bad[2] - 1
     with pytest.raises(ValueError, match="non-decreasing"):
         pcops.sparse_softmax(v, bad, validate=True)
+
+
+_SUBM = [((41, 160, 140), 3, 1), ((20, 30, 40), (3, 1, 5), 2), ((9, 9, 9), 2, 1)]
+
+
+@pytest.mark.parametrize("shape, kernel, dilation", _SUBM)
+def test_kernel_map_sizes_match_the_python_paths(host, shape, kernel, dilation):
+    """The sizes the C++ side derives from N (workspace layout, hash capacity, count groups) are
+    those of pcops/triton/kernel_map.py for every N class, including group and capacity edges."""
+    from pcops.triton import kernel_map as km
+
+    k = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    d = (dilation,) * 3
+    plan = km._plan(shape, shape, k, (1, 1, 1), tuple((a - 1) // 2 * b for a, b in zip(k, d)), d, True, False)
+    _, values = km.native_plan(plan)
+    for n in (1, 2, 15, 16, 17, 31, 32, 33, 1000, 8191, 8192, 8193, 40000, 65536, 262145, 1 << 20):
+        cap_in, log_in = km._capacity(n, 4)
+        sub, groups = km._groups(km._launch.cdiv(n, plan["block"]))
+        counters_off = 2 * cap_in + groups * plan["kpad"]
+        sink_off = counters_off + km._NUM_COUNTERS
+        want = (cap_in, log_in, sub, groups, 2 * cap_in, counters_off, sink_off, sink_off + plan["sink"])
+        assert host.km_sizes(values, n) == want, n
+
+
+def test_kernel_map_declines_on_the_cpu(host):
+    coords = torch.zeros(4, 4, dtype=torch.int32)
+    args = ((8, 8, 8), 3, 1, 0, 1)
+    assert host.km_forward(coords, *args, True, False, False, False, True, "auto") is None
+    assert host.km_forward(coords, *args, False, False, False, False, True, "auto") is None  # regular
+    assert host.km_plans() == 0 or torch.cuda.is_available()
+
+
+def _voxels(n, shape, batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    cells = torch.randperm(batch * shape[0] * shape[1] * shape[2], generator=g)[:n]
+    d, h, w = shape
+    b, r = cells // (d * h * w), cells % (d * h * w)
+    return torch.stack([b, r // (h * w), r // w % h, r % w], 1).int().cuda()
+
+
+@gpu[0]
+@gpu[1]
+@pytest.mark.parametrize("shape, kernel, dilation", _SUBM)
+@pytest.mark.parametrize("pairs, pad_pairs", [(True, False), (True, True), (False, False)])
+def test_kernel_map_native_is_bit_identical_to_the_python_path(host, shape, kernel, dilation, pairs, pad_pairs):
+    from pcops.triton import kernel_map as km
+
+    k = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    d = (dilation,) * 3
+    pad = tuple((a - 1) // 2 * b for a, b in zip(k, d))
+    for n in (3000, 3001, 3000, 17):  # the first call of an argument class registers it, the next takes it
+        coords = _voxels(n, shape, 2, n)
+        first = pcops.sparse_conv_kernel_map(coords, shape, kernel, dilation=dilation, subm=True, pad_pairs=pad_pairs,
+                                             pairs=pairs)  # fmt: skip
+        got = host.km_forward(coords, shape, kernel, 1, 0, dilation, True, False, pad_pairs, False, pairs, "auto")
+        assert got is not None, "the registered configuration did not take the native path"
+        want = km.sparse_conv_kernel_map(coords, shape, shape, k, (1, 1, 1), pad, d, True, False, pad_pairs, False,
+                                         0, pairs)  # fmt: skip
+        want = want if pairs else (want[0], want[4])
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        again = pcops.sparse_conv_kernel_map(coords, list(shape), kernel, dilation=dilation, subm=True,
+                                             pad_pairs=pad_pairs, pairs=pairs)  # fmt: skip
+        for a, b in zip(again, first):
+            assert a == b if isinstance(a, tuple) or a is None else torch.equal(a, b)
+        assert again.out_spatial_shape == tuple(shape)
+
+
+@gpu[0]
+@gpu[1]
+def test_kernel_map_native_declines_other_cases(host):
+    shape = (16, 20, 24)
+    coords = _voxels(500, shape, 1, 3)
+    pcops.sparse_conv_kernel_map(coords, shape, 3, subm=True)
+    f = host.km_forward
+    assert f(coords, shape, 3, 1, 0, 1, True, False, False, False, True, "auto") is not None
+    assert f(coords, shape, 3, 1, 0, 1, True, False, False, False, True, "reference") is None
+    assert f(coords.long(), shape, 3, 1, 0, 1, True, False, False, False, True, "auto") is None  # converted in Python
+    assert f(coords.t().contiguous().t(), shape, 3, 1, 0, 1, True, False, False, False, True, "auto") is None
+    assert f(coords, shape, 3, 2, 0, 1, True, False, False, False, True, "auto") is None  # stride: Python raises
+    assert f(coords, shape, 3, 1, -1, 1, True, False, False, False, True, "auto") is None  # padding: Python raises
+    assert f(coords, shape, 5, 1, 0, 1, True, False, False, False, True, "auto") is None  # not registered
+    assert f(coords, shape, True, 1, 0, 1, True, False, False, False, True, "auto") is None  # a bool kernel size
+    assert f(coords, shape, 3, 1, 0, 1, True, False, 1, False, True, "auto") is None  # pad_pairs not a bool
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert f(coords, shape, 3, 1, 0, 1, True, False, False, False, True, "auto") is None
+    with pytest.raises(ValueError, match="stride"):
+        pcops.sparse_conv_kernel_map(coords, shape, 3, stride=2, subm=True)

@@ -132,6 +132,7 @@ void register_layer_norm_gelu(py::module_& m);
 void register_pillar_scatter(py::module_& m);
 void register_voxelize_cells(py::module_& m);
 void register_sparse_softmax(py::module_& m);
+void register_kernel_map(py::module_& m);
 
 }  // namespace pcops_host
 
@@ -142,4 +143,5 @@ PYBIND11_MODULE(_pcops_host, m) {
   pcops_host::register_pillar_scatter(m);
   pcops_host::register_voxelize_cells(m);
   pcops_host::register_sparse_softmax(m);
+  pcops_host::register_kernel_map(m);
 }

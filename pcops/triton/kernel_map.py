@@ -6,6 +6,7 @@ int64 workspace, the launches and the one host sync each output size needs.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import torch
@@ -194,7 +195,7 @@ def _empty_map(dev, num_out: int, num_k: int, out_coords=None, pairs: bool = Tru
     )
 
 
-def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pairs, pad, m_off=None):
+def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pairs, pad, m_off=None, record=None):
     """Pairs (``cap_pairs`` long) and offsets from the out-in table and its group counts
     (``counts[counts_off:]``; ``counts[m_off] + 1`` = the rows holding hits when given): 1 launch."""
     num_out, num_k = out_in.shape
@@ -202,9 +203,7 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
     pair_in = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     pair_out = torch.empty(cap_pairs, dtype=torch.int32, device=dev)
     offsets = torch.empty(num_k + 1, dtype=torch.int32, device=dev)
-    _launch.launch(
-        _kmap_compact_kernel,
-        (num_groups,),
+    args = (
         out_in,
         counts,
         pair_in,
@@ -217,6 +216,8 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
         num_groups,
         cap_pairs,
         m_off or 0,
+    )
+    meta = dict(
         BLOCK_M=block_m,
         KPAD=kpad,
         CHUNK=max(2, min(_COUNT_CHUNK, _COMPACT_LANES // kpad)),
@@ -226,6 +227,9 @@ def _compact(out_in, counts, counts_off, sub, num_groups, block_m, kpad, cap_pai
         TAIL=1024,
         num_warps=_NUM_WARPS,
     )
+    _launch.launch(_kmap_compact_kernel, (num_groups,), *args, **meta)
+    if record is not None:
+        record.append((_kmap_compact_kernel, (num_groups,), args, meta))
     return pair_in, pair_out, offsets
 
 
@@ -405,9 +409,8 @@ def sparse_conv_kernel_map(
         out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
         out_coords = coords  # unused (COPY is off)
     block_n = plan["block_n"]
-    _launch.launch(
-        _kmap_insert_kernel,
-        (_launch.cdiv(n, block_n),),  # launch 2
+    record = [] if subm and coords.is_cuda else None  # the launches, for the native host path
+    insert_args = (
         coords,
         ws,
         out_keys,
@@ -426,6 +429,8 @@ def sparse_conv_kernel_map(
         counters_off,
         sink_off,
         *plan["out_shape"],
+    )
+    insert_meta = dict(
         **plan["insert_consts"],
         ROW_BASE=_ROW_BASE,
         SINK_COPIES=_SINK_COPIES,
@@ -437,6 +442,9 @@ def sparse_conv_kernel_map(
         FILL=scatter,
         num_warps=plan["insert_warps"],
     )
+    _launch.launch(_kmap_insert_kernel, (_launch.cdiv(n, block_n),), *insert_args, **insert_meta)  # launch 2
+    if record is not None:
+        record.append((_kmap_insert_kernel, (_launch.cdiv(n, block_n),), insert_args, insert_meta))
     if subm:
         num_out, keys = n, ws  # keys unused (FROM_KEYS is off)
     elif static_out:
@@ -506,9 +514,7 @@ def sparse_conv_kernel_map(
             out_in = torch.empty((num_out, num_k), dtype=torch.int32, device=dev)
         if mirror:  # rows of K // 2 + 1 offsets (padded), twice as many per program
             block, kpad = plan["block_half"], plan["kpad_half"]
-        _launch.launch(
-            _kmap_lookup_kernel,
-            (_launch.cdiv(num_out, block),),  # launch 3
+        lookup_args = (
             coords,
             ws,
             keys,
@@ -523,6 +529,8 @@ def sparse_conv_kernel_map(
             cap_in,
             log_in,
             *plan["out_shape"],
+        )
+        lookup_meta = dict(
             **plan["lookup_consts"],
             ROW_BASE=_ROW_BASE,
             DEV_M=static_out,
@@ -535,7 +543,13 @@ def sparse_conv_kernel_map(
             IDX=idx,
             num_warps=_NUM_WARPS,
         )
+        _launch.launch(_kmap_lookup_kernel, (_launch.cdiv(num_out, block),), *lookup_args, **lookup_meta)  # launch 3
+        if record is not None:
+            record.append((_kmap_lookup_kernel, (_launch.cdiv(num_out, block),), lookup_args, lookup_meta))
+    sizes = (cap_in, log_in, sub, num_groups, counts_off, counters_off, sink_off, ws_len)
     if not pairs:  # the table only: no compaction, no pair count to read
+        if record is not None:
+            _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record)
         empty = out_in.new_empty((0,))
         count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()
         return (out_coords, empty, empty.clone(), count, out_in) + index
@@ -544,14 +558,62 @@ def sparse_conv_kernel_map(
     else:
         cap_pairs = num_out * num_k if (subm or pad_pairs) else num_pairs
     pair_in, pair_out, offsets = _compact(
-        out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs, pad_pairs, counters_off if static_out else None
-    )  # launch 4
+        out_in, ws, counts_off, sub, num_groups, block, kpad, cap_pairs, pad_pairs, counters_off if static_out else None,
+        record,
+    )  # launch 4  # fmt: skip
+    if record is not None:
+        _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record)
     if subm and not pad_pairs:
         num_pairs = int(
             offsets[num_k : num_k + 1].cpu()[0]
         )  # host sync: the pair count is an output size (all work is queued)
         pair_in, pair_out = pair_in[:num_pairs], pair_out[:num_pairs]
     return (out_coords, pair_in, pair_out, offsets, out_in) + index
+
+
+_NATIVE_DONE: set = set()  # (plan, device, pairs, pad_pairs, ROWS, argument classes): registered or not registrable
+_KINDS = {_kmap_insert_kernel: "p" * 7 + "i" * 15, _kmap_lookup_kernel: "p" * 7 + "i" * 14,
+          _kmap_compact_kernel: "p" * 5 + "i" * 7}  # fmt: skip
+
+
+def native_plan(plan: dict) -> tuple[tuple, tuple]:
+    """A submanifold plan as ``csrc/host/kernel_map.cpp`` takes it: ``((D, H, W, Kz, Ky, Kx, dz, dy,
+    dx), (K, BLOCK_M, KPAD, BLOCK_M half, KPAD half, insert lanes, sink, mirror))``."""
+    ic, lc = plan["insert_consts"], plan["lookup_consts"]
+    geometry = (*plan["in_shape"], ic["Kz"], ic["Ky"], ic["Kx"], lc["dz"], lc["dy"], lc["dx"])
+    values = (plan["num_k"], plan["block"], plan["kpad"], plan["block_half"], plan["kpad_half"], plan["block_n"],
+              plan["sink"], int(plan["mirror"]))  # fmt: skip
+    return geometry, values
+
+
+def _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record) -> None:
+    """Hand the launches of this submanifold map (insert, lookup and, with pairs, compaction) to
+    the native host path (``pcops._native``; ``csrc/host/kernel_map.cpp`` derives the same sizes
+    from N and passes the arguments in this order), once per configuration and argument classes.
+    Starts the module's build on the first call."""
+    from .. import _native
+
+    host = _native.loaded()
+    if host is None:
+        return
+    n = coords.shape[0]
+    classes = tuple(_native.spec(v) for a in record for v in a[2] if type(v) is int)
+    done = (id(plan), coords.device.index, pairs, pad_pairs, classes, record[-1][3].get("ROWS"))
+    if done in _NATIVE_DONE or not _native.registrable(coords) or n * plan["num_k"] >= 2**31:
+        return
+    _NATIVE_DONE.add(done)
+    bound = [_native.bind(k, grid, args, meta, _KINDS[k]) for k, grid, args, meta in record]
+    if any(b is None for b in bound):
+        return
+    geometry, plan_values = native_plan(plan)
+    if not host.km_register(
+        coords, geometry, pairs, pad_pairs, plan_values, sizes, *bound[:2], bound[2] if pairs else None
+    ):
+        logging.getLogger("pcops").warning(
+            "pcops: the native host path derives other kernel-map sizes than the Python path (N=%d); "
+            "submanifold maps stay on the Python path",
+            n,
+        )
 
 
 def subm_table_from_index(coords, in_shape, kernel_size, dilation, in_index) -> torch.Tensor:
