@@ -111,6 +111,16 @@ bool as_double(py::handle obj, double* out) {
   return false;
 }
 
+bool as_doubles(py::handle obj, size_t n, double* out) {
+  PyObject* o = obj.ptr();
+  if (!(PyTuple_CheckExact(o) || PyList_CheckExact(o)) || static_cast<size_t>(PySequence_Fast_GET_SIZE(o)) != n)
+    return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (!as_double(PySequence_Fast_GET_ITEM(o, i), &out[i])) return false;
+  }
+  return true;
+}
+
 bool as_int(py::handle obj, int64_t* out) {
   PyObject* o = obj.ptr();
   if (!PyLong_CheckExact(o)) return false;

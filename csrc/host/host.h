@@ -82,6 +82,9 @@ bool current_cuda(const at::Device& device);
 // A Python float or int (not bool) as double; false otherwise.
 bool as_double(py::handle obj, double* out);
 
+// A list or tuple of `n` Python floats or ints (as_double) into `out`; false otherwise.
+bool as_doubles(py::handle obj, size_t n, double* out);
+
 // A Python int (not bool) that fits int64; false otherwise.
 bool as_int(py::handle obj, int64_t* out);
 

@@ -25,16 +25,6 @@ struct Plan {
 };
 std::vector<Plan> plans;  // (few: one per grid, dtype and specialisation; under the GIL)
 
-bool floats(py::handle obj, size_t n, double* out) {
-  PyObject* o = obj.ptr();
-  if (!(PyTuple_CheckExact(o) || PyList_CheckExact(o)) || static_cast<size_t>(PySequence_Fast_GET_SIZE(o)) != n)
-    return false;
-  for (size_t i = 0; i < n; ++i) {
-    if (!as_double(PySequence_Fast_GET_ITEM(o, i), &out[i])) return false;
-  }
-  return true;
-}
-
 void pc_register(const at::Tensor& points, py::object lengths_obj, std::vector<double> point_cloud_range,
                  std::vector<double> voxel_size, int64_t function, int64_t warps, int64_t shared, int64_t present,
                  int64_t block, int64_t gx, int64_t gy, int64_t gz) {
@@ -79,7 +69,7 @@ py::object pc_forward(py::handle points_obj, py::handle vs_obj, py::handle pcr_o
   if (!plain_tensor(points_obj)) return none;
   if (!str_is(backend_obj, "auto") && !str_is(backend_obj, "triton")) return none;
   std::array<double, 9> grid;
-  if (!floats(pcr_obj, 6, grid.data()) || !floats(vs_obj, 3, grid.data() + 6)) return none;
+  if (!as_doubles(pcr_obj, 6, grid.data()) || !as_doubles(vs_obj, 3, grid.data() + 6)) return none;
   const at::Tensor& points = THPVariable_Unpack(points_obj.ptr());
   if (!direct_ok(points) || intercepted()) return none;
   if (points.dim() != 2 || !points.is_contiguous() || !aligned(points)) return none;
