@@ -246,9 +246,9 @@ def dynamic_voxelize(
     ``(N, 4)`` int32 ``(batch, z, y, x)`` cell of every point, −1 rows for points out of range
     (mmcv's ``dynamic_voxelize`` output, with the batch column): the voxels are not numbered, so
     it is one elementwise pass (one launch on CUDA, no host sync); ``pad_to_max`` is then ignored.
-    On CUDA that call is taken by the native host path (``pcops._native``: the checks, the
-    allocation and the launch in C++, once its build is loaded and the grid has run once): the
-    same kernel, the same cells.
+    On CUDA that call, and the numbered form, are taken by the native host path (``pcops._native``:
+    the checks, the allocations and the launches in C++, once its build is loaded and the grid has
+    run once): the same kernels with the same arguments, the same results.
 
     Returns:
         ``DynamicVoxels(point_to_voxel (N,) int64, coords (M, 4) int32, num_voxels (B,) int64)``:
@@ -262,10 +262,15 @@ def dynamic_voxelize(
         >>> feats = pcops.voxel_reduce(points, d.point_to_voxel, d.coords.shape[0], "mean")
     """
     host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
-    if host is not None and cells_only is True and type(pad_to_max) is bool:
-        cells = host.pc_forward(points, voxel_size, point_cloud_range, lengths, backend)  # (pcops._native)
-        if cells is not None:
-            return cells
+    if host is not None and type(pad_to_max) is bool:
+        if cells_only is True:
+            cells = host.pc_forward(points, voxel_size, point_cloud_range, lengths, backend)  # (pcops._native)
+            if cells is not None:
+                return cells
+        elif cells_only is False:
+            out = host.dv_forward(points, voxel_size, point_cloud_range, lengths, pad_to_max, backend)
+            if out is not None:
+                return DynamicVoxels(*out)
     vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max)
     if not isinstance(cells_only, bool):
         raise TypeError(f"cells_only: expected a bool, got {type(cells_only).__name__}")

@@ -143,6 +143,7 @@ void register_pillar_scatter(py::module_& m);
 void register_voxelize_cells(py::module_& m);
 void register_sparse_softmax(py::module_& m);
 void register_kernel_map(py::module_& m);
+void register_voxelize(py::module_& m);
 
 }  // namespace pcops_host
 
@@ -154,4 +155,5 @@ PYBIND11_MODULE(_pcops_host, m) {
   pcops_host::register_voxelize_cells(m);
   pcops_host::register_sparse_softmax(m);
   pcops_host::register_kernel_map(m);
+  pcops_host::register_voxelize(m);
 }

@@ -26,6 +26,8 @@ form reads the voxel counts on the host once; ``pad_to_max`` never syncs.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
@@ -377,9 +379,7 @@ def _run_main(
     if not hard and not pad_to_max:
         coords = torch.empty((n, 4), dtype=torch.int32, device=device)  # rows < M all written
     segmented = hard and lengths is not None
-    _launch.launch(
-        _voxelize_kernel,
-        (num_blocks,),
+    args = (
         points,
         lengths if lengths is not None else ticket,
         keys,
@@ -408,6 +408,8 @@ def _run_main(
         max_points,
         max_voxels,
         list_stride,
+    )
+    meta = dict(
         HAS_LENGTHS=lengths is not None,
         HARD=hard,
         SEGMENTED=segmented,
@@ -422,7 +424,11 @@ def _run_main(
         CSR=csr,
         num_warps=num_warps,
     )
+    _launch.launch(_voxelize_kernel, (num_blocks,), *args, **meta)
     return dict(
+        launch=(args, meta),
+        views=views,
+        cap=cap,
         stats=stats,
         drop=drop,
         lists=lists,
@@ -564,6 +570,8 @@ def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max,
             torch.zeros(batch, dtype=torch.int64, device=device),
         )
     w = _run_main(points, lengths, voxel_size, point_cloud_range, False, 1, 2**31 - 1, pad_to_max, tuning=tuning)
+    if tuning is DEFAULT and points.is_cuda:
+        _native_register_dynamic(points, lengths, voxel_size, point_cloud_range, pad_to_max, w)
     stats = w["stats"].view(2, batch)
     num_voxels = torch.sub(stats[1], stats[0], out=torch.empty(batch, dtype=torch.int64, device=device))  # 1 launch
     coords = w["coords"]
@@ -571,3 +579,39 @@ def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max,
         before, after = stats.tolist()  # the one host sync: M
         coords = coords[: sum(a - s for s, a in zip(before, after))]  # a view: no copy launch
     return w["p2v"], coords, num_voxels
+
+
+_NATIVE_DONE: set = set()  # the dynamic classes handed to the native host path (or found not registrable)
+
+
+def _native_register_dynamic(points, lengths, voxel_size, point_cloud_range, pad_to_max, w) -> None:
+    """Hand this dynamic voxelization's main kernel to the native host path (``pcops._native``;
+    ``csrc/host/voxelize.cpp`` derives the same work layout from N and passes the arguments in this
+    order), once per grid, dtypes, sample count and argument classes. Starts the module's build."""
+    from .. import _native
+
+    host = _native.loaded()
+    if host is None:
+        return
+    args, meta = w["launch"]
+    n = points.shape[0]
+    align = sum(1 << i for i, v in enumerate(w["views"]) if not v.data_ptr() & 15)
+    grid = (*(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size))
+    done = (points.device.index, points.dtype, points.shape[1], None if lengths is None else lengths.dtype,
+            w["batch"], grid, pad_to_max, meta["BLOCK"], _native.spec(n), align)  # fmt: skip
+    if done in _NATIVE_DONE or not _native.registrable(points, *(() if lengths is None else (lengths,))):
+        return
+    _NATIVE_DONE.add(done)
+    num_blocks = _launch.cdiv(n, meta["BLOCK"])
+    bound = _native.bind(_voxelize_kernel, (num_blocks,), args, meta, "p" * 16 + "i" * 4 + "f" * 9 + "i" * 6)
+    if bound is None:
+        return
+    (small, _), (big, _) = DEFAULT.dynamic_main
+    values = (*args[29:32], small, big, DEFAULT.big_n)
+    if not host.dv_register(points, lengths, list(grid[:6]), list(grid[6:]), pad_to_max, values,
+                            (w["cap"], num_blocks, meta["BLOCK"]), align, bound):  # fmt: skip
+        logging.getLogger("pcops").warning(
+            "pcops: the native host path derives another voxelization work layout than the Python path "
+            "(N=%d); dynamic voxelization stays on the Python path",
+            n,
+        )
