@@ -199,6 +199,11 @@ def voxelize(
     (figures in ``benchmarks/NOTES.md``). Drop such points first, or pass ``mode="lists"`` (0.19 /
     1.04 ms for the same clouds, 0.09 ms for the scan alone).
 
+    Host path: on CUDA a call in the CSR layout (``mode`` ``"auto"`` at scan sizes, or ``"csr"``) is
+    taken by the native host path (``pcops._native``: the allocations, the launches and the one host
+    sync in C++, once its build is loaded and the grid and caps have run once): the same kernels
+    with the same arguments, the same voxels.
+
     Not differentiable: ``voxels`` carries no gradient to ``points`` (for learned per-point
     features use ``dynamic_voxelize`` + ``voxel_reduce``, which has a backward).
 
@@ -208,6 +213,13 @@ def voxelize(
         ...                    max_points_per_voxel=32, max_voxels=40000)
         >>> v.voxels.shape, v.coords.shape                                  # (M, 32, C), (M, 4)
     """
+    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    if host is not None:
+        out = host.hv_forward(
+            points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths, pad_to_max, mode, backend
+        )
+        if out is not None:
+            return Voxels(*out)
     vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max)
     max_points_per_voxel = _checks.check_int("max_points_per_voxel", max_points_per_voxel, min_value=1)
     max_voxels = _checks.check_int("max_voxels", max_voxels, min_value=1)

@@ -438,7 +438,7 @@ def test_dynamic_voxelize_declines_on_the_cpu(host):
     assert host.dv_forward(points, vs, pcr, None, 0, "auto") is None  # pad_to_max not a bool: the Python path raises
     with pytest.raises(TypeError, match="pad_to_max"):
         pcops.dynamic_voxelize(points, vs, pcr, pad_to_max=0)
-    assert host.dv_plans() == 0 or torch.cuda.is_available()
+    assert host.vx_plans() == 0 or torch.cuda.is_available()
 
 
 @gpu[0]
@@ -466,3 +466,40 @@ def test_dynamic_voxelize_native_is_bit_identical_to_the_python_path(host, batch
     assert host.dv_forward(points.double(), vs, pcr, lengths, pad_to_max, "auto") is None
     assert host.dv_forward(points, (0.2, 0.2, 4.0), pcr, lengths, pad_to_max, "auto") is None  # another grid
     assert host.dv_forward(points, vs, pcr, lengths, pad_to_max, "reference") is None
+
+
+def test_hard_voxelize_declines_on_the_cpu(host):
+    points = torch.rand(100, 4) * 10
+    vs, pcr = (0.16, 0.16, 4.0), (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
+    assert host.hv_forward(points, vs, pcr, 32, 100, None, False, "auto", "auto") is None
+    assert host.hv_forward(points, vs, pcr, True, 100, None, False, "auto", "auto") is None  # a bool cap
+    with pytest.raises(TypeError, match="max_points_per_voxel"):
+        pcops.voxelize(points, vs, pcr, True, 100)
+
+
+@gpu[0]
+@gpu[1]
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("pad_to_max", [False, True])
+@pytest.mark.parametrize("max_points, max_voxels", [(32, 16000), (5, 700), (1, 40000)])
+def test_hard_voxelize_native_is_bit_identical_to_the_python_path(host, batched, pad_to_max, max_points, max_voxels):
+    from pcops.triton import voxelize as impl
+    from pcops.voxelize import Voxels
+
+    vs, pcr = (0.16, 0.16, 4.0), (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
+    for n in (20000, 20001, 20000, 20003, 777, 777):  # a class's first call registers it, the next takes it
+        g = torch.Generator(device="cuda").manual_seed(n)
+        points = torch.rand(n, 4, device="cuda", generator=g) * torch.tensor([40.0, 40.0, 6.0, 1.0], device="cuda")
+        points -= torch.tensor([5.0, 20.0, 4.0, 0.0], device="cuda")  # some out of range, dense voxels
+        lengths = torch.tensor([n // 3, n - n // 3], device="cuda") if batched else None
+        first = pcops.voxelize(points, vs, pcr, max_points, max_voxels, lengths, pad_to_max=pad_to_max)
+        got = host.hv_forward(points, vs, pcr, max_points, max_voxels, lengths, pad_to_max, "auto", "auto")
+        assert got is not None, f"N={n}: the registered class did not take the native path"
+        want = impl.voxelize(points, lengths, vs, pcr, max_points, max_voxels, pad_to_max)
+        for a, b, c in zip(got, want, first):
+            assert torch.equal(a, b) and torch.equal(c, b)
+        again = pcops.voxelize(points, list(vs), list(pcr), max_points, max_voxels, lengths, pad_to_max=pad_to_max)
+        assert isinstance(again, Voxels) and all(torch.equal(a, b) for a, b in zip(again, want))
+    assert host.hv_forward(points, vs, pcr, max_points, max_voxels, lengths, pad_to_max, "lists", "auto") is None
+    assert host.hv_forward(points, vs, pcr, max_points + 1, max_voxels, lengths, pad_to_max, "auto", "auto") is None
+    assert host.hv_forward(points.half(), vs, pcr, max_points, max_voxels, lengths, pad_to_max, "auto", "auto") is None

@@ -497,27 +497,19 @@ def voxelize(
         cnt, lrb, posb = w["csr"]
         csum = torch.cumsum(cnt, 0, dtype=torch.int32)
         seg = torch.empty(n, dtype=torch.int32, device=device)
-        _launch.launch(
-            _voxel_scatter_kernel,
+        scatter = (
             (_launch.cdiv(n, tuning.scatter_block),),
-            lrb,
-            posb,
-            cnt,
-            csum,
-            seg,
-            n,
-            BLOCK=tuning.scatter_block,
-            REVERSE=tuning.reverse_segments,
+            (lrb, posb, cnt, csum, seg, n),
+            dict(BLOCK=tuning.scatter_block, REVERSE=tuning.reverse_segments),
         )
+        _launch.launch(_voxel_scatter_kernel, scatter[0], *scatter[1], **scatter[2])
     else:
         cnt = csum = seg = w["lists"]  # unused
     rows_per_program, rows_warps = tuning.rows
     _backend.log_kernel(
         "voxelize", "_voxelize_kernel + " + ("scatter + rows (csr)" if w["csr"] is not None else "rows (lists)")
     )
-    _launch.launch(
-        _voxel_rows_kernel,
-        (max(_launch.cdiv(rows, rows_per_program), 1),),
+    rows_args = (
         points,
         w["stats"],
         w["drop"],
@@ -539,6 +531,8 @@ def voxelize(
         max_points_per_voxel,
         max_voxels,
         w["list_stride"],
+    )
+    rows_meta = dict(
         PB=w["pb"],
         CB=_launch.next_power_of_2(num_channels),
         ROWS=rows_per_program,
@@ -548,6 +542,11 @@ def voxelize(
         CSR=w["csr"] is not None,
         num_warps=rows_warps,
     )
+    _launch.launch(_voxel_rows_kernel, (max(_launch.cdiv(rows, rows_per_program), 1),), *rows_args, **rows_meta)
+    if tuning is DEFAULT and points.is_cuda and w["csr"] is not None:
+        _native_register_hard(
+            points, lengths, voxel_size, point_cloud_range, pad_to_max, w, scatter, rows_args, rows_meta
+        )
     return voxels, coords, npts, w["p2v"], counts[0], counts[1], counts[2]
 
 
@@ -581,13 +580,46 @@ def dynamic_voxelize(points, lengths, voxel_size, point_cloud_range, pad_to_max,
     return w["p2v"], coords, num_voxels
 
 
-_NATIVE_DONE: set = set()  # the dynamic classes handed to the native host path (or found not registrable)
+_NATIVE_DONE: set = set()  # the classes handed to the native host path (or found not registrable)
+_MAIN_KINDS = "p" * 16 + "i" * 4 + "f" * 9 + "i" * 6
+_ROWS_KINDS = "p" * 14 + "i" * 4 + "f" * 6 + "i" * 3
 
 
 def _native_register_dynamic(points, lengths, voxel_size, point_cloud_range, pad_to_max, w) -> None:
-    """Hand this dynamic voxelization's main kernel to the native host path (``pcops._native``;
-    ``csrc/host/voxelize.cpp`` derives the same work layout from N and passes the arguments in this
-    order), once per grid, dtypes, sample count and argument classes. Starts the module's build."""
+    """Hand this dynamic voxelization's main kernel to the native host path (below)."""
+    _native_register(points, lengths, voxel_size, point_cloud_range, pad_to_max, w, False, 1, 2**31 - 1)
+
+
+def _native_register_hard(points, lengths, voxel_size, point_cloud_range, pad_to_max, w, scatter, rows_args, rows_meta):
+    """Hand this hard voxelization's kernels (main, scatter, rows; the CSR layout) to the native host
+    path (below). A variable-size call learns its row count after the main kernel, so the rows
+    kernel is bound for each specialisation class of that count (1, a multiple of 16, other:
+    compiled here once, without a launch)."""
+    max_points, max_voxels = rows_args[24], rows_args[25]
+    rows_per_program = DEFAULT.rows[0]
+    counts = (rows_args[17],) if pad_to_max else (1, 16, 17)
+    rows = [None, None, None]
+
+    def extra(native):
+        for r in counts:
+            a = rows_args[:17] + (r,) + rows_args[18:]
+            rows[native.spec(r)] = native.bind(
+                _voxel_rows_kernel, (max(_launch.cdiv(r, rows_per_program), 1),), a, rows_meta, _ROWS_KINDS
+            )
+        s = native.bind(_voxel_scatter_kernel, scatter[0], scatter[1], scatter[2], "pppppi")
+        if s is None or any(rows[native.spec(r)] is None for r in counts):
+            return None
+        return s, tuple(rows), scatter[2]["BLOCK"], rows_per_program
+
+    _native_register(points, lengths, voxel_size, point_cloud_range, pad_to_max, w, True, max_points, max_voxels, extra)
+
+
+def _native_register(points, lengths, voxel_size, point_cloud_range, pad_to_max, w, hard, max_points, max_voxels,
+                     extra=None) -> None:  # fmt: skip
+    """Hand a voxelization's kernels to the native host path (``pcops._native``;
+    ``csrc/host/voxelize.cpp`` derives the same work layout from N and passes the arguments in
+    this order), once per grid, dtypes, caps, sample count and argument classes. Starts the
+    module's build on the first call."""
     from .. import _native
 
     host = _native.loaded()
@@ -598,20 +630,23 @@ def _native_register_dynamic(points, lengths, voxel_size, point_cloud_range, pad
     align = sum(1 << i for i, v in enumerate(w["views"]) if not v.data_ptr() & 15)
     grid = (*(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size))
     done = (points.device.index, points.dtype, points.shape[1], None if lengths is None else lengths.dtype,
-            w["batch"], grid, pad_to_max, meta["BLOCK"], _native.spec(n), align)  # fmt: skip
+            w["batch"], grid, hard, max_points, max_voxels, pad_to_max, meta["BLOCK"], meta["KEY64"],
+            _native.spec(n), _native.spec(w["list_stride"]), align)  # fmt: skip
     if done in _NATIVE_DONE or not _native.registrable(points, *(() if lengths is None else (lengths,))):
         return
     _NATIVE_DONE.add(done)
     num_blocks = _launch.cdiv(n, meta["BLOCK"])
-    bound = _native.bind(_voxelize_kernel, (num_blocks,), args, meta, "p" * 16 + "i" * 4 + "f" * 9 + "i" * 6)
-    if bound is None:
+    main = _native.bind(_voxelize_kernel, (num_blocks,), args, meta, _MAIN_KINDS)
+    more = extra(_native) if extra is not None else (None, None, 0, 0)
+    if main is None or more is None:
         return
-    (small, _), (big, _) = DEFAULT.dynamic_main
-    values = (*args[29:32], small, big, DEFAULT.big_n)
-    if not host.dv_register(points, lengths, list(grid[:6]), list(grid[6:]), pad_to_max, values,
-                            (w["cap"], num_blocks, meta["BLOCK"]), align, bound):  # fmt: skip
+    (small, _), (big, _) = DEFAULT.hard_main if hard else DEFAULT.dynamic_main
+    values = (*args[29:32], small, big, DEFAULT.big_n, CSR_MAX_POINTS_PER_SAMPLE)
+    sizes = (w["cap"], num_blocks, meta["BLOCK"], w["list_stride"], int(meta["KEY64"]))
+    if not host.vx_register(points, lengths, list(grid[:6]), list(grid[6:]), hard, max_points, max_voxels, pad_to_max,
+                            values, sizes, align, main, *more):  # fmt: skip
         logging.getLogger("pcops").warning(
             "pcops: the native host path derives another voxelization work layout than the Python path "
-            "(N=%d); dynamic voxelization stays on the Python path",
+            "(N=%d); this voxelization class stays on the Python path",
             n,
         )
