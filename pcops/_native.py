@@ -6,7 +6,9 @@ the Python API, Triton's launcher) is several times its kernel time for the smal
 calls of a training or inference loop (issue 19; ``benchmarks/NOTES.md``); in C++ the same work
 takes a few µs.
 
-How it is used (today: ``fused_layer_norm_gelu`` without dropout, its gradient a C++ autograd node):
+How it is used (today: ``fused_layer_norm_gelu`` without dropout and ``sparse_softmax``, their
+gradients C++ autograd nodes; ``pillar_scatter`` (float32), ``voxelize`` in the CSR layout,
+``dynamic_voxelize`` (numbered or ``cells_only``) and submanifold ``sparse_conv_kernel_map``):
 
 - the op's public function hands the call to the module first (``MODULE.<op>_forward``); the
   module returns ``None`` for anything it does not take (another device or backend, a tensor
@@ -15,7 +17,11 @@ How it is used (today: ``fused_layer_norm_gelu`` without dropout, its gradient a
 - the Python path, after launching the kernel it autotuned for a shape class, registers that
   kernel (its ``CUfunction``, threads, shared memory, rows per program) with the module
   (``register``), so later calls of that class take the native path. Both paths launch the same
-  binary with the same arguments: results are bit-identical.
+  binary with the same arguments: results are bit-identical. Where an op derives buffer sizes
+  from its input (workspaces, hash capacities, views), the C++ side derives them itself and its
+  registration compares them with the Python path's (a mismatch registers nothing and is logged);
+  the key of a registered kernel holds every Triton specialisation its arguments can take (int
+  classes, pointer alignment of workspace views, constexprs chosen from the sizes).
 
 Build: the first CUDA call of such an op starts a background thread that compiles the module
 with the C++ compiler (``$CXX`` or ``g++``, against torch's headers; about 15-30 s on one core,
