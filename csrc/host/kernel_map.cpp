@@ -78,8 +78,9 @@ int64_t spec_signature(const Sizes& s, int64_t n, int64_t num_k, bool pairs) {
 
 Key key_of(int64_t device, const std::array<int64_t, 9>& geo, bool pairs, bool pad_pairs, const Sizes& s,
            int64_t sig) {
+  // (the compaction's ROWS matters only with pairs)
   return Key{device, geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
-             pairs,  pad_pairs, s.rows_mult, sig};
+             pairs,  pad_pairs, pairs ? s.rows_mult : 0, sig};
 }
 
 // An int (not bool) or a list / tuple of 3 of them, each >= min_value: (z, y, x); false otherwise.
@@ -220,7 +221,11 @@ py::object km_forward(py::handle coords_obj, py::handle shape_obj, py::handle ke
     launch(e.compact, static_cast<unsigned>(s.groups), device, cargs, 12);  // launch 4
     if (!pad_pairs) {
       // host sync: the pair count is an output size (every launch is queued)
-      const int64_t p = offsets[num_k].item<int32_t>();
+      int64_t p;
+      {
+        py::gil_scoped_release nogil;  // (as torch's .cpu() does while it waits)
+        p = offsets[num_k].item<int32_t>();
+      }
       pair_in = pair_in.narrow(0, 0, p);
       pair_out = pair_out.narrow(0, 0, p);
     }

@@ -183,7 +183,7 @@ struct LayerNormGelu : public torch::autograd::Function<LayerNormGelu> {
     // create_graph (grad mode on) or no registered kernels: the Python backward, as the Python path runs it
     const bool usable = aligned(gy) && aligned(x) && aligned(w) && aligned(b) && aligned(stats) && x.is_contiguous() &&
                         w.is_contiguous() && b.is_contiguous() && stats.is_contiguous();
-    if (c10::GradMode::is_enabled() || !usable || !run_backward(gy, x, w, b, stats, tanh, p, &out)) {
+    if (c10::GradMode::is_enabled() || !usable || intercepted() || !run_backward(gy, x, w, b, stats, tanh, p, &out)) {
       const int64_t n = x.size(-1), m = x.numel() / n;
       py::gil_scoped_acquire gil;
       py::object r = (*py_backward)(gy.view({m, n}), x.view({m, n}), w, b, stats.narrow(0, 0, m),

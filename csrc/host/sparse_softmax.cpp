@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -30,6 +31,7 @@ struct Plan {
 std::unordered_map<Key, Plan, ArrayHash> plans;
 std::mutex mutex;
 py::object* py_backward = nullptr;  // the Python backward op (set by ss_init), kept for the process
+std::atomic<int64_t> native_backwards{0};  // backwards the C++ node launched itself (tests)
 
 // (SUB, VPT) for the mean row length, as pcops/triton/sparse_softmax.py's _group_shape: the
 // smallest group capacity >= 1.9 * mean
@@ -114,9 +116,10 @@ struct SparseSoftmax : public torch::autograd::Function<SparseSoftmax> {
     // (dy, y, dx, crow, rows, nnz, AVG_LEN); the Python backward where no kernel is registered,
     // for create_graph (grad mode on) and for a gradient of another dtype or a misaligned one
     if (!c10::GradMode::is_enabled() && g.scalar_type() == y.scalar_type() && direct_ok(g) && aligned(g) &&
-        find_plan(true, y, crow, &plan)) {
+        !intercepted() && find_plan(true, y, crow, &plan)) {
       dx = at::empty_like(y);
       run(plan, {&g, &y, &dx, &crow}, crow, y.numel());
+      native_backwards.fetch_add(1, std::memory_order_relaxed);
     } else {
       py::gil_scoped_acquire gil;
       const char* backend = ctx->saved_data["triton"].toBool() ? "triton" : "auto";
@@ -184,9 +187,9 @@ py::object ss_forward(py::handle v_obj, py::handle crow_obj, py::handle backend_
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
 }
 
-py::int_ ss_plans() {
+py::tuple ss_plans() {
   std::lock_guard<std::mutex> lock(mutex);
-  return py::int_(plans.size());
+  return py::make_tuple(plans.size(), native_backwards.load());
 }
 
 }  // namespace
@@ -195,7 +198,7 @@ void register_sparse_softmax(py::module_& m) {
   m.def("ss_init", &ss_init, "the Python backward op, for gradients whose kernel is not registered");
   m.def("ss_register", &ss_register);
   m.def("ss_forward", &ss_forward);
-  m.def("ss_plans", &ss_plans, "registered shape classes, forward and backward (tests)");
+  m.def("ss_plans", &ss_plans, "(registered shape classes, forward and backward; native backward launches) (tests)");
 }
 
 }  // namespace pcops_host

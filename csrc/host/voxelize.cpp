@@ -255,7 +255,11 @@ const Entry* find(const Call& c, const Caps& caps, bool pad_to_max, Grid* g, Lay
 
 // The per-sample voxel counts (after - before) read on the host: the one host sync of a variable-size call.
 std::vector<int64_t> counts_on_host(const at::Tensor& stats) {
-  const at::Tensor host = stats.to(at::kCPU);
+  at::Tensor host;
+  {
+    py::gil_scoped_release nogil;  // (as torch's .tolist() does while it waits)
+    host = stats.to(at::kCPU);
+  }
   const int32_t* s = host.data_ptr<int32_t>();
   const int64_t batch = stats.size(1);
   std::vector<int64_t> out(batch);
@@ -283,6 +287,8 @@ py::object dv_forward(py::handle points_obj, py::handle vs_obj, py::handle pcr_o
   if (!pad_to_max) {
     int64_t rows = 0;
     for (const int64_t k : counts_on_host(stats)) rows += k;  // the one host sync: M (every launch is queued)
+    // as Python's coords[:M] (lengths are not checked on CUDA: M can be off for counts not summing to N)
+    rows = rows < 0 ? std::max<int64_t>(0, c.n + rows) : std::min(rows, c.n);
     coords = coords.narrow(0, 0, rows);
   }
   return py::make_tuple(m.p2v, coords, num_voxels);

@@ -598,7 +598,7 @@ def _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record) -> None
         return
     n = coords.shape[0]
     classes = tuple(_native.spec(v) for a in record for v in a[2] if type(v) is int)
-    done = (id(plan), coords.device.index, pairs, pad_pairs, classes, record[-1][3].get("ROWS"))
+    done = (native_plan(plan), coords.device.index, pairs, pad_pairs, classes, record[-1][3].get("ROWS"))
     if done in _NATIVE_DONE or not _native.registrable(coords) or n * plan["num_k"] >= 2**31:
         return
     _NATIVE_DONE.add(done)

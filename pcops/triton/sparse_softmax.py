@@ -228,6 +228,8 @@ def _native_register(key: tuple, kernel, args: tuple, plan: tuple, kinds: str) -
     done = (key, v.device.index, _native.spec(rows), _native.spec(nnz))
     if done in _NATIVE_DONE or not _native.registrable(*args[: len(kinds) - 3]):
         return
+    if backward and args[0].dtype != args[1].dtype:
+        return  # (the C++ backward passes a gradient of the output's dtype: its key has no other)
     _NATIVE_DONE.add(done)
     bound = _native.bind(kernel, (_launch.cdiv(rows, plan[0]),), args, plan[1], kinds)
     if bound is not None:

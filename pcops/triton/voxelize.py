@@ -630,7 +630,7 @@ def _native_register(points, lengths, voxel_size, point_cloud_range, pad_to_max,
     align = sum(1 << i for i, v in enumerate(w["views"]) if not v.data_ptr() & 15)
     grid = (*(float(v) for v in point_cloud_range), *(float(v) for v in voxel_size))
     done = (points.device.index, points.dtype, points.shape[1], None if lengths is None else lengths.dtype,
-            w["batch"], grid, hard, max_points, max_voxels, pad_to_max, meta["BLOCK"], meta["KEY64"],
+            w["batch"], grid, hard, max_points, max_voxels, pad_to_max, n >= DEFAULT.big_n, meta["KEY64"],
             _native.spec(n), _native.spec(w["list_stride"]), align)  # fmt: skip
     if done in _NATIVE_DONE or not _native.registrable(points, *(() if lengths is None else (lengths,))):
         return
