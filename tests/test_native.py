@@ -505,3 +505,39 @@ def test_hard_voxelize_native_is_bit_identical_to_the_python_path(host, batched,
     assert host.hv_forward(points, vs, pcr, max_points, max_voxels, lengths, pad_to_max, "lists", "auto") is None
     assert host.hv_forward(points, vs, pcr, max_points + 1, max_voxels, lengths, pad_to_max, "auto", "auto") is None
     assert host.hv_forward(points.half(), vs, pcr, max_points, max_voxels, lengths, pad_to_max, "auto", "auto") is None
+
+
+@gpu[0]
+@gpu[1]
+def test_native_calls_capture_in_a_cuda_graph(host):
+    """The sync-free forms the native path takes (padded voxelization, padded subm map, LayerNorm +
+    GELU, CSR softmax) launch on the capturing stream and allocate from the graph's pool: a captured
+    call replays to the eager result."""
+    g = torch.Generator(device="cuda").manual_seed(14)
+    vs, pcr = (0.16, 0.16, 4.0), (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
+    points = torch.rand(5000, 4, device="cuda", generator=g) * torch.tensor([60.0, 70.0, 5.0, 1.0], device="cuda")
+    points -= torch.tensor([0.0, 35.0, 3.0, 0.0], device="cuda")
+    shape = (16, 20, 24)
+    coords = _voxels(900, shape, 1, 15)
+    x = torch.randn(256, 64, device="cuda", generator=g)
+    w, b = torch.randn(64, device="cuda", generator=g), torch.randn(64, device="cuda", generator=g)
+    v, crow = _csr(300, 16, 16)
+
+    def step():
+        vox = pcops.voxelize(points, vs, pcr, 8, 3000, pad_to_max=True)
+        dyn = pcops.dynamic_voxelize(points, vs, pcr, pad_to_max=True)
+        km = pcops.sparse_conv_kernel_map(coords, shape, 3, subm=True, pad_pairs=True)
+        return (*vox, *dyn, km.out_in, km.pair_in, km.offsets, pcops.fused_layer_norm_gelu(x, w, b),
+                pcops.sparse_softmax(v, crow))  # fmt: skip
+
+    step()  # the Python path registers each class
+    assert host.hv_forward(points, vs, pcr, 8, 3000, None, True, "auto", "auto") is not None
+    assert host.km_forward(coords, shape, 3, 1, 0, 1, True, False, True, False, True, "auto") is not None
+    want = step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, c in zip(got, want):
+        assert torch.equal(a, c)
