@@ -230,10 +230,12 @@ def sparse_conv_kernel_map(
       side (each input finds its own row once and writes it into the ≤ 8 outputs it reaches,
       their rows read from the ranked bitmap) instead of hash lookups of every (output, offset).
 
-    Host path: on CUDA a submanifold map of int32 coords is taken by the native host path
-    (``pcops._native``: the workspace, allocations and the same launches in C++, once its build is
-    loaded and the configuration has run once): the same kernels with the same arguments, so the
-    same map.
+    Host path: on CUDA a submanifold map, or a regular / transposed one without ``static_shapes``,
+    of int32 coords is taken by the native host path (``pcops._native``: the workspace, allocations,
+    the same launches and syncs in C++, once its build is loaded and the configuration has run once):
+    the same kernels with the same arguments, so the same map. (A regular map whose output count
+    falls in a class not seen yet is built again by the Python path after the sync: the first
+    calls of such a class cost one extra insert pass.)
     """
     host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
     if host is not None:
@@ -242,9 +244,10 @@ def sparse_conv_kernel_map(
             static_shapes, pairs, backend,
         )  # fmt: skip
         if got is not None:
+            maps, out_shape = got
             if not pairs:
-                return KernelMap(got[0], tuple(spatial_shape), None, None, None, got[1])
-            return KernelMap(got[0], tuple(spatial_shape), *got[1:])
+                return KernelMap(maps[0], out_shape, None, None, None, maps[1])
+            return KernelMap(maps[0], out_shape, *maps[1:])
     out_shape, (out_coords, pair_in, pair_out, offsets, out_in) = _map_outputs(
         coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,
         batch_size, pairs, backend, 0,

@@ -347,22 +347,46 @@ def test_sparse_softmax_native_declines_other_cases(host):
 _SUBM = [((41, 160, 140), 3, 1), ((20, 30, 40), (3, 1, 5), 2), ((9, 19, 29), 2, 1)]
 
 
-@pytest.mark.parametrize("shape, kernel, dilation", _SUBM)
-def test_kernel_map_sizes_match_the_python_paths(host, shape, kernel, dilation):
-    """The sizes the C++ side derives from N (workspace layout, hash capacity, count groups) are
-    those of pcops/triton/kernel_map.py for every N class, including group and capacity edges."""
+_REGULAR = [
+    ((41, 160, 140), 3, 2, 1, False),
+    ((20, 30, 40), (3, 1, 5), (2, 1, 2), 0, False),
+    ((9, 9, 9), 2, 2, 0, True),
+]
+
+
+def _plan_of(shape, kernel, stride, padding, dilation, subm, transposed):
+    from pcops.kernel_map import _op_args
     from pcops.triton import kernel_map as km
 
-    k = (kernel,) * 3 if isinstance(kernel, int) else kernel
-    d = (dilation,) * 3
-    plan = km._plan(shape, shape, k, (1, 1, 1), tuple((a - 1) // 2 * b for a, b in zip(k, d)), d, True, False)
+    args = _op_args(shape, kernel, stride, padding, dilation, subm, transposed)
+    return km._plan(*(tuple(a) for a in args), subm, transposed)
+
+
+@pytest.mark.parametrize(
+    "shape, kernel, stride, padding, dilation, subm, transposed",
+    [(s, k, 1, 0, d, True, False) for s, k, d in _SUBM] + [(s, k, st, p, 1, False, t) for s, k, st, p, t in _REGULAR],
+)
+def test_kernel_map_sizes_match_the_python_paths(host, shape, kernel, stride, padding, dilation, subm, transposed):
+    """The sizes the C++ side derives from N (workspace layout, hash capacities, count groups) are
+    those of pcops/triton/kernel_map.py's launcher for every N class, including group and capacity edges."""
+    from pcops.triton import kernel_map as km
+
+    plan = _plan_of(shape, kernel, stride, padding, dilation, subm, transposed)
     _, values = km.native_plan(plan)
     for n in (1, 2, 15, 16, 17, 31, 32, 33, 1000, 8191, 8192, 8193, 40000, 65536, 262145, 1 << 20):
         cap_in, log_in = km._capacity(n, 4)
-        sub, groups = km._groups(km._launch.cdiv(n, plan["block"]))
-        counters_off = 2 * cap_in + groups * plan["kpad"]
+        bound = n * plan["per_input"]
+        if subm:
+            cap_out = log_out = 0
+            sub, groups = km._groups(km._launch.cdiv(n, plan["block"]))
+        else:
+            cap_out, log_out = km._capacity(bound + 1, 1)
+            sub, groups = 1, km._MAX_GROUPS
+        counts_off = 2 * cap_in + cap_out
+        counters_off = counts_off + groups * plan["kpad"]
         sink_off = counters_off + km._NUM_COUNTERS
-        want = (cap_in, log_in, sub, groups, 2 * cap_in, counters_off, sink_off, sink_off + plan["sink"])
+        want = (cap_in, log_in, cap_out, log_out, sub, groups, counts_off, counters_off, sink_off,
+                sink_off + plan["sink"] + bound)  # fmt: skip
         assert host.km_sizes(values, n) == want, n
 
 
@@ -371,7 +395,7 @@ def test_kernel_map_declines_on_the_cpu(host):
     args = ((8, 8, 8), 3, 1, 0, 1)
     assert host.km_forward(coords, *args, True, False, False, False, True, "auto") is None
     assert host.km_forward(coords, *args, False, False, False, False, True, "auto") is None  # regular
-    assert host.km_plans() == 0 or torch.cuda.is_available()
+    assert host.km_plans() == (0, 0, 0) or torch.cuda.is_available()
 
 
 def _voxels(n, shape, batch, seed):
@@ -398,6 +422,8 @@ def test_kernel_map_native_is_bit_identical_to_the_python_path(host, shape, kern
                                              pairs=pairs)  # fmt: skip
         got = host.km_forward(coords, shape, kernel, 1, 0, dilation, True, False, pad_pairs, False, pairs, "auto")
         assert got is not None, "the registered configuration did not take the native path"
+        got, out_shape = got
+        assert out_shape == tuple(shape)
         want = km.sparse_conv_kernel_map(coords, shape, shape, k, (1, 1, 1), pad, d, True, False, pad_pairs, False,
                                          0, pairs)  # fmt: skip
         want = want if pairs else (want[0], want[4])
@@ -431,6 +457,44 @@ def test_kernel_map_native_declines_other_cases(host):
         assert f(coords, shape, 3, 1, 0, 1, True, False, False, False, True, "auto") is None
     with pytest.raises(ValueError, match="stride"):
         pcops.sparse_conv_kernel_map(coords, shape, 3, stride=2, subm=True)
+    pcops.sparse_conv_kernel_map(coords, shape, 3, 2, 1)
+    assert f(coords, shape, 3, 2, 1, 1, False, False, False, False, True, "auto") is not None
+    assert f(coords, shape, 3, 2, 1, 1, False, False, False, True, True, "auto") is None  # static regular map
+    assert f(coords, shape, 3, 2, 1, 1, True, True, False, False, True, "auto") is None  # subm and transposed
+
+
+@gpu[0]
+@gpu[1]
+@pytest.mark.parametrize("shape, kernel, stride, padding, transposed", _REGULAR)
+@pytest.mark.parametrize("pairs, pad_pairs", [(True, False), (True, True), (False, False)])
+def test_regular_kernel_map_native_is_bit_identical_to_the_python_path(
+    host, shape, kernel, stride, padding, transposed, pairs, pad_pairs
+):
+    from pcops.triton import kernel_map as km
+
+    plan = _plan_of(shape, kernel, stride, padding, 1, False, transposed)
+    args = [tuple(a) for a in (plan["in_shape"], plan["out_shape"])]
+    k = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    st = (stride,) * 3 if isinstance(stride, int) else stride
+    for n in (3000, 3001, 17, 3000):
+        coords = _voxels(n, shape, 2, n + 1)
+        call = dict(transposed=transposed, pad_pairs=pad_pairs, pairs=pairs)
+        first = pcops.sparse_conv_kernel_map(coords, shape, kernel, stride, padding, **call)  # registers the classes
+        got = host.km_forward(coords, shape, kernel, stride, padding, 1, False, transposed, pad_pairs, False, pairs,
+                              "auto")  # fmt: skip
+        assert got is not None, f"N={n}: the registered classes did not take the native path"
+        got, out_shape = got
+        assert out_shape == tuple(args[1]) == first.out_spatial_shape
+        want = km.sparse_conv_kernel_map(coords, *args, k, st, (padding,) * 3, (1, 1, 1), False, transposed, pad_pairs,
+                                         False, 0, pairs)  # fmt: skip
+        want = want if pairs else (want[0], want[4])
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        again = pcops.sparse_conv_kernel_map(coords, list(shape), kernel, stride, padding, **call)
+        for a, b in zip(again, first):
+            assert a == b if isinstance(a, tuple) or a is None else torch.equal(a, b)
+    assert host.km_plans()[1] > 0 and host.km_plans()[2] > 0
 
 
 def test_dynamic_voxelize_declines_on_the_cpu(host):

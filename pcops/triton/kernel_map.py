@@ -409,7 +409,8 @@ def sparse_conv_kernel_map(
         out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
         out_coords = coords  # unused (COPY is off)
     block_n = plan["block_n"]
-    record = [] if subm and coords.is_cuda else None  # the launches, for the native host path
+    # the launches, for the native host path (submanifold maps, and regular/transposed maps of the default form)
+    record = [] if coords.is_cuda and (subm or not (static_out or idx)) else None
     insert_args = (
         coords,
         ws,
@@ -546,10 +547,15 @@ def sparse_conv_kernel_map(
         _launch.launch(_kmap_lookup_kernel, (_launch.cdiv(num_out, block),), *lookup_args, **lookup_meta)  # launch 3
         if record is not None:
             record.append((_kmap_lookup_kernel, (_launch.cdiv(num_out, block),), lookup_args, lookup_meta))
-    sizes = (cap_in, log_in, sub, num_groups, counts_off, counters_off, sink_off, ws_len)
+    sizes = None
+    if record is not None and subm:
+        sizes = (cap_in, log_in, sub, num_groups, counts_off, counters_off, sink_off, ws_len)
+    elif record is not None:  # the layout (from N) and what the sync read (M, P, the key width)
+        sizes = (cap_in, log_in, cap_out, log_out, counts_off, counters_off, sink_off, ws_len, num_out, num_pairs,
+                 int(fits32), sub, num_groups)  # fmt: skip
     if not pairs:  # the table only: no compaction, no pair count to read
         if record is not None:
-            _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record)
+            _native_register(coords, plan, pairs, pad_pairs, sizes, record)
         empty = out_in.new_empty((0,))
         count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()
         return (out_coords, empty, empty.clone(), count, out_in) + index
@@ -562,7 +568,7 @@ def sparse_conv_kernel_map(
         record,
     )  # launch 4  # fmt: skip
     if record is not None:
-        _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record)
+        _native_register(coords, plan, pairs, pad_pairs, sizes, record)
     if subm and not pad_pairs:
         num_pairs = int(
             offsets[num_k : num_k + 1].cpu()[0]
@@ -577,20 +583,23 @@ _KINDS = {_kmap_insert_kernel: "p" * 7 + "i" * 15, _kmap_lookup_kernel: "p" * 7 
 
 
 def native_plan(plan: dict) -> tuple[tuple, tuple]:
-    """A submanifold plan as ``csrc/host/kernel_map.cpp`` takes it: ``((D, H, W, Kz, Ky, Kx, dz, dy,
-    dx), (K, BLOCK_M, KPAD, BLOCK_M half, KPAD half, insert lanes, sink, mirror))``."""
+    """A plan as ``csrc/host/kernel_map.cpp`` takes it: ``((D, H, W, Kz, Ky, Kx, sz, sy, sx, pz, py, px,
+    dz, dy, dx, transposed), (K, BLOCK_M, KPAD, BLOCK_M half, KPAD half, insert lanes, sink, mirror,
+    outputs per input J, D', H', W'))``."""
     ic, lc = plan["insert_consts"], plan["lookup_consts"]
-    geometry = (*plan["in_shape"], ic["Kz"], ic["Ky"], ic["Kx"], lc["dz"], lc["dy"], lc["dx"])
+    geometry = (*plan["in_shape"], ic["Kz"], ic["Ky"], ic["Kx"], *(lc[a + c] for a in "spd" for c in "zyx"),
+                int(ic["TRANSPOSED"]))  # fmt: skip
     values = (plan["num_k"], plan["block"], plan["kpad"], plan["block_half"], plan["kpad_half"], plan["block_n"],
-              plan["sink"], int(plan["mirror"]))  # fmt: skip
+              plan["sink"], int(plan["mirror"]), plan["per_input"], *plan["out_shape"])  # fmt: skip
     return geometry, values
 
 
-def _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record) -> None:
-    """Hand the launches of this submanifold map (insert, lookup and, with pairs, compaction) to
-    the native host path (``pcops._native``; ``csrc/host/kernel_map.cpp`` derives the same sizes
-    from N and passes the arguments in this order), once per configuration and argument classes.
-    Starts the module's build on the first call."""
+def _native_register(coords, plan, pairs, pad_pairs, sizes, record) -> None:
+    """Hand the launches of this map (insert, lookup and, with pairs, compaction: a submanifold
+    map, or a regular / transposed one of the default form) to the native host path
+    (``pcops._native``; ``csrc/host/kernel_map.cpp`` derives the same sizes from N (and M, P after
+    the regular map's sync) and passes the arguments in this order), once per configuration and
+    argument classes. Starts the module's build on the first call."""
     from .. import _native
 
     host = _native.loaded()
@@ -598,7 +607,8 @@ def _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record) -> None
         return
     n = coords.shape[0]
     classes = tuple(_native.spec(v) for a in record for v in a[2] if type(v) is int)
-    done = (native_plan(plan), coords.device.index, pairs, pad_pairs, classes, record[-1][3].get("ROWS"))
+    wide = len(sizes) > 10 and not sizes[10]  # a regular map's int64 sort keys
+    done = (native_plan(plan), coords.device.index, pairs, pad_pairs, classes, record[-1][3].get("ROWS"), wide)
     if done in _NATIVE_DONE or not _native.registrable(coords) or n * plan["num_k"] >= 2**31:
         return
     _NATIVE_DONE.add(done)
@@ -608,10 +618,10 @@ def _native_register_subm(coords, plan, pairs, pad_pairs, sizes, record) -> None
     geometry, plan_values = native_plan(plan)
     if not host.km_register(
         coords, geometry, pairs, pad_pairs, plan_values, sizes, *bound[:2], bound[2] if pairs else None
-    ):
+    ):  # (the submanifold or the regular table, by the geometry's stride and transposed flag and the sizes)
         logging.getLogger("pcops").warning(
             "pcops: the native host path derives other kernel-map sizes than the Python path (N=%d); "
-            "submanifold maps stay on the Python path",
+            "this map configuration stays on the Python path",
             n,
         )
 
