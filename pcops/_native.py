@@ -52,7 +52,21 @@ import torch
 
 from ._nvrtc import CSRC_DIR
 
-__all__ = ["MODULE", "request", "loaded", "build", "bind", "on_load", "registrable", "spec", "enabled", "status"]
+__all__ = [
+    "MODULE",
+    "request",
+    "loaded",
+    "build",
+    "bind",
+    "on_load",
+    "registrable",
+    "spec",
+    "enabled",
+    "status",
+    "registered",
+    "serves",
+    "check",
+]
 
 MODULE = None  # the loaded module; None until built and loaded (or where it cannot be)
 
@@ -207,6 +221,63 @@ def bind(kernel, grid: tuple, args: tuple, kwargs: dict, kinds: str) -> tuple[in
     if getattr(md, "launch_pdl", False) or getattr(md, "launch_cooperative_grid", False):
         return None  # (plain cuLaunchKernel sets no launch attributes)
     return compiled.function, md.num_warps, md.shared, present
+
+
+# Self-check of the ops whose native calls are checked against the Python path in each process
+# before they are served (``serves``): the first call after one of the op's classes is registered
+# runs the native call too, on the same arguments, and compares every output bit for bit (one
+# extra call and one host sync per op and process, skipped while a CUDA graph is being captured).
+# A mismatch turns the op's native path off for the process, with a warning.
+_PENDING: set = set()  # ops with a registered class, not checked yet
+_CHECKED: set = set()  # ops whose native call matched the Python path's outputs
+_FAILED: set = set()  # ops whose native call differed: the Python path only
+
+
+def registered(op: str) -> None:
+    """A class of ``op`` was registered with the module (its next public call checks it)."""
+    if op not in _CHECKED and op not in _FAILED:
+        _PENDING.add(op)
+
+
+def serves(op: str):
+    """The module where it may take ``op``'s calls (checked in this process), else None."""
+    return MODULE if op in _CHECKED else None
+
+
+def _flat(value) -> list:
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in _flat(v)]
+    return [value]
+
+
+def check(op: str, native_call, result) -> None:
+    """Compare ``native_call()`` (the module on the arguments that gave ``result``) with ``result``,
+    once per op and process after a registration (see ``serves``). ``native_call`` returning None
+    (not taken) leaves the check for a later call."""
+    if op not in _PENDING or MODULE is None:
+        return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return  # (no sync inside a capture: a later eager call checks)
+    with torch.no_grad():
+        got = native_call()
+    if got is None:
+        return
+    _PENDING.discard(op)
+    want, got = _flat(result), _flat(got)
+    same = len(want) == len(got) and all(
+        torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+        for a, b in zip(want, got)
+    )
+    if same:
+        _CHECKED.add(op)
+    else:
+        _FAILED.add(op)
+        _logger.warning(
+            "pcops: the native host path's %s differs from the Python path's on the same arguments; "
+            "it is off for %s in this process (please report this)",
+            op,
+            op,
+        )
 
 
 def _load(path: Path):

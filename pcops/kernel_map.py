@@ -232,29 +232,42 @@ def sparse_conv_kernel_map(
 
     Host path: on CUDA a submanifold map, or a regular / transposed one without ``static_shapes``,
     of int32 coords is taken by the native host path (``pcops._native``: the workspace, allocations,
-    the same launches and syncs in C++, once its build is loaded and the configuration has run once):
-    the same kernels with the same arguments, so the same map. (A regular map whose output count
+    the same launches and syncs in C++, once its build is loaded, the configuration has run once and
+    the process's first native map matched the Python path's): the same kernels with the same
+    arguments, so the same map. (A regular map whose output count
     falls in a class not seen yet is built again by the Python path after the sync: the first
     calls of such a class cost one extra insert pass.)
     """
-    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    compiling = torch.compiler.is_compiling()
+    op = "sparse_conv_kernel_map subm" if subm is True else "sparse_conv_kernel_map"
+    args = (coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,
+            pairs, backend)  # fmt: skip
+    host = None if compiling else _native.serves(op)  # takes what it can (pcops._native)
     if host is not None:
-        got = host.km_forward(
-            coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs,
-            static_shapes, pairs, backend,
-        )  # fmt: skip
-        if got is not None:
-            maps, out_shape = got
-            if not pairs:
-                return KernelMap(maps[0], out_shape, None, None, None, maps[1])
-            return KernelMap(maps[0], out_shape, *maps[1:])
+        km = _native_map(host.km_forward(*args), pairs)
+        if km is not None:
+            return km
     out_shape, (out_coords, pair_in, pair_out, offsets, out_in) = _map_outputs(
         coords, spatial_shape, kernel_size, stride, padding, dilation, subm, transposed, pad_pairs, static_shapes,
         batch_size, pairs, backend, 0,
     )  # fmt: skip
     if not pairs:
-        return KernelMap(out_coords, out_shape, None, None, None, out_in)
-    return KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
+        km = KernelMap(out_coords, out_shape, None, None, None, out_in)
+    else:
+        km = KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
+    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+        _native.check(op, lambda: _native_map(_native.MODULE.km_forward(*args), pairs), km)
+    return km
+
+
+def _native_map(got, pairs: bool) -> Optional[KernelMap]:
+    """The native host path's ``((tensors), out_spatial_shape)`` as a KernelMap (None stays None)."""
+    if got is None:
+        return None
+    maps, out_shape = got
+    if not pairs:
+        return KernelMap(maps[0], out_shape, None, None, None, maps[1])
+    return KernelMap(maps[0], out_shape, *maps[1:])
 
 
 def _map_outputs(

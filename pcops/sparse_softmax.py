@@ -69,14 +69,16 @@ def sparse_softmax(
 
     Host path: on CUDA (backend ``"auto"``/``"triton"``, ``validate`` off) the call is taken by the
     native host path (``pcops._native``: checks, allocation and launch in C++, the gradient a C++
-    autograd node; once its build is loaded and the shape class has run once), which launches the
-    same kernel with the same arguments: the results are the same bits.
+    autograd node; once its build is loaded, the shape class has run once and the process's first
+    native call matched the Python path's output), which launches the same kernel with the same
+    arguments: the results are the same bits.
 
     Example:
         >>> crow = torch.tensor([0, 2, 2, 5])                  # rows of 2, 0 and 3 entries
         >>> y = pcops.sparse_softmax(torch.randn(5), crow)     # each row's entries sum to 1
     """
-    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    compiling = torch.compiler.is_compiling()
+    host = None if compiling else _native.serves(_OP)  # takes what it can (pcops._native)
     if host is not None:
         y = host.ss_forward(values, crow_indices, backend, validate)
         if y is not None:
@@ -101,9 +103,10 @@ def sparse_softmax(
         validate = crow_indices.device.type == "cpu"
     if validate:
         _check_crow(crow_indices, values.numel())
-    return _library.call(
-        torch.ops.pcops.sparse_softmax.default, values.contiguous(), crow_indices.contiguous(), backend
-    )
+    y = _library.call(torch.ops.pcops.sparse_softmax.default, values.contiguous(), crow_indices.contiguous(), backend)
+    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+        _native.check(_OP, lambda: _native.MODULE.ss_forward(values, crow_indices, backend, validate), y)
+    return y
 
 
 # --- registration -----------------------------------------------------------------------------

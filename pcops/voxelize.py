@@ -213,11 +213,11 @@ def voxelize(
         ...                    max_points_per_voxel=32, max_voxels=40000)
         >>> v.voxels.shape, v.coords.shape                                  # (M, 32, C), (M, 4)
     """
-    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    compiling = torch.compiler.is_compiling()
+    args = (points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths, pad_to_max, mode, backend)
+    host = None if compiling else _native.serves("voxelize")  # takes what it can (pcops._native)
     if host is not None:
-        out = host.hv_forward(
-            points, voxel_size, point_cloud_range, max_points_per_voxel, max_voxels, lengths, pad_to_max, mode, backend
-        )
+        out = host.hv_forward(*args)
         if out is not None:
             return Voxels(*out)
     vs, pcr = _check_common(points, voxel_size, point_cloud_range, lengths, pad_to_max)
@@ -238,6 +238,8 @@ def voxelize(
         backend,
         mode,
     )
+    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+        _native.check("voxelize", lambda: _native.MODULE.hv_forward(*args), out)
     return Voxels(*out)
 
 
@@ -273,13 +275,14 @@ def dynamic_voxelize(
         >>> d = pcops.dynamic_voxelize(points, (0.16, 0.16, 4.0), (0, -39.68, -3, 69.12, 39.68, 1))
         >>> feats = pcops.voxel_reduce(points, d.point_to_voxel, d.coords.shape[0], "mean")
     """
-    host = None if torch.compiler.is_compiling() else _native.MODULE  # takes what it can (pcops._native)
+    compiling = torch.compiler.is_compiling()
+    host = None if compiling else _native.MODULE  # takes what it can (pcops._native)
     if host is not None and type(pad_to_max) is bool:
         if cells_only is True:
             cells = host.pc_forward(points, voxel_size, point_cloud_range, lengths, backend)  # (pcops._native)
             if cells is not None:
                 return cells
-        elif cells_only is False:
+        elif cells_only is False and _native.serves("dynamic_voxelize") is not None:
             out = host.dv_forward(points, voxel_size, point_cloud_range, lengths, pad_to_max, backend)
             if out is not None:
                 return DynamicVoxels(*out)
@@ -300,6 +303,12 @@ def dynamic_voxelize(
         pad_to_max,
         backend,
     )
+    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+        _native.check(
+            "dynamic_voxelize",
+            lambda: _native.MODULE.dv_forward(points, voxel_size, point_cloud_range, lengths, pad_to_max, backend),
+            out,
+        )
     return DynamicVoxels(*out)
 
 

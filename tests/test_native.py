@@ -605,3 +605,27 @@ def test_native_calls_capture_in_a_cuda_graph(host):
     torch.cuda.synchronize()
     for a, c in zip(got, want):
         assert torch.equal(a, c)
+
+
+def test_first_native_call_is_checked_against_the_python_path(host, caplog):
+    """``pcops._native.check``: an op is served only after its first native call in the process
+    matched the Python path's outputs on the same arguments; a mismatch turns it off, with a warning."""
+    t = torch.arange(6)
+    assert _native.serves("test op a") is None
+    _native.check("test op a", lambda: (t,), (t,))  # nothing registered: no check
+    assert _native.serves("test op a") is None
+    _native.registered("test op a")
+    _native.check("test op a", lambda: None, (t,))  # not taken: still pending
+    assert _native.serves("test op a") is None
+    _native.check("test op a", lambda: (t.clone(), (2, 3)), (t, (2, 3)))
+    assert _native.serves("test op a") is host
+    _native.registered("test op b")
+    with caplog.at_level("WARNING", logger="pcops"):
+        _native.check("test op b", lambda: (t + 1, (2, 3)), (t, (2, 3)))
+    assert _native.serves("test op b") is None and "test op b" in caplog.text
+    _native.registered("test op b")  # a failed op stays off
+    _native.check("test op b", lambda: (t,), (t,))
+    assert _native.serves("test op b") is None
+    for name in ("test op a", "test op b"):
+        _native._CHECKED.discard(name)
+        _native._FAILED.discard(name)

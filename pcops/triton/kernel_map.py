@@ -616,9 +616,11 @@ def _native_register(coords, plan, pairs, pad_pairs, sizes, record) -> None:
     if any(b is None for b in bound):
         return
     geometry, plan_values = native_plan(plan)
-    if not host.km_register(
+    if host.km_register(
         coords, geometry, pairs, pad_pairs, plan_values, sizes, *bound[:2], bound[2] if pairs else None
-    ):  # (the submanifold or the regular table, by the geometry's stride and transposed flag and the sizes)
+    ):  # (the submanifold or the regular table, by the plan's outputs per input and the sizes)
+        _native.registered("sparse_conv_kernel_map subm" if plan["per_input"] == 0 else "sparse_conv_kernel_map")
+    else:
         logging.getLogger("pcops").warning(
             "pcops: the native host path derives other kernel-map sizes than the Python path (N=%d); "
             "this map configuration stays on the Python path",

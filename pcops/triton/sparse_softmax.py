@@ -234,6 +234,8 @@ def _native_register(key: tuple, kernel, args: tuple, plan: tuple, kinds: str) -
     bound = _native.bind(kernel, (_launch.cdiv(rows, plan[0]),), args, plan[1], kinds)
     if bound is not None:
         host.ss_register(v, crow, backward, plan[1]["SUB"], plan[1]["VPT"], *bound, plan[0])
+        if not backward:
+            _native.registered("sparse_softmax")
 
 
 def sparse_softmax(

@@ -643,8 +643,10 @@ def _native_register(points, lengths, voxel_size, point_cloud_range, pad_to_max,
     (small, _), (big, _) = DEFAULT.hard_main if hard else DEFAULT.dynamic_main
     values = (*args[29:32], small, big, DEFAULT.big_n, CSR_MAX_POINTS_PER_SAMPLE)
     sizes = (w["cap"], num_blocks, meta["BLOCK"], w["list_stride"], int(meta["KEY64"]))
-    if not host.vx_register(points, lengths, list(grid[:6]), list(grid[6:]), hard, max_points, max_voxels, pad_to_max,
-                            values, sizes, align, main, *more):  # fmt: skip
+    if host.vx_register(points, lengths, list(grid[:6]), list(grid[6:]), hard, max_points, max_voxels, pad_to_max,
+                        values, sizes, align, main, *more):  # fmt: skip
+        _native.registered("voxelize" if hard else "dynamic_voxelize")
+    else:
         logging.getLogger("pcops").warning(
             "pcops: the native host path derives another voxelization work layout than the Python path "
             "(N=%d); this voxelization class stays on the Python path",
