@@ -21,7 +21,10 @@ gradients C++ autograd nodes; ``pillar_scatter`` (float32), ``voxelize`` in the 
   from its input (workspaces, hash capacities, views), the C++ side derives them itself and its
   registration compares them with the Python path's (a mismatch registers nothing and is logged);
   the key of a registered kernel holds every Triton specialisation its arguments can take (int
-  classes, pointer alignment of workspace views, constexprs chosen from the sizes).
+  classes, pointer alignment of workspace views, constexprs chosen from the sizes);
+- ops added in stop 42 (``sparse_softmax``, ``voxelize``, numbered ``dynamic_voxelize``, kernel
+  maps) are served only after their first native call in the process matched the Python path's
+  outputs (``check`` / ``serves`` below).
 
 Build: the first CUDA call of such an op starts a background thread that compiles the module
 with the C++ compiler (``$CXX`` or ``g++``, against torch's headers; about 15-30 s on one core,
