@@ -23,8 +23,8 @@ gradients C++ autograd nodes; ``pillar_scatter`` (float32), ``voxelize`` in the 
   the key of a registered kernel holds every Triton specialisation its arguments can take (int
   classes, pointer alignment of workspace views, constexprs chosen from the sizes);
 - ops added in stop 42 (``sparse_softmax``, ``voxelize``, numbered ``dynamic_voxelize``, kernel
-  maps) are served only after their first native call in the process matched the Python path's
-  outputs (``check`` / ``serves`` below).
+  maps) are served only once the native call of each class they registered matched the Python
+  path's outputs on the registering call's arguments (``check`` / ``serves`` below).
 
 Build: the first CUDA call of such an op starts a background thread that compiles the module
 with the C++ compiler (``$CXX`` or ``g++``, against torch's headers; about 15-30 s on one core,
@@ -226,25 +226,26 @@ def bind(kernel, grid: tuple, args: tuple, kwargs: dict, kinds: str) -> tuple[in
     return compiled.function, md.num_warps, md.shared, present
 
 
-# Self-check of the ops whose native calls are checked against the Python path in each process
-# before they are served (``serves``): the first call after one of the op's classes is registered
-# runs the native call too, on the same arguments, and compares every output bit for bit (one
-# extra call and one host sync per op and process, skipped while a CUDA graph is being captured).
-# A mismatch turns the op's native path off for the process, with a warning.
-_PENDING: set = set()  # ops with a registered class, not checked yet
-_CHECKED: set = set()  # ops whose native call matched the Python path's outputs
-_FAILED: set = set()  # ops whose native call differed: the Python path only
+# Self-check of the ops whose native calls are checked against the Python path before they are
+# served (``serves``): each registration of one of the op's classes puts the op on hold until the
+# public call that registered it has also run the native call on the same arguments and every
+# output matched bit for bit (one extra call and one host sync per registered class, skipped while
+# a CUDA graph is being captured: a later eager call of the op checks). A mismatch, or an error in
+# the native call, turns the op's native path off for the process, with a warning.
+_PENDING: set = set()  # ops with a class registered and not checked yet: on hold
+_CHECKED: set = set()  # ops whose native calls matched the Python path's outputs
+_FAILED: set = set()  # ops whose native call differed or failed: the Python path only
 
 
 def registered(op: str) -> None:
-    """A class of ``op`` was registered with the module (its next public call checks it)."""
-    if op not in _CHECKED and op not in _FAILED:
+    """A class of ``op`` was registered with the module: the op is on hold until a call checks it."""
+    if op not in _FAILED:
         _PENDING.add(op)
 
 
 def serves(op: str):
-    """The module where it may take ``op``'s calls (checked in this process), else None."""
-    return MODULE if op in _CHECKED else None
+    """The module where it may take ``op``'s calls (checked, not on hold), else None."""
+    return MODULE if op in _CHECKED and op not in _PENDING else None
 
 
 def _flat(value) -> list:
@@ -253,34 +254,54 @@ def _flat(value) -> list:
     return [value]
 
 
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same(a, b) -> bool:
+    """Bit for bit (NaN payloads included) for tensors, ``==`` for anything else."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return a == b
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() and a.element_size() in _BITS:
+        bits = _BITS[a.element_size()]
+        return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+    return torch.equal(a, b)
+
+
 def check(op: str, native_call, result) -> None:
-    """Compare ``native_call()`` (the module on the arguments that gave ``result``) with ``result``,
-    once per op and process after a registration (see ``serves``). ``native_call`` returning None
-    (not taken) leaves the check for a later call."""
+    """Compare ``native_call()`` (the module on the arguments that gave ``result``) with ``result``
+    while ``op`` is on hold (see ``serves``). ``native_call`` returning None (not taken) leaves the
+    check for a later call."""
     if op not in _PENDING or MODULE is None:
         return
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return  # (no sync inside a capture: a later eager call checks)
-    with torch.no_grad():
-        got = native_call()
+    try:
+        with torch.no_grad():
+            got = native_call()
+    except Exception as e:  # noqa: BLE001 - the Python path's result stands; the op goes off
+        got, error = False, e
+    else:
+        error = None
     if got is None:
         return
     _PENDING.discard(op)
-    want, got = _flat(result), _flat(got)
-    same = len(want) == len(got) and all(
-        torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
-        for a, b in zip(want, got)
+    want = _flat(result)
+    if error is None:
+        got = _flat(got)
+        if len(want) == len(got) and all(_same(a, b) for a, b in zip(want, got)):
+            _CHECKED.add(op)
+            return
+    _CHECKED.discard(op)
+    _FAILED.add(op)
+    _logger.warning(
+        "pcops: the native host path's %s %s the Python path's on the same arguments; it is off for %s "
+        "in this process (please report this)",
+        op,
+        f"failed ({error})" if error is not None else "differs from",
+        op,
     )
-    if same:
-        _CHECKED.add(op)
-    else:
-        _FAILED.add(op)
-        _logger.warning(
-            "pcops: the native host path's %s differs from the Python path's on the same arguments; "
-            "it is off for %s in this process (please report this)",
-            op,
-            op,
-        )
 
 
 def _load(path: Path):

@@ -350,7 +350,7 @@ _SUBM = [((41, 160, 140), 3, 1), ((20, 30, 40), (3, 1, 5), 2), ((9, 19, 29), 2, 
 _REGULAR = [
     ((41, 160, 140), 3, 2, 1, False),
     ((20, 30, 40), (3, 1, 5), (2, 1, 2), 0, False),
-    ((9, 9, 9), 2, 2, 0, True),
+    ((9, 19, 29), 2, 2, 0, True),
 ]
 
 
@@ -476,7 +476,9 @@ def test_regular_kernel_map_native_is_bit_identical_to_the_python_path(
     args = [tuple(a) for a in (plan["in_shape"], plan["out_shape"])]
     k = (kernel,) * 3 if isinstance(kernel, int) else kernel
     st = (stride,) * 3 if isinstance(stride, int) else stride
-    for n in (3000, 3001, 17, 3000):
+    for n in (3000, 3001, 17, 3000, 1, 16, 32, 12000):  # N classes; 12000 on the big grid: count groups of 2+ blocks
+        if n * 3 > 2 * shape[0] * shape[1] * shape[2]:
+            continue
         coords = _voxels(n, shape, 2, n + 1)
         call = dict(transposed=transposed, pad_pairs=pad_pairs, pairs=pairs)
         first = pcops.sparse_conv_kernel_map(coords, shape, kernel, stride, padding, **call)  # registers the classes
@@ -495,6 +497,37 @@ def test_regular_kernel_map_native_is_bit_identical_to_the_python_path(
         for a, b in zip(again, first):
             assert a == b if isinstance(a, tuple) or a is None else torch.equal(a, b)
     assert host.km_plans()[1] > 0 and host.km_plans()[2] > 0
+
+
+@gpu[0]
+@gpu[1]
+def test_kernel_map_native_int64_keys_and_same_geometry_subm(host):
+    """A regular map whose batch × grid passes 2^31 (int64 sort keys), and a submanifold map and a
+    regular map of the same geometry (kernel 3, stride 1, padding 1) in one process."""
+    from pcops.triton import kernel_map as km
+
+    g = torch.Generator(device="cuda").manual_seed(17)
+    shape = (41, 1600, 1408)
+    n = 4000
+    coords = torch.stack([torch.randint(0, hi, (n,), device="cuda", generator=g) for hi in (200, *shape)], 1).int()
+    for _ in range(2):
+        first = pcops.sparse_conv_kernel_map(coords, shape, 3, 2, 1)
+        got = host.km_forward(coords, shape, 3, 2, 1, 1, False, False, False, False, True, "auto")
+        assert got is not None
+        for a, b in zip(got[0], (first.out_coords, first.pair_in, first.pair_out, first.offsets, first.out_in)):
+            assert torch.equal(a, b)
+    assert int(first.out_coords[:, 0].max()) >= 100
+    small = (16, 20, 24)
+    coords = _voxels(900, small, 2, 18)
+    for subm in (True, False, True, False):
+        first = pcops.sparse_conv_kernel_map(coords, small, 3, 1, 1, subm=subm)
+        got = host.km_forward(coords, small, 3, 1, 1, 1, subm, False, False, False, True, "auto")
+        assert got is not None, subm
+        want = km.sparse_conv_kernel_map(coords, small, small, (3,) * 3, (1,) * 3, (1,) * 3, (1,) * 3, subm, False)
+        for a, b, c in zip(
+            got[0], want, (first.out_coords, first.pair_in, first.pair_out, first.offsets, first.out_in)
+        ):
+            assert torch.equal(a, b) and torch.equal(c, b)
 
 
 def test_dynamic_voxelize_declines_on_the_cpu(host):
@@ -594,7 +627,9 @@ def test_native_calls_capture_in_a_cuda_graph(host):
         return (*vox, *dyn, km.out_in, km.pair_in, km.offsets, pcops.fused_layer_norm_gelu(x, w, b),
                 pcops.sparse_softmax(v, crow))  # fmt: skip
 
-    step()  # the Python path registers each class
+    step()  # the Python path registers each class (and checks its native call)
+    for op in ("voxelize", "dynamic_voxelize", "sparse_conv_kernel_map subm", "sparse_softmax"):
+        assert _native.serves(op) is host, op
     assert host.hv_forward(points, vs, pcr, 8, 3000, None, True, "auto", "auto") is not None
     assert host.km_forward(coords, shape, 3, 1, 0, 1, True, False, True, False, True, "auto") is not None
     want = step()
@@ -608,16 +643,22 @@ def test_native_calls_capture_in_a_cuda_graph(host):
 
 
 def test_first_native_call_is_checked_against_the_python_path(host, caplog):
-    """``pcops._native.check``: an op is served only after its first native call in the process
-    matched the Python path's outputs on the same arguments; a mismatch turns it off, with a warning."""
+    """``pcops._native.check``: an op is served only once the native call of each class it registered
+    matched the Python path's outputs on the registering call's arguments (bit for bit: NaN payloads
+    included); a mismatch or an error turns it off, with a warning."""
     t = torch.arange(6)
+    nan = torch.tensor([1.0, float("nan")])
     assert _native.serves("test op a") is None
     _native.check("test op a", lambda: (t,), (t,))  # nothing registered: no check
     assert _native.serves("test op a") is None
     _native.registered("test op a")
-    _native.check("test op a", lambda: None, (t,))  # not taken: still pending
+    _native.check("test op a", lambda: None, (t,))  # not taken: still on hold
     assert _native.serves("test op a") is None
-    _native.check("test op a", lambda: (t.clone(), (2, 3)), (t, (2, 3)))
+    _native.check("test op a", lambda: (t.clone(), (2, 3), nan.clone()), (t, (2, 3), nan))
+    assert _native.serves("test op a") is host
+    _native.registered("test op a")  # another class: on hold until its call is checked
+    assert _native.serves("test op a") is None
+    _native.check("test op a", lambda: (t.clone(),), (t,))
     assert _native.serves("test op a") is host
     _native.registered("test op b")
     with caplog.at_level("WARNING", logger="pcops"):
@@ -626,6 +667,14 @@ def test_first_native_call_is_checked_against_the_python_path(host, caplog):
     _native.registered("test op b")  # a failed op stays off
     _native.check("test op b", lambda: (t,), (t,))
     assert _native.serves("test op b") is None
-    for name in ("test op a", "test op b"):
-        _native._CHECKED.discard(name)
-        _native._FAILED.discard(name)
+    _native.registered("test op c")
+
+    def broken():
+        raise RuntimeError("launch failed")
+
+    with caplog.at_level("WARNING", logger="pcops"):
+        _native.check("test op c", broken, (t,))  # the Python path's result stands
+    assert _native.serves("test op c") is None and "launch failed" in caplog.text
+    for name in ("test op a", "test op b", "test op c"):
+        for state in (_native._PENDING, _native._CHECKED, _native._FAILED):
+            state.discard(name)

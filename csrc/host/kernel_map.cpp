@@ -16,7 +16,7 @@
 namespace pcops_host {
 namespace {
 
-constexpr int kGeo = 16;  // D, H, W, Kz, Ky, Kx, sz, sy, sx, pz, py, px, dz, dy, dx, transposed
+constexpr int kGeo = 16;  // D, H, W, Kz, Ky, Kx, sz, sy, sx, pz, py, px, dz, dy, dx, transposed | 2 subm
 using Geo = std::array<int64_t, kGeo>;
 
 // What pcops/triton/kernel_map.py's _plan gives a configuration (constant per key).
@@ -149,7 +149,9 @@ After after_of(const Plan& plan, int64_t m, int64_t p, int64_t max_batch, bool p
   After a;
   a.m = m;
   a.p = p;
-  a.fits32 = (max_batch + 1) * plan.out_shape[0] * plan.out_shape[1] * plan.out_shape[2] < (int64_t{1} << 31);
+  // (exact, as Python's integers: the product of a large grid and batch index can pass 2^63)
+  const __int128 cells = static_cast<__int128>(max_batch + 1) * plan.out_shape[0] * plan.out_shape[1] * plan.out_shape[2];
+  a.fits32 = cells < (static_cast<__int128>(1) << 31);
   std::tie(a.sub, a.groups) = groups_of(m, plan.block);
   a.cap_pairs = pad_pairs ? m * plan.num_k : p;
   return a;
@@ -398,7 +400,7 @@ py::object km_forward(py::handle coords_obj, py::handle shape_obj, py::handle ke
   if (!triple(shape_obj, 1, &geo[0]) || !triple(kernel_obj, 1, &geo[3]) || !triple(stride_obj, 1, &geo[6]) ||
       !triple(padding_obj, 0, padding) || !triple(dilation_obj, 1, &geo[12]))
     return none;
-  geo[15] = transposed;
+  geo[15] = transposed | (subm << 1);  // (a subm map and a same-padding regular one share the rest)
   for (int i = 0; i < 3; ++i) {
     if (subm) {
       if (geo[6 + i] != 1) return none;  // (the Python path raises)
@@ -420,7 +422,7 @@ py::object km_forward(py::handle coords_obj, py::handle shape_obj, py::handle ke
   if (found == plans.end()) return none;
   c.plan = &found->second;
   const Plan& plan = *c.plan;
-  if (plan.per_input != 0 && subm) return none;
+  if ((plan.per_input == 0) != subm) return none;
   c.s = sizes_of(plan, c.n);
   const int64_t span = std::max(c.n * plan.num_k, c.n * std::max<int64_t>(plan.per_input, 1));
   if (span >= (int64_t{1} << 31) || c.s.ws_len >= (int64_t{1} << 31) || 2 * c.s.cap_in >= (int64_t{1} << 31))

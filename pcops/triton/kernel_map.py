@@ -584,11 +584,11 @@ _KINDS = {_kmap_insert_kernel: "p" * 7 + "i" * 15, _kmap_lookup_kernel: "p" * 7 
 
 def native_plan(plan: dict) -> tuple[tuple, tuple]:
     """A plan as ``csrc/host/kernel_map.cpp`` takes it: ``((D, H, W, Kz, Ky, Kx, sz, sy, sx, pz, py, px,
-    dz, dy, dx, transposed), (K, BLOCK_M, KPAD, BLOCK_M half, KPAD half, insert lanes, sink, mirror,
+    dz, dy, dx, transposed | 2 subm), (K, BLOCK_M, KPAD, BLOCK_M half, KPAD half, insert lanes, sink, mirror,
     outputs per input J, D', H', W'))``."""
     ic, lc = plan["insert_consts"], plan["lookup_consts"]
     geometry = (*plan["in_shape"], ic["Kz"], ic["Ky"], ic["Kx"], *(lc[a + c] for a in "spd" for c in "zyx"),
-                int(ic["TRANSPOSED"]))  # fmt: skip
+                int(ic["TRANSPOSED"]) | (2 if plan["per_input"] == 0 else 0))  # fmt: skip
     values = (plan["num_k"], plan["block"], plan["kpad"], plan["block_half"], plan["kpad_half"], plan["block_n"],
               plan["sink"], int(plan["mirror"]), plan["per_input"], *plan["out_shape"])  # fmt: skip
     return geometry, values
