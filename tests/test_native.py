@@ -678,3 +678,28 @@ def test_first_native_call_is_checked_against_the_python_path(host, caplog):
     for name in ("test op a", "test op b", "test op c"):
         for state in (_native._PENDING, _native._CHECKED, _native._FAILED):
             state.discard(name)
+
+
+@gpu[0]
+@gpu[1]
+def test_hard_voxelize_native_row_count_classes(host):
+    """A variable-size call learns its row count M after the main kernel: the rows kernel bound for
+    each class of M (1, a multiple of 16, other) gives the Python path's voxels."""
+    from pcops.triton import voxelize as impl
+
+    vs, pcr = (0.16, 0.16, 4.0), (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)
+    g = torch.Generator(device="cuda").manual_seed(19)
+    n = 3000
+    for voxels in (40, 1, 16, 17, 32, 1):  # the first call registers the class (N's, not M's)
+        cell = torch.randint(0, voxels, (n,), device="cuda", generator=g)  # every point in one of `voxels` pillars
+        xy = torch.stack([cell % 8, cell // 8], 1).float() * 0.16 + 0.08
+        points = torch.cat(
+            [xy + torch.tensor([1.0, -30.0], device="cuda"), torch.rand(n, 2, device="cuda", generator=g)], 1
+        )
+        first = pcops.voxelize(points, vs, pcr, 32, 16000)
+        assert first.coords.shape[0] == voxels or voxels == 40
+        got = host.hv_forward(points, vs, pcr, 32, 16000, None, False, "auto", "auto")
+        assert got is not None, f"{voxels} voxels: the native path did not take the call"
+        want = impl.voxelize(points, None, vs, pcr, 32, 16000, False)
+        for a, b, c in zip(got, want, first):
+            assert torch.equal(a, b) and torch.equal(c, b)
