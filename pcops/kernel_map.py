@@ -232,11 +232,10 @@ def sparse_conv_kernel_map(
 
     Host path: on CUDA a submanifold map, or a regular / transposed one without ``static_shapes``,
     of int32 coords is taken by the native host path (``pcops._native``: the workspace, allocations,
-    the same launches and syncs in C++, once its build is loaded, the configuration has run once and
-    the process's first native map matched the Python path's): the same kernels with the same
-    arguments, so the same map. (A regular map whose output count
-    falls in a class not seen yet is built again by the Python path after the sync: the first
-    calls of such a class cost one extra insert pass.)
+    the same launches and syncs in C++, once its build is loaded and the configuration has run once,
+    its native map checked against the Python path's): the same kernels with the same arguments, so
+    the same map. (A regular map whose output count falls in a class not seen yet is built again by
+    the Python path after the sync: the first calls of such a class cost one extra insert pass.)
     """
     compiling = torch.compiler.is_compiling()
     op = "sparse_conv_kernel_map subm" if subm is True else "sparse_conv_kernel_map"
@@ -255,7 +254,7 @@ def sparse_conv_kernel_map(
         km = KernelMap(out_coords, out_shape, None, None, None, out_in)
     else:
         km = KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
-    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+    if not compiling:  # (after a registration of this call's class: pcops._native.check)
         _native.check(op, lambda: _native_map(_native.MODULE.km_forward(*args), pairs), km)
     return km
 

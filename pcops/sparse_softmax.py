@@ -69,8 +69,8 @@ def sparse_softmax(
 
     Host path: on CUDA (backend ``"auto"``/``"triton"``, ``validate`` off) the call is taken by the
     native host path (``pcops._native``: checks, allocation and launch in C++, the gradient a C++
-    autograd node; once its build is loaded, the shape class has run once and the process's first
-    native call matched the Python path's output), which launches the same kernel with the same
+    autograd node; once its build is loaded and the shape class has run once, its native call
+    checked against the Python path's output), which launches the same kernel with the same
     arguments: the results are the same bits.
 
     Example:
@@ -104,7 +104,7 @@ def sparse_softmax(
     if validate:
         _check_crow(crow_indices, values.numel())
     y = _library.call(torch.ops.pcops.sparse_softmax.default, values.contiguous(), crow_indices.contiguous(), backend)
-    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+    if not compiling:  # (after a registration of this call's class: pcops._native.check)
         _native.check(_OP, lambda: _native.MODULE.ss_forward(values, crow_indices, backend, validate), y)
     return y
 

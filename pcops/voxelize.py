@@ -238,7 +238,7 @@ def voxelize(
         backend,
         mode,
     )
-    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+    if not compiling:  # (after a registration of this call's class: pcops._native.check)
         _native.check("voxelize", lambda: _native.MODULE.hv_forward(*args), out)
     return Voxels(*out)
 
@@ -303,7 +303,7 @@ def dynamic_voxelize(
         pad_to_max,
         backend,
     )
-    if not compiling:  # (once per process, after the first registration: pcops._native.check)
+    if not compiling:  # (after a registration of this call's class: pcops._native.check)
         _native.check(
             "dynamic_voxelize",
             lambda: _native.MODULE.dv_forward(points, voxel_size, point_cloud_range, lengths, pad_to_max, backend),

@@ -39,6 +39,11 @@ Kernel make_kernel(int64_t function, int64_t warps, int64_t shared, int64_t pres
                 static_cast<uint32_t>(present)};
 }
 
+Kernel make_kernel(py::handle bound) {
+  const py::tuple k = py::reinterpret_borrow<py::tuple>(bound);
+  return make_kernel(k[0].cast<int64_t>(), k[1].cast<int64_t>(), k[2].cast<int64_t>(), k[3].cast<int64_t>());
+}
+
 Kernel nvrtc_kernel(int64_t function, int64_t threads) {
   TORCH_CHECK(function != 0 && threads > 0, "pcops native host: bad kernel");
   return Kernel{reinterpret_cast<void*>(function), static_cast<unsigned>(threads), 0, 0xFFFFFFFFu, false};
@@ -118,6 +123,22 @@ bool as_doubles(py::handle obj, size_t n, double* out) {
   for (size_t i = 0; i < n; ++i) {
     if (!as_double(PySequence_Fast_GET_ITEM(o, i), &out[i])) return false;
   }
+  return true;
+}
+
+bool lengths_arg(py::handle obj, const at::Device& device, const at::Tensor** out, int64_t* dtype, int64_t* batch) {
+  *out = nullptr;
+  *dtype = -1;
+  *batch = 1;
+  if (obj.ptr() == Py_None) return true;
+  if (!plain_tensor(obj)) return false;
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (!direct_ok(t) || t.dim() != 1 || t.numel() < 1 || t.device() != device || !t.is_contiguous() || !aligned(t))
+    return false;
+  if (t.scalar_type() != at::kInt && t.scalar_type() != at::kLong) return false;
+  *out = &t;
+  *dtype = static_cast<int64_t>(t.scalar_type());
+  *batch = t.numel();
   return true;
 }
 

@@ -31,6 +31,9 @@ inline int spec(int64_t v) { return v == 1 ? 0 : (v % 16 == 0 ? 1 : 2); }
 // A Kernel from Python's description (see pcops/_native.py: bind()).
 Kernel make_kernel(int64_t function, int64_t warps, int64_t shared, int64_t present);
 
+// A Kernel from pcops._native.bind()'s tuple (function, warps, shared, present).
+Kernel make_kernel(py::handle bound);
+
 // A Kernel for an NVRTC-compiled csrc/*.cu function: every argument passed, no scratch pointers.
 Kernel nvrtc_kernel(int64_t function, int64_t threads);
 
@@ -50,6 +53,13 @@ struct ArrayHash {
     return static_cast<size_t>(h ^ (h >> 29));
   }
 };
+
+// The smallest power of two >= v (1 for v <= 1): Python's next_power_of_2 for v >= 1.
+inline int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
 
 // Rounds a float count up to 16 bytes (a second buffer carved from one allocation stays aligned,
 // as Triton's pointer specialisation assumes).
@@ -84,6 +94,11 @@ bool as_double(py::handle obj, double* out);
 
 // A list or tuple of `n` Python floats or ints (as_double) into `out`; false otherwise.
 bool as_doubles(py::handle obj, size_t n, double* out);
+
+// A voxelizer's lengths argument: None (one sample), or a plain int32/int64 1-D tensor of at least one
+// sample on `device`, contiguous and aligned (*out, its dtype and numel; null, -1 and 1 for None);
+// false where the native path does not take it.
+bool lengths_arg(py::handle obj, const at::Device& device, const at::Tensor** out, int64_t* dtype, int64_t* batch);
 
 // A Python int (not bool) that fits int64; false otherwise.
 bool as_int(py::handle obj, int64_t* out);

@@ -37,14 +37,8 @@ struct Sizes {
 constexpr int64_t kMinCapacity = 16, kMaxGroups = 256, kCounterStride = 16, kCounters = 4 * kCounterStride,
                   kCompactLanes = 2048;
 
-int64_t pow2(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 std::pair<int64_t, int64_t> capacity(int64_t count, int64_t slack) {
-  const int64_t cap = std::max(kMinCapacity, pow2(slack * std::max<int64_t>(1, count)));
+  const int64_t cap = std::max(kMinCapacity, next_pow2(slack * std::max<int64_t>(1, count)));
   int64_t log = 0;
   while ((int64_t{1} << (log + 1)) <= cap) ++log;
   return {cap, log};
@@ -191,10 +185,6 @@ bool km_register(const at::Tensor& coords, py::tuple geometry, bool pairs, bool 
   const int64_t n = coords.size(0), device = coords.device().index();
   const Sizes s = sizes_of(plan, n);
   const auto size = [&](int i) { return sizes[i].cast<int64_t>(); };
-  const auto kernel = [](py::handle t) {
-    const py::tuple k = py::reinterpret_borrow<py::tuple>(t);
-    return make_kernel(k[0].cast<int64_t>(), k[1].cast<int64_t>(), k[2].cast<int64_t>(), k[3].cast<int64_t>());
-  };
   const bool subm = plan.per_input == 0;
   if (subm) {
     const int64_t want[] = {s.cap_in, s.log_in, s.sub, s.groups, s.counts_off, s.counters_off, s.sink_off, s.ws_len};
@@ -203,8 +193,8 @@ bool km_register(const at::Tensor& coords, py::tuple geometry, bool pairs, bool 
       if (size(i) != want[i]) return false;
     }
     plans[plan_key(device, geo)] = plan;
-    Subm e{kernel(insert), kernel(lookup), Kernel{}};
-    if (pairs) e.compact = kernel(compact);
+    Subm e{make_kernel(insert), make_kernel(lookup), Kernel{}};
+    if (pairs) e.compact = make_kernel(compact);
     subm_entries[subm_key(device, geo, plan, s, n, pairs, pad_pairs)] = e;
     return true;
   }
@@ -218,9 +208,9 @@ bool km_register(const at::Tensor& coords, py::tuple geometry, bool pairs, bool 
   a.fits32 = size(10) != 0;
   if (size(11) != a.sub || size(12) != a.groups) return false;
   plans[plan_key(device, geo)] = plan;
-  inserts[key_of(device, geo, {insert_signature(s, n)})] = kernel(insert);
+  inserts[key_of(device, geo, {insert_signature(s, n)})] = make_kernel(insert);
   finishes[finish_key(device, geo, plan, s, n, a, pairs, pad_pairs)] =
-      Finish{kernel(lookup), pairs ? kernel(compact) : Kernel{}};
+      Finish{make_kernel(lookup), pairs ? make_kernel(compact) : Kernel{}};
   return true;
 }
 

@@ -46,10 +46,7 @@ std::pair<int64_t, int64_t> group_shape(int64_t rows, int64_t nnz) {
 
 // AVG_LEN, the autotune key: nnz // rows rounded up to a power of two
 int64_t avg_len(int64_t rows, int64_t nnz) {
-  const int64_t mean = std::max<int64_t>(1, nnz / std::max<int64_t>(rows, 1));
-  int64_t p = 1;
-  while (p < mean) p <<= 1;
-  return p;
+  return next_pow2(std::max<int64_t>(1, nnz / std::max<int64_t>(rows, 1)));
 }
 
 Key key_of(bool backward, const at::Tensor& v, const at::Tensor& crow, int64_t sub, int64_t vpt, int64_t rows,

@@ -1,7 +1,7 @@
-// Native host path of pcops.dynamic_voxelize (voxels numbered; backend "auto" / "triton", CUDA):
-// the work buffer, its fill, the main kernel pcops compiled for this grid
-// (pcops/triton/voxelize.py: _run_main with hard=False), the voxel counts and, without pad_to_max,
-// the one host sync for M, in C++. The sizes and the work buffer's layout derived from N below
+// Native host path of pcops.voxelize in the CSR layout and of pcops.dynamic_voxelize (voxels
+// numbered; backend "auto" / "triton", CUDA): the work buffer, its fill, the main kernel pcops
+// compiled for this grid (pcops/triton/voxelize.py: _run_main), then the voxel counts (dynamic) or
+// the cumsum, scatter and rows kernels (hard) and, without pad_to_max, the one host sync for M, in C++. The sizes and the work buffer's layout derived from N below
 // mirror _run_main; registration checks them against the Python path's. Anything else returns None
 // and the Python path runs (and raises its errors).
 #include <torch/csrc/autograd/python_variable.h>
@@ -40,9 +40,7 @@ struct Layout {
 Layout layout_of(const Grid& g, int64_t n, int64_t batch, bool pad_to_max, const Caps& caps) {
   Layout l;
   const int64_t cells = batch * g.gx * g.gy * g.gz;
-  int64_t cap = 1;
-  while (cap < 2 * std::min(n, cells)) cap <<= 1;
-  l.cap = std::max<int64_t>(cap, 64);
+  l.cap = std::max<int64_t>(next_pow2(2 * std::min(n, cells)), 64);
   l.block = n >= g.big_n ? g.block_big : g.block_small;
   l.blocks = (n + l.block - 1) / l.block;
   l.list_stride = caps.hard ? std::min(caps.max_voxels, n) : 0;
@@ -105,28 +103,6 @@ Key key_of(const GridKey& gk, const Caps& caps, bool pad_to_max, const Grid& g, 
   return k;
 }
 
-// The lengths argument: None, or a plain int32/int64 1-D tensor on `device`, contiguous and aligned.
-bool lengths_arg(py::handle obj, const at::Device& device, const at::Tensor** out, int64_t* dtype, int64_t* batch) {
-  *out = nullptr;
-  *dtype = -1;
-  *batch = 1;
-  if (obj.ptr() == Py_None) return true;
-  if (!plain_tensor(obj)) return false;
-  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
-  if (!direct_ok(t) || t.dim() != 1 || t.numel() < 1 || t.device() != device || !t.is_contiguous() || !aligned(t))
-    return false;
-  if (t.scalar_type() != at::kInt && t.scalar_type() != at::kLong) return false;
-  *out = &t;
-  *dtype = static_cast<int64_t>(t.scalar_type());
-  *batch = t.numel();
-  return true;
-}
-
-Kernel kernel_of(py::handle t) {
-  const py::tuple k = py::reinterpret_borrow<py::tuple>(t);
-  return make_kernel(k[0].cast<int64_t>(), k[1].cast<int64_t>(), k[2].cast<int64_t>(), k[3].cast<int64_t>());
-}
-
 // Remember the kernels of a voxelization the Python path ran (hard: the CSR layout): the main kernel,
 // and for the hard form the scatter kernel and the rows kernel per class of the row count (None
 // where not bound). `grid_values`: (gx, gy, gz, points per program below / from big_n, big_n,
@@ -157,14 +133,14 @@ bool vx_register(const at::Tensor& points, py::object lengths_obj, std::vector<d
   }
   if (align != static_cast<int64_t>(l.align)) return false;
   Entry e{};
-  e.main = kernel_of(main);
+  e.main = make_kernel(main);
   if (hard) {
     TORCH_CHECK(!scatter.is_none() && py::len(rows) == 3, "vx_register: the hard form needs its scatter and rows kernels");
-    e.scatter = kernel_of(scatter);
+    e.scatter = make_kernel(scatter);
     const py::tuple r = rows.cast<py::tuple>();
     for (int i = 0; i < 3; ++i) {
       e.has_rows[i] = !r[i].is_none();
-      if (e.has_rows[i]) e.rows[i] = kernel_of(r[i]);
+      if (e.has_rows[i]) e.rows[i] = make_kernel(r[i]);
     }
     // a variable-size call learns its row count after the main kernel: every class must be there
     if (!pad_to_max && !(e.has_rows[0] && e.has_rows[1] && e.has_rows[2])) return false;

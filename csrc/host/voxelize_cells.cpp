@@ -77,18 +77,10 @@ py::object pc_forward(py::handle points_obj, py::handle vs_obj, py::handle pcr_o
   if (n < 1 || n >= (int64_t{1} << 31)) return none;
   const at::Device device = points.device();
   if (!current_cuda(device)) return none;
-  int8_t lengths_dtype = -1;
-  int64_t batch = 1;
-  const at::Tensor* lengths = nullptr;
-  if (lengths_obj.ptr() != Py_None) {
-    if (!plain_tensor(lengths_obj)) return none;
-    lengths = &THPVariable_Unpack(lengths_obj.ptr());
-    if (!direct_ok(*lengths) || lengths->dim() != 1 || lengths->device() != device || !lengths->is_contiguous() ||
-        !aligned(*lengths))
-      return none;
-    lengths_dtype = static_cast<int8_t>(lengths->scalar_type());
-    batch = lengths->numel();
-  }
+  const at::Tensor* lengths;
+  int64_t lengths_type, batch;
+  if (!lengths_arg(lengths_obj, device, &lengths, &lengths_type, &batch)) return none;
+  const int8_t lengths_dtype = static_cast<int8_t>(lengths_type);
   const int8_t dtype = static_cast<int8_t>(points.scalar_type());
   const int sn = spec(n);
   const Plan* plan = nullptr;

@@ -192,7 +192,6 @@ def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps,
     if sub is None:
         sub, vpt = _group_shape(rows, nnz)
     vpt = vpt or 8
-    grid = None
     if block_r is None and num_warps is None and autotuning():
         key = (kernel, avg_len, sub, vpt, *(a.dtype for a in args[: len(kinds) - 3]))
         plan = _TUNED.get(key)
@@ -201,8 +200,7 @@ def _grouped_launch(tuned, kernel, args, rows, nnz, avg_len, block_r, num_warps,
             cfg = tuned.best_config
             plan = _TUNED[key] = (cfg.kwargs["BLOCK_R"], {"SUB": sub, "VPT": vpt, **cfg.all_kwargs()})
         else:
-            grid = (_launch.cdiv(rows, plan[0]),)
-            _launch.launch(kernel, grid, *args, avg_len, **plan[1])
+            _launch.launch(kernel, (_launch.cdiv(rows, plan[0]),), *args, avg_len, **plan[1])
         if default_shape and args[0].is_cuda:
             _native_register(key, kernel, args + (avg_len,), plan, kinds)
     else:
