@@ -22,7 +22,7 @@ gradients C++ autograd nodes; ``pillar_scatter`` (float32), ``voxelize`` in the 
   registration compares them with the Python path's (a mismatch registers nothing and is logged);
   the key of a registered kernel holds every Triton specialisation its arguments can take (int
   classes, pointer alignment of workspace views, constexprs chosen from the sizes);
-- ops added in stop 42 (``sparse_softmax``, ``voxelize``, numbered ``dynamic_voxelize``, kernel
+- the self-checked ops (``sparse_softmax``, ``voxelize``, numbered ``dynamic_voxelize``, kernel
   maps) are served only once the native call of each class they registered matched the Python
   path's outputs on the registering call's arguments (``check`` / ``serves`` below).
 
