@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backend, _checks, _library
+from . import _backend, _checks, _library, _native
 from .reference import nms as _ref
 
 __all__ = ["boxes_iou_bev", "boxes_iou_3d", "nms_bev", "batched_nms_bev"]
@@ -144,7 +144,25 @@ def _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max
     )
 
 
+_OP = "nms_bev"  # the native host path's name of nms_bev / batched_nms_bev (pcops._native)
+
+
 def _nms_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
+    """The public NMS call: the native host path where it takes it, else the checks and the op."""
+    args = (boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend)
+    compiling = torch.compiler.is_compiling()
+    host = None if compiling else _native.serves(_OP)  # takes what it can (pcops._native)
+    if host is not None:
+        out = host.nms_forward(*args)
+        if out is not None:
+            return out
+    out = _nms_python(*args)
+    if not compiling:  # (after the registration of this device's kernels: pcops._native.check)
+        _native.check(_OP, lambda: _native.MODULE.nms_forward(*args), out)
+    return out
+
+
+def _nms_python(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend):
     if isinstance(boxes, torch.Tensor) and boxes.dim() == 3:
         return _nms_batched_args(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded, backend)
     boxes = _check_boxes("boxes", boxes, bev=True)
@@ -397,6 +415,8 @@ def _nms_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, post_max_si
         return tri.nms_bev(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size, padded)
     from .cuda import nms as cuda_impl
 
+    if boxes.device.index not in _NATIVE_DONE:
+        _native_register(boxes.device)
     m = boxes.shape[0] if pre_max_size is None else min(boxes.shape[0], pre_max_size)
     out_len = post_max_size if padded else min(m, post_max_size or m)
     groups = idxs.unsqueeze(0) if idxs is not None else None
@@ -442,6 +462,8 @@ def _nms_batched_run(impl, boxes, scores, idxs, iou_threshold, pre_max_size, pos
     if impl == "cuda":
         from .cuda import nms as cuda_impl
 
+        if boxes.device.index not in _NATIVE_DONE:
+            _native_register(boxes.device)
         return cuda_impl.nms_padded(boxes, scores, idxs, iou_threshold, pre_max_size, post_max_size)
     # the reference and Triton: one call per sample
     outs = [
@@ -487,3 +509,25 @@ def _nms_bev_batched_fake(boxes, scores, idxs, iou_threshold, pre_max_size, post
     )
     bsz = boxes.shape[0]
     return (boxes.new_empty((bsz, post_max_size), dtype=torch.int64), boxes.new_empty((bsz,), dtype=torch.int64))
+
+
+_NATIVE_DONE: set = set()  # device indices whose kernels the native host path has (or cannot have)
+
+
+def _native_register(device: torch.device) -> None:
+    """Hand ``csrc/nms.cu``'s pipeline kernels for ``device`` to the native host path (once per
+    device; the first CUDA call starts the module's build). The op is then on hold until a call's
+    native result matched the Python path's (``pcops._native.check``)."""
+    host = _native.loaded()
+    if host is None:
+        return
+    _NATIVE_DONE.add(device.index)
+    from ._nvrtc import get_kernel
+
+    try:
+        handles = [get_kernel("nms.cu", k, device)._handle for k in ("nms_rank", "nms_mask_b", "nms_pass_b")]
+    except Exception as e:  # noqa: BLE001 - NVRTC cannot build them here: the Python path stays
+        _backend.logger.warning("pcops: nms_bev's CUDA C++ kernels are unavailable to the native path (%s)", e)
+        return
+    host.nms_register(device.index, *handles)
+    _native.registered(_OP)

@@ -703,3 +703,78 @@ def test_hard_voxelize_native_row_count_classes(host):
         want = impl.voxelize(points, None, vs, pcr, 32, 16000, False)
         for a, b, c in zip(got, want, first):
             assert torch.equal(a, b) and torch.equal(c, b)
+
+
+def _boxes(b, n, c, seed, device="cuda"):
+    """``(B, N, C)`` boxes in a 40 m square (dense enough that many overlap), scores with ties."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    boxes = torch.rand(b, n, c, device=device, generator=g)
+    boxes[..., :2] *= 40.0
+    size = (2, 3) if c == 5 else (3, 4, 5)
+    boxes[..., list(size)] = boxes[..., list(size)] * 4.0 + 0.5
+    boxes[..., c - 1 if c == 5 else 6] *= 6.3
+    scores = torch.randint(0, 50, (b, n), device=device, generator=g).float() / 50  # ties: the stable rank
+    groups = torch.randint(0, 3, (b, n), device=device, generator=g)
+    return boxes, scores, groups
+
+
+def test_nms_declines_on_the_cpu(host):
+    boxes, scores, groups = _boxes(1, 50, 7, 0, device="cpu")
+    assert host.nms_forward(boxes[0], scores[0], None, 0.5, None, None, False, "auto") is None
+    assert host.nms_forward(boxes, scores, groups, 0.5, None, 8, True, "auto") is None
+    with pytest.raises(ValueError, match="iou_threshold"):
+        pcops.nms_bev(boxes[0], scores[0], 1.5)
+    assert host.nms_plans() == 0 or torch.cuda.is_available()
+
+
+@gpu[0]
+@gpu[1]
+@pytest.mark.parametrize("c", [7, 5, 9])
+@pytest.mark.parametrize("pre, post, padded", [(None, None, False), (300, 83, False), (None, 100, True), (64, 500, True)])
+def test_nms_native_is_bit_identical_to_the_python_path(host, c, pre, post, padded):
+    from pcops.cuda import nms as impl
+
+    for n in (1000, 4096, 1, 777):
+        boxes, scores, groups = _boxes(1, n, c, n + c)
+        for idxs in (None, groups[0]):
+            call = pcops.nms_bev if idxs is None else pcops.batched_nms_bev
+            extra = () if idxs is None else (idxs,)
+            first = call(boxes[0], scores[0], *extra, 0.3, pre, post, padded)
+            got = host.nms_forward(boxes[0], scores[0], idxs, 0.3, pre, post, padded, "auto")
+            assert got is not None, f"N={n}: the native path did not take the call"
+            assert _native.serves("nms_bev") is host
+            m = n if pre is None else min(n, pre)
+            out_len = post if padded else min(m, post or m)
+            want, count = impl.nms_padded(
+                boxes, scores, None if idxs is None else idxs[None], 0.3, pre, out_len, single=True
+            )
+            want = (want, count) if padded else want[: int(count)]
+            for a, b, f in zip(_native._flat(got), _native._flat(want), _native._flat(first)):
+                assert torch.equal(a, b) and torch.equal(f, b)
+    assert host.nms_forward(boxes[0].double(), scores[0], None, 0.3, pre, post, padded, "auto") is None
+    assert host.nms_forward(boxes[0], scores[0].half(), None, 0.3, pre, post, padded, "auto") is None
+    assert host.nms_forward(boxes[0], scores[0], groups[0].int(), 0.3, pre, post, padded, "auto") is None
+    assert host.nms_forward(boxes[0], scores[0], None, 0.3, pre, post, padded, "triton") is None
+    assert host.nms_forward(boxes[0], scores[0], None, float("nan"), pre, post, padded, "auto") is None
+
+
+@gpu[0]
+@gpu[1]
+def test_batched_nms_native_is_bit_identical_to_the_python_path(host):
+    from pcops.cuda import nms as impl
+
+    for b, n in ((4, 2000), (1, 300), (16, 8192), (3, 8193)):
+        boxes, scores, groups = _boxes(b, n, 7, b * n)
+        for idxs in (None, groups):
+            call = pcops.nms_bev if idxs is None else pcops.batched_nms_bev
+            extra = () if idxs is None else (idxs,)
+            first = call(boxes, scores, *extra, 0.5, 1000, 83, True)
+            got = host.nms_forward(boxes, scores, idxs, 0.5, 1000, 83, True, "auto")
+            want = impl.nms_padded(boxes, scores, idxs, 0.5, 1000, 83)
+            if n > 8192 or b * n * n > 8 * 4096 * 4096:  # torch.sort's sizes: the Python path
+                assert got is None
+                got = want
+            for a, w, f in zip(got, want, first):
+                assert torch.equal(a, w) and torch.equal(f, w)
+    assert host.nms_forward(boxes, scores, None, 0.5, 1000, 83, False, "auto") is None  # batched: padded only
+    assert host.nms_forward(boxes, scores[:, :5], None, 0.5, 1000, 83, True, "auto") is None

@@ -165,6 +165,7 @@ void register_voxelize_cells(py::module_& m);
 void register_sparse_softmax(py::module_& m);
 void register_kernel_map(py::module_& m);
 void register_voxelize(py::module_& m);
+void register_nms(py::module_& m);
 
 }  // namespace pcops_host
 
@@ -177,4 +178,5 @@ PYBIND11_MODULE(_pcops_host, m) {
   pcops_host::register_sparse_softmax(m);
   pcops_host::register_kernel_map(m);
   pcops_host::register_voxelize(m);
+  pcops_host::register_nms(m);
 }
