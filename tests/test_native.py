@@ -730,7 +730,9 @@ def test_nms_declines_on_the_cpu(host):
 @gpu[0]
 @gpu[1]
 @pytest.mark.parametrize("c", [7, 5, 9])
-@pytest.mark.parametrize("pre, post, padded", [(None, None, False), (300, 83, False), (None, 100, True), (64, 500, True)])
+@pytest.mark.parametrize(
+    "pre, post, padded", [(None, None, False), (300, 83, False), (None, 100, True), (64, 500, True)]
+)
 def test_nms_native_is_bit_identical_to_the_python_path(host, c, pre, post, padded):
     from pcops.cuda import nms as impl
 
