@@ -164,6 +164,15 @@ def cases() -> dict:
         for name, f in (("pcops", lambda: pcops.sparse_softmax(vg, crow)),
                         ("torch segment softmax", lambda: segment_softmax(vg, row_ids, Q1_ROWS))):  # fmt: skip
             out[f"Q1 fwd+bwd, {name}, autograd single-thread"] = grad_step(f, (vg,), dv, True)
+
+    # N1: rotated BEV NMS of 4,096 boxes (bench_nms.make), the variable-length form (one sync) and
+    # OpenPCDet's PointPillars setting (pre 4,096, post 500, padded, no sync)
+    from bench_nms import make
+
+    nb, ns = make(4096)
+    out["N1 nms thr 0.01"] = lambda: pcops.nms_bev(nb, ns, 0.01)
+    out["N1 nms thr 0.5"] = lambda: pcops.nms_bev(nb, ns, 0.5)
+    out["N1 nms thr 0.01, pre 4096 post 500 padded"] = lambda: pcops.nms_bev(nb, ns, 0.01, 4096, 500, True)
     return out
 
 

@@ -12,5 +12,5 @@ python3 -c "from pcops import _native; _native.request(wait=True); print('native
   | tee -a "$out/gpu.txt"
 bash scripts/gpu_tests.sh "$out" "$limit"
 python3 benchmarks/eager_calls.py --out "$out" --tag native_on 2>&1 | tail -80
-python3 benchmarks/eager_calls.py --out "$out" --tag native_off --native off --only L,Q,P1,S1,V 2>&1 | tail -60
+python3 benchmarks/eager_calls.py --out "$out" --tag native_off --native off --only L,Q,P1,S1,V,N1 2>&1 | tail -60
 python3 benchmarks/host_overhead.py --quick --no-e1 --out "$out" 2>&1 | tail -40
