@@ -8,7 +8,9 @@ takes a few µs.
 
 How it is used (today: ``fused_layer_norm_gelu`` without dropout and ``sparse_softmax``, their
 gradients C++ autograd nodes; ``pillar_scatter`` (float32), ``voxelize`` in the CSR layout,
-``dynamic_voxelize`` (numbered or ``cells_only``) and submanifold ``sparse_conv_kernel_map``):
+``dynamic_voxelize`` (numbered or ``cells_only``), ``sparse_conv_kernel_map`` (submanifold, and
+regular or transposed maps of the default form) and ``nms_bev`` / ``batched_nms_bev`` (float32, the
+CUDA C++ pipeline's rank-sort sizes)):
 
 - the op's public function hands the call to the module first (``MODULE.<op>_forward``); the
   module returns ``None`` for anything it does not take (another device or backend, a tensor
@@ -23,7 +25,7 @@ gradients C++ autograd nodes; ``pillar_scatter`` (float32), ``voxelize`` in the 
   the key of a registered kernel holds every Triton specialisation its arguments can take (int
   classes, pointer alignment of workspace views, constexprs chosen from the sizes);
 - the self-checked ops (``sparse_softmax``, ``voxelize``, numbered ``dynamic_voxelize``, kernel
-  maps) are served only once the native call of each class they registered matched the Python
+  maps, NMS) are served only once the native call of each class they registered matched the Python
   path's outputs on the registering call's arguments (``check`` / ``serves`` below).
 
 Build: the first CUDA call of such an op starts a background thread that compiles the module

@@ -268,6 +268,11 @@ def nms_bev(
         gather kernel replace the rank sort; non-float32 boxes add a cast. The Triton backend:
         ``torch.sort``, a mask kernel and a pass kernel per sample. The variable-length form adds
         the sync and a copy.
+
+        Host path: on CUDA, float32 contiguous boxes and scores within the rank sort's sizes (group
+        ids None or int64) are taken by the native host path (``pcops._native``: the checks,
+        allocations and the three launches in C++; served once a call's native result matched
+        this path's) under ``"auto"`` and ``"cuda"``: the same kernels, the same outputs.
     """
     return _nms_args(boxes, scores, None, iou_threshold, pre_max_size, post_max_size, padded, backend)
 
