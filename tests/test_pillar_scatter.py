@@ -330,13 +330,14 @@ def test_gpu_opcheck():
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_auto_backward_takes_the_cuda_quads(caplog):
+def test_gpu_auto_backward_takes_the_cuda_quads(caplog, monkeypatch):
     """backend="auto" runs the CUDA C++ backward where it applies (a resolve that answered
     "triton" for "auto" once sent every auto backward to the slower Triton stream)."""
     from pcops import _backend
 
     f, c = make_pillars(2000, 64, 1, 64, 64, seed=12)
     f = f.cuda().requires_grad_(True)
+    monkeypatch.setattr(pcops._native, "MODULE", None)  # the Python path logs its kernels (not the native one)
     with caplog.at_level(logging.DEBUG, logger="pcops"):
         pcops.pillar_scatter(f, c.cuda(), 1, (64, 64)).sum().backward()
     expected = "cuda" if _backend.nvrtc_available() else "triton"

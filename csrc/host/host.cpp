@@ -52,8 +52,8 @@ Kernel nvrtc_kernel(int64_t function, int64_t threads) {
 void launch(const Kernel& k, unsigned grid_x, at::Device device, void** args, int num_args, unsigned grid_y,
             unsigned grid_z) {
   TORCH_CHECK(launch_fn != nullptr, "pcops native host: no CUDA driver (init() found no cuLaunchKernel)");
-  TORCH_CHECK(num_args <= 30, "pcops native host: too many kernel parameters");
-  void* params[32];
+  TORCH_CHECK(num_args <= 60, "pcops native host: too many kernel parameters");
+  void* params[64];
   int n = 0;
   for (int i = 0; i < num_args; ++i) {
     if (k.present & (1u << i)) params[n++] = args[i];
