@@ -406,6 +406,14 @@ def _voxels(n, shape, batch, seed):
     return torch.stack([b, r // (h * w), r // w % h, r % w], 1).int().cuda()
 
 
+def _diff(a, b) -> str:
+    """Where two tensors differ (for assertion messages)."""
+    if a.shape != b.shape:
+        return f"shapes {tuple(a.shape)} / {tuple(b.shape)}"
+    bad = (a != b).nonzero()
+    return f"{bad.shape[0]} of {a.numel()} differ, first at {bad[:3].tolist()}: {a[tuple(bad[0])]} / {b[tuple(bad[0])]}"
+
+
 @gpu[0]
 @gpu[1]
 @pytest.mark.parametrize("shape, kernel, dilation", _SUBM)
@@ -428,12 +436,13 @@ def test_kernel_map_native_is_bit_identical_to_the_python_path(host, shape, kern
                                          0, pairs)  # fmt: skip
         want = want if pairs else (want[0], want[4])
         assert len(got) == len(want)
-        for a, b in zip(got, want):
-            assert torch.equal(a, b)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert a.shape == b.shape and torch.equal(a, b), f"N={n}, output {i}: {_diff(a, b)}"
         again = pcops.sparse_conv_kernel_map(coords, list(shape), kernel, dilation=dilation, subm=True,
                                              pad_pairs=pad_pairs, pairs=pairs)  # fmt: skip
-        for a, b in zip(again, first):
-            assert a == b if isinstance(a, tuple) or a is None else torch.equal(a, b)
+        for i, (a, b) in enumerate(zip(again, first)):
+            same = a == b if isinstance(a, tuple) or a is None else torch.equal(a, b)
+            assert same, f"N={n}, field {i}: {_diff(a, b) if isinstance(a, torch.Tensor) else (a, b)}"
         assert again.out_spatial_shape == tuple(shape)
 
 
