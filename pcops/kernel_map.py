@@ -231,7 +231,7 @@ def sparse_conv_kernel_map(
       their rows read from the ranked bitmap) instead of hash lookups of every (output, offset).
 
     Host path: on CUDA a submanifold map, or a regular / transposed one without ``static_shapes``,
-    of int32 coords is taken by the native host path (``pcops._native``: the workspace, allocations,
+    with pairs (``pairs=True``; the table-only form stays on this path for now) of int32 coords is taken by the native host path (``pcops._native``: the workspace, allocations,
     the same launches and syncs in C++, once its build is loaded and the configuration has run once,
     its native map checked against the Python path's): the same kernels with the same arguments, so
     the same map. (A regular map whose output count falls in a class not seen yet is built again by

@@ -429,6 +429,9 @@ def test_kernel_map_native_is_bit_identical_to_the_python_path(host, shape, kern
         first = pcops.sparse_conv_kernel_map(coords, shape, kernel, dilation=dilation, subm=True, pad_pairs=pad_pairs,
                                              pairs=pairs)  # fmt: skip
         got = host.km_forward(coords, shape, kernel, 1, 0, dilation, True, False, pad_pairs, False, pairs, "auto")
+        if not pairs:  # the table-only map: the Python path (it differed on the GPU, not diagnosed yet)
+            assert got is None
+            continue
         assert got is not None, "the registered configuration did not take the native path"
         got, out_shape = got
         assert out_shape == tuple(shape)
@@ -493,6 +496,9 @@ def test_regular_kernel_map_native_is_bit_identical_to_the_python_path(
         first = pcops.sparse_conv_kernel_map(coords, shape, kernel, stride, padding, **call)  # registers the classes
         got = host.km_forward(coords, shape, kernel, stride, padding, 1, False, transposed, pad_pairs, False, pairs,
                               "auto")  # fmt: skip
+        if not pairs:  # the table-only map: the Python path (it differed on the GPU, not diagnosed yet)
+            assert got is None
+            continue
         assert got is not None, f"N={n}: the registered classes did not take the native path"
         got, out_shape = got
         assert out_shape == tuple(args[1]) == first.out_spatial_shape

@@ -553,9 +553,8 @@ def sparse_conv_kernel_map(
     elif record is not None:  # the layout (from N) and what the sync read (M, P, the key width)
         sizes = (cap_in, log_in, cap_out, log_out, counts_off, counters_off, sink_off, ws_len, num_out, num_pairs,
                  int(fits32), sub, num_groups)  # fmt: skip
-    if not pairs:  # the table only: no compaction, no pair count to read
-        if record is not None:
-            _native_register(coords, plan, pairs, pad_pairs, sizes, record)
+    if not pairs:  # the table only: no compaction, no pair count to read (not registered: the native
+        # path's table-only maps differed from this path's in GPU tests, csrc/host/kernel_map.cpp)
         empty = out_in.new_empty((0,))
         count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()
         return (out_coords, empty, empty.clone(), count, out_in) + index
