@@ -243,7 +243,7 @@ def sparse_conv_kernel_map(
             pairs, backend)  # fmt: skip
     host = None if compiling else _native.serves(op)  # takes what it can (pcops._native)
     if host is not None:
-        km = _native_map(host.km_forward(*args), pairs)
+        km = _native_map(host.km_forward(*args))
         if km is not None:
             return km
     out_shape, (out_coords, pair_in, pair_out, offsets, out_in) = _map_outputs(
@@ -255,17 +255,16 @@ def sparse_conv_kernel_map(
     else:
         km = KernelMap(out_coords, out_shape, pair_in, pair_out, offsets, out_in)
     if not compiling:  # (after a registration of this call's class: pcops._native.check)
-        _native.check(op, lambda: _native_map(_native.MODULE.km_forward(*args), pairs), km)
+        _native.check(op, lambda: _native_map(_native.MODULE.km_forward(*args)), km)
     return km
 
 
-def _native_map(got, pairs: bool) -> Optional[KernelMap]:
-    """The native host path's ``((tensors), out_spatial_shape)`` as a KernelMap (None stays None)."""
+def _native_map(got) -> Optional[KernelMap]:
+    """The native host path's ``((tensors), out_spatial_shape)`` as a KernelMap (None stays None;
+    it takes maps with pairs only)."""
     if got is None:
         return None
     maps, out_shape = got
-    if not pairs:
-        return KernelMap(maps[0], out_shape, None, None, None, maps[1])
     return KernelMap(maps[0], out_shape, *maps[1:])
 
 

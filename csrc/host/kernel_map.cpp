@@ -301,22 +301,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_compact(const MapCall& c, 
   return {pair_in, pair_out, offsets};
 }
 
-py::object subm_map(MapCall& c, bool pairs, bool pad_pairs) {
+py::object subm_map(MapCall& c, bool pad_pairs) {
   const Plan& plan = *c.plan;
-  const auto it = subm_entries.find(subm_key(c.device.index(), c.geo, plan, c.s, c.n, pairs, pad_pairs));
+  const auto it = subm_entries.find(subm_key(c.device.index(), c.geo, plan, c.s, c.n, true, pad_pairs));
   if (it == subm_entries.end()) return py::none();
   const Subm& e = it->second;
   const int64_t n = c.n, num_k = plan.num_k;
   at::Tensor ws = at::full({c.s.ws_len}, -1, c.i32.dtype(at::kLong));  // launch 1
   at::Tensor out_coords = at::empty({n, 4}, c.i32);
   at::Tensor out_in = at::empty({n, num_k}, c.i32);
-  const bool mirror = plan.mirror && !pairs;
   void* pc = c.coords->data_ptr();
-  // (no candidate keys: out_keys is the workspace, out_keys32 the coords; the mirror's table half)
-  launch_insert(c, e.insert, ws, ws.data_ptr(), pc, out_coords.data_ptr(), mirror ? out_in.data_ptr() : pc);
+  // (no candidate keys: out_keys is the workspace, out_keys32 the coords; with pairs no mirrored half-table)
+  launch_insert(c, e.insert, ws, ws.data_ptr(), pc, out_coords.data_ptr(), pc);
   launch_lookup(c, e.lookup, ws, ws.data_ptr(), out_coords.data_ptr(), out_in.data_ptr(), n, c.s.sub,
-                mirror ? plan.block_half : plan.block);  // launch 3
-  if (!pairs) return py::make_tuple(out_coords, out_in);
+                plan.block);  // launch 3
   auto [pair_in, pair_out, offsets] = launch_compact(c, e.compact, ws, out_in, n, c.s.sub, c.s.groups, n * num_k);
   if (!pad_pairs) {
     int64_t p;
@@ -330,7 +328,7 @@ py::object subm_map(MapCall& c, bool pairs, bool pad_pairs) {
   return py::make_tuple(out_coords, pair_in, pair_out, offsets, out_in);
 }
 
-py::object regular_map(MapCall& c, bool pairs, bool pad_pairs) {
+py::object regular_map(MapCall& c, bool pad_pairs) {
   const Plan& plan = *c.plan;
   const int64_t device = c.device.index();
   const auto ins = inserts.find(key_of(device, c.geo, {insert_signature(c.s, c.n)}));
@@ -354,7 +352,7 @@ py::object regular_map(MapCall& c, bool pairs, bool pad_pairs) {
   if (m <= 0) return py::none();  // no outputs: the Python path's empty map
   if (m * num_k >= (int64_t{1} << 31)) return py::none();  // (int32 sizes only)
   const After a = after_of(plan, m, last_pair + 1, max_batch, pad_pairs);
-  const auto fin = finishes.find(finish_key(device, c.geo, plan, c.s, n, a, pairs, pad_pairs));
+  const auto fin = finishes.find(finish_key(device, c.geo, plan, c.s, n, a, true, pad_pairs));
   if (fin == finishes.end()) return py::none();  // (the Python path builds the map again and registers these)
   // linear keys sort lexicographically by (b, z, y, x); int32 keys where they fit
   at::Tensor keys = std::get<0>(at::sort((a.fits32 ? out_keys32 : out_keys).narrow(0, 0, m)));
@@ -362,14 +360,13 @@ py::object regular_map(MapCall& c, bool pairs, bool pad_pairs) {
   at::Tensor out_in = at::empty({m, num_k}, c.i32);
   launch_lookup(c, fin->second.lookup, ws, keys.data_ptr(), out_coords.data_ptr(), out_in.data_ptr(), m, a.sub,
                 plan.block);
-  if (!pairs) return py::make_tuple(out_coords, out_in);
   auto [pair_in, pair_out, offsets] =
       launch_compact(c, fin->second.compact, ws, out_in, m, a.sub, a.groups, a.cap_pairs);
   return py::make_tuple(out_coords, pair_in, pair_out, offsets, out_in);
 }
 
-// The map's tensors: (out_coords, pair_in, pair_out, offsets, out_in), or (out_coords, out_in)
-// without pairs, and the output grid (D', H', W'); None where this path does not apply.
+// The map's tensors (out_coords, pair_in, pair_out, offsets, out_in) and the output grid (D', H', W');
+// None where this path does not apply.
 py::object km_forward(py::handle coords_obj, py::handle shape_obj, py::handle kernel_obj, py::handle stride_obj,
                       py::handle padding_obj, py::handle dilation_obj, py::handle subm_obj, py::handle transposed_obj,
                       py::handle pad_pairs_obj, py::handle static_obj, py::handle pairs_obj, py::handle backend_obj) {
@@ -382,10 +379,9 @@ py::object km_forward(py::handle coords_obj, py::handle shape_obj, py::handle ke
     return none;
   if (static_obj.ptr() == Py_True && !subm) return none;  // the static regular map: the Python path
   const bool pad_pairs = pad_pairs_obj.ptr() == Py_True || static_obj.ptr() == Py_True;
-  const bool pairs = pairs_obj.ptr() == Py_True;
   // the table-only maps (pairs=False) differed from the Python path's in GPU tests (odd subm
-  // kernels, regular maps; not diagnosed yet): the Python path takes them
-  if (!pairs) return none;
+  // kernels, regular maps; not diagnosed yet): the Python path takes them (and registers none)
+  if (pairs_obj.ptr() != Py_True) return none;
   if (!plain_tensor(coords_obj)) return none;
   if (!PyList_CheckExact(shape_obj.ptr()) && !PyTuple_CheckExact(shape_obj.ptr())) return none;
   MapCall c;
@@ -421,7 +417,7 @@ py::object km_forward(py::handle coords_obj, py::handle shape_obj, py::handle ke
   const int64_t span = std::max(c.n * plan.num_k, c.n * std::max<int64_t>(plan.per_input, 1));
   if (span >= (int64_t{1} << 31) || c.s.ws_len >= (int64_t{1} << 31) || 2 * c.s.cap_in >= (int64_t{1} << 31))
     return none;
-  py::object maps = subm ? subm_map(c, pairs, pad_pairs) : regular_map(c, pairs, pad_pairs);
+  py::object maps = subm ? subm_map(c, pad_pairs) : regular_map(c, pad_pairs);
   if (maps.is_none()) return none;
   return py::make_tuple(maps, py::make_tuple(plan.out_shape[0], plan.out_shape[1], plan.out_shape[2]));
 }

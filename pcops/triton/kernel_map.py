@@ -409,8 +409,10 @@ def sparse_conv_kernel_map(
         out_keys32 = torch.empty(bound, dtype=torch.int32, device=dev)
         out_coords = coords  # unused (COPY is off)
     block_n = plan["block_n"]
-    # the launches, for the native host path (submanifold maps, and regular/transposed maps of the default form)
-    record = [] if coords.is_cuda and (subm or not (static_out or idx)) else None
+    # the launches, for the native host path (submanifold maps, and regular/transposed maps of the
+    # default form, with pairs: the native table-only maps differed from this path's in GPU tests,
+    # csrc/host/kernel_map.cpp)
+    record = [] if coords.is_cuda and pairs and (subm or not (static_out or idx)) else None
     insert_args = (
         coords,
         ws,
@@ -553,8 +555,7 @@ def sparse_conv_kernel_map(
     elif record is not None:  # the layout (from N) and what the sync read (M, P, the key width)
         sizes = (cap_in, log_in, cap_out, log_out, counts_off, counters_off, sink_off, ws_len, num_out, num_pairs,
                  int(fits32), sub, num_groups)  # fmt: skip
-    if not pairs:  # the table only: no compaction, no pair count to read (not registered: the native
-        # path's table-only maps differed from this path's in GPU tests, csrc/host/kernel_map.cpp)
+    if not pairs:  # the table only: no compaction, no pair count to read
         empty = out_in.new_empty((0,))
         count = (ws[counters_off : counters_off + 1] + 1).to(torch.int32) if static_out else empty.clone()
         return (out_coords, empty, empty.clone(), count, out_in) + index
